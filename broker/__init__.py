@@ -1,0 +1,1 @@
+"""The shuffling bridge between devices and the aggregator."""

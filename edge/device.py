@@ -1,0 +1,224 @@
+"""Device-side randomisers that need nothing beyond the language itself.
+
+This module is the normative reference for firmware: it runs unchanged on CPython 3.11+ and
+on MicroPython (no imports, integer arithmetic only, no floats on the privacy path). Every
+function here is specified bit for bit in ``docs/protocol.md`` and covered by published test
+vectors, so a C or MicroPython device can be checked against it.
+
+Privacy rests on two facts that hold for *every* hash seed:
+
+* all output weights are the integers ``U`` (the unit weight) or ``E = floor(e^eps U)`` or a
+  redistribution weight between them, so ``P[z | x] / P[z | x'] <= E / U <= e^eps``;
+* the normaliser ``Omega`` does not depend on the input.
+
+The hash family only matters for accuracy (the estimators assume ideal hashing), never for
+the local privacy guarantee.
+
+Randomness comes from a caller-supplied ``getrandbits(k)`` (``0 < k <= 32``), which must be
+a cryptographically strong source on a real device (a hardware RNG or ``os.urandom``).
+"""
+
+# Hash family version 1: XXH32 of the key as 4 little-endian bytes, seeded with the 32-bit
+# report seed. Constants from the xxHash specification.
+HASH_VERSION = 1
+_M32 = 0xFFFFFFFF
+_PRIME32_2 = 0x85EBCA77
+_PRIME32_3 = 0xC2B2AE3D
+_PRIME32_4 = 0x27D4EB2F
+_PRIME32_5 = 0x165667B1
+
+# Output weights are integers in units of 2^-24: a weight of 1 is UNIT, e^eps is
+# floor(e^eps * UNIT) (rounded down so that the ratio can only shrink).
+WEIGHT_UNIT = 1 << 24
+
+
+def xxh32_u32(key, seed):
+    """XXH32 of the 4-byte little-endian encoding of ``key`` with 32-bit ``seed``.
+
+    Equal to ``xxhash.xxh32_intdigest(struct.pack('<I', key), seed=seed)``.
+    """
+    h = (seed + _PRIME32_5 + 4) & _M32
+    h = (h + key * _PRIME32_3) & _M32
+    h = ((((h << 17) | (h >> 15)) & _M32) * _PRIME32_4) & _M32
+    h ^= h >> 15
+    h = (h * _PRIME32_2) & _M32
+    h ^= h >> 13
+    h = (h * _PRIME32_3) & _M32
+    h ^= h >> 16
+    return h
+
+
+def collision_bucket(key, seed, t):
+    """Collision's hash H(y) in [0, t) of element key ``y`` (``2 j`` for j-, ``2 j + 1`` for j+).
+
+    Multiply-shift range reduction of the 32-bit hash: ``(h * t) >> 32``.
+    """
+    return (xxh32_u32(key, seed) * t) >> 32
+
+
+def coco_hash(j, seed, half):
+    """CoCo's pair of hashes for dimension ``j``: ``(H1(j), H2(j) > 0)``.
+
+    One XXH32 per dimension: the low 31 bits give the bucket pair
+    ``H1(j) = ((h & 0x7FFFFFFF) * half) >> 31`` in ``[0, half)`` and the top bit the sign
+    ``H2(j) = +1`` if set, else ``-1``.
+    """
+    h = xxh32_u32(j, seed)
+    return ((h & 0x7FFFFFFF) * half) >> 31, (h >> 31) == 1
+
+
+def coco_position(pair, h2_positive, sign, half):
+    """Bucket of element ``j_b``: ``H(j_b) = H1(j) + [b H2(j) = +1] t/2`` (Algorithm 1)."""
+    if (sign > 0) == h2_positive:
+        return pair + half
+    return pair
+
+
+def _bits_for(n):
+    # Number of bits needed to write n - 1 (0 for n == 1); int.bit_length is not on every port.
+    k = 0
+    m = n - 1
+    while m > 0:
+        m >>= 1
+        k += 1
+    return k
+
+
+def randbelow(n, getrandbits):
+    """Uniform integer in ``[0, n)`` by rejection from ``ceil(log2 n)`` random bits.
+
+    Bits are drawn in chunks of at most 32, most significant chunk first; a draw ``>= n`` is
+    rejected and drawn again. ``n == 1`` consumes no randomness.
+    """
+    if n < 1:
+        raise ValueError("randbelow needs n >= 1, got %d" % n)
+    k = _bits_for(n)
+    while True:
+        r = 0
+        left = k
+        while left > 0:
+            take = 32 if left > 32 else left
+            r = (r << take) | getrandbits(take)
+            left -= take
+        if r < n:
+            return r
+
+
+def check_sparse(keys, signs, d, s):
+    """Validate a sparse ternary vector: ``s`` distinct keys in ``[0, d)``, signs +1/-1."""
+    if len(keys) != s or len(signs) != s:
+        raise ValueError(
+            "expected exactly s=%d non-zero entries, got %d keys and %d signs"
+            % (s, len(keys), len(signs))
+        )
+    seen = set()
+    for j, b in zip(keys, signs):
+        if j < 0 or j >= d:
+            raise ValueError("key %d is outside [0, %d)" % (j, d))
+        if j in seen:
+            raise ValueError("key %d appears twice" % j)
+        if b != 1 and b != -1:
+            raise ValueError("sign of key %d must be +1 or -1, got %r" % (j, b))
+        seen.add(j)
+
+
+def _nth_free(n, used_sorted):
+    # The n-th (0-based) integer not in used_sorted, which is ascending without repeats.
+    for u in used_sorted:
+        if u <= n:
+            n += 1
+        else:
+            break
+    return n
+
+
+def collision_omega(s, t, exp_eps_weight):
+    """Integer normaliser of Collision: ``Omega = s E + (t - s) U`` (Definition 1)."""
+    return s * exp_eps_weight + (t - s) * WEIGHT_UNIT
+
+
+def coco_omega(s, t, exp_eps_weight):
+    """Integer normaliser of CoCo: ``Omega = s (E + U) + (t - 2 s) U`` (ERRATA item 1)."""
+    return s * (exp_eps_weight + WEIGHT_UNIT) + (t - 2 * s) * WEIGHT_UNIT
+
+
+def randomise_collision(keys, signs, t, exp_eps_weight, seed, getrandbits):
+    """One Collision report ``z`` in ``[0, t)`` for the sparse ternary input (keys, signs).
+
+    Output law (Definition 1, in integer weights): every bucket hit by an element of the
+    input has weight ``E``; the remaining ``Omega - k E`` (``k`` distinct hit buckets) is
+    spread evenly over the ``t - k`` other buckets. Sampling, normative for test vectors:
+
+    1. ``r = randbelow(Omega)``.
+    2. If ``r < s E``: element ``i = r // E``; with ``c`` elements sharing its bucket, keep
+       that bucket if ``c == 1`` or ``randbelow(c) == 0``.
+    3. Otherwise return the ``randbelow(t - k)``-th free bucket in ascending order.
+    """
+    s = len(keys)
+    buckets = [collision_bucket(2 * j + (1 if b > 0 else 0), seed, t) for j, b in zip(keys, signs)]
+    r = randbelow(collision_omega(s, t, exp_eps_weight), getrandbits)
+    if r < s * exp_eps_weight:
+        v = buckets[r // exp_eps_weight]
+        c = buckets.count(v)
+        if c == 1 or randbelow(c, getrandbits) == 0:
+            return v
+    used = sorted(set(buckets))
+    return _nth_free(randbelow(t - len(used), getrandbits), used)
+
+
+def randomise_coco(keys, signs, t, exp_eps_weight, seed, getrandbits):
+    """One CoCo report ``z`` in ``[0, t)`` for the sparse ternary input (keys, signs).
+
+    Output law (Algorithm 1 with its random permutation averaged out): the ``t/2`` bucket
+    pairs ``(k, k + t/2)``; the pair of each input dimension carries ``E + U``, split as ``E``
+    on ``H(j_b)`` and ``U`` on its partner, where pairs shared by ``c`` dimensions take the
+    split of one of them chosen uniformly (the last writer of a random order). The rest,
+    ``Omega - m (E + U)`` for ``m`` distinct pairs, is spread evenly over the ``t - 2m``
+    buckets of unused pairs. Sampling, normative for test vectors:
+
+    1. ``r = randbelow(Omega)``.
+    2. If ``r < s (E + U)``: entry ``i = r // (E + U)``, ``rem = r - i (E + U)``; with ``c``
+       entries sharing its pair, keep the pair if ``c == 1`` or ``randbelow(c) == 0`` and
+       return ``H(j_b)`` if ``rem < E``, else its partner.
+    3. Otherwise draw ``q = randbelow(t - 2m)`` and with ``f = t/2 - m`` free pairs
+       (ascending) return free pair ``q`` if ``q < f``, else free pair ``q - f`` plus ``t/2``.
+    """
+    s = len(keys)
+    half = t // 2
+    pairs = []
+    positions = []
+    for j, b in zip(keys, signs):
+        pair, h2_positive = coco_hash(j, seed, half)
+        pairs.append(pair)
+        positions.append(coco_position(pair, h2_positive, b, half))
+    weight_pair = exp_eps_weight + WEIGHT_UNIT
+    r = randbelow(coco_omega(s, t, exp_eps_weight), getrandbits)
+    if r < s * weight_pair:
+        i = r // weight_pair
+        c = pairs.count(pairs[i])
+        if c == 1 or randbelow(c, getrandbits) == 0:
+            if r - i * weight_pair < exp_eps_weight:
+                return positions[i]
+            return 2 * pairs[i] + half - positions[i]
+    used = sorted(set(pairs))
+    free_pairs = half - len(used)
+    q = randbelow(2 * free_pairs, getrandbits)
+    if q < free_pairs:
+        return _nth_free(q, used)
+    return _nth_free(q - free_pairs, used) + half
+
+
+def xxh32_stream(stream_seed):
+    """Deterministic ``getrandbits`` for test vectors only (never for real reports).
+
+    Word ``i`` of the stream is ``xxh32_u32(i, stream_seed)``; ``getrandbits(k)`` returns the
+    top ``k`` bits of the next word.
+    """
+    state = [0]
+
+    def getrandbits(k):
+        word = xxh32_u32(state[0], stream_seed)
+        state[0] += 1
+        return word >> (32 - k)
+
+    return getrandbits

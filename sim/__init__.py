@@ -1,0 +1,1 @@
+"""Simulation: synthetic data, fleets, experiments and the command line."""
