@@ -199,7 +199,9 @@ class LocalMechanism(ABC):
         Statistically identical to calling :meth:`randomise_keys` on every row.
         """
         k, b = check_sparse_batch(keys, signs, d=self.d, s=self.s)
-        seeds: NDArray[np.uint32] = rng.integers(0, SEED_SPACE, size=k.shape[0], dtype=np.uint32)
+        seeds = np.asarray(
+            rng.integers(0, SEED_SPACE, size=k.shape[0], dtype=np.uint32), dtype=np.uint32
+        )
         return seeds, self._batch_z(k, b, seeds, rng)
 
     def randomise_batch(

@@ -93,4 +93,5 @@ class CoCo(LocalMechanism):
         q = rng.integers(0, 2 * free_pairs)
         upper = q >= free_pairs
         z_free = nth_free(np.where(upper, q - free_pairs, q), used) + half * upper
-        return np.where(keep, z_kept, z_free)
+        z: NDArray[np.int64] = np.where(keep, z_kept, z_free)
+        return z

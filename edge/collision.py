@@ -77,4 +77,5 @@ class Collision(LocalMechanism):
         used = np.sort(buckets, axis=1)
         k = 1 + (np.diff(used, axis=1) != 0).sum(axis=1)
         free = nth_free(rng.integers(0, sp.t - k), used)
-        return np.where(keep, v, free)
+        z: NDArray[np.int64] = np.where(keep, v, free)
+        return z

@@ -18,6 +18,15 @@ Randomness comes from a caller-supplied ``getrandbits(k)`` (``0 < k <= 32``), wh
 a cryptographically strong source on a real device (a hardware RNG or ``os.urandom``).
 """
 
+# Type names exist only for the checker: MicroPython has no typing module and never
+# evaluates annotations, so names from typing are quoted (this is not `from __future__
+# import annotations`, which MicroPython rejects).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Callable
+
+    GetRandBits = Callable[[int], int]
+
 # Hash family version 1: XXH32 of the key as 4 little-endian bytes, seeded with the 32-bit
 # report seed. Constants from the xxHash specification.
 HASH_VERSION = 1
@@ -32,7 +41,7 @@ _PRIME32_5 = 0x165667B1
 WEIGHT_UNIT = 1 << 24
 
 
-def xxh32_u32(key, seed):
+def xxh32_u32(key: int, seed: int) -> int:
     """XXH32 of the 4-byte little-endian encoding of ``key`` with 32-bit ``seed``.
 
     Equal to ``xxhash.xxh32_intdigest(struct.pack('<I', key), seed=seed)``.
@@ -48,7 +57,7 @@ def xxh32_u32(key, seed):
     return h
 
 
-def collision_bucket(key, seed, t):
+def collision_bucket(key: int, seed: int, t: int) -> int:
     """Collision's hash H(y) in [0, t) of element key ``y`` (``2 j`` for j-, ``2 j + 1`` for j+).
 
     Multiply-shift range reduction of the 32-bit hash: ``(h * t) >> 32``.
@@ -56,7 +65,7 @@ def collision_bucket(key, seed, t):
     return (xxh32_u32(key, seed) * t) >> 32
 
 
-def coco_hash(j, seed, half):
+def coco_hash(j: int, seed: int, half: int) -> "tuple[int, bool]":
     """CoCo's pair of hashes for dimension ``j``: ``(H1(j), H2(j) > 0)``.
 
     One XXH32 per dimension: the low 31 bits give the bucket pair
@@ -67,14 +76,14 @@ def coco_hash(j, seed, half):
     return ((h & 0x7FFFFFFF) * half) >> 31, (h >> 31) == 1
 
 
-def coco_position(pair, h2_positive, sign, half):
+def coco_position(pair: int, h2_positive: bool, sign: int, half: int) -> int:
     """Bucket of element ``j_b``: ``H(j_b) = H1(j) + [b H2(j) = +1] t/2`` (Algorithm 1)."""
     if (sign > 0) == h2_positive:
         return pair + half
     return pair
 
 
-def _bits_for(n):
+def _bits_for(n: int) -> int:
     # Number of bits needed to write n - 1 (0 for n == 1); int.bit_length is not on every port.
     k = 0
     m = n - 1
@@ -84,7 +93,7 @@ def _bits_for(n):
     return k
 
 
-def randbelow(n, getrandbits):
+def randbelow(n: int, getrandbits: "GetRandBits") -> int:
     """Uniform integer in ``[0, n)`` by rejection from ``ceil(log2 n)`` random bits.
 
     Bits are drawn in chunks of at most 32, most significant chunk first; a draw ``>= n`` is
@@ -104,14 +113,14 @@ def randbelow(n, getrandbits):
             return r
 
 
-def check_sparse(keys, signs, d, s):
+def check_sparse(keys: "list[int]", signs: "list[int]", d: int, s: int) -> None:
     """Validate a sparse ternary vector: ``s`` distinct keys in ``[0, d)``, signs +1/-1."""
     if len(keys) != s or len(signs) != s:
         raise ValueError(
             "expected exactly s=%d non-zero entries, got %d keys and %d signs"
             % (s, len(keys), len(signs))
         )
-    seen = set()
+    seen: "set[int]" = set()
     for j, b in zip(keys, signs):
         if j < 0 or j >= d:
             raise ValueError("key %d is outside [0, %d)" % (j, d))
@@ -122,7 +131,7 @@ def check_sparse(keys, signs, d, s):
         seen.add(j)
 
 
-def _nth_free(n, used_sorted):
+def _nth_free(n: int, used_sorted: "list[int]") -> int:
     # The n-th (0-based) integer not in used_sorted, which is ascending without repeats.
     for u in used_sorted:
         if u <= n:
@@ -132,17 +141,24 @@ def _nth_free(n, used_sorted):
     return n
 
 
-def collision_omega(s, t, exp_eps_weight):
+def collision_omega(s: int, t: int, exp_eps_weight: int) -> int:
     """Integer normaliser of Collision: ``Omega = s E + (t - s) U`` (Definition 1)."""
     return s * exp_eps_weight + (t - s) * WEIGHT_UNIT
 
 
-def coco_omega(s, t, exp_eps_weight):
+def coco_omega(s: int, t: int, exp_eps_weight: int) -> int:
     """Integer normaliser of CoCo: ``Omega = s (E + U) + (t - 2 s) U`` (ERRATA item 1)."""
     return s * (exp_eps_weight + WEIGHT_UNIT) + (t - 2 * s) * WEIGHT_UNIT
 
 
-def randomise_collision(keys, signs, t, exp_eps_weight, seed, getrandbits):
+def randomise_collision(
+    keys: "list[int]",
+    signs: "list[int]",
+    t: int,
+    exp_eps_weight: int,
+    seed: int,
+    getrandbits: "GetRandBits",
+) -> int:
     """One Collision report ``z`` in ``[0, t)`` for the sparse ternary input (keys, signs).
 
     Output law (Definition 1, in integer weights): every bucket hit by an element of the
@@ -166,7 +182,14 @@ def randomise_collision(keys, signs, t, exp_eps_weight, seed, getrandbits):
     return _nth_free(randbelow(t - len(used), getrandbits), used)
 
 
-def randomise_coco(keys, signs, t, exp_eps_weight, seed, getrandbits):
+def randomise_coco(
+    keys: "list[int]",
+    signs: "list[int]",
+    t: int,
+    exp_eps_weight: int,
+    seed: int,
+    getrandbits: "GetRandBits",
+) -> int:
     """One CoCo report ``z`` in ``[0, t)`` for the sparse ternary input (keys, signs).
 
     Output law (Algorithm 1 with its random permutation averaged out): the ``t/2`` bucket
@@ -185,8 +208,8 @@ def randomise_coco(keys, signs, t, exp_eps_weight, seed, getrandbits):
     """
     s = len(keys)
     half = t // 2
-    pairs = []
-    positions = []
+    pairs: "list[int]" = []
+    positions: "list[int]" = []
     for j, b in zip(keys, signs):
         pair, h2_positive = coco_hash(j, seed, half)
         pairs.append(pair)
@@ -208,7 +231,109 @@ def randomise_coco(keys, signs, t, exp_eps_weight, seed, getrandbits):
     return _nth_free(q - free_pairs, used) + half
 
 
-def xxh32_stream(stream_seed):
+def _sample_without_replacement(n: int, k: int, getrandbits: "GetRandBits") -> "list[int]":
+    # First k entries of a partial Fisher-Yates shuffle of range(n): a uniform k-subset, in
+    # the order drawn.
+    pool = list(range(n))
+    for i in range(k):
+        r = i + randbelow(n - i, getrandbits)
+        pool[i], pool[r] = pool[r], pool[i]
+    return pool[:k]
+
+
+def _random_sign(v: float, getrandbits: "GetRandBits") -> int:
+    # +1 with probability (1 + v) / 2 for v in [-1, 1], from 32 random bits.
+    return 1 if getrandbits(32) < int((1.0 + v) * 2147483648.0) else -1
+
+
+def _is_finite(v: float) -> bool:
+    return v == v and v not in (float("inf"), float("-inf"))  # noqa: PLR0124 (NaN test)
+
+
+def ternarise(
+    values: "list[float]",
+    lo: "list[float] | tuple[float, ...]",
+    hi: "list[float] | tuple[float, ...]",
+    s: int,
+    getrandbits: "GetRandBits",
+    clip: bool = False,
+) -> "tuple[list[int], list[int]]":
+    """Sensor vector -> ``s``-sparse ternary vector ``(keys, signs)`` (ERRATA item 6).
+
+    Each reading is min-max normalised to ``v_j = 2 (x_j - lo_j) / (hi_j - lo_j) - 1`` in
+    ``[-1, 1]``; ``s`` coordinates are drawn uniformly without replacement and each gets sign
+    +1 with probability ``(1 + v_j) / 2``. Then ``E[x_j] = (s / d) v_j``: the aggregate mean of
+    ``v_j`` is the estimated mean times ``d / s``. Readings outside ``[lo_j, hi_j]`` raise
+    ``ValueError`` unless ``clip`` is set; NaN and infinities always raise.
+    """
+    d = len(values)
+    if len(lo) != d or len(hi) != d:
+        raise ValueError(
+            "need one (lo, hi) range per channel: %d values, %d lo, %d hi" % (d, len(lo), len(hi))
+        )
+    if s < 1 or s > d:
+        raise ValueError("s must be in [1, %d], got %d" % (d, s))
+    normalised = []
+    for j in range(d):
+        x = values[j]
+        if not _is_finite(x):
+            raise ValueError("channel %d: reading %r is not a finite number" % (j, x))
+        if not lo[j] < hi[j]:
+            raise ValueError("channel %d: range [%r, %r] is empty" % (j, lo[j], hi[j]))
+        if x < lo[j] or x > hi[j]:
+            if not clip:
+                raise ValueError(
+                    "channel %d: reading %r is outside [%r, %r]" % (j, x, lo[j], hi[j])
+                )
+            x = lo[j] if x < lo[j] else hi[j]
+        v = 2.0 * (x - lo[j]) / (hi[j] - lo[j]) - 1.0
+        normalised.append(-1.0 if v < -1.0 else (1.0 if v > 1.0 else v))
+    keys = _sample_without_replacement(d, s, getrandbits)
+    signs = [_random_sign(normalised[j], getrandbits) for j in keys]
+    return keys, signs
+
+
+def pad_key_values(
+    pairs: "list[tuple[int, float]]",
+    d: int,
+    s: int,
+    getrandbits: "GetRandBits",
+    sample_overflow: bool = True,
+) -> "tuple[list[int], list[int]]":
+    """Key-value data -> exactly ``s`` keys in ``[0, d + s)``, PCKV-style (ERRATA item 6).
+
+    ``pairs`` is a list of ``(key, value)`` with distinct keys in ``[0, d)`` and values in
+    ``[-1, 1]``. Each value becomes a sign, +1 with probability ``(1 + value) / 2``. With fewer
+    than ``s`` pairs the vector is padded with dummy keys drawn uniformly from
+    ``[d, d + s)`` with random signs; the mechanism then runs on ``d + s`` dimensions. With more
+    than ``s`` pairs, ``s`` of them are sampled uniformly (``sample_overflow``; the estimated
+    frequency of a key then counts holders of more than ``s`` keys with weight ``s / k``) or a
+    ``ValueError`` is raised.
+    """
+    seen: "set[int]" = set()
+    for key, value in pairs:
+        if key < 0 or key >= d:
+            raise ValueError("key %r is outside [0, %d)" % (key, d))
+        if key in seen:
+            raise ValueError("key %r appears twice" % key)
+        if not _is_finite(value) or value < -1.0 or value > 1.0:
+            raise ValueError("key %r: value %r is not in [-1, 1]" % (key, value))
+        seen.add(key)
+    k = len(pairs)
+    if k > s:
+        if not sample_overflow:
+            raise ValueError("%d keys exceed s=%d" % (k, s))
+        pairs = [pairs[i] for i in _sample_without_replacement(k, s, getrandbits)]
+        k = s
+    keys = [key for key, _ in pairs]
+    signs = [_random_sign(value, getrandbits) for _, value in pairs]
+    for i in _sample_without_replacement(s, s - k, getrandbits):
+        keys.append(d + i)
+        signs.append(1 if getrandbits(1) else -1)
+    return keys, signs
+
+
+def xxh32_stream(stream_seed: int) -> "GetRandBits":
     """Deterministic ``getrandbits`` for test vectors only (never for real reports).
 
     Word ``i`` of the stream is ``xxh32_u32(i, stream_seed)``; ``getrandbits(k)`` returns the
@@ -216,7 +341,7 @@ def xxh32_stream(stream_seed):
     """
     state = [0]
 
-    def getrandbits(k):
+    def getrandbits(k: int) -> int:
         word = xxh32_u32(state[0], stream_seed)
         state[0] += 1
         return word >> (32 - k)

@@ -65,6 +65,8 @@ def preimage_bounds(values: NDArray[np.integer], n: int, bits: int) -> tuple[U32
     ``lo = ceil(v 2^bits / n)``; ``width = ceil((v+1) 2^bits / n) - lo``. Lets the aggregator
     test "does key j hash to the reported bucket" with one subtraction and one comparison.
     """
+    if n < 2 and bits >= 32:
+        raise ValueError(f"a range of size {n} has a preimage wider than uint32")
     v = np.asarray(values).astype(np.int64)
     scale = 1 << bits
     lo = (v * scale + n - 1) // n
