@@ -23,4 +23,5 @@ def project_to_simplex(v: ArrayLike) -> NDArray[np.float64]:
     ranks = np.arange(1, y.size + 1)
     rho = int(np.flatnonzero(u + (1.0 - css) / ranks > 0)[-1]) + 1
     lam = (1.0 - css[rho - 1]) / rho
-    return np.maximum(y + lam, 0.0)
+    out: NDArray[np.float64] = np.maximum(y + lam, 0.0)
+    return out

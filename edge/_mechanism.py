@@ -29,7 +29,7 @@ def sparse_from_dense(x: ArrayLike, *, d: int, s: int) -> tuple[list[int], list[
     bad = np.flatnonzero((arr != 0) & (arr != 1) & (arr != -1))
     if bad.size:
         j = int(bad[0])
-        raise InputError(f"input must be ternary (-1, 0, +1); x[{j}] = {arr[j]!r}")
+        raise InputError(f"input must be ternary (-1, 0, +1); x[{j}] = {arr[j].item()!r}")
     keys = np.flatnonzero(arr)
     if keys.size != s:
         raise InputError(f"input must have exactly s={s} non-zero entries, got {keys.size}")
@@ -46,7 +46,7 @@ def sparse_batch_from_dense(
     bad = (arr != 0) & (arr != 1) & (arr != -1)
     if bad.any():
         i, j = (int(v) for v in np.argwhere(bad)[0])
-        raise InputError(f"batch must be ternary; X[{i}, {j}] = {arr[i, j]!r}")
+        raise InputError(f"batch must be ternary; X[{i}, {j}] = {arr[i, j].item()!r}")
     counts = np.count_nonzero(arr, axis=1)
     wrong = np.flatnonzero(counts != s)
     if wrong.size:

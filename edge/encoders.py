@@ -97,7 +97,9 @@ class SensorEncoder:
         bad = np.argwhere(~np.isfinite(x))
         if bad.size:
             i, j = (int(v) for v in bad[0])
-            raise InputError(f"row {i}, channel {j}: reading {x[i, j]!r} is not a finite number")
+            raise InputError(
+                f"row {i}, channel {j}: reading {float(x[i, j])!r} is not a finite number"
+            )
         lo = np.array(self.lo)
         hi = np.array(self.hi)
         if not self.clip:
@@ -105,7 +107,7 @@ class SensorEncoder:
             if out.size:
                 i, j = (int(v) for v in out[0])
                 raise InputError(
-                    f"row {i}, channel {j}: reading {x[i, j]!r} is outside "
+                    f"row {i}, channel {j}: reading {float(x[i, j])!r} is outside "
                     f"[{self.lo[j]}, {self.hi[j]}]"
                 )
         v: F64 = np.clip(2.0 * (x - lo) / (hi - lo) - 1.0, -1.0, 1.0)

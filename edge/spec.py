@@ -10,11 +10,9 @@ from typing import Any, get_args
 
 from edge import device
 from edge.errors import SpecError
-from edge.theory import Mechanism, ReportMoments, moments, optimal_t, valid_t_range
+from edge.theory import MAX_T, Mechanism, ReportMoments, moments, optimal_t, valid_t_range
 
 MECHANISMS: tuple[str, ...] = get_args(Mechanism)
-MAX_T = 65535
-"""``z`` travels as an unsigned 16-bit integer."""
 MAX_D = 1 << 30
 """Collision's element keys ``2 j + 1`` must fit the 32-bit hash input."""
 MAX_WEIGHT = 1 << 53
