@@ -33,8 +33,14 @@ from edge.errors import ReportError
 from edge.spec import MechanismSpec
 
 F64 = NDArray[np.float64]
-_CHUNK_ELEMENTS = 1 << 21
-"""Hash matrix elements per chunk (8 MiB of uint32): big enough to amortise numpy calls."""
+_CHUNK_ELEMENTS = 1 << 19
+"""Hash matrix elements per chunk (2 MiB of uint32): small enough to stay near the cache,
+large enough to amortise numpy calls (1.4x faster than 8 MiB chunks, bench/README.md)."""
+
+
+def _column_counts(mask: NDArray[np.bool_]) -> NDArray[np.int64]:
+    # Summing the uint8 view is about twice as fast as np.count_nonzero(axis=0).
+    return mask.view(np.uint8).sum(axis=0, dtype=np.int64)
 
 
 def validate_reports(
@@ -106,14 +112,14 @@ class _Kernel:
             match = h < width[:, None]
             agree = top == (z >= half).astype(np.uint32)[:, None]
             agree &= match
-            n_match = np.count_nonzero(match, axis=0)
-            return 2 * np.count_nonzero(agree, axis=0) - n_match, n_match
+            n_match = _column_counts(match)
+            return 2 * _column_counts(agree) - n_match, n_match
         lo, width = hashing.preimage_bounds(z, t, 32)
         hits = []
         for terms in self.terms:  # j+ then j-
             h = hashing.xxh32(seeds, terms)
             h -= lo[:, None]
-            hits.append(np.count_nonzero(h < width[:, None], axis=0))
+            hits.append(_column_counts(h < width[:, None]))
         a, b = hits
         return a - b, a + b
 
