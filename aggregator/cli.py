@@ -44,7 +44,7 @@ def privacy_rows(
         d=d if d is not None else s,
         s=s,
         epsilon=epsilon,
-        t=t,
+        t=t,  # type: ignore[arg-type]  # None selects the default t
     )
     return [
         {
