@@ -1,0 +1,257 @@
+"""The ``coco`` command line: `privacy` and `simulate`, through typer and as installed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from aggregator.accountant import amplify_spec, epsilon_central, generic_clone_probability
+from edge import MechanismSpec
+from sim.cli import app
+
+runner = CliRunner()
+
+
+def run_json(*args: str) -> object:
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_privacy_json_has_the_documented_keys_and_the_certified_value() -> None:
+    out = run_json(
+        "privacy",
+        "--mechanism",
+        "coco",
+        "--epsilon",
+        "1",
+        "--s",
+        "8",
+        "--d",
+        "128",
+        "--n",
+        "10000",
+        "--delta",
+        "1e-6",
+    )
+    assert isinstance(out, dict)
+    for key in (
+        "mechanism",
+        "epsilon_local",
+        "t",
+        "n",
+        "delta",
+        "epsilon_central",
+        "clone_probability",
+        "epsilon_central_mechanism",
+        "efmrtt19",
+        "fmt21",
+    ):
+        assert key in out
+    spec = MechanismSpec(mechanism="coco", d=128, s=8, epsilon=1.0)
+    assert out["t"] == spec.t
+    assert out["certified"] is True
+    assert out["epsilon_central_mechanism_certified"] is False
+    assert out["epsilon_central"] == amplify_spec(spec, n=10_000, delta=1e-6).epsilon_central
+    assert out["epsilon_central"] == epsilon_central(
+        n=10_000,
+        delta=1e-6,
+        epsilon0=spec.epsilon_effective,
+        clone_probability=generic_clone_probability(spec.epsilon_effective),
+    )
+    assert out["epsilon_central_mechanism"] < out["epsilon_central"] < 1.0
+
+
+def test_privacy_curve_is_a_list_falling_with_n() -> None:
+    out = run_json(
+        "privacy",
+        "--mechanism",
+        "generic",
+        "--epsilon",
+        "0.5",
+        "--n",
+        "1000",
+        "--n",
+        "10000",
+        "--n",
+        "100000",
+        "--delta",
+        "1e-6",
+    )
+    assert isinstance(out, list)
+    assert [row["n"] for row in out] == [1000, 10000, 100000]
+    eps = [row["epsilon_central"] for row in out]
+    assert eps == sorted(eps, reverse=True)
+    # The reference value for (0.5, 10000, 1e-6) in ../shared/reference/amplification.tsv.
+    assert eps[1] == pytest.approx(0.01811740826, abs=2e-6)
+
+
+def test_collision_s1_t2_is_binary_randomised_response() -> None:
+    rr = run_json(
+        "privacy",
+        "--mechanism",
+        "collision",
+        "--epsilon",
+        "1",
+        "--s",
+        "1",
+        "--t",
+        "2",
+        "--n",
+        "5000",
+        "--delta",
+        "1e-6",
+    )
+    assert isinstance(rr, dict)
+    assert rr["epsilon_central_mechanism"] == pytest.approx(rr["epsilon_central"], rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--mechanism", "coco", "--epsilon", "1", "--n", "10", "--delta", "1e-6"],
+            "--s is required",
+        ),
+        (
+            ["--mechanism", "coco", "--epsilon", "1", "--s", "4", "--n", "10", "--delta", "1e-6"],
+            "give --t, or --d",
+        ),
+        (
+            [
+                "--mechanism",
+                "coco",
+                "--epsilon",
+                "-1",
+                "--s",
+                "4",
+                "--t",
+                "10",
+                "--n",
+                "10",
+                "--delta",
+                "1e-6",
+            ],
+            "epsilon must be in",
+        ),
+        (["--mechanism", "generic", "--epsilon", "1", "--n", "10", "--delta", "2"], "delta"),
+    ],
+)
+def test_privacy_errors_are_one_line(args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["privacy", *args])
+    assert result.exit_code == 1
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_simulate_json_matches_theory() -> None:
+    out = run_json(
+        "simulate",
+        "--mechanism",
+        "collision",
+        "--d",
+        "32",
+        "--s",
+        "4",
+        "--epsilon",
+        "1",
+        "--n",
+        "2000",
+        "--seed",
+        "3",
+        "--trials",
+        "40",
+    )
+    assert isinstance(out, dict)
+    for key in (
+        "t",
+        "n",
+        "mse_mean",
+        "mse_mean_theory",
+        "mse_freq",
+        "mse_freq_theory",
+        "max_abs_error_mean",
+    ):
+        assert key in out
+    spec = MechanismSpec(mechanism="collision", d=32, s=4, epsilon=1.0)
+    assert out["t"] == spec.t
+    assert out["mse_mean_theory"] == pytest.approx(spec.moments.mean_mse(32, 4) / 2000)
+    # 40 trials of a sum over 32 dims: relative SE about sqrt(2/32/40) = 4%; allow 4 SE.
+    assert out["mse_mean"] / out["mse_mean_theory"] == pytest.approx(1, abs=0.16)
+    assert out["mse_freq"] / out["mse_freq_theory"] == pytest.approx(1, abs=0.16)
+    again = run_json(
+        "simulate",
+        "--mechanism",
+        "collision",
+        "--d",
+        "32",
+        "--s",
+        "4",
+        "--epsilon",
+        "1",
+        "--n",
+        "2000",
+        "--seed",
+        "3",
+        "--trials",
+        "40",
+    )
+    assert isinstance(again, dict)
+    assert again["mse_mean"] == out["mse_mean"]  # the seed makes the run reproducible
+
+
+def test_simulate_rejects_bad_parameters() -> None:
+    result = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--mechanism",
+            "coco",
+            "--d",
+            "4",
+            "--s",
+            "8",
+            "--epsilon",
+            "1",
+            "--n",
+            "10",
+            "--seed",
+            "1",
+        ],
+    )
+    assert result.exit_code == 1
+    assert "s must be in [1, d=4], got 8" in result.output
+
+
+def test_installed_console_script_runs() -> None:
+    exe = Path(sys.executable).with_name("coco")
+    if not exe.exists():
+        found = shutil.which("coco")
+        assert found, "the coco console script is not installed (pip install -e .)"
+        exe = Path(found)
+    proc = subprocess.run(
+        [
+            str(exe),
+            "privacy",
+            "--mechanism",
+            "generic",
+            "--epsilon",
+            "1",
+            "--n",
+            "1000",
+            "--delta",
+            "1e-6",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    assert json.loads(proc.stdout)["mechanism"] == "generic"
