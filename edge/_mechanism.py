@@ -151,11 +151,12 @@ class LocalMechanism(ABC):
 
     # -- one report (device path) ----------------------------------------------------------
 
-    @abstractmethod
     def _device_randomise(
         self, keys: Sequence[int], signs: Sequence[int], seed: int, getrandbits: GetRandBits
     ) -> int:
         """``z`` from :mod:`edge.device` for a validated sparse input."""
+        sample = device.randomise_coco if self.mechanism == "coco" else device.randomise_collision
+        return sample(list(keys), list(signs), self.t, self.spec.exp_eps_weight, seed, getrandbits)
 
     def randomise(self, x: ArrayLike, *, getrandbits: GetRandBits | None = None) -> tuple[int, int]:
         """One report ``(seed, z)`` for the dense input ``x``.

@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from edge import device, hashing
-from edge._mechanism import GetRandBits, LocalMechanism, nth_free
+from edge._mechanism import LocalMechanism, nth_free
 from edge.theory import Mechanism
 
 
@@ -51,15 +51,6 @@ class CoCo(LocalMechanism):
                 probs[pos] += Fraction(sp.exp_eps_weight, c * omega)
                 probs[2 * pair + half - pos] += Fraction(sp.unit_weight, c * omega)
         return probs
-
-    def _device_randomise(
-        self, keys: Sequence[int], signs: Sequence[int], seed: int, getrandbits: GetRandBits
-    ) -> int:
-        sp = self.spec
-        z: int = device.randomise_coco(
-            list(keys), list(signs), sp.t, sp.exp_eps_weight, seed, getrandbits
-        )
-        return z
 
     def _batch_z(
         self,

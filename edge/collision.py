@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from edge import device, hashing
-from edge._mechanism import GetRandBits, LocalMechanism, nth_free
+from edge._mechanism import LocalMechanism, nth_free
 from edge.theory import Mechanism
 
 
@@ -44,15 +44,6 @@ class Collision(LocalMechanism):
         on = Fraction(sp.exp_eps_weight, omega)
         off = Fraction(omega - k * sp.exp_eps_weight, (sp.t - k) * omega)
         return [on if z in hit else off for z in range(sp.t)]
-
-    def _device_randomise(
-        self, keys: Sequence[int], signs: Sequence[int], seed: int, getrandbits: GetRandBits
-    ) -> int:
-        sp = self.spec
-        z: int = device.randomise_collision(
-            list(keys), list(signs), sp.t, sp.exp_eps_weight, seed, getrandbits
-        )
-        return z
 
     def _batch_z(
         self,
