@@ -151,7 +151,7 @@ class AggregateState:
 
     def merge(self, other: AggregateState) -> None:
         """Fold another state of the same spec into this one."""
-        if other.spec != self.spec:
+        if other.spec.canonical() != self.spec.canonical():
             raise ReportError(
                 f"cannot merge states of different specs ({other.spec.fingerprint} into "
                 f"{self.spec.fingerprint})",

@@ -156,7 +156,10 @@ class LocalMechanism(ABC):
     ) -> int:
         """``z`` from :mod:`edge.device` for a validated sparse input."""
         sample = device.randomise_coco if self.mechanism == "coco" else device.randomise_collision
-        return sample(list(keys), list(signs), self.t, self.spec.exp_eps_weight, seed, getrandbits)
+        sp = self.spec
+        return sample(
+            list(keys), list(signs), sp.d, sp.s, sp.t, sp.exp_eps_weight, seed, getrandbits
+        )
 
     def randomise(self, x: ArrayLike, *, getrandbits: GetRandBits | None = None) -> tuple[int, int]:
         """One report ``(seed, z)`` for the dense input ``x``.

@@ -2,8 +2,9 @@
 
 This module is the normative reference for firmware: it runs unchanged on CPython 3.11+ and
 on MicroPython (no imports, integer arithmetic only, no floats on the privacy path). Every
-function here is specified bit for bit in ``docs/protocol.md`` and covered by published test
-vectors, so a C or MicroPython device can be checked against it.
+function here is specified bit for bit in ``docs/protocol.md``; the hash, the random stream
+and the randomisers have published test vectors (``docs/vectors-v1.json``), and the whole
+module is run under real MicroPython against CPython in the test-suite.
 
 Privacy rests on two facts that hold for *every* hash seed:
 
@@ -154,6 +155,8 @@ def coco_omega(s: int, t: int, exp_eps_weight: int) -> int:
 def randomise_collision(
     keys: "list[int]",
     signs: "list[int]",
+    d: int,
+    s: int,
     t: int,
     exp_eps_weight: int,
     seed: int,
@@ -169,8 +172,11 @@ def randomise_collision(
     2. If ``r < s E``: element ``i = r // E``; with ``c`` elements sharing its bucket, keep
        that bucket if ``c == 1`` or ``randbelow(c) == 0``.
     3. Otherwise return the ``randbelow(t - k)``-th free bucket in ascending order.
+
+    The input is checked first (:func:`check_sparse`): exactly ``s`` distinct keys in
+    ``[0, d)`` with signs +1/-1, since a different count would change ``Omega``.
     """
-    s = len(keys)
+    check_sparse(keys, signs, d, s)
     buckets = [collision_bucket(2 * j + (1 if b > 0 else 0), seed, t) for j, b in zip(keys, signs)]
     r = randbelow(collision_omega(s, t, exp_eps_weight), getrandbits)
     if r < s * exp_eps_weight:
@@ -185,6 +191,8 @@ def randomise_collision(
 def randomise_coco(
     keys: "list[int]",
     signs: "list[int]",
+    d: int,
+    s: int,
     t: int,
     exp_eps_weight: int,
     seed: int,
@@ -205,8 +213,10 @@ def randomise_coco(
        return ``H(j_b)`` if ``rem < E``, else its partner.
     3. Otherwise draw ``q = randbelow(t - 2m)`` and with ``f = t/2 - m`` free pairs
        (ascending) return free pair ``q`` if ``q < f``, else free pair ``q - f`` plus ``t/2``.
+
+    The input is checked first, as in :func:`randomise_collision`.
     """
-    s = len(keys)
+    check_sparse(keys, signs, d, s)
     half = t // 2
     pairs: "list[int]" = []
     positions: "list[int]" = []

@@ -110,7 +110,16 @@ def randomiser_vectors() -> list[dict[str, Any]]:
         for seed in SEEDS:
             bits = device.xxh32_stream(STREAM_SEED)
             z = [
-                fn(case["keys"], case["signs"], spec.t, spec.exp_eps_weight, seed, bits)
+                fn(
+                    case["keys"],
+                    case["signs"],
+                    spec.d,
+                    spec.s,
+                    spec.t,
+                    spec.exp_eps_weight,
+                    seed,
+                    bits,
+                )
                 for _ in range(DRAWS)
             ]
             out.append(

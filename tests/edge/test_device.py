@@ -128,3 +128,19 @@ def test_stream_is_the_documented_function() -> None:
     bits = device.xxh32_stream(2024)
     assert [bits(32) for _ in range(3)] == [device.xxh32_u32(i, 2024) for i in range(3)]
     assert bits(5) == device.xxh32_u32(3, 2024) >> 27
+
+
+@pytest.mark.parametrize("randomise", [device.randomise_collision, device.randomise_coco])
+def test_randomisers_refuse_inputs_that_would_change_omega(
+    randomise: object,
+) -> None:
+    """A count other than s would change the normaliser, so the reference refuses it."""
+    assert callable(randomise)
+    bits = device.xxh32_stream(1)
+    with pytest.raises(ValueError, match="exactly s=3"):
+        randomise([1, 2], [1, 1], 10, 3, 8, 27660952, 5, bits)
+    with pytest.raises(ValueError, match="appears twice"):
+        randomise([1, 1, 2], [1, 1, 1], 10, 3, 8, 27660952, 5, bits)
+    with pytest.raises(ValueError, match="outside"):
+        randomise([1, 2, 10], [1, 1, 1], 10, 3, 8, 27660952, 5, bits)
+    assert 0 <= randomise([1, 2, 9], [1, -1, 1], 10, 3, 8, 27660952, 5, bits) < 8

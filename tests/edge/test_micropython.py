@@ -806,6 +806,7 @@ def test_published_vectors_reproduce_under_micropython(run_micropython: RunMicro
     draws = [
         (
             v["mechanism"],
+            v["d"],
             v["keys"],
             v["signs"],
             v["t"],
@@ -825,10 +826,10 @@ for key, seed in {hash_cases!r}:
           1 if h2 else -1)
 bits = device.xxh32_stream({vectors["stream"]["stream_seed"]!r})
 print([bits(32) for _ in range({len(vectors["stream"]["words"])})])
-for mech, keys, signs, t, weight, seed, stream_seed, n in {draws!r}:
+for mech, d, keys, signs, t, weight, seed, stream_seed, n in {draws!r}:
     fn = device.randomise_coco if mech == "coco" else device.randomise_collision
     bits = device.xxh32_stream(stream_seed)
-    print([fn(keys, signs, t, weight, seed, bits) for _ in range(n)])
+    print([fn(keys, signs, d, len(keys), t, weight, seed, bits) for _ in range(n)])
 """
     want = [f"{vectors['hash_version']} {vectors['weight_unit']}"]
     want += [
@@ -848,8 +849,8 @@ DEVICE_CALLS = [
     "device.ternarise([1.5, 0.0], [0.0, 0.0], [1.0, 1.0], 2, bits, clip=True)",
     "device.pad_key_values([(3, 0.25), (7, -1.0)], 10, 4, bits)",
     "device.pad_key_values([(k, 0.5) for k in range(6)], 10, 3, bits)",
-    "device.randomise_collision([1, 5, 9], [1, -1, 1], 7, 33554431, 12345, bits)",
-    "device.randomise_coco([0, 2, 4, 6], [1, 1, -1, -1], 16, 45605201, 0xDEADBEEF, bits)",
+    "device.randomise_collision([1, 5, 9], [1, -1, 1], 10, 3, 7, 33554431, 12345, bits)",
+    "device.randomise_coco([0, 2, 4, 6], [1, 1, -1, -1], 8, 4, 16, 45605201, 0xDEADBEEF, bits)",
 ]
 DEVICE_ERRORS = [
     "device.randbelow(0, bits)",
