@@ -1,0 +1,81 @@
+"""Shared fixtures: a real Mosquitto broker per test, on a free port, that tests can stop and
+restart (integration tests never use a broker they did not start)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Broker:
+    """A Mosquitto process listening on 127.0.0.1:``port`` with anonymous access."""
+
+    def __init__(self, workdir: Path, port: int, extra_config: str = "") -> None:
+        self.port = port
+        self.url = f"mqtt://127.0.0.1:{port}"
+        self.config = workdir / "mosquitto.conf"
+        self.log = workdir / "mosquitto.log"
+        self.config.write_text(
+            f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+            f"max_queued_messages 100000\nlog_dest file {self.log}\n{extra_config}"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [MOSQUITTO, "-c", str(self.config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"mosquitto exited: {self.log.read_text()}") from None
+                time.sleep(0.05)
+        raise RuntimeError("mosquitto did not start listening within 10 s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@pytest.fixture
+def mosquitto(tmp_path: Path) -> Iterator[Broker]:
+    """A fresh Mosquitto on a free port; stopped at the end of the test."""
+    if not Path(MOSQUITTO).exists():
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    broker = Broker(tmp_path, free_port())
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
