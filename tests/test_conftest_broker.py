@@ -54,7 +54,8 @@ def pub_sub_roundtrip(broker: Broker) -> bytes:
 def test_broker_delivers_stops_and_restarts(mosquitto: Broker) -> None:
     assert pub_sub_roundtrip(mosquitto).strip() == b"hello"
     mosquitto.stop()
-    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", mosquitto.port), timeout=1):
+    address = ("127.0.0.1", mosquitto.port)
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(address, timeout=1):
         pass
     mosquitto.start()
     assert pub_sub_roundtrip(mosquitto).strip() == b"hello"
