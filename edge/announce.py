@@ -1,0 +1,99 @@
+"""The spec announcement: the retained JSON message that tells devices, the shuffler and the
+aggregator which mechanism is in force.
+
+The payload is UTF-8 JSON with sorted keys and no whitespace, so that the same announcement
+is always the same bytes::
+
+    {"delta":1e-06,"min_batch":1000,"protocol":"coco/v1","spec":{...}}
+
+``spec`` is exactly :meth:`edge.spec.MechanismSpec.to_dict` of the spec it describes: every
+field present, the derived ``exp_eps_weight``, ``unit_weight`` and ``fingerprint`` equal to
+what the parameters give. ``min_batch`` (an int in ``[1, 2^32)``) is the smallest batch the
+shuffler releases and ``delta`` (in ``(0, 1)``) the target of the shuffle accountant. Any
+other key, or any mismatch, raises :class:`~edge.errors.SpecError`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from edge.codec import U32_MAX
+from edge.errors import SpecError
+from edge.spec import MechanismSpec
+
+PROTOCOL = "coco/v1"
+_KEYS = frozenset({"protocol", "spec", "min_batch", "delta"})
+
+
+def _checked_spec(spec_dict: object) -> dict[str, Any]:
+    if not isinstance(spec_dict, dict):
+        raise SpecError(f"spec must be a JSON object, got {spec_dict!r}")
+    try:
+        spec = MechanismSpec.from_dict(spec_dict)
+    except SpecError:
+        raise
+    except (TypeError, ValueError, OverflowError) as exc:  # e.g. epsilon = 10**400
+        raise SpecError(f"spec is not valid: {exc}") from exc
+    expected = spec.to_dict()
+    if spec_dict != expected:
+        diff = sorted(
+            key
+            for key in set(spec_dict) | set(expected)
+            if spec_dict.get(key, ...) != expected.get(key, ...)
+        )
+        raise SpecError(f"spec fields {diff} do not match its parameters (expected {expected})")
+    return expected
+
+
+def _check_min_batch(min_batch: object) -> int:
+    if isinstance(min_batch, bool) or not isinstance(min_batch, int):
+        raise SpecError(f"min_batch must be an integer, got {min_batch!r}")
+    if not 1 <= min_batch <= U32_MAX:
+        raise SpecError(f"min_batch must be in [1, {U32_MAX}], got {min_batch}")
+    return min_batch
+
+
+def _check_delta(delta: object) -> float:
+    if isinstance(delta, bool) or not isinstance(delta, int | float):
+        raise SpecError(f"delta must be a number, got {delta!r}")
+    if not 0 < delta < 1:  # also false for NaN; no float() of a huge int
+        raise SpecError(f"delta must be in (0, 1), got {delta}")
+    return float(delta)
+
+
+def encode_announcement(spec_dict: dict[str, Any], *, min_batch: int, delta: float) -> bytes:
+    """The announcement payload for ``spec_dict`` (a :meth:`MechanismSpec.to_dict`)."""
+    message = {
+        "protocol": PROTOCOL,
+        "spec": _checked_spec(spec_dict),
+        "min_batch": _check_min_batch(min_batch),
+        "delta": _check_delta(delta),
+    }
+    return json.dumps(message, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def decode_announcement(payload: bytes) -> dict[str, Any]:
+    """``{"protocol", "spec", "min_batch", "delta"}`` of a valid announcement.
+
+    ``spec`` is a checked :meth:`MechanismSpec.to_dict` (``MechanismSpec.from_dict`` turns it
+    back into a spec); anything else raises :class:`~edge.errors.SpecError`.
+    """
+    try:
+        message = json.loads(payload.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # bad UTF-8 or JSON, 5000-digit ints, nesting
+        raise SpecError(f"announcement is not UTF-8 JSON: {exc}") from exc
+    if not isinstance(message, dict):
+        raise SpecError(f"announcement must be a JSON object, got {message!r}")
+    if set(message) != _KEYS:
+        raise SpecError(
+            f"announcement must have exactly the keys {sorted(_KEYS)}, got {sorted(message)}"
+        )
+    if message["protocol"] != PROTOCOL:
+        raise SpecError(f"protocol {message['protocol']!r} is not {PROTOCOL!r}")
+    return {
+        "protocol": PROTOCOL,
+        "spec": _checked_spec(message["spec"]),
+        "min_batch": _check_min_batch(message["min_batch"]),
+        "delta": _check_delta(message["delta"]),
+    }

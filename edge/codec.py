@@ -1,0 +1,203 @@
+"""The binary wire format, version 1: reports (device -> ingress) and shuffled batches
+(shuffler -> aggregator).
+
+Like :mod:`edge.device` this module runs unchanged on CPython 3.11+ and MicroPython: it
+imports nothing, encodes with ``int.to_bytes`` after an explicit range check (so a value
+out of range raises instead of being truncated), and decodes with ``int.from_bytes``.
+All integers are unsigned and big-endian (network order).
+
+Report, exactly ``REPORT_SIZE = 16`` bytes::
+
+    offset  size  field
+    0       1     version      u8   = 1
+    1       1     kind         u8   = 1 (report)
+    2       4     fingerprint  u32  MechanismSpec.fingerprint_int
+    6       4     round        u32
+    10      4     seed         u32  the report's hash seed
+    14      2     z            u16  the randomiser's output, in [0, t)
+
+Shuffled batch, exactly ``BATCH_HEADER_SIZE + RECORD_SIZE * count = 30 + 6 count`` bytes::
+
+    offset  size  field
+    0       1     version      u8   = 1
+    1       1     kind         u8   = 2 (batch)
+    2       4     fingerprint  u32
+    6       4     round        u32
+    10      16    batch_id     random bytes from the shuffler's CSPRNG (deduplication)
+    26      4     count        u32
+    30      6 i   record i:    seed u32 | z u16, in the shuffled order
+
+Decoding checks, in this order, and raises :class:`CodecError` with the first failure:
+fewer than 2 bytes (``"bad_length"``), version (``"bad_version"``), kind (``"bad_kind"``),
+the length (``"bad_length"``: a report that is not 16 bytes, a batch shorter than its
+header) and, for a batch, that the length is exactly ``30 + 6 count`` (``"bad_count"``).
+Version and kind come first so that a message of another version or kind is counted as
+such whatever its length. The codec does not know ``t``: checking ``z < t`` and the
+fingerprint against the current spec is the receiver's job.
+
+Encoding raises :class:`CodecError` with ``"bad_field"`` for a field that is not an ``int``
+(``bool`` included) or is out of its range, or a ``batch_id`` that is not 16 bytes, and
+``"bad_count"`` when ``seeds`` and ``zs`` differ in length.
+"""
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    Buffer = bytes | bytearray | memoryview
+
+VERSION = 1
+KIND_REPORT = 1
+KIND_BATCH = 2
+REPORT_SIZE = 16
+BATCH_ID_SIZE = 16
+BATCH_HEADER_SIZE = 30
+RECORD_SIZE = 6
+COUNT_OFFSET = 26
+U16_MAX = 0xFFFF
+U32_MAX = 0xFFFFFFFF
+REASONS = ("bad_length", "bad_version", "bad_kind", "bad_count", "bad_field")
+
+
+class CodecError(ValueError):
+    """A message that is not valid version-1 wire format (or fields that cannot be encoded).
+
+    ``reason`` is one of :data:`REASONS`, a bounded label for rejection counters.
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _check_uint(name: str, value: int, maximum: int) -> None:
+    # isinstance(True, int) is False on MicroPython but True on CPython: test bool first.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CodecError(f"{name} must be an int, got {value!r}", "bad_field")
+    if value < 0 or value > maximum:
+        raise CodecError(f"{name} must be in [0, {maximum}], got {value}", "bad_field")
+
+
+def _u32(value: int) -> bytes:
+    return value.to_bytes(4, "big")
+
+
+def _read_u32(payload: "Buffer", offset: int) -> int:
+    return int.from_bytes(payload[offset : offset + 4], "big")
+
+
+def _read_u16(payload: "Buffer", offset: int) -> int:
+    return int.from_bytes(payload[offset : offset + 2], "big")
+
+
+def _check_prefix(payload: "Buffer", kind: int) -> None:
+    if len(payload) < 2:
+        raise CodecError(f"message of {len(payload)} bytes has no version and kind", "bad_length")
+    if payload[0] != VERSION:
+        raise CodecError(f"wire version {payload[0]} is not supported", "bad_version")
+    if payload[1] != kind:
+        raise CodecError(f"message kind {payload[1]} is not {kind}", "bad_kind")
+
+
+def encode_report(fingerprint: int, round_: int, seed: int, z: int) -> bytes:
+    """The 16-byte report ``version | kind | fingerprint | round | seed | z``."""
+    _check_uint("fingerprint", fingerprint, U32_MAX)
+    _check_uint("round", round_, U32_MAX)
+    _check_uint("seed", seed, U32_MAX)
+    _check_uint("z", z, U16_MAX)
+    return (
+        bytes([VERSION, KIND_REPORT])
+        + _u32(fingerprint)
+        + _u32(round_)
+        + _u32(seed)
+        + z.to_bytes(2, "big")
+    )
+
+
+def decode_report(payload: "Buffer") -> "tuple[int, int, int, int, int]":
+    """``(version, fingerprint, round_, seed, z)`` of a report; :class:`CodecError` if invalid."""
+    _check_prefix(payload, KIND_REPORT)
+    if len(payload) != REPORT_SIZE:
+        raise CodecError(f"a report is {REPORT_SIZE} bytes, got {len(payload)}", "bad_length")
+    return (
+        payload[0],
+        _read_u32(payload, 2),
+        _read_u32(payload, 6),
+        _read_u32(payload, 10),
+        _read_u16(payload, 14),
+    )
+
+
+def encode_batch_header(fingerprint: int, round_: int, batch_id: bytes, count: int) -> bytes:
+    """The 30-byte header of a batch of ``count`` records (for encoders of the records)."""
+    _check_uint("fingerprint", fingerprint, U32_MAX)
+    _check_uint("round", round_, U32_MAX)
+    if not isinstance(batch_id, (bytes, bytearray)) or len(batch_id) != BATCH_ID_SIZE:
+        raise CodecError(f"batch_id must be {BATCH_ID_SIZE} bytes, got {batch_id!r}", "bad_field")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0 or count > U32_MAX:
+        raise CodecError(f"count must be in [0, {U32_MAX}], got {count!r}", "bad_count")
+    return (
+        bytes([VERSION, KIND_BATCH])
+        + _u32(fingerprint)
+        + _u32(round_)
+        + bytes(batch_id)
+        + _u32(count)
+    )
+
+
+def decode_batch_header(payload: "Buffer") -> "tuple[int, int, bytes, int]":
+    """``(fingerprint, round_, batch_id, count)`` of a batch whose length is fully checked.
+
+    After this returns, record ``i`` is the 6 bytes at ``BATCH_HEADER_SIZE + 6 i``.
+    """
+    _check_prefix(payload, KIND_BATCH)
+    n = len(payload)
+    if n < BATCH_HEADER_SIZE:
+        raise CodecError(
+            f"a batch has a {BATCH_HEADER_SIZE}-byte header, got {n} bytes", "bad_length"
+        )
+    count = _read_u32(payload, COUNT_OFFSET)
+    if n != BATCH_HEADER_SIZE + RECORD_SIZE * count:
+        raise CodecError(
+            f"a batch of {count} records is {BATCH_HEADER_SIZE + RECORD_SIZE * count} bytes, "
+            f"got {n}",
+            "bad_count",
+        )
+    return (
+        _read_u32(payload, 2),
+        _read_u32(payload, 6),
+        bytes(payload[10 : 10 + BATCH_ID_SIZE]),
+        count,
+    )
+
+
+def encode_batch(
+    fingerprint: int,
+    round_: int,
+    batch_id: bytes,
+    seeds: "Sequence[int]",
+    zs: "Sequence[int]",
+) -> bytes:
+    """A batch of the records ``(seeds[i], zs[i])`` in the given (shuffled) order."""
+    if len(seeds) != len(zs):
+        raise CodecError(f"{len(seeds)} seeds but {len(zs)} z values", "bad_count")
+    out = bytearray(encode_batch_header(fingerprint, round_, batch_id, len(seeds)))
+    for i in range(len(seeds)):
+        _check_uint("seed", seeds[i], U32_MAX)
+        _check_uint("z", zs[i], U16_MAX)
+        out += _u32(seeds[i])
+        out += zs[i].to_bytes(2, "big")
+    return bytes(out)
+
+
+def decode_batch(payload: "Buffer") -> "tuple[int, int, bytes, list[int], list[int]]":
+    """``(fingerprint, round_, batch_id, seeds, zs)`` of a batch; :class:`CodecError` if invalid."""
+    fingerprint, round_, batch_id, count = decode_batch_header(payload)
+    seeds = []
+    zs = []
+    offset = BATCH_HEADER_SIZE
+    for _ in range(count):
+        seeds.append(_read_u32(payload, offset))
+        zs.append(_read_u16(payload, offset + 4))
+        offset += RECORD_SIZE
+    return fingerprint, round_, batch_id, seeds, zs

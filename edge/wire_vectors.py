@@ -1,0 +1,128 @@
+"""Test vectors for the binary wire format, version 1 (:mod:`edge.codec`).
+
+``python -m edge.wire_vectors > docs/wire-vectors-v1.json`` regenerates the published file;
+the test suite checks that the file, this generator, hand-built ``struct.pack`` bytes, the
+numpy fast path and the MicroPython port all agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from typing import Any
+
+from edge import codec
+from edge.spec import MechanismSpec
+
+_COCO = MechanismSpec(mechanism="coco", d=10, s=3, epsilon=0.6931471805599453, t=8)
+_COLLISION = MechanismSpec(mechanism="collision", d=6, s=2, epsilon=0.6931471805599453, t=4)
+_MAX_T_SPEC = MechanismSpec(mechanism="collision", d=1024, s=1, epsilon=1.0, t=65535)
+
+# (fingerprint, round, seed, z): each field at 0 and at its maximum, a byte-order probe
+# (distinct bytes in every position) and reports of real specs.
+REPORT_CASES: list[tuple[int, int, int, int]] = [
+    (0, 0, 0, 0),
+    (codec.U32_MAX, codec.U32_MAX, codec.U32_MAX, codec.U16_MAX),
+    (0x01020304, 0x05060708, 0x090A0B0C, 0x0D0E),
+    (_COCO.fingerprint_int, 1, 0xC0FFEE, 6),
+    (_COLLISION.fingerprint_int, 0x80000000, 0xFFFFFFFF, 0),
+    (_MAX_T_SPEC.fingerprint_int, 7, 1, _MAX_T_SPEC.t - 1),
+]
+
+# (fingerprint, round, batch_id, seeds, zs)
+BATCH_CASES: list[tuple[int, int, bytes, list[int], list[int]]] = [
+    (_COCO.fingerprint_int, 0, bytes(range(16)), [], []),
+    (
+        _COLLISION.fingerprint_int,
+        0xFFFFFFFF,
+        hashlib.sha256(b"coco-fleet/wire-vectors/v1").digest()[:16],
+        [0, codec.U32_MAX, 0xC0FFEE],
+        [codec.U16_MAX, 0, 3],
+    ),
+]
+
+
+def malformed_vectors() -> list[dict[str, str]]:
+    """Messages each decoder must reject, with the reason (checked in the documented order)."""
+    report = codec.encode_report(*REPORT_CASES[3])
+    batch = codec.encode_batch(*BATCH_CASES[1])
+    cases = [
+        ("report", b"", "bad_length"),
+        ("report", b"\x01", "bad_length"),
+        ("report", report[:-1], "bad_length"),
+        ("report", report + b"\x00", "bad_length"),
+        ("report", b"\x02" + report[1:], "bad_version"),
+        ("report", b"\x00" + report[1:], "bad_version"),
+        ("report", b"\x02\x01", "bad_version"),
+        ("report", report[:1] + b"\x02" + report[2:], "bad_kind"),
+        ("report", batch, "bad_kind"),
+        ("batch", report, "bad_kind"),
+        ("batch", b"", "bad_length"),
+        ("batch", batch[: codec.BATCH_HEADER_SIZE - 1], "bad_length"),
+        ("batch", b"\x07" + batch[1:], "bad_version"),
+        ("batch", batch[:-1], "bad_count"),
+        ("batch", batch + b"\x00" * codec.RECORD_SIZE, "bad_count"),
+        ("batch", batch[: codec.BATCH_HEADER_SIZE], "bad_count"),
+        ("batch", batch[:26] + b"\xff\xff\xff\xff" + batch[30:], "bad_count"),
+    ]
+    return [
+        {"message": kind, "hex": payload.hex(), "reason": reason} for kind, payload, reason in cases
+    ]
+
+
+def report_vectors() -> list[dict[str, Any]]:
+    out = []
+    for fingerprint, round_, seed, z in REPORT_CASES:
+        out.append(
+            {
+                "hex": codec.encode_report(fingerprint, round_, seed, z).hex(),
+                "version": codec.VERSION,
+                "kind": codec.KIND_REPORT,
+                "fingerprint": fingerprint,
+                "round": round_,
+                "seed": seed,
+                "z": z,
+            }
+        )
+    return out
+
+
+def batch_vectors() -> list[dict[str, Any]]:
+    out = []
+    for fingerprint, round_, batch_id, seeds, zs in BATCH_CASES:
+        out.append(
+            {
+                "hex": codec.encode_batch(fingerprint, round_, batch_id, seeds, zs).hex(),
+                "version": codec.VERSION,
+                "kind": codec.KIND_BATCH,
+                "fingerprint": fingerprint,
+                "round": round_,
+                "batch_id": batch_id.hex(),
+                "count": len(seeds),
+                "seeds": seeds,
+                "zs": zs,
+            }
+        )
+    return out
+
+
+def all_vectors() -> dict[str, Any]:
+    return {
+        "wire_version": codec.VERSION,
+        "report_size": codec.REPORT_SIZE,
+        "batch_header_size": codec.BATCH_HEADER_SIZE,
+        "record_size": codec.RECORD_SIZE,
+        "reports": report_vectors(),
+        "batches": batch_vectors(),
+        "malformed": malformed_vectors(),
+    }
+
+
+def main() -> None:
+    json.dump(all_vectors(), sys.stdout, indent=1)
+    sys.stdout.write("\n")
+
+
+if __name__ == "__main__":
+    main()
