@@ -273,9 +273,9 @@ def estimate(
     freq = (state.sum_v / n - mo.c0) / mo.d_freq
     f_plug = np.clip(freq, 0.0, 1.0)
     m_plug = np.clip(mean, -f_plug, f_plug)
-    var_mean = np.array([mo.mean_variance(f) for f in f_plug]) / n
-    var_freq = np.array([mo.freq_variance(f) for f in f_plug]) / n
-    cov = np.array([mo.mean_freq_covariance(m) for m in m_plug]) / n
+    var_mean = mo.mean_variance(f_plug) / n
+    var_freq = mo.freq_variance(f_plug) / n
+    cov = mo.mean_freq_covariance(m_plug) / n
     if projection:
         items = np.concatenate([(freq + mean) / 2, (freq - mean) / 2]) / spec.s
         proj = project_to_simplex(items) * spec.s

@@ -82,7 +82,7 @@ class MechanismSpec:
             raise SpecError(f"s must be in [1, d={self.d}], got {self.s}")
         if isinstance(self.epsilon, bool) or not isinstance(self.epsilon, int | float):
             raise SpecError(f"epsilon must be a number, got {self.epsilon!r}")
-        if not (math.isfinite(self.epsilon) and 0 < self.epsilon <= 20):
+        if not (0 < self.epsilon <= 20 and math.isfinite(self.epsilon)):
             raise SpecError(f"epsilon must be in (0, 20], got {self.epsilon}")
         if self.hash_version != device.HASH_VERSION:
             raise SpecError(

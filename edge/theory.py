@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
 Mechanism = Literal["coco", "collision"]
+FloatOrArray = TypeVar("FloatOrArray", float, NDArray[np.float64])
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,16 +61,16 @@ class ReportMoments:
     cov_uv_positive: float
     """``Cov(u, v | x_j = +1)``; it is the negative of this for ``x_j = -1`` and 0 for 0."""
 
-    def mean_variance(self, freq: float) -> float:
+    def mean_variance(self, freq: FloatOrArray) -> FloatOrArray:
         """Variance of one report's mean estimate ``u / d_mean`` of a dimension whose
         non-missing frequency among the reports is ``freq``."""
         return (freq * self.var_u_nonzero + (1.0 - freq) * self.var_u_zero) / self.d_mean**2
 
-    def freq_variance(self, freq: float) -> float:
+    def freq_variance(self, freq: FloatOrArray) -> FloatOrArray:
         """Variance of one report's frequency estimate ``(v - c0) / d_freq``."""
         return (freq * self.var_v_nonzero + (1.0 - freq) * self.var_v_zero) / self.d_freq**2
 
-    def mean_freq_covariance(self, mean: float) -> float:
+    def mean_freq_covariance(self, mean: FloatOrArray) -> FloatOrArray:
         """Covariance of one report's mean and frequency estimates, given the true mean."""
         return mean * self.cov_uv_positive / (self.d_mean * self.d_freq)
 

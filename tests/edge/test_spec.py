@@ -23,6 +23,7 @@ from edge.theory import Mechanism, moments, optimal_t, paper_t
         ({"epsilon": -1.0}, "got -1.0"),
         ({"epsilon": float("nan")}, "got nan"),
         ({"epsilon": 21}, "got 21"),
+        ({"epsilon": 10**400}, "epsilon must be in \\(0, 20\\]"),
         ({"epsilon": True}, "epsilon must be a number"),
         ({"epsilon": 1e-9}, "too small to represent"),
         ({"t": 17}, "coco needs an even t >= 2s \\+ 2 \\(s=8\\), got t=17"),
