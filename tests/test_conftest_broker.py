@@ -11,37 +11,10 @@ from tests.conftest import Broker
 
 
 def pub_sub_roundtrip(broker: Broker) -> bytes:
-    sub = subprocess.Popen(
-        [
-            "mosquitto_sub",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(broker.port),
-            "-t",
-            "t/x",
-            "-C",
-            "1",
-            "-W",
-            "10",
-        ],
-        stdout=subprocess.PIPE,
-    )
+    where = ["-h", "127.0.0.1", "-p", str(broker.port), "-t", "t/x"]
+    sub = subprocess.Popen(["mosquitto_sub", *where, "-C", "1", "-W", "10"], stdout=subprocess.PIPE)
     for _ in range(50):
-        subprocess.run(
-            [
-                "mosquitto_pub",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(broker.port),
-                "-t",
-                "t/x",
-                "-m",
-                "hello",
-            ],
-            check=True,
-        )
+        subprocess.run(["mosquitto_pub", *where, "-m", "hello"], check=True)
         try:
             out, _ = sub.communicate(timeout=0.2)
             return out

@@ -150,58 +150,21 @@ def test_privacy_errors_are_one_line(args: list[str], message: str) -> None:
     assert "Traceback" not in result.output
 
 
+SIMULATE = "simulate --mechanism collision --d 32 --s 4 --epsilon 1 --n 2000 --seed 3 --trials 40"
+
+
 def test_simulate_json_matches_theory() -> None:
-    out = run_json(
-        "simulate",
-        "--mechanism",
-        "collision",
-        "--d",
-        "32",
-        "--s",
-        "4",
-        "--epsilon",
-        "1",
-        "--n",
-        "2000",
-        "--seed",
-        "3",
-        "--trials",
-        "40",
-    )
+    out = run_json(*SIMULATE.split())
     assert isinstance(out, dict)
-    for key in (
-        "t",
-        "n",
-        "mse_mean",
-        "mse_mean_theory",
-        "mse_freq",
-        "mse_freq_theory",
-        "max_abs_error_mean",
-    ):
-        assert key in out
+    keys = "t n mse_mean mse_mean_theory mse_freq mse_freq_theory max_abs_error_mean"
+    assert set(keys.split()) <= set(out)
     spec = MechanismSpec(mechanism="collision", d=32, s=4, epsilon=1.0)
     assert out["t"] == spec.t
     assert out["mse_mean_theory"] == pytest.approx(spec.moments.mean_mse(32, 4) / 2000)
     # 40 trials of a sum over 32 dims: relative SE about sqrt(2/32/40) = 4%; allow 4 SE.
     assert out["mse_mean"] / out["mse_mean_theory"] == pytest.approx(1, abs=0.16)
     assert out["mse_freq"] / out["mse_freq_theory"] == pytest.approx(1, abs=0.16)
-    again = run_json(
-        "simulate",
-        "--mechanism",
-        "collision",
-        "--d",
-        "32",
-        "--s",
-        "4",
-        "--epsilon",
-        "1",
-        "--n",
-        "2000",
-        "--seed",
-        "3",
-        "--trials",
-        "40",
-    )
+    again = run_json(*SIMULATE.split())
     assert isinstance(again, dict)
     assert again["mse_mean"] == out["mse_mean"]  # the seed makes the run reproducible
 
