@@ -1,15 +1,23 @@
-"""``coco privacy``: the central privacy level of n shuffled reports, offline."""
+"""``coco privacy``: the central privacy level of n shuffled reports, offline; and
+``coco aggregator run | snapshot`` (:data:`aggregator_app`): the streaming service."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
+import signal
+import urllib.request
+from collections.abc import Coroutine
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from aggregator.accountant import amplify, amplify_spec
-from edge import CocoError, MechanismSpec
+from edge import CocoError, MechanismSpec, SpecError
 
 
 class PrivacyMechanism(StrEnum):
@@ -102,3 +110,160 @@ def privacy(
             f"{_fmt(row['epsilon_central_mechanism']):>16}  "
             f"{_fmt(row['efmrtt19']):>10}  {_fmt(row['fmt21']):>10}"
         )
+
+
+# -- coco aggregator run | snapshot ------------------------------------------------------------
+
+aggregator_app = typer.Typer(help="The streaming aggregator service.", no_args_is_help=True)
+
+
+def _load_spec_file(path: Path) -> MechanismSpec:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"cannot read spec {path}: {exc}") from exc
+    if isinstance(data, dict) and "spec" in data and "protocol" in data:  # an announcement
+        data = data["spec"]
+    if not isinstance(data, dict):
+        raise SpecError(f"{path} must hold a JSON object")
+    return MechanismSpec.from_dict(data)
+
+
+@aggregator_app.command("run")
+def aggregator_run(
+    broker: Annotated[
+        str, typer.Option(envvar="COCO_BROKER", help="Broker URL, mqtt://host:port.")
+    ] = "mqtt://127.0.0.1:1883",
+    deployment: Annotated[
+        str, typer.Option(envvar="COCO_DEPLOYMENT", help="Deployment name (topic level).")
+    ] = "default",
+    spec: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="COCO_SPEC",
+            help="Spec JSON (MechanismSpec.to_dict or an announcement); default: the "
+            "retained announcement on coco/v1/<deployment>/spec.",
+        ),
+    ] = None,
+    delta: Annotated[
+        float | None,
+        typer.Option(envvar="COCO_DELTA", help="Target delta (default: the announcement's)."),
+    ] = None,
+    checkpoint: Annotated[
+        Path | None, typer.Option(envvar="COCO_CHECKPOINT", help="Checkpoint file.")
+    ] = None,
+    checkpoint_interval: Annotated[
+        float, typer.Option(envvar="COCO_CHECKPOINT_INTERVAL", help="Seconds between checkpoints.")
+    ] = 10.0,
+    metrics_host: Annotated[
+        str, typer.Option(envvar="COCO_METRICS_HOST", help="HTTP bind address.")
+    ] = "127.0.0.1",
+    metrics_port: Annotated[
+        int, typer.Option(envvar="COCO_METRICS_PORT", help="Port of /metrics and /estimates.")
+    ] = 9108,
+    metrics_dims: Annotated[
+        int, typer.Option(envvar="COCO_METRICS_DIMS", help="Dimensions exported as metrics.")
+    ] = 16,
+    announcement_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for the retained announcement.")
+    ] = 10.0,
+) -> None:
+    """Consume shuffled batches; serve estimates, metrics and the certified central epsilon."""
+    from aggregator.service import (  # noqa: PLC0415 (keeps `coco privacy` light)
+        AggregatorConfig,
+        fetch_announcement,
+        run_aggregator,
+    )
+
+    try:
+        if spec is not None:
+            mechanism = _load_spec_file(spec)
+            if delta is None:
+                raise SpecError("--delta is required with --spec")
+        else:
+            announcement = asyncio.run(
+                fetch_announcement(broker, deployment, timeout=announcement_timeout)
+            )
+            mechanism = MechanismSpec.from_dict(announcement["spec"])
+            delta = delta if delta is not None else float(announcement["delta"])
+        config = AggregatorConfig(
+            broker=broker,
+            deployment=deployment,
+            spec=mechanism,
+            delta=delta,
+            checkpoint=checkpoint,
+            checkpoint_interval=checkpoint_interval,
+            metrics_dims=metrics_dims,
+            http_host=metrics_host,
+            http_port=metrics_port,
+        )
+    except (CocoError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(
+        f"aggregator: deployment={deployment} spec={mechanism.fingerprint} delta={delta:g} "
+        f"http://{metrics_host}:{metrics_port}/metrics",
+        err=True,
+    )
+    try:
+        _run_until_signal(run_aggregator(config))
+    except (CocoError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def _run_until_signal(main: Coroutine[Any, Any, None]) -> None:
+    """Run ``main``; the first SIGINT/SIGTERM cancels it (final checkpoint), a second forces
+    exit."""
+
+    async def runner() -> None:
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        stopping = False
+
+        def stop() -> None:
+            nonlocal stopping
+            if stopping:
+                os._exit(130)
+            stopping = True
+            task.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop)
+        with contextlib.suppress(asyncio.CancelledError):
+            await main
+
+    asyncio.run(runner())
+
+
+@aggregator_app.command("snapshot")
+def aggregator_snapshot(
+    url: Annotated[
+        str | None,
+        typer.Option(envvar="COCO_AGGREGATOR_URL", help="http://host:port/estimates of a service."),
+    ] = None,
+    checkpoint: Annotated[
+        Path | None, typer.Option(help="Read a checkpoint file offline instead.")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="HTTP timeout in seconds.")] = 10.0,
+) -> None:
+    """Print the current estimates JSON, from a running service or a checkpoint."""
+    from aggregator.service import snapshot_from_checkpoint  # noqa: PLC0415
+
+    if (url is None) == (checkpoint is None):
+        typer.echo("error: give exactly one of --url and --checkpoint", err=True)
+        raise typer.Exit(1)
+    try:
+        if checkpoint is not None:
+            document = snapshot_from_checkpoint(checkpoint)
+        else:
+            assert url is not None
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"--url must be http(s)://..., got {url!r}")
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                document = json.loads(response.read())
+    except (CocoError, OSError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(json.dumps(document, indent=1))

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from aggregator.cli import privacy
+from aggregator.cli import aggregator_app, privacy
 from edge import CocoError, MechanismSpec
 from sim.simulate import simulate as run_simulation
 
@@ -21,6 +21,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.command("privacy")(privacy)
+app.add_typer(aggregator_app, name="aggregator")
 
 
 @app.callback()

@@ -1,0 +1,352 @@
+"""The aggregator service against a real Mosquitto (no MQTT mocks).
+
+Async code runs through ``asyncio.run`` inside synchronous tests, with a timeout around
+every wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+from prometheus_client import CollectorRegistry
+
+from aggregator.accountant import amplify_spec
+from aggregator.batch_codec import encode_batch_arrays
+from aggregator.estimators import AggregateState
+from aggregator.service import Aggregator, AggregatorConfig, CheckpointError
+from edge import LocalMechanism, MechanismSpec
+from edge.topics import batches_topic
+from tests.conftest import Broker, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+SPEC = MechanismSpec(mechanism="coco", d=12, s=2, epsilon=2.0)
+DEPLOYMENT = "test"
+DELTA = 1e-6
+ROOT = Path(__file__).resolve().parents[2]
+
+Reports = tuple[NDArray[np.uint32], NDArray[np.int64]]
+
+
+def reports(n: int, seed: int, spec: MechanismSpec = SPEC) -> Reports:
+    rng = np.random.default_rng(seed)
+    keys = np.array([rng.choice(spec.d, size=spec.s, replace=False) for _ in range(n)])
+    signs = rng.choice([-1, 1], size=(n, spec.s))
+    return LocalMechanism.from_spec(spec).randomise_sparse(keys, signs, rng)
+
+
+def batch(rep: Reports, batch_id: int, *, fingerprint: int | None = None) -> bytes:
+    fp = SPEC.fingerprint_int if fingerprint is None else fingerprint
+    return encode_batch_arrays(fp, 1, batch_id.to_bytes(16, "big"), rep[0], rep[1])
+
+
+def offline(*reps: Reports) -> AggregateState:
+    state = AggregateState(SPEC)
+    for seeds, z in reps:
+        state.add(seeds, z)
+    return state
+
+
+def config(broker: Broker, tmp_path: Path | None, **kwargs: Any) -> AggregatorConfig:
+    options: dict[str, Any] = {
+        "broker": broker.url,
+        "deployment": DEPLOYMENT,
+        "spec": SPEC,
+        "delta": DELTA,
+        "checkpoint": None if tmp_path is None else tmp_path / "ckpt.json",
+        "checkpoint_interval": 0.2,
+        "http_port": 0,
+        "client_id": f"agg-{broker.port}",
+        "reconnect_min": 0.05,
+        "reconnect_max": 0.5,
+    }
+    options.update(kwargs)
+    return AggregatorConfig(**options)
+
+
+async def publish(broker: Broker, *payloads: bytes) -> None:
+    async with asyncio.timeout(10), aiomqtt.Client("127.0.0.1", broker.port) as client:
+        for payload in payloads:
+            await client.publish(batches_topic(DEPLOYMENT), payload, qos=1)
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.02)
+
+
+async def with_aggregator(
+    cfg: AggregatorConfig,
+    body: Callable[[Aggregator], Awaitable[None]],
+    registry: CollectorRegistry | None = None,
+) -> Aggregator:
+    """Run the service around ``body(aggregator)``, then shut it down cleanly."""
+    async with Aggregator(cfg, registry=registry) as agg:
+        task = asyncio.create_task(agg.run())
+        try:
+            await asyncio.wait_for(agg.subscribed.wait(), 10)
+            await body(agg)
+        finally:
+            task.cancel()
+            async with asyncio.timeout(10):
+                await asyncio.gather(task, return_exceptions=True)
+    return agg
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(coro)
+
+
+def assert_same_estimates(agg: Aggregator, expected: AggregateState) -> None:
+    assert agg.state.n == expected.n
+    np.testing.assert_array_equal(agg.state.sum_u, expected.sum_u)
+    np.testing.assert_array_equal(agg.state.sum_v, expected.sum_v)
+    assert agg.state.estimate().to_dict() == expected.estimate().to_dict()
+
+
+def test_estimates_metrics_rejections_and_endpoint(mosquitto: Broker) -> None:
+    registry = CollectorRegistry()
+    r1, r2, r3 = reports(300, 1), reports(120, 2), reports(200, 3)
+    bad_z = (r1[0][:5], np.full(5, SPEC.t, dtype=np.int64))
+    payloads = [
+        batch(r1, 1),
+        b"\x01\x02garbage",  # bad_length (shorter than a header)
+        batch(r3, 6)[:-1],  # bad_count (length does not match the count)
+        batch(r2, 2, fingerprint=SPEC.fingerprint_int ^ 1),  # fingerprint_mismatch
+        batch(bad_z, 3),  # z_out_of_range
+        batch(r2, 4),
+        batch(r1, 1),  # redelivery of batch 1
+        batch(r3, 5),
+    ]
+    expected = offline(r1, r2, r3)
+    fetched: dict[str, Any] = {}
+
+    async def body(agg: Aggregator) -> None:
+        await publish(mosquitto, *payloads)
+        await until(lambda: agg.counters.batches == 3 and agg.counters.duplicates == 1)
+        url = f"http://127.0.0.1:{agg.http_port}"
+
+        def get(path: str) -> bytes:
+            with urllib.request.urlopen(url + path, timeout=5) as response:
+                data: bytes = response.read()
+                return data
+
+        fetched["estimates"] = json.loads(await asyncio.to_thread(get, "/estimates"))
+        fetched["metrics"] = (await asyncio.to_thread(get, "/metrics")).decode()
+
+    agg = run(with_aggregator(config(mosquitto, None), body, registry))
+    assert_same_estimates(agg, expected)
+
+    value = registry.get_sample_value
+    assert value("coco_aggregator_reports_total") == expected.n == 620
+    assert value("coco_aggregator_batches_total") == 3
+    assert value("coco_aggregator_batches_duplicate_total") == 1
+    for reason in ("bad_length", "bad_count", "fingerprint_mismatch", "z_out_of_range"):
+        assert value("coco_aggregator_batches_rejected_total", {"reason": reason}) == 1
+    assert value("coco_aggregator_batches_rejected_total", {"reason": "bad_version"}) == 0
+    assert value("coco_aggregator_n") == 620
+    assert value("coco_aggregator_delta") == DELTA
+    assert value("coco_aggregator_epsilon_local") == SPEC.epsilon
+    smallest = amplify_spec(SPEC, n=120, delta=DELTA).epsilon_central
+    latest = amplify_spec(SPEC, n=200, delta=DELTA).epsilon_central
+    assert value("coco_aggregator_epsilon_central", {"batch": "smallest"}) == smallest
+    assert value("coco_aggregator_epsilon_central", {"batch": "latest"}) == latest
+    est = expected.estimate()
+    for j in range(SPEC.d):
+        labels = {"dim": str(j)}
+        assert value("coco_aggregator_estimate_mean", labels) == est.mean[j]
+        assert value("coco_aggregator_estimate_mean_ci_halfwidth", labels) == pytest.approx(
+            est.mean_halfwidth[j]
+        )
+        assert value("coco_aggregator_estimate_freq", labels) == est.freq[j]
+    info = {"mechanism": "coco", "d": "12", "s": "2", "t": str(SPEC.t)}
+    assert value("coco_aggregator_mechanism_info", {**info, "fingerprint": SPEC.fingerprint}) == 1
+    assert value("coco_aggregator_last_batch_timestamp_seconds") is not None
+
+    document = fetched["estimates"]
+    assert document["n"] == 620
+    assert document["spec"] == SPEC.to_dict()
+    assert document["estimates"] == expected.estimate().to_dict()
+    assert document["epsilon_central"] == {"smallest": smallest, "latest": latest}
+    assert document["delta"] == DELTA
+    assert 'coco_aggregator_batches_rejected_total{reason="bad_count"} 1.0' in fetched["metrics"]
+
+
+def test_metrics_dims_are_bounded(mosquitto: Broker) -> None:
+    registry = CollectorRegistry()
+    agg = Aggregator(config(mosquitto, None, metrics_dims=3), registry=registry)
+    agg.metrics.set_estimates(agg.state.estimate())
+    assert registry.get_sample_value("coco_aggregator_estimate_mean", {"dim": "2"}) is not None
+    assert registry.get_sample_value("coco_aggregator_estimate_mean", {"dim": "3"}) is None
+    cfg = config(mosquitto, None, metrics_dims=[1, 5])
+    assert cfg.exported_dims == (1, 5)
+    assert config(mosquitto, None).exported_dims == tuple(range(12))
+    with pytest.raises(ValueError, match="metrics_dims"):
+        config(mosquitto, None, metrics_dims=[12])
+
+
+def test_checkpoint_restart_counts_each_batch_once(mosquitto: Broker, tmp_path: Path) -> None:
+    rs = [reports(100 + 10 * i, 10 + i) for i in range(6)]
+
+    async def first(agg: Aggregator) -> None:
+        await publish(mosquitto, batch(rs[0], 100), batch(rs[1], 101))
+        await until(lambda: agg.counters.batches == 2)
+
+    run(with_aggregator(config(mosquitto, tmp_path), first))
+    saved = json.loads((tmp_path / "ckpt.json").read_text())
+    assert saved["state"]["n"] == 210
+    assert len(saved["seen"]) == 2
+
+    # Published while the service is down: queued in its persistent session.
+    run(publish(mosquitto, batch(rs[2], 102), batch(rs[0], 100)))
+
+    async def second(agg: Aggregator) -> None:
+        assert agg.state.n == 210  # resumed
+        await until(lambda: agg.counters.batches == 3 and agg.counters.duplicates >= 1)
+        await publish(mosquitto, batch(rs[3], 103), batch(rs[1], 101))
+        await until(lambda: agg.counters.batches == 4 and agg.counters.duplicates >= 2)
+
+    registry = CollectorRegistry()
+    agg = run(with_aggregator(config(mosquitto, tmp_path), second, registry))
+    assert_same_estimates(agg, offline(*rs[:4]))
+    assert registry.get_sample_value("coco_aggregator_batches_total") == 4
+    assert registry.get_sample_value("coco_aggregator_reports_total") == agg.state.n
+    smallest = amplify_spec(SPEC, n=100, delta=DELTA).epsilon_central
+    assert (
+        registry.get_sample_value("coco_aggregator_epsilon_central", {"batch": "smallest"})
+        == smallest
+    )
+    saved = json.loads((tmp_path / "ckpt.json").read_text())
+    assert saved["state"] == offline(*rs[:4]).to_dict()
+    assert saved["counters"]["batches"] == 4
+
+
+_CHILD = """
+import asyncio, json, sys
+from pathlib import Path
+from aggregator.service import AggregatorConfig, run_aggregator
+from edge import MechanismSpec
+a = json.loads(sys.argv[1])
+cfg = AggregatorConfig(
+    broker=a["broker"], deployment=a["deployment"], spec=MechanismSpec.from_dict(a["spec"]),
+    delta=a["delta"], checkpoint=Path(a["checkpoint"]), checkpoint_interval=3600,
+    max_unacked=1000, http_port=a["port"], client_id=a["client_id"],
+)
+asyncio.run(run_aggregator(cfg))
+"""
+
+
+def test_crash_between_apply_and_checkpoint(mosquitto: Broker, tmp_path: Path) -> None:
+    """SIGKILL after batches are applied but before they are checkpointed: the broker
+    redelivers the unacknowledged batches and each is counted exactly once."""
+    rs = [reports(150, 20 + i) for i in range(4)]
+    cfg = config(mosquitto, tmp_path)
+
+    async def first(agg: Aggregator) -> None:
+        await publish(mosquitto, batch(rs[0], 200))
+        await until(lambda: agg.counters.batches == 1)
+
+    run(with_aggregator(cfg, first))
+
+    port = free_port()
+    args = {
+        "broker": mosquitto.url,
+        "deployment": DEPLOYMENT,
+        "spec": SPEC.to_dict(),
+        "delta": DELTA,
+        "checkpoint": str(cfg.checkpoint),
+        "port": port,
+        "client_id": cfg.mqtt_client_id,
+    }
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(args)], cwd=ROOT, env=env)
+    try:
+
+        async def until_child_applied(n: int) -> None:
+            def read() -> int:
+                url = f"http://127.0.0.1:{port}/estimates"
+                try:
+                    with urllib.request.urlopen(url, timeout=2) as response:
+                        count: int = json.loads(response.read())["n"]
+                        return count
+                except OSError:
+                    return -1
+
+            async with asyncio.timeout(20):
+                while await asyncio.to_thread(read) != n:
+                    await asyncio.sleep(0.05)
+
+        run(until_child_applied(150))
+        run(publish(mosquitto, batch(rs[1], 201), batch(rs[2], 202)))
+        run(until_child_applied(450))
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+    saved = json.loads(Path(str(cfg.checkpoint)).read_text())
+    assert saved["state"]["n"] == 150  # the crash lost the in-memory state
+
+    async def second(agg: Aggregator) -> None:
+        await until(lambda: agg.counters.batches == 3)
+        await publish(mosquitto, batch(rs[3], 203))
+        await until(lambda: agg.counters.batches == 4)
+        await asyncio.sleep(0.3)  # a late double delivery would show up here
+
+    agg = run(with_aggregator(cfg, second))
+    assert agg.counters.batches == 4
+    assert_same_estimates(agg, offline(*rs))
+
+
+def test_broker_restart_reconnects(mosquitto: Broker) -> None:
+    rs = [reports(80, 30 + i) for i in range(2)]
+
+    async def body(agg: Aggregator) -> None:
+        await publish(mosquitto, batch(rs[0], 300))
+        await until(lambda: agg.counters.batches == 1)
+        await asyncio.to_thread(mosquitto.restart)
+        await until(lambda: agg.connections >= 2 and agg.subscribed.is_set(), timeout=20)
+        await publish(mosquitto, batch(rs[1], 301))
+        await until(lambda: agg.counters.batches == 2)
+
+    agg = run(with_aggregator(config(mosquitto, None), body))
+    assert_same_estimates(agg, offline(*rs))
+
+
+def test_checkpoint_of_another_spec_is_refused(mosquitto: Broker, tmp_path: Path) -> None:
+    other = MechanismSpec(mechanism="collision", d=12, s=2, epsilon=2.0)
+    state = AggregateState(other)
+    (tmp_path / "ckpt.json").write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "fingerprint": other.fingerprint,
+                "state": state.to_dict(),
+                "seen": [],
+                "counters": {"reports": 0, "batches": 0, "duplicates": 0, "rejected": {}},
+                "smallest_batch": None,
+                "latest_batch": None,
+                "last_batch_timestamp": None,
+                "delta": DELTA,
+            }
+        )
+    )
+
+    async def enter() -> None:
+        async with Aggregator(config(mosquitto, tmp_path)):
+            pass
+
+    with pytest.raises(CheckpointError, match=f"is for spec {other.fingerprint}"):
+        run(enter())
