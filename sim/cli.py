@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from aggregator.cli import aggregator_app, privacy
+from broker.cli import shuffler
 from edge import CocoError, MechanismSpec
 from sim.simulate import simulate as run_simulation
 
@@ -22,6 +23,7 @@ app = typer.Typer(
 )
 app.command("privacy")(privacy)
 app.add_typer(aggregator_app, name="aggregator")
+app.command("shuffler")(shuffler)
 
 
 @app.callback()

@@ -1,0 +1,158 @@
+"""``coco shuffler``: run the shuffling bridge (signal handling and logging live only here)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any
+
+import aiomqtt
+import typer
+from prometheus_client import CollectorRegistry, start_http_server
+
+from broker.shuffler import Shuffler, ShufflerConfig, parse_broker_url
+from edge import CocoError, MechanismSpec
+from edge.announce import decode_announcement
+from edge.topics import spec_topic
+
+logger = logging.getLogger(__name__)
+
+
+class Policy(StrEnum):
+    carry = "carry"
+    drop = "drop"
+
+
+async def read_announcement(
+    broker: str,
+    deployment: str,
+    timeout: float,
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    ca_file: str | None = None,
+) -> dict[str, Any]:
+    """The retained spec announcement of ``deployment`` (``SpecError`` if invalid)."""
+    host, port, tls = parse_broker_url(broker)
+    tls_params = aiomqtt.TLSParameters(ca_certs=ca_file) if tls else None
+    async with aiomqtt.Client(
+        host, port, username=username, password=password, tls_params=tls_params
+    ) as client:
+        await client.subscribe(spec_topic(deployment), qos=1)
+        async with asyncio.timeout(timeout):
+            async for message in client.messages:
+                payload = message.payload
+                if isinstance(payload, bytes | bytearray):
+                    return decode_announcement(bytes(payload))
+    raise TimeoutError  # pragma: no cover  # the iterator only ends by raising
+
+
+async def _serve(config: ShufflerConfig, registry: CollectorRegistry) -> None:
+    loop = asyncio.get_running_loop()
+    async with Shuffler(config, registry=registry) as shuffler:
+        stops = 0
+
+        def on_signal() -> None:
+            nonlocal stops
+            stops += 1
+            if stops == 1:
+                logger.info("draining: releasing buffers of >= min_batch reports")
+                shuffler.stop()
+            else:  # a second signal forces exit
+                raise SystemExit(1)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+        try:
+            await shuffler.run()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+
+def shuffler(
+    deployment: Annotated[str, typer.Option(envvar="COCO_DEPLOYMENT", help="Deployment name.")],
+    broker: Annotated[
+        str, typer.Option(envvar="COCO_BROKER", help="mqtt://host:port or mqtts://host:port.")
+    ] = "mqtt://127.0.0.1:1883",
+    spec: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="COCO_SPEC",
+            help="MechanismSpec JSON (to_dict format); default: the retained announcement.",
+        ),
+    ] = None,
+    min_batch: Annotated[
+        int | None,
+        typer.Option(
+            envvar="COCO_MIN_BATCH",
+            help="Smallest released batch (default: the announcement's; may not be lower).",
+        ),
+    ] = None,
+    max_batch: Annotated[
+        int, typer.Option(envvar="COCO_MAX_BATCH", help="Most records per batch message.")
+    ] = 10_000,
+    round_policy: Annotated[
+        Policy, typer.Option(envvar="COCO_ROUND_POLICY", help="Rounds below min_batch.")
+    ] = Policy.carry,
+    flush_interval: Annotated[
+        float, typer.Option(envvar="COCO_FLUSH_INTERVAL", help="Seconds between flushes.")
+    ] = 5.0,
+    username: Annotated[str | None, typer.Option(envvar="COCO_MQTT_USERNAME")] = None,
+    password: Annotated[str | None, typer.Option(envvar="COCO_MQTT_PASSWORD")] = None,
+    ca_file: Annotated[str | None, typer.Option(envvar="COCO_MQTT_CA_FILE")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(envvar="COCO_METRICS_PORT", help="Serve /metrics here.")
+    ] = None,
+    announcement_timeout: Annotated[float, typer.Option(help="Seconds to wait for it.")] = 10.0,
+) -> None:
+    """Shuffle ingress reports into batches of at least --min-batch and publish them."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        announced: int | None = None
+        if spec is not None:
+            mechanism = MechanismSpec.from_dict(json.loads(spec.read_text()))
+        else:
+            announcement = asyncio.run(
+                read_announcement(
+                    broker,
+                    deployment,
+                    announcement_timeout,
+                    username=username,
+                    password=password,
+                    ca_file=ca_file,
+                )
+            )
+            mechanism = MechanismSpec.from_dict(announcement["spec"])
+            announced = int(announcement["min_batch"])
+        if min_batch is None:
+            if announced is None:
+                raise ValueError("--min-batch is required with --spec")
+            min_batch = announced
+        if announced is not None and min_batch < announced:
+            raise ValueError(
+                f"--min-batch {min_batch} is below the announced min_batch {announced}"
+            )
+        config = ShufflerConfig(
+            broker=broker,
+            deployment=deployment,
+            spec=mechanism,
+            min_batch=min_batch,
+            max_batch=max_batch,
+            round_policy=round_policy.value,
+            flush_interval=flush_interval,
+            username=username,
+            password=password,
+            ca_file=ca_file,
+        )
+        registry = CollectorRegistry()
+        if metrics_port is not None:
+            start_http_server(metrics_port, registry=registry)
+        asyncio.run(_serve(config, registry))
+    except (CocoError, ValueError, OSError, TimeoutError, aiomqtt.MqttError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc

@@ -1,0 +1,147 @@
+"""Prometheus metrics of the shuffling bridge, on an injected ``CollectorRegistry``.
+
+Privacy: no metric carries a device id, a topic or any other per-sender value. Every label
+takes its values from a small fixed tuple (:data:`REJECT_REASONS`, :data:`DROP_REASONS`),
+so the series set cannot grow with the fleet and a scrape reveals only aggregate counts.
+All label values are pre-created at start-up, so a series appearing for the first time does
+not reveal when its first event happened.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from edge.codec import REASONS as CODEC_REASONS
+
+REJECT_REASONS: tuple[str, ...] = (
+    *CODEC_REASONS,
+    "unknown_fingerprint",
+    "z_out_of_range",
+    "duplicate_in_round",
+    "stale_round",
+    "round_full",
+    "retained",
+    "bad_topic",
+)
+"""Why an ingress message was refused (the ``reason`` label of the rejection counter)."""
+
+DROP_REASONS: tuple[str, ...] = (
+    "small_round",
+    "at_shutdown",
+    "carry_superseded",
+    "unpublished_at_shutdown",
+)
+"""Why accepted reports left the shuffler without being released (see ``broker.shuffler``)."""
+
+BATCH_SIZE_BUCKETS = (
+    2,
+    5,
+    10,
+    20,
+    50,
+    100,
+    200,
+    500,
+    1_000,
+    2_000,
+    5_000,
+    10_000,
+    20_000,
+    50_000,
+    100_000,
+)
+LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400)
+
+
+class ShufflerMetrics:
+    """The shuffler's metrics, registered on ``registry`` (never the global one)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.reports_received = Counter(
+            "coco_shuffler_reports_received",
+            "Ingress messages received (accepted + rejected).",
+            registry=registry,
+        )
+        self.reports_rejected = Counter(
+            "coco_shuffler_reports_rejected",
+            "Ingress messages refused, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.reports_accepted = Counter(
+            "coco_shuffler_reports_accepted",
+            "Reports accepted into a round buffer.",
+            registry=registry,
+        )
+        self.batches_released = Counter(
+            "coco_shuffler_batches_released",
+            "Shuffled batches published and acknowledged by the broker.",
+            registry=registry,
+        )
+        self.reports_released = Counter(
+            "coco_shuffler_reports_released",
+            "Reports inside published, acknowledged batches.",
+            registry=registry,
+        )
+        self.batch_size = Histogram(
+            "coco_shuffler_batch_size",
+            "Number of reports in each published batch.",
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=registry,
+        )
+        self.buffer_reports = Gauge(
+            "coco_shuffler_buffer_reports",
+            "Accepted reports waiting in round buffers.",
+            registry=registry,
+        )
+        self.outbox_reports = Gauge(
+            "coco_shuffler_outbox_reports",
+            "Reports in shuffled batches waiting for the broker's PUBACK.",
+            registry=registry,
+        )
+        self.release_latency = Histogram(
+            "coco_shuffler_release_latency_seconds",
+            "Time from the arrival of a batch's oldest report to the batch's release.",
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.min_batch = Gauge(
+            "coco_shuffler_min_batch",
+            "The smallest batch the shuffler releases.",
+            registry=registry,
+        )
+        self.dropped = Counter(
+            "coco_shuffler_dropped",
+            "Accepted reports discarded without release, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        self.connected = Gauge(
+            "coco_shuffler_connected",
+            "1 while connected to the broker, else 0.",
+            registry=registry,
+        )
+        self.reconnects = Counter(
+            "coco_shuffler_reconnects",
+            "Connection attempts after a lost or failed connection.",
+            registry=registry,
+        )
+        for reason in REJECT_REASONS:
+            self.reports_rejected.labels(reason=reason)
+        for reason in DROP_REASONS:
+            self.dropped.labels(reason=reason)
+
+    def reject(self, reason: str) -> None:
+        """Count one received-and-rejected message; ``reason`` must be in the fixed set."""
+        if reason not in REJECT_REASONS:  # never let an unexpected string become a series
+            raise ValueError(f"unknown rejection reason {reason!r}")
+        self.reports_received.inc()
+        self.reports_rejected.labels(reason=reason).inc()
+
+    def drop(self, reason: str, count: int) -> None:
+        """Count ``count`` accepted reports discarded without release."""
+        if reason not in DROP_REASONS:
+            raise ValueError(f"unknown drop reason {reason!r}")
+        if count:
+            self.dropped.labels(reason=reason).inc(count)

@@ -1,0 +1,643 @@
+"""The shuffling bridge: per-device ingress reports in, uniformly permuted batches out.
+
+Devices publish 16-byte eps-LDP reports to ``coco/v1/<dep>/ingress/<device-id>``. The
+:class:`Shuffler` subscribes to ``coco/v1/<dep>/ingress/+`` (and to nothing else), validates
+each report, buffers ``(seed, z)`` per round and publishes shuffled batches of at least
+``min_batch`` reports to ``coco/v1/<dep>/batches``. Privacy rests on four properties, each
+enforced here:
+
+1. **No batch smaller than** ``min_batch``. Every release path (size trigger, flush tick,
+   shutdown, splitting of large pools) checks it; a pool that cannot reach it is carried or
+   dropped, never released.
+2. **No sender identity leaves the process.** The device id (last topic level) is used only
+   for the one-report-per-device-per-round rule, and even then only as a keyed BLAKE2b token
+   under a per-process random key (never logged, never a metric label, never persisted).
+   A batch holds only ``seed | z`` records; MQTT publish carries no user properties, no
+   correlation data, and the client id is the library's random one unless configured.
+3. **Uniform permutation.** Each pool is shuffled with :class:`random.SystemRandom`
+   (Fisher-Yates driven by ``os.urandom``, a CSPRNG), so every order is equally likely and
+   the order cannot be predicted from, or linked to, the arrival order. ``batch_id`` is
+   ``secrets.token_bytes(16)``.
+4. **At most one report per device in any batch.** Duplicates within a round are rejected;
+   when the ``carry`` policy merges an old round into a newer pool, a carried report whose
+   device already has a report in that pool is dropped (``carry_superseded``), and a fresh
+   report replaces a carried report of the same device. So a shuffled batch of ``n``
+   records always comes from ``n`` distinct devices, as the shuffle accountant assumes.
+
+Timing: a batch is released whole, in one MQTT message, never record by record.
+
+Rounds and release
+------------------
+Reports are pooled per round (the report's ``round`` field). A pool is released
+immediately when it holds ``release_size`` reports (default ``min_batch``). Every
+``flush_interval`` seconds:
+
+* rounds older than the newest round seen are *closed*: a closed pool with at least
+  ``min_batch`` reports is released; a smaller one follows ``round_policy``:
+  ``"drop"`` discards it (counted as dropped, reason ``small_round``); ``"carry"`` merges
+  it into the newest round's pool, so the **batch's round field is then the newest round**
+  of the reports it contains;
+* the newest round's pool is released if it holds at least ``min_batch`` reports.
+
+A pool larger than ``max_batch`` is shuffled as a whole and cut into ``ceil(n / max_batch)``
+contiguous slices of near-equal size (each >= ``min_batch`` because ``max_batch >=
+2 min_batch`` is required), each a uniformly random subset in uniformly random order.
+
+Duplicate detection keeps one token set per round for the ``max_rounds`` newest rounds
+(each set at most ``max_reports_per_round`` tokens; beyond it reports are rejected as
+``round_full``). A report of a round older than every tracked round, once ``max_rounds``
+rounds are tracked, is rejected as ``stale_round``: accepting it could let a device
+contribute twice to a round whose token set was forgotten. Round numbers are not
+authenticated: a device can open a far-future round, which closes older rounds early
+(their pools are still released only when >= ``min_batch``).
+
+Shutdown
+--------
+:meth:`Shuffler.stop` (or cancelling :meth:`Shuffler.run`) stops consuming (unsubscribe,
+then the reports already received are processed), closes every round (releasing pools of
+at least ``min_batch``; with ``carry`` the small pools are first merged into the newest
+pool), and waits up to ``drain_timeout`` seconds for the broker's PUBACKs. Nothing is
+persisted: reports in pools still smaller than ``min_batch`` are discarded and counted as
+dropped with reason ``at_shutdown`` (whatever the policy, since carrying them would need
+storage of unreleased reports), and batches not acknowledged in time as
+``unpublished_at_shutdown``.
+
+Delivery
+--------
+Batches wait in a bounded outbox until PUBACK (QoS 1). A failed or timed-out publish is
+retried after reconnecting with the *same* bytes and ``batch_id`` (the aggregator
+deduplicates by ``batch_id``; re-sending identical bytes reveals nothing new). While the
+outbox is full, pools stay buffered (no loss, they are released later, split if needed).
+On a lost connection the shuffler reconnects with exponential backoff; accepted but
+unreleased reports stay in memory. Reports that the broker does not queue for the
+shuffler while it is disconnected are lost at the broker (clean session), unless
+``client_id`` is set, which requests a persistent session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+import random
+import secrets
+import ssl
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Literal, Self
+from urllib.parse import urlsplit
+
+import aiomqtt
+from prometheus_client import CollectorRegistry
+
+from broker.metrics import ShufflerMetrics
+from edge.codec import CodecError, decode_report, encode_batch
+from edge.spec import MechanismSpec
+from edge.topics import batches_topic, check_name, ingress_filter
+
+__all__ = ["RoundPolicy", "Shuffler", "ShufflerConfig", "parse_broker_url"]
+
+logger = logging.getLogger(__name__)
+
+RoundPolicy = Literal["carry", "drop"]
+_TOKEN_KEY_SIZE = 32
+_TOKEN_SIZE = 16
+
+
+def parse_broker_url(url: str) -> tuple[str, int, bool]:
+    """``(host, port, tls)`` of ``mqtt://host[:port]`` or ``mqtts://host[:port]``."""
+    parts = urlsplit(url)
+    if parts.scheme not in {"mqtt", "mqtts"} or not parts.hostname:
+        raise ValueError(
+            f"broker URL must be mqtt://host[:port] or mqtts://host[:port], got {url!r}"
+        )
+    tls = parts.scheme == "mqtts"
+    return parts.hostname, parts.port or (8883 if tls else 1883), tls
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShufflerConfig:
+    """Settings of one shuffler (see the module docstring for their privacy role).
+
+    ``broker`` is ``mqtt://host:port`` or ``mqtts://host:port`` (TLS, optionally with
+    ``ca_file``); ``release_size`` defaults to ``min_batch``; ``max_batch`` caps the
+    records in one message and must be at least ``2 min_batch`` so that splitting never
+    makes a slice smaller than ``min_batch``.
+    """
+
+    broker: str
+    deployment: str
+    spec: MechanismSpec
+    min_batch: int
+    max_batch: int = 10_000
+    release_size: int | None = None
+    round_policy: RoundPolicy = "carry"
+    flush_interval: float = 5.0
+    qos: int = 1
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ca_file: str | None = None
+    client_id: str | None = None
+    max_rounds: int = 8
+    max_reports_per_round: int = 1_000_000
+    max_outbox_batches: int = 1_000
+    incoming_queue_size: int = 100_000
+    publish_timeout: float = 10.0
+    drain_timeout: float = 10.0
+    reconnect_min: float = 0.1
+    reconnect_max: float = 10.0
+
+    def __post_init__(self) -> None:
+        parse_broker_url(self.broker)
+        check_name("deployment", self.deployment)
+        if not isinstance(self.spec, MechanismSpec):
+            raise ValueError(f"spec must be a MechanismSpec, got {self.spec!r}")
+        for name in ("min_batch", "max_batch", "max_rounds", "max_reports_per_round"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        if self.min_batch < 2:
+            raise ValueError(f"min_batch must be >= 2, got {self.min_batch}")
+        if self.max_batch < 2 * self.min_batch:
+            raise ValueError(
+                f"max_batch must be >= 2 * min_batch = {2 * self.min_batch}, got {self.max_batch}"
+            )
+        if self.release_size is None:
+            object.__setattr__(self, "release_size", self.min_batch)
+        release = self.release_size
+        if isinstance(release, bool) or not isinstance(release, int):
+            raise ValueError(f"release_size must be an integer, got {release!r}")
+        if not self.min_batch <= release <= self.max_batch:
+            raise ValueError(
+                f"release_size must be in [min_batch={self.min_batch}, "
+                f"max_batch={self.max_batch}], got {release}"
+            )
+        self._check_policy_and_limits()
+
+    def _check_policy_and_limits(self) -> None:
+        if self.round_policy not in ("carry", "drop"):
+            raise ValueError(f"round_policy must be 'carry' or 'drop', got {self.round_policy!r}")
+        if self.qos != 1:
+            raise ValueError(f"qos must be 1 (at-least-once batches), got {self.qos}")
+        if self.max_rounds < 1:
+            raise ValueError(f"max_rounds must be >= 1, got {self.max_rounds}")
+        if self.max_reports_per_round < self.min_batch:
+            raise ValueError(
+                f"max_reports_per_round must be >= min_batch, got {self.max_reports_per_round}"
+            )
+        for name in (
+            "flush_interval",
+            "publish_timeout",
+            "drain_timeout",
+            "reconnect_min",
+            "reconnect_max",
+        ):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+        if self.max_outbox_batches < 1 or self.incoming_queue_size < 1:
+            raise ValueError("max_outbox_batches and incoming_queue_size must be >= 1")
+
+
+class _Pool:
+    """Accepted reports waiting for release, in arrival order (shuffled before release).
+
+    ``tokens`` are keyed hashes of device ids, kept only to enforce one report per device
+    per batch; they never leave the process.
+    """
+
+    __slots__ = ("arrivals", "index", "seeds", "tokens", "zs")
+
+    def __init__(self) -> None:
+        self.seeds: list[int] = []
+        self.zs: list[int] = []
+        self.arrivals: list[float] = []
+        self.tokens: list[bytes] = []
+        self.index: dict[bytes, int] = {}
+
+    def __len__(self) -> int:
+        return len(self.seeds)
+
+    def add(self, token: bytes, seed: int, z: int, arrival: float) -> bool:
+        """Add a report; a report of the same device already here (a carried one of an
+        older round) is replaced. Returns ``True`` if a report was replaced."""
+        position = self.index.get(token)
+        if position is not None:
+            self.seeds[position] = seed
+            self.zs[position] = z
+            self.arrivals[position] = arrival
+            return True
+        self.index[token] = len(self.seeds)
+        self.seeds.append(seed)
+        self.zs.append(z)
+        self.arrivals.append(arrival)
+        self.tokens.append(token)
+        return False
+
+    def merge_from(self, other: _Pool) -> int:
+        """Carry ``other``'s reports in; returns how many were dropped as superseded."""
+        superseded = 0
+        for i in range(len(other)):
+            token = other.tokens[i]
+            if token in self.index:
+                superseded += 1  # the device already has a report here: keep the newer
+                continue
+            self.index[token] = len(self.seeds)
+            self.seeds.append(other.seeds[i])
+            self.zs.append(other.zs[i])
+            self.arrivals.append(other.arrivals[i])
+            self.tokens.append(token)
+        return superseded
+
+
+@dataclass(frozen=True)
+class _Batch:
+    payload: bytes
+    count: int
+    oldest_arrival: float
+
+
+class Shuffler:
+    """The shuffling bridge as an async context manager: ``async with Shuffler(cfg) as s:
+    await s.run()``. Reusable after exit, not re-entrant.
+
+    :meth:`run` returns after :meth:`stop` has been called and the drain has finished. If
+    the task running :meth:`run` is cancelled, it drains the same way and then re-raises
+    :class:`asyncio.CancelledError`.
+    """
+
+    def __init__(self, config: ShufflerConfig, *, registry: CollectorRegistry) -> None:
+        self.config = config
+        self.metrics = ShufflerMetrics(registry)
+        self.metrics.min_batch.set(config.min_batch)
+        self._host, self._port, self._tls = parse_broker_url(config.broker)
+        self._ingress = ingress_filter(config.deployment)
+        self._ingress_prefix = self._ingress[:-1]
+        self._batches = batches_topic(config.deployment)
+        self._fingerprint = config.spec.fingerprint_int
+        self._t = config.spec.t
+        self._release_size = config.release_size or config.min_batch
+        self._random = random.SystemRandom()
+        self._lock = asyncio.Lock()
+        self._reset()
+
+    def _reset(self) -> None:
+        # A fresh key per run: tokens of different runs cannot be linked.
+        self._token_key = secrets.token_bytes(_TOKEN_KEY_SIZE)
+        self._pools: dict[int, _Pool] = {}
+        self._seen: dict[int, set[bytes]] = {}
+        self._newest_round: int | None = None
+        self._outbox: deque[_Batch] = deque()
+        self._outbox_changed = asyncio.Event()
+        self._client: aiomqtt.Client | None = None
+        self._connected = asyncio.Event()
+        self._stop_requested = asyncio.Event()
+        self._consumption_done = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._update_gauges()
+
+    async def __aenter__(self) -> Self:
+        if self._lock.locked():
+            raise RuntimeError("Shuffler is not re-entrant: it is already running")
+        await self._lock.acquire()
+        self._reset()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop_requested.set()
+        self._lock.release()
+
+    def stop(self) -> None:
+        """Request a graceful drain; :meth:`run` returns when it is done."""
+        self._stop_requested.set()
+
+    @property
+    def buffered(self) -> int:
+        """Accepted reports waiting in round pools."""
+        return sum(len(pool) for pool in self._pools.values())
+
+    @property
+    def connected(self) -> asyncio.Event:
+        """Set while subscribed to the ingress filter (for tests and health checks)."""
+        return self._connected
+
+    # --- main loop --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Consume, shuffle and publish until :meth:`stop` (or cancellation), then drain."""
+        if not self._lock.locked():
+            raise RuntimeError("use 'async with Shuffler(...) as shuffler: await shuffler.run()'")
+        cancelled = False
+        async with asyncio.TaskGroup() as tg:
+            connection = tg.create_task(self._connection_loop(), name="shuffler-connection")
+            publisher = tg.create_task(self._publish_loop(), name="shuffler-publish")
+            flusher = tg.create_task(self._flush_loop(), name="shuffler-flush")
+            try:
+                await self._stop_requested.wait()
+            except asyncio.CancelledError:
+                cancelled = True
+                self._stop_requested.set()
+            flusher.cancel()
+            await self._drain()
+            self._closing.set()
+            publisher.cancel()
+            # Let the connection loop leave its client context itself (clean DISCONNECT).
+            done, _ = await asyncio.wait({connection}, timeout=self.config.publish_timeout)
+            if not done:
+                connection.cancel()
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def _drain(self) -> None:
+        deadline = time.monotonic() + self.config.drain_timeout
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.config.drain_timeout):
+                await self._consumption_done.wait()
+        self._close_rounds(shutdown=True)
+        remaining = max(deadline - time.monotonic(), 0.0)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(remaining):
+                while self._outbox:
+                    self._outbox_changed.clear()
+                    await self._outbox_changed.wait()
+        unpublished = sum(batch.count for batch in self._outbox)
+        if unpublished:
+            logger.warning("%d reports in unacknowledged batches dropped at shutdown", unpublished)
+        self.metrics.drop("unpublished_at_shutdown", unpublished)
+        self._outbox.clear()
+        self._update_gauges()
+
+    def _make_client(self) -> aiomqtt.Client:
+        cfg = self.config
+        tls = aiomqtt.TLSParameters(ca_certs=cfg.ca_file) if self._tls else None
+        tls_context = None
+        if self._tls and cfg.ca_file is None:
+            tls_context = ssl.create_default_context()
+            tls = None
+        return aiomqtt.Client(
+            self._host,
+            self._port,
+            username=cfg.username,
+            password=cfg.password,
+            identifier=cfg.client_id,
+            clean_session=cfg.client_id is None,
+            tls_params=tls,
+            tls_context=tls_context,
+            max_queued_incoming_messages=cfg.incoming_queue_size,
+            timeout=cfg.publish_timeout,
+        )
+
+    async def _connection_loop(self) -> None:
+        backoff = self.config.reconnect_min
+        first = True
+        while not self._closing.is_set():
+            if not first:
+                self.metrics.reconnects.inc()
+            first = False
+            try:
+                async with self._make_client() as client:
+                    self._client = client
+                    self.metrics.connected.set(1)
+                    if not self._consumption_done.is_set():
+                        await client.subscribe(self._ingress, qos=self.config.qos)
+                        logger.info("subscribed to %s", self._ingress)
+                    self._connected.set()
+                    backoff = self.config.reconnect_min
+                    if not self._consumption_done.is_set():
+                        await self._consume(client)
+                    await self._closing.wait()
+                    return
+            except aiomqtt.MqttError as exc:
+                logger.warning(
+                    "broker connection lost or refused (%s); retry in %.1f s", exc, backoff
+                )
+            finally:
+                self._client = None
+                self._connected.clear()
+                self.metrics.connected.set(0)
+            if self._stop_requested.is_set():
+                self._consumption_done.set()  # not connected: nothing more to consume
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closing.wait(), backoff)
+            backoff = min(backoff * 2, self.config.reconnect_max)
+
+    async def _consume(self, client: aiomqtt.Client) -> None:
+        messages = aiter(client.messages)
+        stop = asyncio.ensure_future(self._stop_requested.wait())
+        nxt = asyncio.ensure_future(anext(messages))
+        try:
+            while True:
+                done, _ = await asyncio.wait({nxt, stop}, return_when=asyncio.FIRST_COMPLETED)
+                if nxt not in done:
+                    break
+                self._handle(nxt.result())
+                nxt = asyncio.ensure_future(anext(messages))
+            # Stop consuming: after UNSUBACK every message the broker sent us is queued here.
+            # The pending read is not cancelled while a message may be in flight to it.
+            await client.unsubscribe(self._ingress)
+            while True:
+                done, _ = await asyncio.wait({nxt}, timeout=0.05)
+                if not done:
+                    if len(client.messages) == 0:
+                        break
+                    continue
+                self._handle(nxt.result())
+                nxt = asyncio.ensure_future(anext(messages))
+        finally:
+            stop.cancel()
+            nxt.cancel()
+        self._consumption_done.set()
+        logger.info("stopped consuming ingress")
+
+    async def _publish_loop(self) -> None:
+        while True:
+            if not self._outbox:
+                self._outbox_changed.clear()
+                await self._outbox_changed.wait()
+                continue
+            await self._connected.wait()
+            client = self._client
+            if client is None:
+                await asyncio.sleep(self.config.reconnect_min)
+                continue
+            batch = self._outbox[0]
+            try:
+                # No properties, no retain: the payload is the whole message.
+                await client.publish(
+                    self._batches,
+                    batch.payload,
+                    qos=self.config.qos,
+                    timeout=self.config.publish_timeout,
+                )
+            except aiomqtt.MqttError as exc:
+                logger.warning("batch publish failed (%s); will retry", exc)
+                await asyncio.sleep(self.config.reconnect_min)
+                continue
+            self._outbox.popleft()
+            self.metrics.batches_released.inc()
+            self.metrics.reports_released.inc(batch.count)
+            self.metrics.batch_size.observe(batch.count)
+            self.metrics.release_latency.observe(max(time.monotonic() - batch.oldest_arrival, 0.0))
+            self._update_gauges()
+            self._outbox_changed.set()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.flush_interval)
+            self._close_rounds(shutdown=False)
+
+    # --- validation and pooling (synchronous: no await between check and update) ----------
+
+    def _token(self, device: str) -> bytes:
+        digest = hashlib.blake2b(device.encode(), key=self._token_key, digest_size=_TOKEN_SIZE)
+        return digest.digest()
+
+    def _handle(self, message: aiomqtt.Message) -> None:
+        reason = self._accept(message)
+        if reason is not None:
+            self.metrics.reject(reason)
+            return
+        self.metrics.reports_received.inc()
+        self.metrics.reports_accepted.inc()
+        self._update_gauges()
+
+    def _accept(self, message: aiomqtt.Message) -> str | None:
+        """Pool the report and return ``None``, or return the rejection reason."""
+        topic = message.topic.value
+        if not topic.startswith(self._ingress_prefix):
+            return "bad_topic"
+        device = topic[len(self._ingress_prefix) :]
+        if not device or "/" in device:
+            return "bad_topic"
+        if message.retain:
+            return "retained"  # a retained report would be replayed on every subscription
+        parsed = self._parse(message)
+        if isinstance(parsed, str):
+            return parsed
+        round_, seed, z = parsed
+        seen = self._seen.get(round_)
+        if seen is None:
+            if len(self._seen) >= self.config.max_rounds and round_ < min(self._seen):
+                return "stale_round"
+            seen = self._open_round(round_)
+        token = self._token(device)
+        del device  # the id is not needed past this point
+        if token in seen:
+            return "duplicate_in_round"
+        if len(seen) >= self.config.max_reports_per_round:
+            return "round_full"
+        seen.add(token)
+        pool = self._pools.setdefault(round_, _Pool())
+        if pool.add(token, seed, z, time.monotonic()):
+            self.metrics.drop("carry_superseded", 1)
+        if len(pool) >= self._release_size:
+            self._release(round_)
+        return None
+
+    def _parse(self, message: aiomqtt.Message) -> tuple[int, int, int] | str:
+        """``(round, seed, z)`` of a valid report of this spec, or the rejection reason."""
+        payload = message.payload
+        if not isinstance(payload, bytes | bytearray):
+            return "bad_length"
+        try:
+            _, fingerprint, round_, seed, z = decode_report(payload)
+        except CodecError as exc:
+            return exc.reason
+        if fingerprint != self._fingerprint:
+            return "unknown_fingerprint"
+        if z >= self._t:
+            return "z_out_of_range"
+        return round_, seed, z
+
+    def _open_round(self, round_: int) -> set[bytes]:
+        seen: set[bytes] = set()
+        self._seen[round_] = seen
+        if self._newest_round is None or round_ > self._newest_round:
+            self._newest_round = round_
+        while len(self._seen) > self.config.max_rounds:
+            oldest = min(self._seen)
+            del self._seen[oldest]
+            self._close_round(oldest)
+        return seen
+
+    # --- release ------------------------------------------------------------------------
+
+    def _close_round(self, round_: int) -> None:
+        """Release the pool of a closed round, or apply the round policy to it."""
+        pool = self._pools.get(round_)
+        if pool is None:
+            return
+        if len(pool) >= self.config.min_batch:
+            self._release(round_)
+            return
+        newest = self._newest_round
+        if self.config.round_policy == "carry" and newest is not None and newest != round_:
+            del self._pools[round_]
+            target = self._pools.setdefault(newest, _Pool())
+            self.metrics.drop("carry_superseded", target.merge_from(pool))
+            return
+        del self._pools[round_]
+        self.metrics.drop("small_round", len(pool))
+
+    def _close_rounds(self, *, shutdown: bool) -> None:
+        newest = self._newest_round
+        for round_ in sorted(self._pools):
+            if round_ != newest:
+                self._close_round(round_)
+        if newest is not None and newest in self._pools:
+            pool = self._pools[newest]
+            if len(pool) >= self.config.min_batch:
+                self._release(newest)
+            elif shutdown:
+                del self._pools[newest]
+                self.metrics.drop("at_shutdown", len(pool))
+        if shutdown:
+            for round_ in list(self._pools):  # only possible if the outbox was full
+                pool = self._pools.pop(round_)
+                self.metrics.drop("at_shutdown", len(pool))
+            logger.info("shutdown: %d batches to publish", len(self._outbox))
+        self._update_gauges()
+
+    def _release(self, round_: int) -> None:
+        """Shuffle a pool of >= min_batch reports into the outbox (split above max_batch)."""
+        pool = self._pools[round_]
+        n = len(pool)
+        if n < self.config.min_batch:  # defence in depth: never release a small batch
+            raise AssertionError("refusing to release a batch below min_batch")
+        if not self._outbox_has_room():
+            return  # outbox full: keep buffering, release on a later flush
+        del self._pools[round_]
+        order = list(range(n))
+        self._random.shuffle(order)  # uniform permutation from os.urandom
+        slices = math.ceil(n / self.config.max_batch)
+        for k in range(slices):
+            part = order[k * n // slices : (k + 1) * n // slices]
+            if len(part) < self.config.min_batch:
+                raise AssertionError("a slice below min_batch")  # excluded by max_batch >= 2m
+            payload = encode_batch(
+                self._fingerprint,
+                round_,
+                secrets.token_bytes(16),
+                [pool.seeds[i] for i in part],
+                [pool.zs[i] for i in part],
+            )
+            oldest = min(pool.arrivals[i] for i in part)
+            self._outbox.append(_Batch(payload, len(part), oldest))
+        self._outbox_changed.set()
+        self._update_gauges()
+
+    def _outbox_has_room(self) -> bool:
+        return len(self._outbox) < self.config.max_outbox_batches
+
+    def _update_gauges(self) -> None:
+        self.metrics.buffer_reports.set(self.buffered)
+        self.metrics.outbox_reports.set(sum(batch.count for batch in self._outbox))
