@@ -12,6 +12,7 @@ import typer
 from aggregator.cli import aggregator_app, privacy
 from broker.cli import shuffler
 from edge import CocoError, MechanismSpec
+from edge.device_cli import device
 from sim.simulate import simulate as run_simulation
 
 app = typer.Typer(
@@ -24,6 +25,7 @@ app = typer.Typer(
 app.command("privacy")(privacy)
 app.add_typer(aggregator_app, name="aggregator")
 app.command("shuffler")(shuffler)
+app.command("device")(device)
 
 
 @app.callback()

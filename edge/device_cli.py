@@ -1,0 +1,207 @@
+"""``coco device``: publish one eps-LDP report per CSV row of sensor readings.
+
+Thin by design: options -> :class:`~edge.publisher.PublisherConfig` and a
+:class:`~edge.ledger.BudgetLedger` -> :class:`~edge.publisher.DevicePublisher`. Input is
+CSV from ``--input`` or stdin, one vector of ``d`` readings per line; a first line that is
+not numeric is a header and skipped; blank lines are skipped. Data row ``i`` (0-based,
+header and blank lines not counted) is published for round ``--first-round + i``.
+
+Outcome: a one-line summary ``published P, refused by ledger R, failed F``. Rows the
+ledger refuses are not errors (the device has simply spent its budget); rows that cannot be
+parsed or encoded are counted as failed and skipped. A broker or spec failure stops the run.
+The exit status is 0 when nothing failed and 1 otherwise, with a one-line ``error:`` message
+on stderr and no traceback.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any, TextIO
+
+import typer
+
+from edge.announce import decode_announcement
+from edge.errors import CocoError, InputError
+from edge.ledger import BudgetLedger
+from edge.publisher import DevicePublisher, PublisherConfig
+from edge.spec import MechanismSpec
+
+logger = logging.getLogger(__name__)
+
+
+def _floats(option: str, text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(
+            f"must be comma-separated numbers, got {text!r}", param_hint=option
+        ) from None
+
+
+def load_spec(path: Path) -> MechanismSpec:
+    """A spec from a JSON file: a :meth:`MechanismSpec.to_dict` or a whole announcement."""
+    try:
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"cannot read the spec file {path}: {exc}") from exc
+    if isinstance(data, dict) and "protocol" in data:
+        data = decode_announcement(json.dumps(data).encode())["spec"]
+    if not isinstance(data, dict):
+        raise InputError(f"the spec file {path} must hold a JSON object")
+    return MechanismSpec.from_dict(data)
+
+
+def _rows(stream: TextIO) -> Iterator[tuple[int, int, list[str]]]:
+    """``(data_index, line_number, cells)`` of the non-blank lines, header skipped."""
+    index = 0
+    for number, cells in enumerate(csv.reader(stream), start=1):
+        if not cells or all(not c.strip() for c in cells):
+            continue
+        if index == 0 and number == 1 and not _numeric(cells):
+            continue  # header
+        yield index, number, cells
+        index += 1
+
+
+def _row_values(cells: list[str], number: int) -> list[float]:
+    try:
+        return [float(c) for c in cells]
+    except ValueError:
+        raise InputError(f"line {number} is not a row of numbers: {cells!r}") from None
+
+
+def _numeric(cells: list[str]) -> bool:
+    try:
+        for c in cells:
+            float(c)
+    except ValueError:
+        return False
+    return True
+
+
+def device(
+    deployment: Annotated[
+        str, typer.Option(envvar="COCO_DEPLOYMENT", help="Deployment name (one topic level).")
+    ],
+    device_id: Annotated[
+        str, typer.Option(envvar="COCO_DEVICE_ID", help="This device's id (topic only).")
+    ],
+    lo: Annotated[
+        str, typer.Option(envvar="COCO_LO", help="Lower bounds of the channels, comma-separated.")
+    ],
+    hi: Annotated[
+        str, typer.Option(envvar="COCO_HI", help="Upper bounds of the channels, comma-separated.")
+    ],
+    ledger: Annotated[
+        Path, typer.Option(envvar="COCO_LEDGER", help="Privacy-budget ledger file (JSON).")
+    ],
+    budget: Annotated[
+        float, typer.Option(envvar="COCO_BUDGET", help="Total local epsilon of this device.")
+    ],
+    broker: Annotated[
+        str, typer.Option(envvar="COCO_BROKER", help="mqtt://host:port or mqtts://host:port.")
+    ] = "mqtt://127.0.0.1:1883",
+    spec: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="COCO_SPEC",
+            help="Spec JSON (to_dict or announcement); default: the retained announcement.",
+        ),
+    ] = None,
+    clip: Annotated[
+        bool, typer.Option(envvar="COCO_CLIP", help="Clip readings outside [lo, hi].")
+    ] = False,
+    input_file: Annotated[
+        Path | None,
+        typer.Option("--input", envvar="COCO_INPUT", help="CSV of readings (default: stdin)."),
+    ] = None,
+    first_round: Annotated[
+        int, typer.Option(envvar="COCO_FIRST_ROUND", help="Round of the first data row.")
+    ] = 0,
+    username: Annotated[str | None, typer.Option(envvar="COCO_USERNAME")] = None,
+    password: Annotated[str | None, typer.Option(envvar="COCO_PASSWORD")] = None,
+    ca_file: Annotated[
+        Path | None, typer.Option(envvar="COCO_CA_FILE", help="CA bundle for mqtts.")
+    ] = None,
+    cert_file: Annotated[Path | None, typer.Option(envvar="COCO_CERT_FILE")] = None,
+    key_file: Annotated[Path | None, typer.Option(envvar="COCO_KEY_FILE")] = None,
+    qos: Annotated[int, typer.Option(envvar="COCO_QOS", help="MQTT QoS of reports.")] = 1,
+    mqtt_v311: Annotated[
+        bool, typer.Option("--mqtt-v311", envvar="COCO_MQTT_V311", help="Use MQTT 3.1.1.")
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option(envvar="COCO_TIMEOUT", help="Seconds for connect, spec and each PUBACK."),
+    ] = 10.0,
+) -> None:
+    """Publish one eps-LDP report per CSV row of sensor readings (module doc of
+    edge.device_cli)."""
+    lo_values = _floats("--lo", lo)
+    hi_values = _floats("--hi", hi)
+    published = refused = failed = 0
+    error: str | None = None
+    try:
+        config = PublisherConfig(
+            broker=broker,
+            deployment=deployment,
+            device_id=device_id,
+            username=username,
+            password=password,
+            ca_file=None if ca_file is None else str(ca_file),
+            cert_file=None if cert_file is None else str(cert_file),
+            key_file=None if key_file is None else str(key_file),
+            qos=qos,
+            protocol="3.1.1" if mqtt_v311 else "5",
+            connect_timeout=timeout,
+            publish_timeout=timeout,
+            spec_timeout=timeout,
+        )
+        given = None if spec is None else load_spec(spec)
+        book = BudgetLedger(ledger, total_epsilon=budget)
+        publisher = DevicePublisher(
+            config, ledger=book, spec=given, lo=lo_values, hi=hi_values, clip=clip
+        )
+        with publisher, _Input(input_file) as stream:
+            for index, number, cells in _rows(stream):
+                try:
+                    values = _row_values(cells, number)
+                    ok = publisher.publish_vector(values, first_round + index)
+                except InputError as exc:  # bad row: skip it (a SpecError stops the run)
+                    failed += 1
+                    logger.warning("line %d skipped: %s", number, exc)
+                    continue
+                if ok:
+                    published += 1
+                else:
+                    refused += 1
+    except (CocoError, ValueError, OSError) as exc:
+        error = str(exc)
+    typer.echo(f"published {published}, refused by ledger {refused}, failed {failed}")
+    if error is not None:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1)
+    if failed:
+        raise typer.Exit(1)
+
+
+class _Input:
+    """``--input`` or stdin as a context manager (stdin is not closed)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._fh: TextIO | None = None
+
+    def __enter__(self) -> TextIO:
+        if self._path is None:
+            return sys.stdin
+        self._fh = self._path.open(encoding="utf-8", newline="")
+        return self._fh
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fh is not None:
+            self._fh.close()

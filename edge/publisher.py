@@ -1,0 +1,514 @@
+"""A device's MQTT publisher: sensor vector -> ledger charge -> eps-LDP report -> broker.
+
+One :class:`DevicePublisher` per device. It connects to the broker (paho-mqtt, MQTT v5 by
+default, 3.1.1 on request), learns the mechanism from the deployment's retained spec
+announcement (or is given it, and then checks that it matches the announcement), and for
+every vector:
+
+1. encodes the readings with :class:`~edge.encoders.SensorEncoder` (or takes keys and signs
+   that are already sparse),
+2. charges the device's :class:`~edge.ledger.BudgetLedger` ``spec.epsilon`` *before* anything
+   leaves the device (a crash after the charge wastes budget, never under-counts it),
+3. randomises on the device path (:meth:`LocalMechanism.randomise_keys` with the ``secrets``
+   CSPRNG: the report's privacy rests on randomness the network cannot predict),
+4. encodes the 16-byte report (:func:`edge.codec.encode_report`) and publishes it to its own
+   ingress topic ``coco/v1/<deployment>/ingress/<device-id>``, waiting for the PUBACK.
+
+Why QoS 1: a report that is lost after its budget was charged spends privacy for nothing,
+so the device wants delivery confirmed (and a clear failure when it is not). QoS 1 may
+deliver a report twice; the shuffler keeps one report per device per round, so a duplicate
+costs nothing. (QoS 2 works too but buys nothing for that extra round trip; QoS 0 is
+accepted for experiments and then "delivered" only means "written to the socket".)
+
+The device id is in the topic only, never in the payload (the shuffler strips topics before
+anything reaches the aggregator), and it is logged at DEBUG level only.
+
+Failures: ledger exhaustion is an expected, terminal state of a device, so the publish
+methods *return* ``False`` (and publish nothing). Everything else raises a subclass of
+:class:`~edge.errors.CocoError`: :class:`PublisherError` for the broker (not connected
+within the timeout, no PUBACK within the timeout, PUBACK with an error reason),
+:class:`~edge.errors.SpecError` for a spec that does not match the announcement,
+:class:`~edge.errors.InputError` for readings outside the encoder's domain, and
+:class:`~edge.ledger.LedgerError` for an unwritable ledger.
+
+Reconnection is paho's: ``loop_start`` runs a network thread that reconnects with
+exponential backoff (``reconnect_delay_set``) and re-subscribes to the spec topic on every
+connection (the broker re-sends the retained announcement). A publish while disconnected
+waits up to ``publish_timeout`` for the connection to come back, charging nothing before it
+does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal, Self
+from urllib.parse import urlsplit
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from edge import device
+from edge._mechanism import LocalMechanism
+from edge.announce import decode_announcement
+from edge.codec import U32_MAX, encode_report
+from edge.encoders import SensorEncoder
+from edge.errors import CocoError, InputError, SpecError
+from edge.ledger import BudgetExhausted, BudgetLedger
+from edge.spec import MechanismSpec
+from edge.topics import check_name, ingress_topic, spec_topic
+
+logger = logging.getLogger(__name__)
+
+SCHEMES = {"mqtt": (False, 1883), "mqtts": (True, 8883)}
+ANNOUNCEMENT_GRACE = 0.5
+"""Seconds to wait after SUBACK for a retained announcement when the spec is given."""
+
+
+class PublisherError(CocoError):
+    """The broker could not be reached, or did not acknowledge a report in time."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PublisherConfig:
+    """How a device reaches its broker.
+
+    ``broker`` is ``mqtt://host[:port]`` (default port 1883) or ``mqtts://host[:port]``
+    (TLS, default port 8883; ``ca_file`` overrides the system trust store, ``cert_file`` and
+    ``key_file`` give a client certificate). Timeouts are in seconds; ``reconnect_min_delay``
+    and ``reconnect_max_delay`` bound paho's exponential reconnect backoff (whole seconds,
+    as paho takes them).
+    """
+
+    broker: str
+    deployment: str
+    device_id: str
+    username: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    qos: int = 1
+    protocol: Literal["5", "3.1.1"] = "5"
+    client_id: str = ""
+    keepalive: int = 30
+    connect_timeout: float = 10.0
+    publish_timeout: float = 10.0
+    spec_timeout: float = 10.0
+    reconnect_min_delay: int = 1
+    reconnect_max_delay: int = 30
+    host: str = field(init=False)
+    port: int = field(init=False)
+    tls: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.broker)
+        if parts.scheme not in SCHEMES:
+            raise ValueError(
+                f"broker must be mqtt://host:port or mqtts://host:port, got {self.broker!r}"
+            )
+        tls, default_port = SCHEMES[parts.scheme]
+        try:
+            port = parts.port or default_port
+        except ValueError as exc:
+            raise ValueError(f"broker URL {self.broker!r} has an invalid port") from exc
+        if not parts.hostname:
+            raise ValueError(f"broker URL {self.broker!r} has no host")
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ValueError(f"broker URL {self.broker!r} must not have a path or query")
+        check_name("deployment", self.deployment)
+        check_name("device", self.device_id)
+        if self.qos not in (0, 1, 2):
+            raise ValueError(f"qos must be 0, 1 or 2, got {self.qos}")
+        if self.protocol not in ("5", "3.1.1"):
+            raise ValueError(f"protocol must be '5' or '3.1.1', got {self.protocol!r}")
+        for name in ("connect_timeout", "publish_timeout", "spec_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not 1 <= self.reconnect_min_delay <= self.reconnect_max_delay:
+            raise ValueError(
+                "need 1 <= reconnect_min_delay <= reconnect_max_delay, got "
+                f"{self.reconnect_min_delay} and {self.reconnect_max_delay}"
+            )
+        if self.key_file and not self.cert_file:
+            raise ValueError("key_file needs cert_file")
+        object.__setattr__(self, "host", parts.hostname)
+        object.__setattr__(self, "port", port)
+        object.__setattr__(self, "tls", tls or self.ca_file is not None)
+
+    def __repr__(self) -> str:
+        # Keep the password (and, at INFO level, the device id) out of logs and tracebacks.
+        return (
+            f"PublisherConfig(broker={self.broker!r}, deployment={self.deployment!r}, "
+            f"qos={self.qos}, protocol={self.protocol!r})"
+        )
+
+
+class DevicePublisher:
+    """Publishes one eps-LDP report per vector per round for one device (see module doc).
+
+    Use as a context manager (or call :meth:`start` and :meth:`close`); the publish methods
+    are thread-safe but serialised. ``lo``, ``hi`` and ``clip`` configure the
+    :class:`SensorEncoder` of :meth:`publish_vector`; its ``s`` is the spec's and its
+    dimension must be the spec's ``d``.
+    """
+
+    def __init__(
+        self,
+        config: PublisherConfig,
+        *,
+        ledger: BudgetLedger,
+        spec: MechanismSpec | None = None,
+        lo: Sequence[float] | None = None,
+        hi: Sequence[float] | None = None,
+        clip: bool = False,
+    ) -> None:
+        if (lo is None) != (hi is None):
+            raise ValueError("give both lo and hi, or neither")
+        self.config = config
+        self.ledger = ledger
+        self._given_spec = spec
+        self._lo = None if lo is None else tuple(lo)
+        self._hi = None if hi is None else tuple(hi)
+        self._clip = clip
+        self._topic = ingress_topic(config.deployment, config.device_id)
+        self._spec_topic = spec_topic(config.deployment)
+
+        self._cond = threading.Condition()
+        self._connected = False
+        self._connect_error: str | None = None
+        self._spec_sub_mid: int | None = None
+        self._subscribed = False
+        self._announcement: dict[str, Any] | None = None
+        self._announcement_error: str | None = None
+        self._announcements_seen = 0
+        self._acks: dict[int, ReasonCode | None] = {}
+        self._abandoned: set[int] = set()
+
+        self._publish_lock = threading.Lock()
+        self._client: mqtt.Client | None = None
+        self._spec: MechanismSpec | None = None
+        self._mechanism: LocalMechanism | None = None
+        self._encoder: SensorEncoder | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def spec(self) -> MechanismSpec:
+        """The spec in force (after :meth:`start`)."""
+        if self._spec is None:
+            raise PublisherError("the publisher is not started")
+        return self._spec
+
+    @property
+    def announcement(self) -> dict[str, Any] | None:
+        """The latest valid announcement seen (``decode_announcement`` output), if any."""
+        with self._cond:
+            return self._announcement
+
+    @property
+    def connected(self) -> bool:
+        with self._cond:
+            return self._connected
+
+    def start(self) -> MechanismSpec:
+        """Connect, resolve the spec, and return it. Raises on timeout or mismatch."""
+        if self._client is not None:
+            raise PublisherError("the publisher is already started")
+        cfg = self.config
+        protocol = (
+            MQTTProtocolVersion.MQTTv5 if cfg.protocol == "5" else MQTTProtocolVersion.MQTTv311
+        )
+        client = mqtt.Client(
+            callback_api_version=CallbackAPIVersion.VERSION2,
+            client_id=cfg.client_id,
+            protocol=protocol,
+        )
+        client.enable_logger(logging.getLogger(f"{__name__}.paho"))
+        if cfg.username is not None:
+            client.username_pw_set(cfg.username, cfg.password)
+        if cfg.tls:
+            client.tls_set(ca_certs=cfg.ca_file, certfile=cfg.cert_file, keyfile=cfg.key_file)
+        client.connect_timeout = cfg.connect_timeout
+        client.reconnect_delay_set(cfg.reconnect_min_delay, cfg.reconnect_max_delay)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_subscribe = self._on_subscribe
+        client.on_message = self._on_message
+        client.on_publish = self._on_publish
+        self._client = client
+        try:
+            client.connect_async(cfg.host, cfg.port, keepalive=cfg.keepalive)
+            client.loop_start()
+            self._wait_connected(cfg.connect_timeout)
+            self._spec = self._resolve_spec()
+        except BaseException:
+            self.close()
+            raise
+        self._mechanism = LocalMechanism.from_spec(self._spec)
+        if self._lo is not None and self._hi is not None:
+            if len(self._lo) != self._spec.d:
+                self.close()
+                raise InputError(
+                    f"{len(self._lo)} channel ranges given but the spec has d={self._spec.d}"
+                )
+            self._encoder = SensorEncoder(lo=self._lo, hi=self._hi, s=self._spec.s, clip=self._clip)
+        logger.info(
+            "device publisher ready: deployment %s, spec %s (%s, d=%d, s=%d, eps=%g), "
+            "budget left %g",
+            cfg.deployment,
+            self._spec.fingerprint,
+            self._spec.mechanism,
+            self._spec.d,
+            self._spec.s,
+            self._spec.epsilon,
+            self.ledger.remaining,
+        )
+        return self._spec
+
+    def close(self) -> None:
+        """Disconnect and stop the network thread (idempotent)."""
+        client, self._client = self._client, None
+        if client is None:
+            return
+        try:
+            client.disconnect()
+        finally:
+            client.loop_stop()
+            with self._cond:
+                self._connected = False
+                self._cond.notify_all()
+
+    # -- publishing ------------------------------------------------------------------------
+
+    def publish_vector(self, values: Sequence[float], round_: int) -> bool:
+        """Encode sensor readings, then as :meth:`publish_keys`.
+
+        Returns ``False`` (publishing nothing) when the ledger refuses the charge.
+        """
+        if self._encoder is None:
+            raise PublisherError("publish_vector needs channel ranges (lo and hi)")
+        keys, signs = self._encoder.encode(values)
+        return self.publish_keys(keys, signs, round_)
+
+    def publish_keys(self, keys: Sequence[int], signs: Sequence[int], round_: int) -> bool:
+        """Publish the report of one sparse ternary vector for ``round_``; wait for the ack.
+
+        Returns ``True`` once the broker acknowledged the report and ``False`` (publishing
+        nothing) when the ledger has no budget left for it; raises otherwise (module doc).
+        """
+        spec = self.spec
+        mechanism = self._mechanism
+        client = self._client
+        if mechanism is None or client is None:
+            raise PublisherError("the publisher is not started")
+        if isinstance(round_, bool) or not isinstance(round_, int) or not 0 <= round_ <= U32_MAX:
+            raise InputError(f"round must be an int in [0, {U32_MAX}], got {round_!r}")
+        try:
+            device.check_sparse(list(keys), list(signs), spec.d, spec.s)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        with self._publish_lock:
+            self._check_announcement(spec)
+            deadline = time.monotonic() + self.config.publish_timeout
+            self._wait_connected(self.config.publish_timeout)
+            try:
+                self.ledger.charge(spec.epsilon)
+            except BudgetExhausted as exc:
+                logger.info("report for round %d not published: %s", round_, exc)
+                return False
+            seed, z = mechanism.randomise_keys(keys, signs)  # secrets.randbits
+            payload = encode_report(spec.fingerprint_int, round_, seed, z)
+            self._send(client, payload, round_, deadline)
+        logger.debug("published round %d to %s", round_, self._topic)
+        return True
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _send(self, client: mqtt.Client, payload: bytes, round_: int, deadline: float) -> None:
+        info = client.publish(self._topic, payload, qos=self.config.qos)
+        if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
+            # NO_CONN: paho keeps a QoS > 0 message queued and sends it after reconnecting.
+            raise PublisherError(
+                f"report for round {round_} was not queued: {mqtt.error_string(info.rc)}"
+            )
+        mid = info.mid
+        timeout = max(deadline - time.monotonic(), 0.0)
+        with self._cond:
+            if not self._cond.wait_for(lambda: mid in self._acks, timeout=timeout):
+                self._abandoned.add(mid)
+                raise PublisherError(
+                    f"broker did not acknowledge the report for round {round_} within "
+                    f"{self.config.publish_timeout:g} s (the budget is spent; the client "
+                    "may still deliver it later)"
+                )
+            reason = self._acks.pop(mid)
+        if reason is not None and reason.is_failure:
+            raise PublisherError(f"broker rejected the report for round {round_}: {reason}")
+
+    def _wait_connected(self, timeout: float) -> None:
+        with self._cond:
+            if self._cond.wait_for(lambda: self._connected, timeout=timeout):
+                return
+            detail = f" ({self._connect_error})" if self._connect_error else ""
+        raise PublisherError(f"not connected to {self.config.broker} within {timeout:g} s{detail}")
+
+    def _resolve_spec(self) -> MechanismSpec:
+        given = self._given_spec
+        cfg = self.config
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._subscribed, timeout=cfg.connect_timeout):
+                raise PublisherError(f"no SUBACK for {self._spec_topic} from {cfg.broker}")
+            wait = min(ANNOUNCEMENT_GRACE, cfg.spec_timeout) if given else cfg.spec_timeout
+            self._cond.wait_for(
+                lambda: self._announcement is not None or self._announcement_error is not None,
+                timeout=wait,
+            )
+            announcement, error = self._announcement, self._announcement_error
+        if error is not None and announcement is None:
+            raise SpecError(f"the spec announcement on {self._spec_topic} is invalid: {error}")
+        if announcement is None:
+            if given is not None:
+                logger.info("no spec announcement retained; using the given spec")
+                return given
+            raise PublisherError(
+                f"no spec announcement on {self._spec_topic} within {cfg.spec_timeout:g} s"
+            )
+        announced = MechanismSpec.from_dict(announcement["spec"])
+        if given is not None and given.fingerprint_int != announced.fingerprint_int:
+            raise SpecError(
+                f"the given spec {given.fingerprint} does not match the spec "
+                f"{announced.fingerprint} announced on {self._spec_topic}"
+            )
+        return announced
+
+    def _check_announcement(self, spec: MechanismSpec) -> None:
+        """Refuse to spend budget on reports the shuffler would reject as a stale spec."""
+        with self._cond:
+            announcement = self._announcement
+        if announcement is not None and announcement["spec"]["fingerprint"] != spec.fingerprint:
+            raise SpecError(
+                f"the deployment now announces spec {announcement['spec']['fingerprint']}, "
+                f"this publisher runs {spec.fingerprint}; restart the device to adopt it"
+            )
+
+    # -- paho callbacks (network thread) ----------------------------------------------------
+
+    def _on_connect(
+        self,
+        client: mqtt.Client,
+        _userdata: Any,
+        _flags: mqtt.ConnectFlags,
+        reason_code: ReasonCode,
+        _properties: Properties | None,
+    ) -> None:
+        if reason_code.is_failure:
+            logger.warning("broker %s refused the connection: %s", self.config.broker, reason_code)
+            with self._cond:
+                self._connect_error = f"broker refused: {reason_code}"
+                self._cond.notify_all()
+            return
+        logger.info("connected to %s", self.config.broker)
+        result, mid = client.subscribe(self._spec_topic, qos=1)
+        with self._cond:
+            self._connected = True
+            self._connect_error = None
+            if result == MQTTErrorCode.MQTT_ERR_SUCCESS:
+                self._spec_sub_mid = mid
+            self._cond.notify_all()
+
+    def _on_disconnect(
+        self,
+        _client: mqtt.Client,
+        _userdata: Any,
+        _flags: mqtt.DisconnectFlags,
+        reason_code: ReasonCode,
+        _properties: Properties | None,
+    ) -> None:
+        with self._cond:
+            was_connected = self._connected
+            self._connected = False
+            self._subscribed = False
+            if reason_code.is_failure:
+                self._connect_error = f"disconnected: {reason_code}"
+            self._cond.notify_all()
+        if was_connected and self._client is not None:
+            logger.warning(
+                "disconnected from %s (%s); reconnecting", self.config.broker, reason_code
+            )
+
+    def _on_subscribe(
+        self,
+        _client: mqtt.Client,
+        _userdata: Any,
+        mid: int,
+        reason_codes: list[ReasonCode],
+        _properties: Properties | None,
+    ) -> None:
+        with self._cond:
+            if mid == self._spec_sub_mid:
+                if any(rc.is_failure for rc in reason_codes):
+                    self._announcement_error = f"subscription refused: {reason_codes}"
+                self._subscribed = True
+                self._cond.notify_all()
+
+    def _on_message(self, _client: mqtt.Client, _userdata: Any, message: mqtt.MQTTMessage) -> None:
+        if message.topic != self._spec_topic or not message.payload:
+            return  # an empty retained message only clears the announcement
+        try:
+            announcement = decode_announcement(bytes(message.payload))
+        except SpecError as exc:
+            logger.warning("ignoring an invalid spec announcement: %s", exc)
+            with self._cond:
+                self._announcement_error = str(exc)
+                self._cond.notify_all()
+            return
+        with self._cond:
+            previous = self._announcement
+            self._announcement = announcement
+            self._announcements_seen += 1
+            self._cond.notify_all()
+        if (
+            previous is not None
+            and previous["spec"]["fingerprint"] != (announcement["spec"]["fingerprint"])
+        ):
+            logger.warning(
+                "the deployment announced a new spec %s (was %s)",
+                announcement["spec"]["fingerprint"],
+                previous["spec"]["fingerprint"],
+            )
+
+    def _on_publish(
+        self,
+        _client: mqtt.Client,
+        _userdata: Any,
+        mid: int,
+        reason_code: ReasonCode,
+        _properties: Properties | None,
+    ) -> None:
+        # paho may call this before publish() has returned the mid to the waiting thread, so
+        # acknowledgements are recorded, never matched against a pending set.
+        with self._cond:
+            if mid in self._abandoned:
+                self._abandoned.discard(mid)
+                return
+            self._acks[mid] = reason_code
+            self._cond.notify_all()

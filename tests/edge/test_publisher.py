@@ -1,0 +1,371 @@
+"""DevicePublisher and ``coco device`` against a real Mosquitto (no MQTT mocks).
+
+A paho subscriber on the ingress filter plays the shuffler: it records every message it
+receives, so the tests can assert exactly what left the device.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as mqtt
+import pytest
+import typer
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from typer.testing import CliRunner
+
+from edge.announce import encode_announcement
+from edge.codec import REPORT_SIZE, decode_report
+from edge.device_cli import device
+from edge.errors import InputError, SpecError
+from edge.ledger import BudgetLedger
+from edge.publisher import DevicePublisher, PublisherConfig, PublisherError
+from edge.spec import MechanismSpec
+from edge.topics import ingress_filter, ingress_topic, spec_topic
+from tests.conftest import Broker
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+DEPLOYMENT = "plant-7"
+DEVICE = "dev-0042-secret"
+SPEC = MechanismSpec(mechanism="coco", d=4, s=2, epsilon=1.0)
+OTHER = MechanismSpec(mechanism="collision", d=4, s=2, epsilon=1.0)
+LO = (0.0, -10.0, 0.0, 900.0)
+HI = (1.0, 40.0, 100.0, 1100.0)
+WAIT = 5.0
+
+
+@dataclass
+class Received:
+    topic: str
+    payload: bytes
+    ledger_reports: int | None  # what the device's ledger file said when the report arrived
+
+
+@dataclass
+class Shuffler:
+    """Subscribes to the ingress filter; re-subscribes after every reconnect."""
+
+    broker: Broker
+    ledger_path: Path | None = None
+    messages: list[Received] = field(default_factory=list)
+    subscribed: threading.Event = field(default_factory=threading.Event)
+    cond: threading.Condition = field(default_factory=threading.Condition)
+
+    def __post_init__(self) -> None:
+        self.client = mqtt.Client(
+            callback_api_version=CallbackAPIVersion.VERSION2,
+            protocol=MQTTProtocolVersion.MQTTv5,
+        )
+        self.client.reconnect_delay_set(1, 1)
+        self.client.on_connect = self._on_connect
+        self.client.on_subscribe = self._on_subscribe
+        self.client.on_message = self._on_message
+        self.client.on_disconnect = self._on_disconnect
+
+    def _on_connect(self, client: mqtt.Client, *_: Any) -> None:
+        client.subscribe(ingress_filter(DEPLOYMENT), qos=1)
+
+    def _on_subscribe(self, *_: Any) -> None:
+        self.subscribed.set()
+
+    def _on_disconnect(self, *_: Any) -> None:
+        self.subscribed.clear()
+
+    def _on_message(self, _client: mqtt.Client, _userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        reports = None
+        if self.ledger_path is not None:
+            reports = json.loads(self.ledger_path.read_text())["reports"]
+        with self.cond:
+            self.messages.append(Received(msg.topic, bytes(msg.payload), reports))
+            self.cond.notify_all()
+
+    def start(self) -> None:
+        self.client.connect_async("127.0.0.1", self.broker.port)
+        self.client.loop_start()
+        assert self.subscribed.wait(WAIT), "subscriber did not subscribe"
+
+    def stop(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+    def wait_for(self, count: int, timeout: float = WAIT) -> list[Received]:
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.messages) >= count, timeout=timeout)
+            return list(self.messages)
+
+
+@pytest.fixture
+def shuffler(mosquitto: Broker, tmp_path: Path) -> Iterator[Shuffler]:
+    sub = Shuffler(mosquitto, ledger_path=tmp_path / "ledger.json")
+    sub.start()
+    try:
+        yield sub
+    finally:
+        sub.stop()
+
+
+def announce(broker: Broker, spec: MechanismSpec) -> None:
+    """Publish the retained spec announcement and wait for the broker to accept it."""
+    client = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2)
+    client.connect("127.0.0.1", broker.port)
+    client.loop_start()
+    try:
+        payload = encode_announcement(spec.to_dict(), min_batch=10, delta=1e-6)
+        info = client.publish(spec_topic(DEPLOYMENT), payload, qos=1, retain=True)
+        info.wait_for_publish(WAIT)
+        assert info.is_published()
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def config(broker: Broker, **kw: Any) -> PublisherConfig:
+    options: dict[str, Any] = {
+        "broker": broker.url,
+        "deployment": DEPLOYMENT,
+        "device_id": DEVICE,
+        "connect_timeout": 5.0,
+        "publish_timeout": 5.0,
+        "spec_timeout": 2.0,
+    }
+    options.update(kw)
+    return PublisherConfig(**options)
+
+
+def check_report(msg: Received, spec: MechanismSpec, round_: int) -> None:
+    assert msg.topic == ingress_topic(DEPLOYMENT, DEVICE)
+    assert len(msg.payload) == REPORT_SIZE
+    assert DEVICE.encode() not in msg.payload
+    version, fingerprint, got_round, _seed, z = decode_report(msg.payload)
+    assert (version, fingerprint, got_round) == (1, spec.fingerprint_int, round_)
+    assert 0 <= z < spec.t
+
+
+def test_reports_from_the_announced_spec(
+    mosquitto: Broker, shuffler: Shuffler, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    announce(mosquitto, SPEC)
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    caplog.set_level("INFO")
+    with DevicePublisher(config(mosquitto), ledger=ledger, lo=LO, hi=HI) as pub:
+        assert pub.spec == SPEC
+        assert pub.announcement is not None
+        assert pub.announcement["min_batch"] == 10
+        rounds = [5, 6, 7]
+        for r in rounds:
+            assert pub.publish_vector([0.5, 20.0, 33.0, 1000.0], r) is True
+        assert pub.publish_keys([0, 3], [1, -1], 8) is True
+    messages = shuffler.wait_for(4)
+    time.sleep(0.2)  # nothing more arrives
+    assert len(shuffler.messages) == 4
+    for i, (msg, r) in enumerate(zip(messages, [*rounds, 8], strict=True)):
+        check_report(msg, SPEC, r)
+        assert msg.ledger_reports is not None
+        assert msg.ledger_reports >= i + 1  # charged on disk before it was released
+    assert ledger.reports == 4
+    assert ledger.spent == 4 * SPEC.epsilon
+    info_text = " ".join(r.getMessage() for r in caplog.records if r.levelname != "DEBUG")
+    assert DEVICE not in info_text
+
+
+def test_mqtt_311_and_given_spec_without_announcement(
+    mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
+) -> None:
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    cfg = config(mosquitto, protocol="3.1.1")
+    with DevicePublisher(cfg, ledger=ledger, spec=OTHER) as pub:
+        assert pub.spec == OTHER
+        assert pub.publish_keys([1, 2], [-1, -1], 0)
+    (msg,) = shuffler.wait_for(1)
+    check_report(msg, OTHER, 0)
+
+
+def test_given_spec_that_matches_the_announcement(mosquitto: Broker, tmp_path: Path) -> None:
+    announce(mosquitto, SPEC)
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    with DevicePublisher(config(mosquitto), ledger=ledger, spec=SPEC) as pub:
+        assert pub.spec == SPEC
+        assert pub.announcement is not None
+
+
+def test_spec_mismatch_is_an_error(mosquitto: Broker, shuffler: Shuffler, tmp_path: Path) -> None:
+    announce(mosquitto, SPEC)
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    pub = DevicePublisher(config(mosquitto), ledger=ledger, spec=OTHER)
+    with pytest.raises(SpecError, match="does not match"):
+        pub.start()
+    assert ledger.reports == 0
+    assert shuffler.wait_for(1, timeout=0.3) == []
+
+
+def test_no_spec_anywhere_times_out(mosquitto: Broker, tmp_path: Path) -> None:
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    pub = DevicePublisher(config(mosquitto, spec_timeout=0.5), ledger=ledger)
+    started = time.monotonic()
+    with pytest.raises(PublisherError, match="no spec announcement"):
+        pub.start()
+    assert time.monotonic() - started < 3
+
+
+def test_unreachable_broker_fails_within_the_timeout(mosquitto: Broker, tmp_path: Path) -> None:
+    mosquitto.stop()
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    pub = DevicePublisher(config(mosquitto, connect_timeout=1.0), ledger=ledger, spec=SPEC)
+    with pytest.raises(PublisherError, match="not connected"):
+        pub.start()
+
+
+def test_wrong_channel_count_and_bad_input(mosquitto: Broker, tmp_path: Path) -> None:
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    with pytest.raises(InputError, match="d=4"):
+        DevicePublisher(config(mosquitto), ledger=ledger, spec=SPEC, lo=LO[:3], hi=HI[:3]).start()
+    with DevicePublisher(config(mosquitto), ledger=ledger, spec=SPEC, lo=LO, hi=HI) as pub:
+        with pytest.raises(InputError):
+            pub.publish_vector([5.0, 20.0, 33.0, 1000.0], 0)  # 5.0 outside [0, 1]
+        with pytest.raises(InputError):
+            pub.publish_keys([0, 0], [1, 1], 0)
+        with pytest.raises(InputError, match="round"):
+            pub.publish_keys([0, 1], [1, 1], -1)
+    assert ledger.reports == 0  # invalid input costs no budget
+
+
+def test_ledger_refuses_and_nothing_is_published(
+    mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
+) -> None:
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=2 * SPEC.epsilon)
+    with DevicePublisher(config(mosquitto), ledger=ledger, spec=SPEC) as pub:
+        assert pub.publish_keys([0, 1], [1, 1], 0) is True
+        assert pub.publish_keys([0, 1], [1, 1], 1) is True
+        assert pub.publish_keys([0, 1], [1, 1], 2) is False
+        assert pub.publish_keys([0, 1], [1, 1], 3) is False
+    shuffler.wait_for(3, timeout=0.5)
+    assert [decode_report(m.payload)[2] for m in shuffler.messages] == [0, 1]
+    assert (ledger.reports, ledger.remaining) == (2, 0.0)
+
+
+def test_publish_after_broker_restart(
+    mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
+) -> None:
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    with DevicePublisher(config(mosquitto), ledger=ledger, spec=SPEC) as pub:
+        assert pub.publish_keys([0, 1], [1, 1], 0)
+        assert len(shuffler.wait_for(1)) == 1
+        mosquitto.restart()
+        assert shuffler.subscribed.wait(WAIT), "subscriber did not come back"
+        assert pub.publish_keys([2, 3], [1, -1], 1)  # waits for paho to reconnect
+    messages = shuffler.wait_for(2)
+    assert [decode_report(m.payload)[2] for m in messages] == [0, 1]
+
+
+def test_publish_while_broker_down_fails_clearly(mosquitto: Broker, tmp_path: Path) -> None:
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    cfg = config(mosquitto, publish_timeout=0.7)
+    with DevicePublisher(cfg, ledger=ledger, spec=SPEC) as pub:
+        mosquitto.stop()
+        deadline = time.monotonic() + WAIT
+        while pub.connected and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(PublisherError, match="not connected"):
+            pub.publish_keys([0, 1], [1, 1], 0)
+    assert ledger.reports == 0  # nothing charged while there was no connection
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="mqtt://"):
+        PublisherConfig(broker="http://x:1", deployment="d", device_id="e")
+    with pytest.raises(SpecError):
+        PublisherConfig(broker="mqtt://x", deployment="a/b", device_id="e")
+    with pytest.raises(ValueError, match="qos"):
+        PublisherConfig(broker="mqtt://x", deployment="d", device_id="e", qos=3)
+    tls = PublisherConfig(broker="mqtts://broker.example", deployment="d", device_id="e")
+    assert (tls.host, tls.port, tls.tls) == ("broker.example", 8883, True)
+    plain = PublisherConfig(
+        broker="mqtt://h:1999", deployment="d", device_id=DEVICE, password="hunter2"
+    )
+    assert (plain.port, plain.tls) == (1999, False)
+    assert "hunter2" not in repr(plain)
+    assert DEVICE not in repr(plain)
+
+
+# -- coco device ---------------------------------------------------------------------------
+
+
+def cli() -> typer.Typer:
+    app = typer.Typer()
+    app.command()(device)
+    return app
+
+
+def test_device_cli_end_to_end(mosquitto: Broker, shuffler: Shuffler, tmp_path: Path) -> None:
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(SPEC.to_dict()))
+    csv_text = "humidity,temp,light,pressure\n0.1,10,50,1000\n\n0.9,-5,0,950\n0.5,39,100,1100\n"
+    args = [
+        "--broker", mosquitto.url,
+        "--deployment", DEPLOYMENT,
+        "--device-id", DEVICE,
+        "--spec", str(spec_file),
+        "--lo", ",".join(map(str, LO)),
+        "--hi", ",".join(map(str, HI)),
+        "--ledger", str(tmp_path / "ledger.json"),
+        "--budget", "2",
+        "--first-round", "100",
+        "--timeout", "5",
+    ]  # fmt: skip
+    result = CliRunner().invoke(cli(), args, input=csv_text)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "published 2, refused by ledger 1, failed 0"
+    messages = shuffler.wait_for(2)
+    time.sleep(0.2)
+    assert len(shuffler.messages) == 2
+    for msg, r in zip(messages, [100, 101], strict=True):
+        check_report(msg, SPEC, r)
+
+
+def test_device_cli_input_file_and_bad_rows(
+    mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
+) -> None:
+    announce(mosquitto, SPEC)
+    data = tmp_path / "in.csv"
+    data.write_text("0.1,10,50,1000\n7,10,50,1000\n0.2,10,50\nx,1,2,3\n0.3,10,50,1000\n")
+    args = [
+        "--broker", mosquitto.url,
+        "--deployment", DEPLOYMENT,
+        "--device-id", DEVICE,
+        "--lo", ",".join(map(str, LO)),
+        "--hi", ",".join(map(str, HI)),
+        "--ledger", str(tmp_path / "ledger.json"),
+        "--budget", "10",
+        "--input", str(data),
+    ]  # fmt: skip
+    result = CliRunner().invoke(cli(), args)
+    assert result.exit_code == 1
+    assert result.stdout.strip() == "published 2, refused by ledger 0, failed 3"
+    messages = shuffler.wait_for(2)
+    assert [decode_report(m.payload)[2] for m in messages] == [0, 4]
+
+
+def test_device_cli_error_is_one_line(mosquitto: Broker, tmp_path: Path) -> None:
+    mosquitto.stop()
+    args = [
+        "--broker", mosquitto.url,
+        "--deployment", DEPLOYMENT,
+        "--device-id", DEVICE,
+        "--lo", "0,0", "--hi", "1,1",
+        "--ledger", str(tmp_path / "ledger.json"),
+        "--budget", "1",
+        "--timeout", "0.5",
+    ]  # fmt: skip
+    result = CliRunner().invoke(cli(), args, input="0.5,0.5\n")
+    assert result.exit_code == 1
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.stderr.startswith("error: not connected")
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.output
