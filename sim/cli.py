@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from enum import StrEnum
@@ -13,6 +14,7 @@ from aggregator.cli import aggregator_app, privacy
 from broker.cli import shuffler
 from edge import CocoError, MechanismSpec
 from edge.device_cli import device
+from sim.demo import DemoConfig, DemoError, format_table, run_demo
 from sim.simulate import simulate as run_simulation
 
 app = typer.Typer(
@@ -80,6 +82,55 @@ def simulate(
         f"  freq MSE (sum over dims) {result.mse_freq:.6g}  theory {result.mse_freq_theory:.6g}"
     )
     typer.echo(f"  max |error| of a mean    {result.max_abs_error_mean:.6g}")
+
+
+@app.command("demo")
+def demo(
+    devices: Annotated[int, typer.Option(help="Simulated devices.")] = 2000,
+    rounds: Annotated[int, typer.Option(help="Rounds (one report per device each).")] = 3,
+    mechanism: Annotated[SimMechanism, typer.Option(help="Local randomiser.")] = (
+        SimMechanism.coco
+    ),
+    epsilon: Annotated[float, typer.Option(help="Local budget of one report.")] = 1.0,
+    channels: Annotated[int, typer.Option(help="Sensor channels d (5..8).")] = 6,
+    s: Annotated[int, typer.Option(help="Channels each report carries.")] = 2,
+    min_batch: Annotated[int, typer.Option(help="Smallest batch the shuffler releases.")] = 500,
+    delta: Annotated[float, typer.Option(help="Target delta of the accountant.")] = 1e-6,
+    seed: Annotated[int, typer.Option(help="Seed of the sensor model and randomisers.")] = 1,
+    broker: Annotated[
+        str | None,
+        typer.Option(
+            envvar="COCO_BROKER",
+            help="Use this broker (mqtt://host:port) instead of a local Mosquitto.",
+        ),
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 120.0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Run devices -> shuffler -> aggregator on this machine and compare the private
+    estimates with the (simulation-only) ground truth."""
+    try:
+        config = DemoConfig(
+            devices=devices,
+            rounds=rounds,
+            mechanism=mechanism.value,
+            epsilon=epsilon,
+            channels=channels,
+            s=s,
+            min_batch=min_batch,
+            delta=delta,
+            seed=seed,
+            broker=broker,
+            timeout=timeout,
+        )
+        result = asyncio.run(run_demo(config))
+    except (DemoError, CocoError, ValueError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(result, indent=1))
+        return
+    typer.echo(format_table(result))
 
 
 def main() -> None:
