@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from aggregator.cli import aggregator_app, privacy
+from broker.announce_cli import announce
 from broker.cli import shuffler
 from edge import CocoError, MechanismSpec
 from edge.device_cli import device
@@ -28,6 +29,7 @@ app.command("privacy")(privacy)
 app.add_typer(aggregator_app, name="aggregator")
 app.command("shuffler")(shuffler)
 app.command("device")(device)
+app.command("announce")(announce)
 
 
 @app.callback()

@@ -1,0 +1,75 @@
+"""``coco announce``: publish a deployment's retained spec announcement.
+
+Devices, the shuffler and the aggregator all read the retained message on
+``coco/v1/<deployment>/spec`` (docs/protocol.md, section 10.5), so one command fixes what the
+whole deployment runs: the mechanism spec, the shuffler's ``min_batch`` and the accountant's
+``delta``.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from typing import Annotated
+
+import paho.mqtt.client as mqtt
+import typer
+from paho.mqtt.enums import CallbackAPIVersion
+
+from broker.shuffler import parse_broker_url
+from edge import CocoError, MechanismSpec
+from edge.announce import encode_announcement
+from edge.topics import spec_topic
+
+
+class AnnouncedMechanism(StrEnum):
+    coco = "coco"
+    collision = "collision"
+
+
+def publish_retained(url: str, topic: str, payload: bytes, *, timeout: float) -> None:
+    """Publish ``payload`` retained with QoS 1 and wait for the broker's PUBACK."""
+    host, port, tls = parse_broker_url(url)
+    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    if tls:
+        client.tls_set()
+    client.connect(host, port, keepalive=30)
+    client.loop_start()
+    try:
+        info = client.publish(topic, payload, qos=1, retain=True)
+        info.wait_for_publish(timeout=timeout)
+        if not info.is_published():
+            raise CocoError(f"the broker did not acknowledge the announcement within {timeout} s")
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def announce(
+    deployment: Annotated[str, typer.Option(envvar="COCO_DEPLOYMENT", help="Deployment name.")],
+    mechanism: Annotated[AnnouncedMechanism, typer.Option(help="Local randomiser.")],
+    d: Annotated[int, typer.Option(help="Dimension of the encoded vectors.")],
+    s: Annotated[int, typer.Option(help="Non-zeros per vector.")],
+    epsilon: Annotated[float, typer.Option(help="Local budget of one report.")],
+    min_batch: Annotated[int, typer.Option(help="Smallest batch the shuffler may release.")],
+    delta: Annotated[float, typer.Option(help="Target delta of the accountant.")],
+    t: Annotated[
+        int | None, typer.Option(help="Output domain size (default: MSE-optimal).")
+    ] = None,
+    broker: Annotated[
+        str, typer.Option(envvar="COCO_BROKER", help="mqtt://host:port or mqtts://host:port.")
+    ] = "mqtt://127.0.0.1:1883",
+    dry_run: Annotated[bool, typer.Option(help="Print the announcement, publish nothing.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the PUBACK.")] = 10.0,
+) -> None:
+    """Publish the retained spec announcement of a deployment (or print it)."""
+    try:
+        spec = MechanismSpec(mechanism=mechanism.value, d=d, s=s, epsilon=epsilon, t=t)  # type: ignore[arg-type]
+        payload = encode_announcement(spec.to_dict(), min_batch=min_batch, delta=delta)
+        topic = spec_topic(deployment)
+        if not dry_run:
+            publish_retained(broker, topic, payload, timeout=timeout)
+    except (CocoError, ValueError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(json.dumps({"topic": topic, **json.loads(payload)}, indent=1))

@@ -1,0 +1,72 @@
+"""``coco announce`` publishes a retained announcement that the services then read."""
+
+from __future__ import annotations
+
+import subprocess
+
+from typer.testing import CliRunner
+
+from edge import MechanismSpec
+from edge.announce import decode_announcement
+from sim.cli import app
+from tests.conftest import Broker
+
+runner = CliRunner()
+ARGS = [
+    "announce",
+    "--deployment",
+    "plant-7",
+    "--mechanism",
+    "coco",
+    "--d",
+    "16",
+    "--s",
+    "2",
+    "--epsilon",
+    "1",
+    "--min-batch",
+    "100",
+    "--delta",
+    "1e-7",
+]
+
+
+def test_announcement_is_retained_on_the_spec_topic(mosquitto: Broker) -> None:
+    result = runner.invoke(app, [*ARGS, "--broker", mosquitto.url])
+    assert result.exit_code == 0, result.output
+    # A subscriber that connects afterwards still gets it: it is retained.
+    got = subprocess.run(
+        [
+            "mosquitto_sub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(mosquitto.port),
+            "-t",
+            "coco/v1/plant-7/spec",
+            "-C",
+            "1",
+            "-W",
+            "5",
+        ],
+        capture_output=True,
+        check=True,
+        timeout=20,
+    ).stdout.rstrip(b"\n")
+    announced = decode_announcement(got)
+    spec = MechanismSpec(mechanism="coco", d=16, s=2, epsilon=1.0)
+    assert announced["spec"] == spec.to_dict()
+    assert announced["min_batch"] == 100
+    assert announced["delta"] == 1e-7
+
+
+def test_dry_run_and_errors() -> None:
+    result = runner.invoke(app, [*ARGS, "--dry-run"])
+    assert result.exit_code == 0
+    assert '"topic": "coco/v1/plant-7/spec"' in result.output
+    bad = runner.invoke(app, [*ARGS[:-2], "--delta", "2", "--dry-run"])
+    assert bad.exit_code == 1
+    assert "delta" in bad.output
+    bad = runner.invoke(app, [*ARGS, "--broker", "mqtt://127.0.0.1:1", "--timeout", "2"])
+    assert bad.exit_code == 1
+    assert bad.output.startswith("error:")
