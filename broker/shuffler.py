@@ -69,9 +69,32 @@ retried after reconnecting with the *same* bytes and ``batch_id`` (the aggregato
 deduplicates by ``batch_id``; re-sending identical bytes reveals nothing new). While the
 outbox is full, pools stay buffered (no loss, they are released later, split if needed).
 On a lost connection the shuffler reconnects with exponential backoff; accepted but
-unreleased reports stay in memory. Reports that the broker does not queue for the
-shuffler while it is disconnected are lost at the broker (clean session), unless
-``client_id`` is set, which requests a persistent session.
+unreleased reports stay in memory.
+
+Sessions and broker restarts
+----------------------------
+The shuffler speaks MQTT 5. By default it connects with a clean start and the library's
+random client id: reports published while it is disconnected (a network cut, a broker
+restart) are not queued for it and are lost at the broker. With ``client_id`` set it asks
+for a **persistent session** (that fixed client id, ``clean_start=False``, session expiry
+interval ``session_expiry`` seconds): the broker keeps the ingress subscription and queues
+QoS 1 reports while the shuffler is away, and delivers them when it reconnects. Across a
+broker *restart* this holds only if the broker persists its sessions (Mosquitto:
+``persistence true``; it writes them on a clean shutdown and every ``autosave_interval``).
+A fixed client id is a stable identifier of the shuffler, not of any device: it reveals
+nothing about senders.
+
+The at-most-once boundary: the MQTT client acknowledges a report as soon as it has reached
+the shuffler's memory (a PUBACK cannot wait for the release of a pool of ``min_batch``
+reports: the broker's in-flight window is far smaller). From then until its batch is
+acknowledged by the broker, a report lives only in this process. A graceful stop releases
+what it can and counts the rest as dropped (``at_shutdown``, ``unpublished_at_shutdown``);
+a *crash* of the shuffler loses the buffered and outbox reports without a count; on restart
+they show up as the difference between the devices' PUBACKs and what was aggregated,
+rejected or dropped. Reports that are queued at the broker and not yet sent to the
+shuffler survive a shuffler crash when the session is persistent. A graceful stop
+unsubscribes (the barrier that guarantees every delivered report is processed), so reports
+published while a stopped shuffler is down are not queued, even with a persistent session.
 """
 
 from __future__ import annotations
@@ -92,6 +115,8 @@ from typing import Literal, Self
 from urllib.parse import urlsplit
 
 import aiomqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
 from prometheus_client import CollectorRegistry
 
 from broker.metrics import ShufflerMetrics
@@ -142,6 +167,7 @@ class ShufflerConfig:
     password: str | None = field(default=None, repr=False)
     ca_file: str | None = None
     client_id: str | None = None
+    session_expiry: int = 3600
     max_rounds: int = 8
     max_reports_per_round: int = 1_000_000
     max_outbox_batches: int = 1_000
@@ -199,6 +225,13 @@ class ShufflerConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+        expiry = self.session_expiry
+        if isinstance(expiry, bool) or not isinstance(expiry, int) or not 0 <= expiry < 2**32:
+            raise ValueError(
+                f"session_expiry must be an integer number of seconds in [0, 2**32), got {expiry!r}"
+            )
+        if self.client_id is not None and not self.client_id:
+            raise ValueError("client_id must be None (random, clean start) or a non-empty string")
         if self.max_outbox_batches < 1 or self.incoming_queue_size < 1:
             raise ValueError("max_outbox_batches and incoming_queue_size must be >= 1")
 
@@ -383,13 +416,18 @@ class Shuffler:
         if self._tls and cfg.ca_file is None:
             tls_context = ssl.create_default_context()
             tls = None
+        persistent = cfg.client_id is not None
+        properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        properties.SessionExpiryInterval = cfg.session_expiry if persistent else 0
         return aiomqtt.Client(
             self._host,
             self._port,
             username=cfg.username,
             password=cfg.password,
             identifier=cfg.client_id,
-            clean_session=cfg.client_id is None,
+            protocol=aiomqtt.ProtocolVersion.V5,
+            clean_start=not persistent,
+            properties=properties,
             tls_params=tls,
             tls_context=tls_context,
             max_queued_incoming_messages=cfg.incoming_queue_size,

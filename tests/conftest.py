@@ -3,6 +3,7 @@ restart (integration tests never use a broker they did not start)."""
 
 from __future__ import annotations
 
+import getpass
 import shutil
 import socket
 import subprocess
@@ -31,6 +32,9 @@ class Broker:
         self.config = workdir / "mosquitto.conf"
         self.log = workdir / "mosquitto.log"
         self.config.write_text(
+            # `user`: started as root, Mosquitto would drop to the `mosquitto` user, which
+            # cannot write the log (or a persistence store) into pytest's private tmp_path.
+            f"user {getpass.getuser()}\n"
             f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
             f"max_queued_messages 100000\nlog_dest file {self.log}\n{extra_config}"
         )
@@ -74,6 +78,30 @@ def mosquitto(tmp_path: Path) -> Iterator[Broker]:
     if not Path(MOSQUITTO).exists():
         pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
     broker = Broker(tmp_path, free_port())
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def mosquitto_persistent(tmp_path: Path) -> Iterator[Broker]:
+    """A Mosquitto that keeps sessions, subscriptions and queued QoS 1 messages across
+    :meth:`Broker.restart` (``persistence true``, saved on shutdown and every second)."""
+    if not Path(MOSQUITTO).exists():
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    store = tmp_path / "mosquitto-store"
+    store.mkdir()
+    # Later lines win in Mosquitto's config, so this overrides the base `persistence false`.
+    broker = Broker(
+        tmp_path,
+        free_port(),
+        extra_config=(
+            f"persistence true\npersistence_location {store}/\n"
+            "autosave_interval 1\n"
+        ),
+    )
     broker.start()
     try:
         yield broker
