@@ -60,7 +60,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
-from urllib.parse import urlsplit
 
 import aiomqtt
 import paho.mqtt.client as paho
@@ -72,7 +71,7 @@ from aggregator.accountant import amplify_spec
 from aggregator.batch_codec import decode_batch_arrays
 from aggregator.estimators import AggregateState
 from aggregator.metrics import AggregatorMetrics, MetricsServer
-from edge import topics
+from edge import mqtt_url, topics
 from edge.announce import decode_announcement
 from edge.codec import CodecError
 from edge.errors import CocoError, ReportError, SpecError
@@ -96,11 +95,12 @@ class _RejectedError(Exception):
 
 
 def parse_broker_url(url: str) -> tuple[str, int]:
-    """``(host, port)`` of ``mqtt://host[:port]`` (port 1883 by default)."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("mqtt", "tcp") or not parts.hostname:
-        raise ValueError(f"broker URL must look like mqtt://host:port, got {url!r}")
-    return parts.hostname, parts.port or 1883
+    """``(host, port)`` of ``mqtt://host[:port]`` (:func:`edge.mqtt_url.parse_broker_url`);
+    the service does not speak TLS yet, so ``mqtts://`` is refused."""
+    address = mqtt_url.parse_broker_url(url)
+    if address.tls:
+        raise ValueError(f"the aggregator does not support TLS yet: {url!r}")
+    return address.host, address.port
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -112,7 +112,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Literal, Self
-from urllib.parse import urlsplit
 
 import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -120,6 +119,7 @@ from paho.mqtt.properties import Properties
 from prometheus_client import CollectorRegistry
 
 from broker.metrics import ShufflerMetrics
+from edge import mqtt_url
 from edge.codec import CodecError, decode_report, encode_batch
 from edge.spec import MechanismSpec
 from edge.topics import batches_topic, check_name, ingress_filter
@@ -134,14 +134,8 @@ _TOKEN_SIZE = 16
 
 
 def parse_broker_url(url: str) -> tuple[str, int, bool]:
-    """``(host, port, tls)`` of ``mqtt://host[:port]`` or ``mqtts://host[:port]``."""
-    parts = urlsplit(url)
-    if parts.scheme not in {"mqtt", "mqtts"} or not parts.hostname:
-        raise ValueError(
-            f"broker URL must be mqtt://host[:port] or mqtts://host[:port], got {url!r}"
-        )
-    tls = parts.scheme == "mqtts"
-    return parts.hostname, parts.port or (8883 if tls else 1883), tls
+    """``(host, port, tls)`` of a broker URL (:func:`edge.mqtt_url.parse_broker_url`)."""
+    return tuple(mqtt_url.parse_broker_url(url))  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, kw_only=True)

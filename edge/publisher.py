@@ -47,7 +47,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Self
-from urllib.parse import urlsplit
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
@@ -61,12 +60,12 @@ from edge.codec import U32_MAX, encode_report
 from edge.encoders import SensorEncoder
 from edge.errors import CocoError, InputError, SpecError
 from edge.ledger import BudgetExhausted, BudgetLedger
+from edge.mqtt_url import parse_broker_url
 from edge.spec import MechanismSpec
 from edge.topics import check_name, ingress_topic, spec_topic
 
 logger = logging.getLogger(__name__)
 
-SCHEMES = {"mqtt": (False, 1883), "mqtts": (True, 8883)}
 ANNOUNCEMENT_GRACE = 0.5
 """Seconds to wait after SUBACK for a retained announcement when the spec is given."""
 
@@ -108,20 +107,7 @@ class PublisherConfig:
     tls: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.broker)
-        if parts.scheme not in SCHEMES:
-            raise ValueError(
-                f"broker must be mqtt://host:port or mqtts://host:port, got {self.broker!r}"
-            )
-        tls, default_port = SCHEMES[parts.scheme]
-        try:
-            port = parts.port or default_port
-        except ValueError as exc:
-            raise ValueError(f"broker URL {self.broker!r} has an invalid port") from exc
-        if not parts.hostname:
-            raise ValueError(f"broker URL {self.broker!r} has no host")
-        if parts.path not in ("", "/") or parts.query or parts.fragment:
-            raise ValueError(f"broker URL {self.broker!r} must not have a path or query")
+        host, port, tls = parse_broker_url(self.broker)
         check_name("deployment", self.deployment)
         check_name("device", self.device_id)
         if self.qos not in (0, 1, 2):
@@ -138,7 +124,7 @@ class PublisherConfig:
             )
         if self.key_file and not self.cert_file:
             raise ValueError("key_file needs cert_file")
-        object.__setattr__(self, "host", parts.hostname)
+        object.__setattr__(self, "host", host)
         object.__setattr__(self, "port", port)
         object.__setattr__(self, "tls", tls or self.ca_file is not None)
 
