@@ -15,7 +15,7 @@ from broker.announce_cli import announce
 from broker.cli import shuffler
 from edge import CocoError, MechanismSpec
 from edge.device_cli import device
-from sim.demo import DemoConfig, DemoError, format_table, run_demo
+from sim.demo import DEFAULT_DEVICES, DemoConfig, DemoError, format_table, run_demo
 from sim.simulate import simulate as run_simulation
 
 app = typer.Typer(
@@ -88,7 +88,12 @@ def simulate(
 
 @app.command("demo")
 def demo(
-    devices: Annotated[int, typer.Option(help="Simulated devices.")] = 2000,
+    devices: Annotated[
+        int | None,
+        typer.Option(
+            help=f"Simulated devices [default: {DEFAULT_DEVICES}; fewer on the embedded broker]."
+        ),
+    ] = None,
     rounds: Annotated[int, typer.Option(help="Rounds (one report per device each).")] = 3,
     mechanism: Annotated[SimMechanism, typer.Option(help="Local randomiser.")] = (
         SimMechanism.coco
@@ -106,6 +111,14 @@ def demo(
             help="Use this broker (mqtt://host:port) instead of a local Mosquitto.",
         ),
     ] = None,
+    embedded_broker: Annotated[
+        bool,
+        typer.Option(
+            "--embedded-broker",
+            help="Use the embedded amqtt broker (MQTT 3.1.1, small fleets) even when "
+            "Mosquitto is installed.",
+        ),
+    ] = False,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 120.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
@@ -113,7 +126,8 @@ def demo(
     estimates with the (simulation-only) ground truth."""
     try:
         config = DemoConfig(
-            devices=devices,
+            devices=DEFAULT_DEVICES if devices is None else devices,
+            auto_devices=devices is None,
             rounds=rounds,
             mechanism=mechanism.value,
             epsilon=epsilon,
@@ -123,6 +137,7 @@ def demo(
             delta=delta,
             seed=seed,
             broker=broker,
+            embedded_broker=embedded_broker,
             timeout=timeout,
         )
         result = asyncio.run(run_demo(config))

@@ -1,9 +1,13 @@
 """``coco demo``: the whole pipeline on one machine, devices -> shuffler -> aggregator.
 
-1. **Broker.** With no broker URL, a local Mosquitto (``/usr/sbin/mosquitto`` or
-   ``mosquitto`` on ``PATH``) is started on a free port from a temporary config (listener on
-   127.0.0.1, anonymous, no persistence, a large queue). Without that binary the demo stops
-   with :class:`DemoError` (an embedded amqtt fallback is a later step). With a URL, that
+1. **Broker.** ``--broker URL`` > a local Mosquitto > the embedded amqtt broker. With no
+   broker URL, a local Mosquitto (``/usr/sbin/mosquitto`` or ``mosquitto`` on ``PATH``) is
+   started on a free port from a temporary config (listener on 127.0.0.1, anonymous, no
+   persistence, a large queue). Without that binary (or with ``embedded_broker=True``) the
+   pure-Python :class:`~sim.embedded_broker.EmbeddedBroker` (amqtt) runs instead: MQTT 3.1.1
+   only and about 1.5k messages/s, so the shuffler and the aggregator connect with MQTT
+   3.1.1 (see :class:`_Shuffler311` and :class:`_Aggregator311`) and, unless the fleet
+   size was given, the fleet shrinks to :data:`EMBEDDED_DEFAULT_DEVICES`. With a URL, that
    broker is used; every run has its own deployment name, so runs never interfere.
 2. **Services.** A :class:`~broker.shuffler.Shuffler` and an
    :class:`~aggregator.service.Aggregator` run in-process as asyncio tasks, each with its own
@@ -37,7 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,10 +59,26 @@ from edge import CocoError, LocalMechanism, MechanismSpec
 from edge.announce import encode_announcement
 from edge.codec import encode_report
 from edge.topics import ingress_topic, spec_topic
+from sim.embedded_broker import EmbeddedBroker, EmbeddedBrokerError
 from sim.sensors import SensorFleet
 from sim.synthetic import sparse_totals
 
-__all__ = ["DemoConfig", "DemoError", "DemoRun", "find_mosquitto", "run_demo", "run_pipeline"]
+__all__ = [
+    "DEFAULT_DEVICES",
+    "EMBEDDED_BROKER_KIND",
+    "EMBEDDED_DEFAULT_DEVICES",
+    "DemoConfig",
+    "DemoError",
+    "DemoRun",
+    "find_mosquitto",
+    "run_demo",
+    "run_pipeline",
+]
+
+DEFAULT_DEVICES = 2000
+EMBEDDED_DEFAULT_DEVICES = 1000
+"""Fleet size on the embedded broker when none was given: 3 rounds take a few seconds."""
+EMBEDDED_BROKER_KIND = "embedded amqtt (MQTT 3.1.1, fallback for small fleets)"
 
 ReportSink = Callable[[str, int, int, int], None]
 """Called with ``(device_id, round, seed, z)`` for every report before it is published."""
@@ -78,7 +98,7 @@ class DemoConfig:
     dropped at shutdown).
     """
 
-    devices: int = 2000
+    devices: int = DEFAULT_DEVICES
     rounds: int = 3
     mechanism: Literal["coco", "collision"] = "coco"
     epsilon: float = 1.0
@@ -88,6 +108,10 @@ class DemoConfig:
     delta: float = 1e-6
     seed: int = 1
     broker: str | None = None
+    embedded_broker: bool = False
+    """Use the embedded amqtt broker even when Mosquitto is installed (ignored with ``broker``)."""
+    auto_devices: bool = False
+    """``devices`` was not chosen by the user: the embedded broker may reduce it."""
     connections: int = 4
     window: int = 500
     flush_interval: float = 30.0
@@ -307,18 +331,102 @@ async def _connections(url: str, count: int) -> AsyncIterator[list[aiomqtt.Clien
 # -- the run --------------------------------------------------------------------------------
 
 
+class _Aggregator311(Aggregator):
+    """The aggregator over MQTT 3.1.1, for brokers without MQTT 5 (amqtt).
+
+    The same client as :meth:`Aggregator._client` with the 3.1.1 form of a persistent
+    session (``clean_session=False``; 3.1.1 has no session expiry interval, the broker keeps
+    the session until it expires it) and the same manual acknowledgement.
+    """
+
+    def _client(self) -> aiomqtt.Client:
+        host, port, _ = parse_broker_url(self.config.broker)
+        client = aiomqtt.Client(
+            host,
+            port,
+            identifier=self.config.mqtt_client_id,
+            protocol=aiomqtt.ProtocolVersion.V311,
+            clean_session=False,
+            keepalive=30,
+            timeout=10,
+        )
+        client._client.manual_ack_set(True)
+        return client
+
+
+class _Shuffler311(Shuffler):
+    """The shuffler over MQTT 3.1.1, for brokers without MQTT 5 (amqtt).
+
+    :meth:`Shuffler._make_client` always speaks MQTT 5 (its CONNECT carries a session expiry
+    property, which amqtt 0.12 misreads: the client hangs until its timeout, the demo then
+    fails with "could not subscribe"); apart from the CONNECT the shuffler
+    uses nothing of MQTT 5. This is the same client in the 3.1.1 form (a persistent session
+    is ``clean_session=False``, no session expiry). Plain TCP only: the embedded broker has
+    no TLS. To be replaced by a protocol option of :class:`~broker.shuffler.ShufflerConfig`.
+    """
+
+    def _make_client(self) -> aiomqtt.Client:
+        cfg = self.config
+        host, port, tls = parse_broker_url(cfg.broker)
+        if tls:
+            raise DemoError("the MQTT 3.1.1 shuffler of the demo supports mqtt:// only")
+        return aiomqtt.Client(
+            host,
+            port,
+            username=cfg.username,
+            password=cfg.password,
+            identifier=cfg.client_id,
+            protocol=aiomqtt.ProtocolVersion.V311,
+            clean_session=cfg.client_id is None,
+            max_queued_incoming_messages=cfg.incoming_queue_size,
+            timeout=cfg.publish_timeout,
+        )
+
+
+def _embedded_config(config: DemoConfig) -> tuple[DemoConfig, str | None]:
+    """The config for the embedded broker, and a note when the fleet was reduced."""
+    if not config.auto_devices or config.devices <= EMBEDDED_DEFAULT_DEVICES:
+        return config, None
+    devices = EMBEDDED_DEFAULT_DEVICES
+    reduced = replace(
+        config,
+        devices=devices,
+        min_batch=min(config.min_batch, devices),
+        release_size=None if config.release_size is None else min(config.release_size, devices),
+    )
+    note = (
+        f"fleet reduced from {config.devices} to {devices} devices for the embedded broker "
+        f"(about 1.5k messages/s); pass --devices to choose, or install mosquitto"
+    )
+    return reduced, note
+
+
 async def run_pipeline(config: DemoConfig, *, on_report: ReportSink | None = None) -> DemoRun:
-    """Run the demo; ``on_report`` sees every report the fleet publishes."""
+    """Run the demo; ``on_report`` sees every report the fleet publishes.
+
+    Broker: ``config.broker`` > a local Mosquitto > the embedded amqtt broker.
+    """
     if config.broker is not None:
         return await _run(config, config.broker, "external", on_report)
-    binary = find_mosquitto()
-    if binary is None:
+    binary = None if config.embedded_broker else find_mosquitto()
+    if binary is not None:
+        with local_mosquitto(binary) as url:
+            return await _run(config, url, f"local mosquitto ({binary})", on_report)
+    config, note = _embedded_config(config)
+    if note is not None:
+        _progress(config.progress, note)
+    try:
+        broker = EmbeddedBroker()
+        async with broker:
+            run = await _run(config, broker.url, EMBEDDED_BROKER_KIND, on_report, mqtt5=False)
+    except EmbeddedBrokerError as exc:
         raise DemoError(
-            "no broker: mosquitto is not installed (apt-get install mosquitto) and no "
-            "--broker mqtt://host:port was given; an embedded amqtt broker is not available yet"
-        )
-    with local_mosquitto(binary) as url:
-        return await _run(config, url, f"local mosquitto ({binary})", on_report)
+            f"no broker: mosquitto is not installed (apt-get install mosquitto), no --broker "
+            f"mqtt://host:port was given and the embedded broker failed: {exc}"
+        ) from exc
+    if note is not None:
+        run.result["note"] = note
+    return run
 
 
 async def run_demo(config: DemoConfig) -> dict[str, Any]:
@@ -326,12 +434,15 @@ async def run_demo(config: DemoConfig) -> dict[str, Any]:
     return (await run_pipeline(config)).result
 
 
-def _services(config: DemoConfig, url: str, spec: MechanismSpec) -> tuple[Shuffler, Aggregator]:
-    """The shuffler and the aggregator of a run, each with its own registry."""
+def _services(
+    config: DemoConfig, url: str, spec: MechanismSpec, *, mqtt5: bool = True
+) -> tuple[Shuffler, Aggregator]:
+    """The shuffler and the aggregator of a run, each with its own registry; without
+    ``mqtt5`` both speak MQTT 3.1.1 (the fleet's connections always do)."""
     dep = config.deployment
     release = config.release_size or min(config.devices, 10_000)
     release = max(release, config.min_batch)
-    shuffler = Shuffler(
+    shuffler = (Shuffler if mqtt5 else _Shuffler311)(
         ShufflerConfig(
             broker=url,
             deployment=dep,
@@ -345,7 +456,7 @@ def _services(config: DemoConfig, url: str, spec: MechanismSpec) -> tuple[Shuffl
         ),
         registry=CollectorRegistry(),
     )
-    aggregator = Aggregator(
+    aggregator = (Aggregator if mqtt5 else _Aggregator311)(
         AggregatorConfig(
             broker=url,
             deployment=dep,
@@ -377,12 +488,17 @@ def _status_line(fleet: _Fleet, shuffler: Shuffler, aggregator: Aggregator) -> s
 
 
 async def _run(
-    config: DemoConfig, url: str, broker_kind: str, on_report: ReportSink | None
+    config: DemoConfig,
+    url: str,
+    broker_kind: str,
+    on_report: ReportSink | None,
+    *,
+    mqtt5: bool = True,
 ) -> DemoRun:
     spec = config.spec()
     dep = config.deployment
     _progress(config.progress, f"broker: {broker_kind} at {url}; deployment {dep}")
-    shuffler, aggregator = _services(config, url, spec)
+    shuffler, aggregator = _services(config, url, spec, mqtt5=mqtt5)
     shuffler_registry = shuffler.metrics.registry
     fleet = _Fleet(
         config=config,
@@ -559,6 +675,7 @@ def format_table(result: dict[str, Any]) -> str:
     """The result as a table for people."""
     lines = [
         f"broker: {result['broker']}",
+        *([f"note: {result['note']}"] if result.get("note") else []),
         f"{result['mechanism']} d={result['d']} s={result['s']} t={result['t']}: "
         f"{result['devices']} devices x {result['rounds']} rounds "
         f"({result['faulty_devices']} with a stuck channel)",

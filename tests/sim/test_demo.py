@@ -89,4 +89,4 @@ def test_demo_json_against_the_fixture_broker(mosquitto: Broker) -> None:
 def test_demo_refuses_a_bad_broker_url() -> None:
     result = CliRunner().invoke(app, ["demo", "--broker", "http://x", "--json"])
     assert result.exit_code == 1
-    assert "broker URL" in result.output
+    assert "broker must be mqtt://host:port" in result.output
