@@ -97,10 +97,7 @@ def mosquitto_persistent(tmp_path: Path) -> Iterator[Broker]:
     broker = Broker(
         tmp_path,
         free_port(),
-        extra_config=(
-            f"persistence true\npersistence_location {store}/\n"
-            "autosave_interval 1\n"
-        ),
+        extra_config=(f"persistence true\npersistence_location {store}/\nautosave_interval 1\n"),
     )
     broker.start()
     try:
