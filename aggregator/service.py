@@ -59,7 +59,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import aiomqtt
 import paho.mqtt.client as paho
@@ -121,6 +121,9 @@ class AggregatorConfig:
     client_id: str | None = None
     """MQTT client id of the persistent session; default ``coco-aggregator-<deployment>``."""
     session_expiry: int = 7 * 24 * 3600
+    mqtt_version: Literal["5", "3.1.1"] = "5"
+    """MQTT 3.1.1 is for brokers without MQTT 5 (the demo's embedded amqtt): the persistent
+    session is then ``clean_session=False`` with no expiry interval."""
     max_unacked: int = 10
     seen_capacity: int = 100_000
     confidence: float = 0.95
@@ -333,18 +336,29 @@ class Aggregator:
 
     def _client(self) -> aiomqtt.Client:
         host, port = parse_broker_url(self.config.broker)
-        properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        properties.SessionExpiryInterval = self.config.session_expiry
-        client = aiomqtt.Client(
-            host,
-            port,
-            identifier=self.config.mqtt_client_id,
-            protocol=aiomqtt.ProtocolVersion.V5,
-            clean_start=False,
-            properties=properties,
-            keepalive=30,
-            timeout=10,
-        )
+        if self.config.mqtt_version == "3.1.1":
+            client = aiomqtt.Client(
+                host,
+                port,
+                identifier=self.config.mqtt_client_id,
+                protocol=aiomqtt.ProtocolVersion.V311,
+                clean_session=False,
+                keepalive=30,
+                timeout=10,
+            )
+        else:
+            properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            properties.SessionExpiryInterval = self.config.session_expiry
+            client = aiomqtt.Client(
+                host,
+                port,
+                identifier=self.config.mqtt_client_id,
+                protocol=aiomqtt.ProtocolVersion.V5,
+                clean_start=False,
+                properties=properties,
+                keepalive=30,
+                timeout=10,
+            )
         # aiomqtt 2.x does not expose paho's manual acknowledgement; the PUBACK must wait for
         # the checkpoint (module docs), so switch it on in the underlying paho client.
         client._client.manual_ack_set(True)

@@ -162,6 +162,9 @@ class ShufflerConfig:
     ca_file: str | None = None
     client_id: str | None = None
     session_expiry: int = 3600
+    mqtt_version: Literal["5", "3.1.1"] = "5"
+    """MQTT 3.1.1 is for brokers without MQTT 5 (the demo's embedded amqtt); its persistent
+    session is ``clean_session=False`` with no expiry interval."""
     max_rounds: int = 8
     max_reports_per_round: int = 1_000_000
     max_outbox_batches: int = 1_000
@@ -411,6 +414,20 @@ class Shuffler:
             tls_context = ssl.create_default_context()
             tls = None
         persistent = cfg.client_id is not None
+        if cfg.mqtt_version == "3.1.1":
+            return aiomqtt.Client(
+                self._host,
+                self._port,
+                username=cfg.username,
+                password=cfg.password,
+                identifier=cfg.client_id,
+                protocol=aiomqtt.ProtocolVersion.V311,
+                clean_session=not persistent,
+                tls_params=tls,
+                tls_context=tls_context,
+                max_queued_incoming_messages=cfg.incoming_queue_size,
+                timeout=cfg.publish_timeout,
+            )
         properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         properties.SessionExpiryInterval = cfg.session_expiry if persistent else 0
         return aiomqtt.Client(

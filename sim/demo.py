@@ -6,7 +6,7 @@
    persistence, a large queue). Without that binary (or with ``embedded_broker=True``) the
    pure-Python :class:`~sim.embedded_broker.EmbeddedBroker` (amqtt) runs instead: MQTT 3.1.1
    only and about 1.5k messages/s, so the shuffler and the aggregator connect with MQTT
-   3.1.1 (see :class:`_Shuffler311` and :class:`_Aggregator311`) and, unless the fleet
+   3.1.1 (their ``mqtt_version`` option) and, unless the fleet
    size was given, the fleet shrinks to :data:`EMBEDDED_DEFAULT_DEVICES`. With a URL, that
    broker is used; every run has its own deployment name, so runs never interfere.
 2. **Services.** A :class:`~broker.shuffler.Shuffler` and an
@@ -331,58 +331,6 @@ async def _connections(url: str, count: int) -> AsyncIterator[list[aiomqtt.Clien
 # -- the run --------------------------------------------------------------------------------
 
 
-class _Aggregator311(Aggregator):
-    """The aggregator over MQTT 3.1.1, for brokers without MQTT 5 (amqtt).
-
-    The same client as :meth:`Aggregator._client` with the 3.1.1 form of a persistent
-    session (``clean_session=False``; 3.1.1 has no session expiry interval, the broker keeps
-    the session until it expires it) and the same manual acknowledgement.
-    """
-
-    def _client(self) -> aiomqtt.Client:
-        host, port, _ = parse_broker_url(self.config.broker)
-        client = aiomqtt.Client(
-            host,
-            port,
-            identifier=self.config.mqtt_client_id,
-            protocol=aiomqtt.ProtocolVersion.V311,
-            clean_session=False,
-            keepalive=30,
-            timeout=10,
-        )
-        client._client.manual_ack_set(True)
-        return client
-
-
-class _Shuffler311(Shuffler):
-    """The shuffler over MQTT 3.1.1, for brokers without MQTT 5 (amqtt).
-
-    :meth:`Shuffler._make_client` always speaks MQTT 5 (its CONNECT carries a session expiry
-    property, which amqtt 0.12 misreads: the client hangs until its timeout, the demo then
-    fails with "could not subscribe"); apart from the CONNECT the shuffler
-    uses nothing of MQTT 5. This is the same client in the 3.1.1 form (a persistent session
-    is ``clean_session=False``, no session expiry). Plain TCP only: the embedded broker has
-    no TLS. To be replaced by a protocol option of :class:`~broker.shuffler.ShufflerConfig`.
-    """
-
-    def _make_client(self) -> aiomqtt.Client:
-        cfg = self.config
-        host, port, tls = parse_broker_url(cfg.broker)
-        if tls:
-            raise DemoError("the MQTT 3.1.1 shuffler of the demo supports mqtt:// only")
-        return aiomqtt.Client(
-            host,
-            port,
-            username=cfg.username,
-            password=cfg.password,
-            identifier=cfg.client_id,
-            protocol=aiomqtt.ProtocolVersion.V311,
-            clean_session=cfg.client_id is None,
-            max_queued_incoming_messages=cfg.incoming_queue_size,
-            timeout=cfg.publish_timeout,
-        )
-
-
 def _embedded_config(config: DemoConfig) -> tuple[DemoConfig, str | None]:
     """The config for the embedded broker, and a note when the fleet was reduced."""
     if not config.auto_devices or config.devices <= EMBEDDED_DEFAULT_DEVICES:
@@ -442,8 +390,10 @@ def _services(
     dep = config.deployment
     release = config.release_size or min(config.devices, 10_000)
     release = max(release, config.min_batch)
-    shuffler = (Shuffler if mqtt5 else _Shuffler311)(
+    version: Literal["5", "3.1.1"] = "5" if mqtt5 else "3.1.1"
+    shuffler = Shuffler(
         ShufflerConfig(
+            mqtt_version=version,
             broker=url,
             deployment=dep,
             spec=spec,
@@ -456,8 +406,9 @@ def _services(
         ),
         registry=CollectorRegistry(),
     )
-    aggregator = (Aggregator if mqtt5 else _Aggregator311)(
+    aggregator = Aggregator(
         AggregatorConfig(
+            mqtt_version=version,
             broker=url,
             deployment=dep,
             spec=spec,
