@@ -14,7 +14,6 @@ import contextlib
 import logging
 import shutil
 import struct
-import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -34,6 +33,8 @@ from edge import LocalMechanism, MechanismSpec
 from edge.codec import decode_batch
 from edge.topics import batches_topic, ingress_topic
 from sim.demo import DemoConfig, DemoRun, run_pipeline
+from tests import asyncutil
+from tests.asyncutil import value
 from tests.conftest import Broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -41,24 +42,11 @@ T = TypeVar("T")
 
 
 def run(coro: Coroutine[Any, Any, T], timeout: float = 45.0) -> T:
-    async def bounded() -> T:
-        async with asyncio.timeout(timeout):
-            return await coro
-
-    return asyncio.run(bounded())
-
-
-def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    sample = registry.get_sample_value(name, labels)
-    return 0.0 if sample is None else sample
+    return asyncutil.run(coro, timeout)
 
 
 async def wait_until(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
+    await asyncutil.wait_until(predicate, timeout)
 
 
 async def pipeline_with_batches(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import time
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -37,6 +36,8 @@ from edge.codec import decode_batch
 from edge.ledger import BudgetLedger
 from edge.publisher import DevicePublisher, PublisherConfig
 from edge.topics import batches_topic
+from tests import asyncutil
+from tests.asyncutil import value
 from tests.conftest import Broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
@@ -48,24 +49,11 @@ MIN_BATCH = 8
 
 
 def run(coro: Coroutine[Any, Any, T], timeout: float = 75.0) -> T:
-    async def bounded() -> T:
-        async with asyncio.timeout(timeout):
-            return await coro
-
-    return asyncio.run(bounded())
-
-
-def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    sample = registry.get_sample_value(name, labels)
-    return 0.0 if sample is None else sample
+    return asyncutil.run(coro, timeout)
 
 
 async def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
+    await asyncutil.wait_until(predicate, timeout)
 
 
 class Fleet:
