@@ -71,6 +71,14 @@ outbox is full, pools stay buffered (no loss, they are released later, split if 
 On a lost connection the shuffler reconnects with exponential backoff; accepted but
 unreleased reports stay in memory.
 
+Connections
+-----------
+With ``ingest_client="gmqtt"`` (the default) reports are received by a gmqtt client whose
+``on_message`` calls the synchronous handler directly (no task or queue per report), and
+batches are published by a second, aiomqtt connection (random client id, clean start, no
+subscription). With ``"aiomqtt"`` one aiomqtt connection does both. The session settings
+below apply to the ingest connection.
+
 Sessions and broker restarts
 ----------------------------
 The shuffler speaks MQTT 5. By default it connects with a clean start and the library's
@@ -114,6 +122,8 @@ from types import TracebackType
 from typing import Literal, Self
 
 import aiomqtt
+import gmqtt  # type: ignore[import-untyped]
+from gmqtt.mqtt.constants import MQTTv50, MQTTv311  # type: ignore[import-untyped]
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from prometheus_client import CollectorRegistry
@@ -124,13 +134,18 @@ from edge.codec import CodecError, decode_report, encode_batch
 from edge.spec import MechanismSpec
 from edge.topics import batches_topic, check_name, ingress_filter
 
-__all__ = ["RoundPolicy", "Shuffler", "ShufflerConfig", "parse_broker_url"]
+__all__ = ["IngestClient", "RoundPolicy", "Shuffler", "ShufflerConfig", "parse_broker_url"]
 
 logger = logging.getLogger(__name__)
 
 RoundPolicy = Literal["carry", "drop"]
 _TOKEN_KEY_SIZE = 32
 _TOKEN_SIZE = 16
+# gmqtt reconnects by itself while ``failed_connections <= reconnect_retries`` (-1 means
+# unlimited); -2 disables that, so the shuffler's own loop (backoff, metrics) is in charge.
+_GMQTT_NO_AUTO_RECONNECT = -2
+_GMQTT_KEEPALIVE = 60
+IngestClient = Literal["gmqtt", "aiomqtt"]
 
 
 def parse_broker_url(url: str) -> tuple[str, int, bool]:
@@ -173,6 +188,11 @@ class ShufflerConfig:
     drain_timeout: float = 10.0
     reconnect_min: float = 0.1
     reconnect_max: float = 10.0
+    ingest_client: IngestClient = "gmqtt"
+    """The MQTT library that receives reports. ``"gmqtt"`` (default) hands each report to
+    the synchronous handler straight from its read loop (several times aiomqtt's rate) and
+    publishes batches on a second, aiomqtt connection (random client id, clean start).
+    ``"aiomqtt"`` receives and publishes on one aiomqtt connection."""
 
     def __post_init__(self) -> None:
         parse_broker_url(self.broker)
@@ -229,6 +249,10 @@ class ShufflerConfig:
             )
         if self.client_id is not None and not self.client_id:
             raise ValueError("client_id must be None (random, clean start) or a non-empty string")
+        if self.ingest_client not in ("gmqtt", "aiomqtt"):
+            raise ValueError(
+                f"ingest_client must be 'gmqtt' or 'aiomqtt', got {self.ingest_client!r}"
+            )
         if self.max_outbox_batches < 1 or self.incoming_queue_size < 1:
             raise ValueError("max_outbox_batches and incoming_queue_size must be >= 1")
 
@@ -284,6 +308,43 @@ class _Pool:
         return superseded
 
 
+class _IngestError(Exception):
+    """The gmqtt ingest connection was lost or its subscription refused."""
+
+
+class _Acks:
+    """SUBACK/UNSUBACK waits and loss detection of one gmqtt ingest connection."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.lost = asyncio.Event()
+        self.pending: dict[int, asyncio.Future[tuple[int, ...]]] = {}
+
+    def on_ack(self, _client: object, mid: int, codes: object, *_: object) -> None:
+        future = self.pending.get(mid)
+        if future is not None and not future.done():
+            future.set_result(tuple(codes) if isinstance(codes, tuple | list) else ())
+
+    def on_disconnect(self, *_: object) -> None:
+        self.lost.set()
+        for future in self.pending.values():
+            if not future.done():
+                future.set_exception(_IngestError("connection lost"))
+
+    async def wait(self, mid: int) -> tuple[int, ...]:
+        """The reason codes of the acknowledgement of ``mid`` (call it with no await
+        between sending the packet and this call, so the ack cannot be missed)."""
+        if self.lost.is_set():
+            raise _IngestError("connection lost")
+        future: asyncio.Future[tuple[int, ...]] = asyncio.get_running_loop().create_future()
+        self.pending[mid] = future
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await future
+        finally:
+            del self.pending[mid]
+
+
 @dataclass(frozen=True)
 class _Batch:
     payload: bytes
@@ -325,6 +386,9 @@ class Shuffler:
         self._outbox_changed = asyncio.Event()
         self._client: aiomqtt.Client | None = None
         self._connected = asyncio.Event()
+        # Set while ``self._client`` can publish batches (the ingest connection with
+        # aiomqtt, the separate publishing connection with gmqtt).
+        self._publisher_ready = asyncio.Event()
         self._stop_requested = asyncio.Event()
         self._consumption_done = asyncio.Event()
         self._closing = asyncio.Event()
@@ -368,7 +432,9 @@ class Shuffler:
             raise RuntimeError("use 'async with Shuffler(...) as shuffler: await shuffler.run()'")
         cancelled = False
         async with asyncio.TaskGroup() as tg:
-            connection = tg.create_task(self._connection_loop(), name="shuffler-connection")
+            connections = {tg.create_task(self._connection_loop(), name="shuffler-connection")}
+            if self.config.ingest_client == "gmqtt":
+                connections.add(tg.create_task(self._ingest_loop(), name="shuffler-ingest"))
             publisher = tg.create_task(self._publish_loop(), name="shuffler-publish")
             flusher = tg.create_task(self._flush_loop(), name="shuffler-flush")
             try:
@@ -380,10 +446,10 @@ class Shuffler:
             await self._drain()
             self._closing.set()
             publisher.cancel()
-            # Let the connection loop leave its client context itself (clean DISCONNECT).
-            done, _ = await asyncio.wait({connection}, timeout=self.config.publish_timeout)
-            if not done:
-                connection.cancel()
+            # Let the connection loops leave their clients themselves (clean DISCONNECT).
+            _, pending = await asyncio.wait(connections, timeout=self.config.publish_timeout)
+            for task in pending:
+                task.cancel()
         if cancelled:
             raise asyncio.CancelledError
 
@@ -407,20 +473,26 @@ class Shuffler:
         self._update_gauges()
 
     def _make_client(self) -> aiomqtt.Client:
+        """The aiomqtt client: ingest and publishing, or publishing only (gmqtt ingest)."""
         cfg = self.config
         tls = aiomqtt.TLSParameters(ca_certs=cfg.ca_file) if self._tls else None
         tls_context = None
         if self._tls and cfg.ca_file is None:
             tls_context = ssl.create_default_context()
             tls = None
-        persistent = cfg.client_id is not None
+        # A publishing-only connection needs no session: the outbox retries unacknowledged
+        # batches itself. Its client id is the library's random one (a fixed id is the
+        # ingest connection's, and two connections with one id would take over each other).
+        ingest = cfg.ingest_client == "aiomqtt"
+        persistent = ingest and cfg.client_id is not None
+        identifier = cfg.client_id if ingest else None
         if cfg.mqtt_version == "3.1.1":
             return aiomqtt.Client(
                 self._host,
                 self._port,
                 username=cfg.username,
                 password=cfg.password,
-                identifier=cfg.client_id,
+                identifier=identifier,
                 protocol=aiomqtt.ProtocolVersion.V311,
                 clean_session=not persistent,
                 tls_params=tls,
@@ -435,7 +507,7 @@ class Shuffler:
             self._port,
             username=cfg.username,
             password=cfg.password,
-            identifier=cfg.client_id,
+            identifier=identifier,
             protocol=aiomqtt.ProtocolVersion.V5,
             clean_start=not persistent,
             properties=properties,
@@ -446,20 +518,28 @@ class Shuffler:
         )
 
     async def _connection_loop(self) -> None:
+        """The aiomqtt connection: ingest and publishing, or publishing only (gmqtt)."""
+        ingest = self.config.ingest_client == "aiomqtt"
         backoff = self.config.reconnect_min
         first = True
         while not self._closing.is_set():
-            if not first:
+            if not first and ingest:
                 self.metrics.reconnects.inc()
             first = False
             try:
                 async with self._make_client() as client:
                     self._client = client
+                    if not ingest:
+                        self._publisher_ready.set()
+                        backoff = self.config.reconnect_min
+                        await self._watch_publisher(client)
+                        return
                     self.metrics.connected.set(1)
                     if not self._consumption_done.is_set():
                         await client.subscribe(self._ingress, qos=self.config.qos)
                         logger.info("subscribed to %s", self._ingress)
                     self._connected.set()
+                    self._publisher_ready.set()
                     backoff = self.config.reconnect_min
                     if not self._consumption_done.is_set():
                         await self._consume(client)
@@ -471,13 +551,151 @@ class Shuffler:
                 )
             finally:
                 self._client = None
-                self._connected.clear()
-                self.metrics.connected.set(0)
-            if self._stop_requested.is_set():
+                self._publisher_ready.clear()
+                if ingest:
+                    self._connected.clear()
+                    self.metrics.connected.set(0)
+            if ingest and self._stop_requested.is_set():
                 self._consumption_done.set()  # not connected: nothing more to consume
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._closing.wait(), backoff)
             backoff = min(backoff * 2, self.config.reconnect_max)
+
+    async def _watch_publisher(self, client: aiomqtt.Client) -> None:
+        """Until closing; raises :class:`aiomqtt.MqttError` when the connection is lost.
+
+        The publishing connection subscribes to nothing, so its message iterator yields
+        nothing and only serves to report a disconnection.
+        """
+        closing = asyncio.ensure_future(self._closing.wait())
+        lost = asyncio.ensure_future(anext(aiter(client.messages)))
+        try:
+            await asyncio.wait({closing, lost}, return_when=asyncio.FIRST_COMPLETED)
+            if lost.done():
+                lost.result()  # raises MqttError on a lost connection
+        finally:
+            closing.cancel()
+            lost.cancel()
+
+    # --- gmqtt ingest -------------------------------------------------------------------
+
+    def _make_gmqtt_client(self) -> gmqtt.Client:
+        cfg = self.config
+        persistent = cfg.client_id is not None
+        kwargs: dict[str, object] = {}
+        if cfg.mqtt_version == "5":
+            kwargs["session_expiry_interval"] = cfg.session_expiry if persistent else 0
+        # client_id None: gmqtt's random uuid4 id. clean_session is MQTT 5's clean start.
+        client = gmqtt.Client(cfg.client_id, clean_session=not persistent, logger=logger, **kwargs)
+        client.set_config({"reconnect_retries": _GMQTT_NO_AUTO_RECONNECT})
+        if cfg.username is not None:
+            client.set_auth_credentials(cfg.username, cfg.password)
+        return client
+
+    def _gmqtt_ssl(self) -> ssl.SSLContext | bool:
+        if not self._tls:
+            return False
+        return ssl.create_default_context(cafile=self.config.ca_file)
+
+    async def _ingest_loop(self) -> None:
+        """Receive reports with gmqtt, reconnecting with backoff, until consumption stops."""
+        cfg = self.config
+        backoff = cfg.reconnect_min
+        first = True
+        while not self._closing.is_set():
+            if self._stop_requested.is_set() and not self._connected.is_set():
+                self._consumption_done.set()  # not connected: nothing more to consume
+            if self._consumption_done.is_set():
+                return
+            if not first:
+                self.metrics.reconnects.inc()
+            first = False
+            try:
+                await self._ingest_session()
+                if self._consumption_done.is_set():
+                    return
+                backoff = cfg.reconnect_min
+            except (OSError, TimeoutError, gmqtt.MQTTConnectError, _IngestError) as exc:
+                logger.warning(
+                    "broker connection lost or refused (%s); retry in %.1f s", exc, backoff
+                )
+            if self._stop_requested.is_set():
+                self._consumption_done.set()  # not connected: nothing more to consume
+                return
+            stop = asyncio.ensure_future(self._stop_requested.wait())
+            try:
+                await asyncio.wait({stop}, timeout=backoff)
+            finally:
+                stop.cancel()
+            backoff = min(backoff * 2, cfg.reconnect_max)
+
+    async def _ingest_session(self) -> None:
+        """One gmqtt connection: subscribe, receive until stop or loss, then unsubscribe.
+
+        Returns after a lost connection (retry) or with consumption done (after stop).
+        Every report is handled synchronously in gmqtt's read loop, in arrival order, so the
+        UNSUBACK is a barrier: once it is read, every report sent before it is pooled.
+        """
+        cfg = self.config
+        client = self._make_gmqtt_client()
+        acks = _Acks(cfg.publish_timeout)
+        lost = acks.lost
+
+        def on_message(
+            _client: object, topic: object, payload: object, _qos: int, properties: object
+        ) -> None:
+            retain = bool(properties.get("retain")) if isinstance(properties, dict) else False
+            self._handle_report(topic, payload, retain=retain)
+
+        client.on_message = on_message
+        client.on_subscribe = acks.on_ack
+        client.on_unsubscribe = acks.on_ack
+        client.on_disconnect = acks.on_disconnect
+        version = MQTTv311 if cfg.mqtt_version == "3.1.1" else MQTTv50
+        try:
+            async with asyncio.timeout(cfg.publish_timeout):
+                await client.connect(
+                    self._host,
+                    self._port,
+                    ssl=self._gmqtt_ssl(),
+                    keepalive=_GMQTT_KEEPALIVE,
+                    version=version,
+                )
+            if lost.is_set():
+                raise _IngestError("connection lost")
+            # The future is registered before the SUBACK can be read (no await in between).
+            codes = await acks.wait(client.subscribe(self._ingress, qos=cfg.qos))
+            if not codes or codes[0] >= 0x80:
+                raise _IngestError(f"subscription refused {codes!r}")
+            logger.info("subscribed to %s", self._ingress)
+            self._connected.set()
+            self.metrics.connected.set(1)
+            stop = asyncio.ensure_future(self._stop_requested.wait())
+            gone = asyncio.ensure_future(lost.wait())
+            try:
+                await asyncio.wait({stop, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stop.cancel()
+                gone.cancel()
+            if lost.is_set():
+                raise _IngestError("connection lost")
+            await acks.wait(client.unsubscribe(self._ingress))
+            # Reports read before the UNSUBACK are pooled; none follow it. Disconnect before
+            # declaring consumption done, so that nothing can be pooled after the drain.
+            await self._disconnect_gmqtt(client)
+            self._consumption_done.set()
+            logger.info("stopped consuming ingress")
+        finally:
+            self._connected.clear()
+            self.metrics.connected.set(0)
+            await self._disconnect_gmqtt(client)
+
+    async def _disconnect_gmqtt(self, client: gmqtt.Client) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.config.publish_timeout):
+                await client.disconnect()
+
+    # --- aiomqtt ingest -----------------------------------------------------------------
 
     async def _consume(self, client: aiomqtt.Client) -> None:
         messages = aiter(client.messages)
@@ -513,7 +731,7 @@ class Shuffler:
                 self._outbox_changed.clear()
                 await self._outbox_changed.wait()
                 continue
-            await self._connected.wait()
+            await self._publisher_ready.wait()
             client = self._client
             if client is None:
                 await asyncio.sleep(self.config.reconnect_min)
@@ -551,7 +769,12 @@ class Shuffler:
         return digest.digest()
 
     def _handle(self, message: aiomqtt.Message) -> None:
-        reason = self._accept(message)
+        self._handle_report(message.topic.value, message.payload, retain=message.retain)
+
+    def _handle_report(self, topic: object, payload: object, *, retain: bool) -> None:
+        """Validate and pool one report (any client library): ``topic`` should be a str
+        (gmqtt passes bytes when it is not UTF-8), ``payload`` bytes."""
+        reason = self._accept(topic, payload, retain=retain)
         if reason is not None:
             self.metrics.reject(reason)
             return
@@ -559,17 +782,16 @@ class Shuffler:
         self.metrics.reports_accepted.inc()
         self._update_gauges()
 
-    def _accept(self, message: aiomqtt.Message) -> str | None:
+    def _accept(self, topic: object, payload: object, *, retain: bool) -> str | None:
         """Pool the report and return ``None``, or return the rejection reason."""
-        topic = message.topic.value
-        if not topic.startswith(self._ingress_prefix):
+        if not isinstance(topic, str) or not topic.startswith(self._ingress_prefix):
             return "bad_topic"
         device = topic[len(self._ingress_prefix) :]
         if not device or "/" in device:
             return "bad_topic"
-        if message.retain:
+        if retain:
             return "retained"  # a retained report would be replayed on every subscription
-        parsed = self._parse(message)
+        parsed = self._parse(payload)
         if isinstance(parsed, str):
             return parsed
         round_, seed, z = parsed
@@ -592,9 +814,8 @@ class Shuffler:
             self._release(round_)
         return None
 
-    def _parse(self, message: aiomqtt.Message) -> tuple[int, int, int] | str:
+    def _parse(self, payload: object) -> tuple[int, int, int] | str:
         """``(round, seed, z)`` of a valid report of this spec, or the rejection reason."""
-        payload = message.payload
         if not isinstance(payload, bytes | bytearray):
             return "bad_length"
         try:

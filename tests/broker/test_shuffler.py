@@ -359,3 +359,84 @@ def test_config_refuses_unsafe_sizes(mosquitto: Broker) -> None:
     with pytest.raises(ValueError, match="release_size"):
         config(mosquitto, min_batch=5, release_size=4)
     assert math.isclose(config(mosquitto).flush_interval, 0.2)
+
+
+@pytest.mark.parametrize("ingest_client", ["gmqtt", "aiomqtt"])
+def test_ingest_clients_reject_alike_and_drain(mosquitto: Broker, ingest_client: str) -> None:
+    """Both ingest paths: same rejection reasons (retained included), batches >= min_batch,
+    and everything received before stop is pooled (the unsubscribe barrier)."""
+    registry = CollectorRegistry()
+    cfg = config(mosquitto, ingest_client=ingest_client, flush_interval=60.0)
+    good = [(f"g{i}", report(3, i)) for i in range(12)]
+
+    async def scenario() -> list[tuple[int, int, bytes, list[int], list[int]]]:
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+            # Retained before the shuffler subscribes: delivered with the retain flag.
+            await client.publish(ingress_topic(DEP, "r1"), report(3, 500), qos=1, retain=True)
+        async with batches(mosquitto) as sink:
+            async with running(cfg, registry) as shuffler:
+                await publish(mosquitto, [*good, ("b1", b"\x01\x01short"), ("g0", report(3, 99))])
+                await wait_until(
+                    lambda: value(registry, "coco_shuffler_reports_accepted_total") == 12
+                )
+                await wait_until(lambda: sink.count() == 10)
+                await wait_until(
+                    lambda: (
+                        value(
+                            registry,
+                            "coco_shuffler_reports_rejected_total",
+                            reason="duplicate_in_round",
+                        )
+                        == 1
+                    )
+                )
+                assert shuffler.buffered == 2
+            await asyncio.sleep(0.2)
+            check_conservation(registry, shuffler)
+            async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+                await client.publish(ingress_topic(DEP, "r1"), b"", qos=1, retain=True)
+            return sink.decoded
+
+    released = run(scenario())
+    assert all(len(seeds) >= 5 for *_, seeds, _ in released)
+    assert sum(len(seeds) for *_, seeds, _ in released) == 10
+    assert value(registry, "coco_shuffler_reports_rejected_total", reason="retained") == 1
+    assert value(registry, "coco_shuffler_reports_rejected_total", reason="bad_length") == 1
+    assert value(registry, "coco_shuffler_reports_rejected_total", reason="duplicate_in_round") == 1
+    assert value(registry, "coco_shuffler_dropped_total", reason="at_shutdown") == 2
+    assert value(registry, "coco_shuffler_connected") == 0
+
+
+def test_aiomqtt_ingest_reconnects_after_broker_restart(mosquitto: Broker) -> None:
+    registry = CollectorRegistry()
+    cfg = config(mosquitto, min_batch=3, ingest_client="aiomqtt")
+
+    async def scenario() -> None:
+        async with running(cfg, registry) as shuffler:
+            await asyncio.to_thread(mosquitto.restart)
+            await wait_until(
+                lambda: (
+                    value(registry, "coco_shuffler_reconnects_total") >= 1
+                    and shuffler.connected.is_set()
+                )
+            )
+            async with batches(mosquitto) as sink:
+                await publish(mosquitto, [(f"q{i}", report(1, i)) for i in range(3)])
+                await wait_until(lambda: len(sink.messages) == 1)
+            check_conservation(registry, shuffler)
+
+    run(scenario(), timeout=40)
+
+
+def test_gmqtt_mqtt311_and_refused_ingest_client(mosquitto: Broker) -> None:
+    registry = CollectorRegistry()
+    cfg = config(mosquitto, min_batch=3, mqtt_version="3.1.1", client_id="coco-shuffler-311")
+
+    async def scenario() -> None:
+        async with batches(mosquitto) as sink, running(cfg, registry):
+            await publish(mosquitto, [(f"v{i}", report(2, i)) for i in range(3)])
+            await wait_until(lambda: len(sink.messages) == 1)
+
+    run(scenario())
+    with pytest.raises(ValueError, match="ingest_client"):
+        config(mosquitto, ingest_client="paho")
