@@ -119,7 +119,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Literal, Self
+from typing import Any, Literal, Self
 
 import aiomqtt
 import gmqtt  # type: ignore[import-untyped]
@@ -486,35 +486,28 @@ class Shuffler:
         ingest = cfg.ingest_client == "aiomqtt"
         persistent = ingest and cfg.client_id is not None
         identifier = cfg.client_id if ingest else None
+        session: dict[str, Any]
         if cfg.mqtt_version == "3.1.1":
-            return aiomqtt.Client(
-                self._host,
-                self._port,
-                username=cfg.username,
-                password=cfg.password,
-                identifier=identifier,
-                protocol=aiomqtt.ProtocolVersion.V311,
-                clean_session=not persistent,
-                tls_params=tls,
-                tls_context=tls_context,
-                max_queued_incoming_messages=cfg.incoming_queue_size,
-                timeout=cfg.publish_timeout,
-            )
-        properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        properties.SessionExpiryInterval = cfg.session_expiry if persistent else 0
+            session = {"protocol": aiomqtt.ProtocolVersion.V311, "clean_session": not persistent}
+        else:
+            properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            properties.SessionExpiryInterval = cfg.session_expiry if persistent else 0
+            session = {
+                "protocol": aiomqtt.ProtocolVersion.V5,
+                "clean_start": not persistent,
+                "properties": properties,
+            }
         return aiomqtt.Client(
             self._host,
             self._port,
             username=cfg.username,
             password=cfg.password,
             identifier=identifier,
-            protocol=aiomqtt.ProtocolVersion.V5,
-            clean_start=not persistent,
-            properties=properties,
             tls_params=tls,
             tls_context=tls_context,
             max_queued_incoming_messages=cfg.incoming_queue_size,
             timeout=cfg.publish_timeout,
+            **session,
         )
 
     async def _connection_loop(self) -> None:
