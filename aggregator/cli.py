@@ -18,6 +18,7 @@ import typer
 
 from aggregator.accountant import amplify, amplify_spec
 from edge import CocoError, MechanismSpec, SpecError
+from edge.cli_options import DeploymentOption
 
 
 class PrivacyMechanism(StrEnum):
@@ -134,9 +135,7 @@ def aggregator_run(
     broker: Annotated[
         str, typer.Option(envvar="COCO_BROKER", help="Broker URL, mqtt://host:port.")
     ] = "mqtt://127.0.0.1:1883",
-    deployment: Annotated[
-        str, typer.Option(envvar="COCO_DEPLOYMENT", help="Deployment name (topic level).")
-    ] = "default",
+    deployment: DeploymentOption = "default",
     spec: Annotated[
         Path | None,
         typer.Option(

@@ -19,6 +19,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from broker.shuffler import parse_broker_url
 from edge import CocoError, MechanismSpec
 from edge.announce import encode_announcement
+from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption
 from edge.topics import spec_topic
 
 
@@ -46,7 +47,7 @@ def publish_retained(url: str, topic: str, payload: bytes, *, timeout: float) ->
 
 
 def announce(
-    deployment: Annotated[str, typer.Option(envvar="COCO_DEPLOYMENT", help="Deployment name.")],
+    deployment: DeploymentOption,
     mechanism: Annotated[AnnouncedMechanism, typer.Option(help="Local randomiser.")],
     d: Annotated[int, typer.Option(help="Dimension of the encoded vectors.")],
     s: Annotated[int, typer.Option(help="Non-zeros per vector.")],
@@ -56,9 +57,7 @@ def announce(
     t: Annotated[
         int | None, typer.Option(help="Output domain size (default: MSE-optimal).")
     ] = None,
-    broker: Annotated[
-        str, typer.Option(envvar="COCO_BROKER", help="mqtt://host:port or mqtts://host:port.")
-    ] = "mqtt://127.0.0.1:1883",
+    broker: BrokerOption = DEFAULT_BROKER,
     dry_run: Annotated[bool, typer.Option(help="Print the announcement, publish nothing.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the PUBACK.")] = 10.0,
 ) -> None:

@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from broker.shuffler import Shuffler, ShufflerConfig, parse_broker_url
 from edge import CocoError, MechanismSpec
 from edge.announce import decode_announcement
+from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption
 from edge.topics import spec_topic
 
 logger = logging.getLogger(__name__)
@@ -75,10 +76,8 @@ async def _serve(config: ShufflerConfig, registry: CollectorRegistry) -> None:
 
 
 def shuffler(
-    deployment: Annotated[str, typer.Option(envvar="COCO_DEPLOYMENT", help="Deployment name.")],
-    broker: Annotated[
-        str, typer.Option(envvar="COCO_BROKER", help="mqtt://host:port or mqtts://host:port.")
-    ] = "mqtt://127.0.0.1:1883",
+    deployment: DeploymentOption,
+    broker: BrokerOption = DEFAULT_BROKER,
     spec: Annotated[
         Path | None,
         typer.Option(

@@ -26,6 +26,7 @@ from typing import Annotated, Any, TextIO
 import typer
 
 from edge.announce import decode_announcement
+from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption
 from edge.errors import CocoError, InputError
 from edge.ledger import BudgetLedger
 from edge.publisher import DevicePublisher, PublisherConfig
@@ -85,9 +86,7 @@ def _numeric(cells: list[str]) -> bool:
 
 
 def device(
-    deployment: Annotated[
-        str, typer.Option(envvar="COCO_DEPLOYMENT", help="Deployment name (one topic level).")
-    ],
+    deployment: DeploymentOption,
     device_id: Annotated[
         str, typer.Option(envvar="COCO_DEVICE_ID", help="This device's id (topic only).")
     ],
@@ -103,9 +102,7 @@ def device(
     budget: Annotated[
         float, typer.Option(envvar="COCO_BUDGET", help="Total local epsilon of this device.")
     ],
-    broker: Annotated[
-        str, typer.Option(envvar="COCO_BROKER", help="mqtt://host:port or mqtts://host:port.")
-    ] = "mqtt://127.0.0.1:1883",
+    broker: BrokerOption = DEFAULT_BROKER,
     spec: Annotated[
         Path | None,
         typer.Option(
