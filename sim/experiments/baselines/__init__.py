@@ -1,0 +1,1 @@
+"""The paper's baselines for key-value / sparse ternary vector aggregation under eps-LDP."""
