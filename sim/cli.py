@@ -16,6 +16,7 @@ from broker.cli import shuffler
 from edge import CocoError, MechanismSpec
 from edge.device_cli import device
 from sim.demo import DEFAULT_DEVICES, DemoConfig, DemoError, format_table, run_demo
+from sim.experiments.cli import experiment_app
 from sim.simulate import simulate as run_simulation
 
 app = typer.Typer(
@@ -30,6 +31,7 @@ app.add_typer(aggregator_app, name="aggregator")
 app.command("shuffler")(shuffler)
 app.command("device")(device)
 app.command("announce")(announce)
+app.add_typer(experiment_app, name="experiment")
 
 
 @app.callback()
