@@ -18,7 +18,16 @@ import typer
 
 from aggregator.accountant import amplify, amplify_spec
 from edge import CocoError, MechanismSpec, SpecError
-from edge.cli_options import DeploymentOption
+from edge.cli_options import (
+    DEFAULT_BROKER,
+    BrokerOption,
+    CaFileOption,
+    DeploymentOption,
+    PasswordFileOption,
+    PasswordOption,
+    UsernameOption,
+    resolve_password,
+)
 
 
 class PrivacyMechanism(StrEnum):
@@ -132,9 +141,7 @@ def _load_spec_file(path: Path) -> MechanismSpec:
 
 @aggregator_app.command("run")
 def aggregator_run(
-    broker: Annotated[
-        str, typer.Option(envvar="COCO_BROKER", help="Broker URL, mqtt://host:port.")
-    ] = "mqtt://127.0.0.1:1883",
+    broker: BrokerOption = DEFAULT_BROKER,
     deployment: DeploymentOption = "default",
     spec: Annotated[
         Path | None,
@@ -166,6 +173,18 @@ def aggregator_run(
     announcement_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for the retained announcement.")
     ] = 10.0,
+    username: UsernameOption = None,
+    password: PasswordOption = None,
+    password_file: PasswordFileOption = None,
+    ca_file: CaFileOption = None,
+    epsilon_target: Annotated[
+        float | None,
+        typer.Option(
+            envvar="COCO_EPSILON_TARGET",
+            help="Target central epsilon, exported as coco_aggregator_epsilon_target for "
+            "dashboards (default: none, nothing exported).",
+        ),
+    ] = None,
 ) -> None:
     """Consume shuffled batches; serve estimates, metrics and the certified central epsilon."""
     from aggregator.service import (  # noqa: PLC0415 (keeps `coco privacy` light)
@@ -175,16 +194,26 @@ def aggregator_run(
     )
 
     try:
+        password = resolve_password(password, password_file)
+        min_batch: int | None = None
         if spec is not None:
             mechanism = _load_spec_file(spec)
             if delta is None:
                 raise SpecError("--delta is required with --spec")
         else:
             announcement = asyncio.run(
-                fetch_announcement(broker, deployment, timeout=announcement_timeout)
+                fetch_announcement(
+                    broker,
+                    deployment,
+                    timeout=announcement_timeout,
+                    username=username,
+                    password=password,
+                    ca_file=ca_file,
+                )
             )
             mechanism = MechanismSpec.from_dict(announcement["spec"])
             delta = delta if delta is not None else float(announcement["delta"])
+            min_batch = int(announcement["min_batch"])
         config = AggregatorConfig(
             broker=broker,
             deployment=deployment,
@@ -195,6 +224,11 @@ def aggregator_run(
             metrics_dims=metrics_dims,
             http_host=metrics_host,
             http_port=metrics_port,
+            min_batch=min_batch,
+            epsilon_target=epsilon_target,
+            username=username,
+            password=password,
+            ca_file=ca_file,
         )
     except (CocoError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -5,6 +5,23 @@ global one). The ``dim`` label exists only for the bounded set of exported dimen
 (:attr:`AggregatorConfig.metrics_dims <aggregator.service.AggregatorConfig.metrics_dims>`),
 so the series count does not grow with ``d``; no label ever names a device.
 
+Privacy level for operators
+---------------------------
+``coco_aggregator_epsilon_central{batch="smallest"|"latest"}`` is the certified central
+epsilon of the batches actually applied. ``coco_aggregator_epsilon_central_curve{n}`` is the
+same certified bound (:func:`~aggregator.accountant.amplify_spec`, never the paper's
+uncertified mechanism-specific value) for the spec in force on a fixed grid of batch sizes
+(:func:`epsilon_curve_grid`: at most :data:`MAX_CURVE_POINTS` values of ``n``), so a
+dashboard can show what a larger ``min_batch`` would buy. ``coco_aggregator_epsilon_target``
+is the operator's target (``--epsilon-target``); it is not exported at all when no target is
+set, so a dashboard draws no line rather than a made-up one.
+
+Lag is left to PromQL: ``time() - coco_aggregator_last_batch_timestamp_seconds`` (seconds
+since the last applied batch) and ``coco_shuffler_reports_released_total -
+coco_aggregator_reports_total`` (reports released but not applied yet). A histogram of apply
+time minus release time is not possible: a batch carries no release time (docs/protocol.md,
+section 10.3), and adding one would change the wire format.
+
 :class:`MetricsServer` serves, on one port, ``/metrics`` (Prometheus text format) and
 ``/estimates`` (JSON: spec, n, estimates, certified central epsilon for the smallest and the
 latest batch, delta). It is a stdlib ``ThreadingHTTPServer`` in a daemon thread: the handler
@@ -25,6 +42,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from aggregator.accountant import amplify_spec
 from aggregator.estimators import Estimates
 from edge.spec import MechanismSpec
 
@@ -43,12 +61,50 @@ REJECT_REASONS = (
 )
 """Every ``reason`` label of ``coco_aggregator_batches_rejected_total`` (pre-created at 0)."""
 
+CURVE_MAX_N = 10_000_000
+"""Largest batch size of the epsilon curve."""
+CURVE_DEFAULT_START = 100
+"""First point of the curve when the deployment's ``min_batch`` is not known (``--spec``)."""
+MAX_CURVE_POINTS = 16
+"""Upper bound on the ``n`` label values of ``coco_aggregator_epsilon_central_curve``."""
+
+
+def epsilon_curve_grid(min_batch: int | None) -> tuple[int, ...]:
+    """The batch sizes of the epsilon curve: ``min_batch`` itself (the guarantee every
+    released batch has at least), then ``1·10^k`` and ``3·10^k`` above it up to
+    :data:`CURVE_MAX_N`. At most 15 points for any ``min_batch >= 1``."""
+    start = CURVE_DEFAULT_START if min_batch is None else min_batch
+    if start < 1:
+        raise ValueError(f"min_batch must be >= 1, got {start}")
+    grid = {start}
+    for k in range(8):
+        for m in (1, 3):
+            n = m * 10**k
+            if start < n <= CURVE_MAX_N:
+                grid.add(n)
+    points = tuple(sorted(grid))
+    assert len(points) <= MAX_CURVE_POINTS
+    return points
+
+
+def epsilon_curve(spec: MechanismSpec, *, delta: float, grid: Sequence[int]) -> dict[int, float]:
+    """Certified central epsilon (:func:`amplify_spec`) at each ``n`` of ``grid``.
+
+    About 0.01-0.2 s per point (the largest ``n`` cost most): call it off the event loop.
+    """
+    return {n: amplify_spec(spec, n=n, delta=delta).epsilon_central for n in grid}
+
 
 class AggregatorMetrics:
     """The aggregator's metrics, registered in ``registry``."""
 
     def __init__(
-        self, registry: CollectorRegistry, *, spec: MechanismSpec, dims: Sequence[int]
+        self,
+        registry: CollectorRegistry,
+        *,
+        spec: MechanismSpec,
+        dims: Sequence[int],
+        epsilon_target: float | None = None,
     ) -> None:
         self.registry = registry
         self.dims = tuple(dims)
@@ -94,6 +150,21 @@ class AggregatorMetrics:
             ["batch"],
             registry=registry,
         )
+        self.epsilon_curve = Gauge(
+            f"{p}_epsilon_central_curve",
+            "Certified central epsilon of a batch of n reports under the spec in force "
+            "(fixed grid of n).",
+            ["n"],
+            registry=registry,
+        )
+        self.epsilon_target: Gauge | None = None
+        if epsilon_target is not None:
+            self.epsilon_target = Gauge(
+                f"{p}_epsilon_target",
+                "The operator's target for the central epsilon of the smallest batch.",
+                registry=registry,
+            )
+            self.epsilon_target.set(epsilon_target)
         self.delta = Gauge(f"{p}_delta", "Target delta of the accountant.", registry=registry)
         self.n = Gauge(f"{p}_n", "Reports in the current estimates.", registry=registry)
         self.info = Info(f"{p}_mechanism", "The mechanism in force.", registry=registry)
@@ -126,6 +197,13 @@ class AggregatorMetrics:
     def set_epsilon(self, *, smallest: float | None, latest: float | None) -> None:
         for name, value in (("smallest", smallest), ("latest", latest)):
             self.epsilon_central.labels(batch=name).set(np.nan if value is None else value)
+
+    def set_epsilon_curve(self, curve: dict[int, float]) -> None:
+        """Export a curve from :func:`epsilon_curve` (at most :data:`MAX_CURVE_POINTS`)."""
+        if len(curve) > MAX_CURVE_POINTS:
+            raise ValueError(f"at most {MAX_CURVE_POINTS} curve points, got {len(curve)}")
+        for n, epsilon in curve.items():
+            self.epsilon_curve.labels(n=str(n)).set(epsilon)
 
 
 class _Handler(BaseHTTPRequestHandler):

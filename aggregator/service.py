@@ -51,8 +51,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import random
+import ssl
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -70,7 +72,12 @@ from prometheus_client import CollectorRegistry
 from aggregator.accountant import amplify_spec
 from aggregator.batch_codec import decode_batch_arrays
 from aggregator.estimators import AggregateState
-from aggregator.metrics import AggregatorMetrics, MetricsServer
+from aggregator.metrics import (
+    AggregatorMetrics,
+    MetricsServer,
+    epsilon_curve,
+    epsilon_curve_grid,
+)
 from edge import mqtt_url, topics
 from edge.announce import decode_announcement
 from edge.codec import CodecError
@@ -94,13 +101,26 @@ class _RejectedError(Exception):
         self.reason = reason
 
 
-def parse_broker_url(url: str) -> tuple[str, int]:
-    """``(host, port)`` of ``mqtt://host[:port]`` (:func:`edge.mqtt_url.parse_broker_url`);
-    the service does not speak TLS yet, so ``mqtts://`` is refused."""
-    address = mqtt_url.parse_broker_url(url)
+def mqtt_connection(
+    broker: str,
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    ca_file: str | None = None,
+) -> dict[str, Any]:
+    """Keyword arguments of :class:`aiomqtt.Client` for ``broker`` (``mqtt://`` or
+    ``mqtts://``, :func:`edge.mqtt_url.parse_broker_url`): address, credentials, and for
+    ``mqtts://`` a verifying TLS context (``ca_file``, or the system's CA store)."""
+    address = mqtt_url.parse_broker_url(broker)
+    kwargs: dict[str, Any] = {
+        "hostname": address.host,
+        "port": address.port,
+        "username": username,
+        "password": password,
+    }
     if address.tls:
-        raise ValueError(f"the aggregator does not support TLS yet: {url!r}")
-    return address.host, address.port
+        kwargs["tls_context"] = ssl.create_default_context(cafile=ca_file)
+    return kwargs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,10 +149,20 @@ class AggregatorConfig:
     confidence: float = 0.95
     reconnect_min: float = 0.1
     reconnect_max: float = 10.0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    ca_file: str | None = None
+    """CA bundle that verifies an ``mqtts://`` broker (default: the system's)."""
+    min_batch: int | None = None
+    """The announced ``min_batch``: first point of ``coco_aggregator_epsilon_central_curve``
+    (:func:`~aggregator.metrics.epsilon_curve_grid`); ``None`` starts the curve at 100."""
+    epsilon_target: float | None = None
+    """Exported as ``coco_aggregator_epsilon_target`` for dashboards; ``None`` exports
+    nothing (no target line is drawn). It changes nothing in the service's behaviour."""
     exported_dims: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        parse_broker_url(self.broker)
+        mqtt_url.parse_broker_url(self.broker)
         topics.check_name("deployment", self.deployment)
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
@@ -147,6 +177,12 @@ class AggregatorConfig:
                 f"need 0 < reconnect_min <= reconnect_max, got {self.reconnect_min}, "
                 f"{self.reconnect_max}"
             )
+        if self.min_batch is not None and self.min_batch < 1:
+            raise ValueError(f"min_batch must be >= 1, got {self.min_batch}")
+        if self.epsilon_target is not None and not (
+            math.isfinite(self.epsilon_target) and self.epsilon_target > 0
+        ):
+            raise ValueError(f"epsilon_target must be finite and > 0, got {self.epsilon_target}")
         if isinstance(self.metrics_dims, int):
             if self.metrics_dims < 0:
                 raise ValueError(f"metrics_dims must be >= 0, got {self.metrics_dims}")
@@ -219,12 +255,21 @@ def snapshot_from_checkpoint(path: Path, *, confidence: float = 0.95) -> dict[st
 
 
 async def fetch_announcement(
-    broker: str, deployment: str, *, timeout: float = 10.0
+    broker: str,
+    deployment: str,
+    *,
+    timeout: float = 10.0,
+    username: str | None = None,
+    password: str | None = None,
+    ca_file: str | None = None,
 ) -> dict[str, Any]:
     """The retained spec announcement of ``deployment`` (:func:`decode_announcement`)."""
-    host, port = parse_broker_url(broker)
+    connection = mqtt_connection(broker, username=username, password=password, ca_file=ca_file)
     try:
-        async with asyncio.timeout(timeout), aiomqtt.Client(host, port, timeout=timeout) as client:
+        async with (
+            asyncio.timeout(timeout),
+            aiomqtt.Client(**connection, timeout=timeout) as client,
+        ):
             await client.subscribe(topics.spec_topic(deployment), qos=1)
             async for message in client.messages:
                 payload = message.payload
@@ -259,7 +304,12 @@ class Aggregator:
         self.config = config
         self.spec = config.spec
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.metrics = AggregatorMetrics(self.registry, spec=self.spec, dims=config.exported_dims)
+        self.metrics = AggregatorMetrics(
+            self.registry,
+            spec=self.spec,
+            dims=config.exported_dims,
+            epsilon_target=config.epsilon_target,
+        )
         self.metrics.delta.set(config.delta)
         self.state = AggregateState(self.spec)
         self.counters = _Counters()
@@ -331,15 +381,28 @@ class Aggregator:
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(self._mqtt_loop(), name="coco-aggregator-mqtt")
             tasks.create_task(self._checkpoint_loop(), name="coco-aggregator-checkpoint")
+            tasks.create_task(self._export_epsilon_curve(), name="coco-aggregator-eps-curve")
+
+    async def _export_epsilon_curve(self) -> None:
+        """Compute the certified epsilon curve once, in a thread (about 0.5 s in all)."""
+        grid = epsilon_curve_grid(self.config.min_batch)
+        curve = await asyncio.to_thread(
+            epsilon_curve, self.spec, delta=self.config.delta, grid=grid
+        )
+        self.metrics.set_epsilon_curve(curve)
+        for n, epsilon in curve.items():  # same function, same values: share the cache
+            self._eps_cache.setdefault(n, epsilon)
 
     # -- MQTT ------------------------------------------------------------------------------
 
     def _client(self) -> aiomqtt.Client:
-        host, port = parse_broker_url(self.config.broker)
+        cfg = self.config
+        connection = mqtt_connection(
+            cfg.broker, username=cfg.username, password=cfg.password, ca_file=cfg.ca_file
+        )
         if self.config.mqtt_version == "3.1.1":
             client = aiomqtt.Client(
-                host,
-                port,
+                **connection,
                 identifier=self.config.mqtt_client_id,
                 protocol=aiomqtt.ProtocolVersion.V311,
                 clean_session=False,
@@ -350,8 +413,7 @@ class Aggregator:
             properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
             properties.SessionExpiryInterval = self.config.session_expiry
             client = aiomqtt.Client(
-                host,
-                port,
+                **connection,
                 identifier=self.config.mqtt_client_id,
                 protocol=aiomqtt.ProtocolVersion.V5,
                 clean_start=False,
