@@ -150,6 +150,12 @@ class AggregatorMetrics:
             ["batch"],
             registry=registry,
         )
+        self.batch_size = Gauge(
+            f"{p}_batch_size",
+            "Reports in the smallest batch applied and in the latest (the n of epsilon_central).",
+            ["batch"],
+            registry=registry,
+        )
         self.epsilon_curve = Gauge(
             f"{p}_epsilon_central_curve",
             "Certified central epsilon of a batch of n reports under the spec in force "
@@ -197,6 +203,10 @@ class AggregatorMetrics:
     def set_epsilon(self, *, smallest: float | None, latest: float | None) -> None:
         for name, value in (("smallest", smallest), ("latest", latest)):
             self.epsilon_central.labels(batch=name).set(np.nan if value is None else value)
+
+    def set_batch_size(self, *, smallest: int | None, latest: int | None) -> None:
+        for name, value in (("smallest", smallest), ("latest", latest)):
+            self.batch_size.labels(batch=name).set(np.nan if value is None else value)
 
     def set_epsilon_curve(self, curve: dict[int, float]) -> None:
         """Export a curve from :func:`epsilon_curve` (at most :data:`MAX_CURVE_POINTS`)."""

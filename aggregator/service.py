@@ -542,6 +542,7 @@ class Aggregator:
         eps_small = self._epsilon(self.smallest_batch)
         eps_latest = self._epsilon(self.latest_batch)
         self.metrics.set_epsilon(smallest=eps_small, latest=eps_latest)
+        self.metrics.set_batch_size(smallest=self.smallest_batch, latest=self.latest_batch)
         self._document = {
             "deployment": self.config.deployment,
             "spec": self.spec.to_dict(),

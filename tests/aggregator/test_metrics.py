@@ -69,6 +69,18 @@ def test_curve_is_the_certified_bound_and_falls_with_n() -> None:
     assert values[-1] < values[0]
 
 
+def test_batch_sizes_of_the_epsilon() -> None:
+    registry = CollectorRegistry()
+    metrics = AggregatorMetrics(registry, spec=SPEC, dims=())
+    metrics.set_batch_size(smallest=None, latest=None)
+    unset = registry.get_sample_value("coco_aggregator_batch_size", {"batch": "latest"})
+    assert unset is not None
+    assert math.isnan(unset)
+    metrics.set_batch_size(smallest=120, latest=300)
+    assert registry.get_sample_value("coco_aggregator_batch_size", {"batch": "smallest"}) == 120
+    assert registry.get_sample_value("coco_aggregator_batch_size", {"batch": "latest"}) == 300
+
+
 def test_target_is_exported_only_when_set() -> None:
     registry = CollectorRegistry()
     AggregatorMetrics(registry, spec=SPEC, dims=())
@@ -143,3 +155,6 @@ def test_service_exports_curve_and_target(mosquitto: Broker) -> None:
     ]
     assert len(samples) == len(grid)
     assert registry.get_sample_value("coco_aggregator_epsilon_target") == 0.25
+    nan = registry.get_sample_value("coco_aggregator_batch_size", {"batch": "smallest"})
+    assert nan is not None
+    assert math.isnan(nan)  # no batch applied yet
