@@ -15,11 +15,21 @@ from typing import Annotated
 import paho.mqtt.client as mqtt
 import typer
 from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.reasoncodes import ReasonCode
 
 from broker.shuffler import parse_broker_url
 from edge import CocoError, MechanismSpec
 from edge.announce import encode_announcement
-from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption
+from edge.cli_options import (
+    DEFAULT_BROKER,
+    BrokerOption,
+    CaFileOption,
+    DeploymentOption,
+    PasswordFileOption,
+    PasswordOption,
+    UsernameOption,
+    resolve_password,
+)
 from edge.topics import spec_topic
 
 
@@ -28,17 +38,44 @@ class AnnouncedMechanism(StrEnum):
     collision = "collision"
 
 
-def publish_retained(url: str, topic: str, payload: bytes, *, timeout: float) -> None:
+def publish_retained(
+    url: str,
+    topic: str,
+    payload: bytes,
+    *,
+    timeout: float,
+    username: str | None = None,
+    password: str | None = None,
+    ca_file: str | None = None,
+) -> None:
     """Publish ``payload`` retained with QoS 1 and wait for the broker's PUBACK."""
     host, port, tls = parse_broker_url(url)
     client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    if username is not None:
+        client.username_pw_set(username, password)
     if tls:
-        client.tls_set()
+        client.tls_set(ca_certs=ca_file)
+    # A refused CONNECT and a PUBACK with a failure reason code (MQTT 5: e.g. 0x87 Not
+    # authorized when the ACL denies the spec topic) both mean nothing was announced.
+    refused: list[str] = []
+
+    def on_connect(_c: mqtt.Client, _u: object, _f: object, rc: ReasonCode, _p: object) -> None:
+        if rc.is_failure:
+            refused.append(f"connection refused: {rc}")
+
+    def on_publish(_c: mqtt.Client, _u: object, _mid: int, rc: ReasonCode, _p: object) -> None:
+        if rc.is_failure:
+            refused.append(f"announcement refused: {rc}")
+
+    client.on_connect = on_connect
+    client.on_publish = on_publish
     client.connect(host, port, keepalive=30)
     client.loop_start()
     try:
         info = client.publish(topic, payload, qos=1, retain=True)
         info.wait_for_publish(timeout=timeout)
+        if refused:
+            raise CocoError(f"the broker at {url}: {refused[0]}")
         if not info.is_published():
             raise CocoError(f"the broker did not acknowledge the announcement within {timeout} s")
     finally:
@@ -60,14 +97,27 @@ def announce(
     broker: BrokerOption = DEFAULT_BROKER,
     dry_run: Annotated[bool, typer.Option(help="Print the announcement, publish nothing.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the PUBACK.")] = 10.0,
+    username: UsernameOption = None,
+    password: PasswordOption = None,
+    password_file: PasswordFileOption = None,
+    ca_file: CaFileOption = None,
 ) -> None:
     """Publish the retained spec announcement of a deployment (or print it)."""
     try:
+        password_value = resolve_password(password, password_file)
         spec = MechanismSpec(mechanism=mechanism.value, d=d, s=s, epsilon=epsilon, t=t)  # type: ignore[arg-type]
         payload = encode_announcement(spec.to_dict(), min_batch=min_batch, delta=delta)
         topic = spec_topic(deployment)
         if not dry_run:
-            publish_retained(broker, topic, payload, timeout=timeout)
+            publish_retained(
+                broker,
+                topic,
+                payload,
+                timeout=timeout,
+                username=username,
+                password=password_value,
+                ca_file=ca_file,
+            )
     except (CocoError, ValueError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

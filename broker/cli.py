@@ -17,7 +17,16 @@ from prometheus_client import CollectorRegistry, start_http_server
 from broker.shuffler import Shuffler, ShufflerConfig, parse_broker_url
 from edge import CocoError, MechanismSpec
 from edge.announce import decode_announcement
-from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption
+from edge.cli_options import (
+    DEFAULT_BROKER,
+    BrokerOption,
+    CaFileOption,
+    DeploymentOption,
+    PasswordFileOption,
+    PasswordOption,
+    UsernameOption,
+    resolve_password,
+)
 from edge.topics import spec_topic
 
 logger = logging.getLogger(__name__)
@@ -101,9 +110,10 @@ def shuffler(
     flush_interval: Annotated[
         float, typer.Option(envvar="COCO_FLUSH_INTERVAL", help="Seconds between flushes.")
     ] = 5.0,
-    username: Annotated[str | None, typer.Option(envvar="COCO_MQTT_USERNAME")] = None,
-    password: Annotated[str | None, typer.Option(envvar="COCO_MQTT_PASSWORD")] = None,
-    ca_file: Annotated[str | None, typer.Option(envvar="COCO_MQTT_CA_FILE")] = None,
+    username: UsernameOption = None,
+    password: PasswordOption = None,
+    password_file: PasswordFileOption = None,
+    ca_file: CaFileOption = None,
     metrics_port: Annotated[
         int | None, typer.Option(envvar="COCO_METRICS_PORT", help="Serve /metrics here.")
     ] = None,
@@ -112,6 +122,7 @@ def shuffler(
     """Shuffle ingress reports into batches of at least --min-batch and publish them."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
+        password = resolve_password(password, password_file)
         announced: int | None = None
         if spec is not None:
             mechanism = MechanismSpec.from_dict(json.loads(spec.read_text()))

@@ -15,8 +15,10 @@ from broker.announce_cli import announce
 from broker.cli import shuffler
 from edge import CocoError, MechanismSpec
 from edge.device_cli import device
+from sim.credentials_cli import credentials
 from sim.demo import DEFAULT_DEVICES, DemoConfig, DemoError, format_table, run_demo
 from sim.experiments.cli import experiment_app
+from sim.fleet_cli import fleet
 from sim.simulate import simulate as run_simulation
 
 app = typer.Typer(
@@ -31,7 +33,9 @@ app.add_typer(aggregator_app, name="aggregator")
 app.command("shuffler")(shuffler)
 app.command("device")(device)
 app.command("announce")(announce)
+app.command("credentials")(credentials)
 app.add_typer(experiment_app, name="experiment")
+app.command("fleet")(fleet)
 
 
 @app.callback()
