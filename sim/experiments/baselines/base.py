@@ -29,12 +29,23 @@ class KVEstimate:
 
 
 class KVMechanism(Protocol):
-    """One eps-LDP mechanism with its server-side estimator, vectorised over users."""
+    """One eps-LDP mechanism with its server-side estimator, vectorised over users.
 
-    name: str
-    d: int
-    s: int
-    epsilon: float
+    The attributes are read-only members, so frozen dataclasses implement the protocol as
+    well as classes with plain (settable) attributes.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def d(self) -> int: ...
+
+    @property
+    def s(self) -> int: ...
+
+    @property
+    def epsilon(self) -> float: ...
 
     def run(
         self,
