@@ -1,0 +1,338 @@
+"""The deployment's broker ACL (deploy/mosquitto/acl) on a real Mosquitto, with a password
+file from ``coco credentials``' generator and a live shuffler.
+
+The broker's configuration is deploy/mosquitto/mosquitto.conf itself, with only the listener,
+the file paths, persistence and logging adapted to a test directory; the ACL file is the very
+one compose.yaml mounts.
+
+What Mosquitto 2.0 actually answers (observed, and asserted below):
+
+* PUBLISH QoS 1 to a topic the ACL denies: PUBACK with reason code 0x87 (Not authorized), and
+  the message is dropped; at QoS 0 there is no answer and the message is dropped too.
+* SUBSCRIBE: the ``acl_file`` check does not run at subscription time, so SUBACK grants the
+  requested QoS whatever the filter; the ``read`` rules are enforced on every delivery. The
+  property that matters is therefore tested on deliveries: a denied subscriber receives
+  nothing, while a permitted subscriber of the same message does.
+* CONNECT with a wrong password or an unknown user: CONNACK 0x87 (Not authorized).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import re
+import threading
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.reasoncodes import ReasonCode
+from prometheus_client import CollectorRegistry
+
+from broker.shuffler import Shuffler, ShufflerConfig
+from edge.codec import decode_batch, encode_report
+from edge.spec import MechanismSpec
+from edge.topics import batches_topic, ingress_filter, ingress_topic, spec_topic
+from sim.credentials import (
+    SERVICE_ACCOUNTS,
+    device_id,
+    device_password,
+    mosquitto_password_file,
+    service_password,
+    write_private_file,
+)
+from tests.asyncutil import run, value, wait_until
+from tests.conftest import MOSQUITTO, Broker, free_port
+
+pytestmark = pytest.mark.integration
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto"
+DEP = "fleet"  # the deployment name written in deploy/mosquitto/acl
+SPEC = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
+SECRET = b"test deployment secret"
+NOT_AUTHORIZED = 0x87
+ACCEPTED = (0x00, 0x10)  # PUBACK: Success, No matching subscribers
+GRANTED_QOS_1 = 0x01
+TIMEOUT = 30.0
+
+
+def adapted_config(port: int, passwd: Path, store: Path, log: Path) -> str:
+    """deploy/mosquitto/mosquitto.conf with this test's listener, paths and log."""
+    replaced = {"listener", "password_file", "acl_file", "persistence_location", "log_dest"}
+    kept = [
+        line
+        for line in (DEPLOY / "mosquitto.conf").read_text().splitlines()
+        if line.split(" ", 1)[0] not in replaced
+    ]
+    return "\n".join(
+        [
+            f"user {getpass.getuser()}",  # as in tests/conftest.py: no privilege drop
+            *kept,
+            f"listener {port} 127.0.0.1",
+            f"password_file {passwd}",
+            f"acl_file {DEPLOY / 'acl'}",
+            f"persistence_location {store}/",
+            f"log_dest file {log}",
+            "",
+        ]
+    )
+
+
+@dataclass
+class Stack:
+    broker: Broker
+
+    @property
+    def port(self) -> int:
+        return self.broker.port
+
+    def password(self, user: str) -> str:
+        if user in SERVICE_ACCOUNTS:
+            return service_password(SECRET, user)
+        return device_password(SECRET, user)
+
+
+DEVICES = [device_id(i) for i in range(3)]
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    if not Path(MOSQUITTO).exists():
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    passwd = tmp_path / "passwd"
+    accounts = [(d, device_password(SECRET, d)) for d in DEVICES]
+    accounts += [(s, service_password(SECRET, s)) for s in SERVICE_ACCOUNTS]
+    write_private_file(passwd, mosquitto_password_file(accounts))
+    store = tmp_path / "store"
+    store.mkdir()
+    broker = Broker(tmp_path, free_port())
+    broker.config.write_text(adapted_config(broker.port, passwd, store, broker.log))
+    broker.start()
+    try:
+        yield Stack(broker)
+    finally:
+        broker.stop()
+
+
+def test_adapted_config_keeps_the_deployed_security_settings() -> None:
+    text = adapted_config(1, Path("/p"), Path("/s"), Path("/l"))
+    assert re.search(r"^allow_anonymous false$", text, re.MULTILINE)
+    assert f"acl_file {DEPLOY / 'acl'}" in text
+    assert "persistence true" in text
+
+
+class Probe:
+    """A paho MQTT 5 client recording every CONNACK, SUBACK, PUBACK and message."""
+
+    def __init__(self, port: int, username: str | None, password: str | None) -> None:
+        self.lock = threading.Lock()
+        self.connack: ReasonCode | None = None
+        self.subacks: list[list[int]] = []
+        self.pubacks: dict[int, int] = {}
+        self.messages: list[tuple[str, bytes, bool]] = []
+        client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        if username is not None:
+            client.username_pw_set(username, password)
+        client.on_connect = self._on_connect
+        client.on_subscribe = self._on_subscribe
+        client.on_publish = self._on_publish
+        client.on_message = self._on_message
+        self.client = client
+        client.connect("127.0.0.1", port)
+        client.loop_start()
+
+    def _on_connect(self, _c: object, _u: object, _f: object, rc: ReasonCode, _p: object) -> None:
+        self.connack = rc
+
+    def _on_subscribe(
+        self, _c: object, _u: object, _mid: int, rcs: list[ReasonCode], _p: object
+    ) -> None:
+        with self.lock:
+            self.subacks.append([rc.value for rc in rcs])
+
+    def _on_publish(self, _c: object, _u: object, mid: int, rc: ReasonCode, _p: object) -> None:
+        with self.lock:
+            self.pubacks[mid] = rc.value
+
+    def _on_message(self, _c: object, _u: object, message: mqtt.MQTTMessage) -> None:
+        with self.lock:
+            self.messages.append((message.topic, bytes(message.payload), bool(message.retain)))
+
+    async def connected(self) -> None:
+        await wait_until(lambda: self.connack is not None, TIMEOUT)
+        assert self.connack is not None
+        assert not self.connack.is_failure, str(self.connack)
+
+    async def subscribe(self, topic: str) -> list[int]:
+        before = len(self.subacks)
+        self.client.subscribe(topic, qos=1)
+        await wait_until(lambda: len(self.subacks) > before, TIMEOUT)
+        return self.subacks[before]
+
+    async def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> int:
+        """Publish at QoS 1; the PUBACK's reason code."""
+        mid = self.client.publish(topic, payload, qos=1, retain=retain).mid
+        await wait_until(lambda: mid in self.pubacks, TIMEOUT)
+        return self.pubacks[mid]
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+@contextlib.asynccontextmanager
+async def probe(stack: Stack, user: str) -> AsyncIterator[Probe]:
+    client = Probe(stack.port, user, stack.password(user))
+    try:
+        await client.connected()
+        yield client
+    finally:
+        client.close()
+
+
+@contextlib.asynccontextmanager
+async def shuffler(stack: Stack, registry: CollectorRegistry) -> AsyncIterator[Shuffler]:
+    config = ShufflerConfig(
+        broker=stack.broker.url,
+        deployment=DEP,
+        spec=SPEC,
+        min_batch=2,
+        flush_interval=0.1,
+        username="shuffler",
+        password=stack.password("shuffler"),
+        drain_timeout=5.0,
+    )
+    async with Shuffler(config, registry=registry) as bridge:
+        task = asyncio.create_task(bridge.run())
+        await asyncio.wait_for(bridge.connected.wait(), TIMEOUT)
+        try:
+            yield bridge
+        finally:
+            bridge.stop()
+            await asyncio.wait_for(task, TIMEOUT)
+
+
+def report(seed: int) -> bytes:
+    return encode_report(SPEC.fingerprint_int, 1, seed, 0)
+
+
+def test_a_device_publishes_only_to_its_own_ingress_topic(stack: Stack) -> None:
+    """Forged reports, batches and announcements are refused with 0x87 and reach nobody;
+    the shuffler counts only the devices' own reports, and releases them."""
+    registry = CollectorRegistry()
+    mallory, alice = DEVICES[1], DEVICES[0]
+    announcement = b'{"genuine": true}'
+
+    async def scenario() -> None:
+        async with (
+            probe(stack, "announcer") as announcer,
+            probe(stack, "aggregator") as aggregator,
+            shuffler(stack, registry),
+            probe(stack, mallory) as device,
+            probe(stack, alice) as other,
+        ):
+            assert await announcer.publish(spec_topic(DEP), announcement, retain=True) in ACCEPTED
+            assert await aggregator.subscribe(batches_topic(DEP)) == [GRANTED_QOS_1]
+
+            forged = [
+                ingress_topic(DEP, alice),  # another device's ingress topic
+                ingress_topic(DEP, "not-a-device"),
+                batches_topic(DEP),  # a forged batch straight to the aggregator
+                spec_topic(DEP),  # a forged announcement
+                f"coco/v1/other/ingress/{mallory}",  # another deployment
+            ]
+            for topic in forged:
+                assert await device.publish(topic, report(66)) == NOT_AUTHORIZED, topic
+            device.client.publish(ingress_topic(DEP, alice), report(67), qos=0)
+            # The legitimate reports of both devices, after everything forged.
+            assert await device.publish(ingress_topic(DEP, mallory), report(1)) in ACCEPTED
+            assert await other.publish(ingress_topic(DEP, alice), report(2)) in ACCEPTED
+
+            await wait_until(lambda: len(aggregator.messages) >= 1, TIMEOUT)
+            await wait_until(
+                lambda: value(registry, "coco_shuffler_reports_released_total") == 2, TIMEOUT
+            )
+            # Retained spec: still the announcer's (positive control: a fresh reader gets it).
+            async with probe(stack, DEVICES[2]) as reader:
+                await reader.subscribe(spec_topic(DEP))
+                await wait_until(lambda: len(reader.messages) == 1, TIMEOUT)
+                assert reader.messages == [(spec_topic(DEP), announcement, True)]
+
+        assert value(registry, "coco_shuffler_reports_received_total") == 2
+        assert value(registry, "coco_shuffler_reports_accepted_total") == 2
+        # The only batch the aggregator saw is the shuffler's, holding the two real reports.
+        assert len(aggregator.messages) == 1
+        topic, payload, _ = aggregator.messages[0]
+        *_, seeds, _zs = decode_batch(payload)
+        assert topic == batches_topic(DEP)
+        assert sorted(seeds) == [1, 2]
+
+    run(scenario(), 4 * TIMEOUT)
+
+
+def test_devices_and_the_aggregator_receive_no_report_and_devices_no_batch(
+    stack: Stack,
+) -> None:
+    """Subscriptions to ingress, batches or everything are granted (Mosquitto 2.0 checks
+    ``read`` per delivery) but deliver nothing; the shuffler's account does receive the
+    same reports, and the aggregator's the same batch."""
+    alice, bob = DEVICES[0], DEVICES[1]
+
+    async def scenario() -> None:
+        async with (
+            probe(stack, "shuffler") as bridge,
+            probe(stack, "aggregator") as aggregator,
+            probe(stack, alice) as device,
+            probe(stack, bob) as sender,
+        ):
+            assert await bridge.subscribe(ingress_filter(DEP)) == [GRANTED_QOS_1]
+            for topic in (ingress_filter(DEP), batches_topic(DEP), "#"):
+                assert await device.subscribe(topic) == [GRANTED_QOS_1], topic
+            # The aggregator must never see a sender: no ingress topic for it either.
+            assert await aggregator.subscribe(ingress_filter(DEP)) == [GRANTED_QOS_1]
+            assert await aggregator.subscribe(batches_topic(DEP)) == [GRANTED_QOS_1]
+
+            assert await sender.publish(ingress_topic(DEP, bob), report(5)) in ACCEPTED
+            assert await device.publish(ingress_topic(DEP, alice), report(6)) in ACCEPTED
+            assert await bridge.publish(batches_topic(DEP), b"batch") in ACCEPTED
+            await wait_until(lambda: len(bridge.messages) == 2, TIMEOUT)
+            await wait_until(lambda: len(aggregator.messages) == 1, TIMEOUT)
+            # Barrier: the broker answers this PUBACK after queueing, on the same
+            # connection, every message it routed to the device before.
+            assert await device.publish(ingress_topic(DEP, alice), report(7)) in ACCEPTED
+            await wait_until(lambda: len(bridge.messages) == 3, TIMEOUT)
+
+        assert device.messages == []
+        assert aggregator.messages == [(batches_topic(DEP), b"batch", False)]
+        assert sorted(topic for topic, _, _ in bridge.messages) == sorted(
+            [ingress_topic(DEP, bob), ingress_topic(DEP, alice), ingress_topic(DEP, alice)]
+        )
+
+    run(scenario(), 4 * TIMEOUT)
+
+
+@pytest.mark.parametrize(
+    ("user", "password"),
+    [
+        (DEVICES[0], "wrong"),
+        (DEVICES[0], device_password(SECRET, DEVICES[1])),  # another device's password
+        ("shuffler", device_password(SECRET, "shuffler")),  # a device-derived password
+        ("dev-999999", device_password(SECRET, "dev-999999")),  # not in the password file
+        (None, None),  # anonymous
+    ],
+)
+def test_wrong_credentials_are_refused(stack: Stack, user: str | None, password: str) -> None:
+    async def scenario() -> ReasonCode:
+        client = Probe(stack.port, user, password)
+        try:
+            await wait_until(lambda: client.connack is not None, TIMEOUT)
+            assert client.connack is not None
+            return client.connack
+        finally:
+            client.close()
+
+    assert run(scenario(), 2 * TIMEOUT).value == NOT_AUTHORIZED
