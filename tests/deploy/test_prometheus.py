@@ -66,14 +66,27 @@ DIM = "1"
 
 
 def prometheus_binary() -> str:
-    """The Prometheus executable; skip where it is missing (fail under CI=true)."""
-    binary = shutil.which("prometheus") or "/usr/bin/prometheus"
+    """The Prometheus executable (``$COCO_PROMETHEUS``, else on the PATH); skip where it is
+    missing, fail under CI=true."""
+    binary = (
+        os.environ.get("COCO_PROMETHEUS") or shutil.which("prometheus") or "/usr/bin/prometheus"
+    )
     if Path(binary).exists():
         return binary
     message = "prometheus is not installed (scripts/test installs it: apt-get install prometheus)"
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true: {message}")
     pytest.skip(message)
+
+
+def test_missing_prometheus_skips_or_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COCO_PROMETHEUS", "/nonexistent/prometheus")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI=true: prometheus is not installed"):
+        prometheus_binary()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="apt-get install prometheus"):
+        prometheus_binary()
 
 
 def scrape_config(ports: dict[str, int]) -> str:
