@@ -10,7 +10,10 @@ humidity, pressure, CO2, light, noise, PM2.5, VOC). The reading of device ``i``,
 with a per-device calibration offset ``offset_ij ~ N(0, offset_sd_j^2)``, a per-device drift
 per round ``drift_ij ~ N(0, drift_sd_j^2)`` and white noise ``noise_ij(r) ~ N(0,
 noise_sd_j^2)``. A ``faulty_fraction`` of the devices has one channel stuck at an edge of
-its range (``lo`` or ``hi``), as failed sensors often are.
+its range (``lo`` or ``hi``), as failed sensors often are, and an
+``out_of_range_fraction`` (default 0) has one channel that reads outside its physical
+range (a glitching sensor, above ``hi`` or below ``lo`` by up to one range width); an
+encoder with ``clip=True`` clips such readings, as a device does.
 
 **Ground truth is simulation-only**: :meth:`SensorFleet.ground_truth_mean` is the exact
 fleet average of the readings, which no real deployment knows; the demo uses it only to
@@ -95,10 +98,13 @@ class SensorFleet:
     seed: int = 0
     faulty_fraction: float = 0.01
     hours_per_round: float = 1.0
+    out_of_range_fraction: float = 0.0
     _offset: F64 = field(init=False, repr=False, compare=False)
     _drift: F64 = field(init=False, repr=False, compare=False)
     _stuck: NDArray[np.bool_] = field(init=False, repr=False, compare=False)
     _stuck_value: F64 = field(init=False, repr=False, compare=False)
+    _out_of_range: NDArray[np.bool_] = field(init=False, repr=False, compare=False)
+    _out_of_range_value: F64 = field(init=False, repr=False, compare=False)
     _rounds: np.random.SeedSequence = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -108,6 +114,10 @@ class SensorFleet:
             raise ValueError(f"channels must be in [5, {len(CHANNELS)}], got {self.channels}")
         if not 0 <= self.faulty_fraction <= 1:
             raise ValueError(f"faulty_fraction must be in [0, 1], got {self.faulty_fraction}")
+        if not 0 <= self.out_of_range_fraction <= 1:
+            raise ValueError(
+                f"out_of_range_fraction must be in [0, 1], got {self.out_of_range_fraction}"
+            )
         if not (math.isfinite(self.hours_per_round) and self.hours_per_round > 0):
             raise ValueError(f"hours_per_round must be > 0, got {self.hours_per_round}")
         static, rounds = np.random.SeedSequence(self.seed).spawn(2)
@@ -121,6 +131,15 @@ class SensorFleet:
         stuck[faulty, rng.integers(0, c, size=faulty.size)] = True
         lo, hi = (np.array(r) for r in self.ranges)
         stuck_value = np.where(rng.random((n, c)) < 0.5, lo, hi)
+        out_of_range = np.zeros((n, c), dtype=np.bool_)
+        out_value = np.zeros((n, c))
+        if self.out_of_range_fraction > 0:  # drawn last: the other parameters do not change
+            glitchy = np.flatnonzero(rng.random(n) < self.out_of_range_fraction)
+            out_of_range[glitchy, rng.integers(0, c, size=glitchy.size)] = True
+            excess = (hi - lo) * rng.uniform(0.01, 1.0, size=(n, c))
+            out_value = np.where(rng.random((n, c)) < 0.5, lo - excess, hi + excess)
+        object.__setattr__(self, "_out_of_range", out_of_range)
+        object.__setattr__(self, "_out_of_range_value", out_value)
         object.__setattr__(self, "_offset", offset)
         object.__setattr__(self, "_drift", drift)
         object.__setattr__(self, "_stuck", stuck)
@@ -143,7 +162,8 @@ class SensorFleet:
 
     @property
     def faulty_devices(self) -> int:
-        return int(self._stuck.any(axis=1).sum())
+        """Devices with a stuck or an out-of-range channel."""
+        return int((self._stuck | self._out_of_range).any(axis=1).sum())
 
     def encoder(self, s: int) -> SensorEncoder:
         """The encoder that keeps ``s`` of the channels of each reading."""
@@ -151,7 +171,8 @@ class SensorFleet:
         return SensorEncoder(lo=lo, hi=hi, s=s, clip=True)
 
     def readings(self, round_: int) -> F64:
-        """Readings ``(n_devices, channels)`` of round ``round_`` (deterministic in it)."""
+        """Readings ``(n_devices, channels)`` of round ``round_`` (deterministic in it); only
+        the out-of-range channels (``out_of_range_fraction``) leave ``[lo, hi]``."""
         if round_ < 0:
             raise ValueError(f"round must be >= 0, got {round_}")
         child = np.random.SeedSequence(
@@ -170,7 +191,7 @@ class SensorFleet:
         x = base + self._offset + self._drift * round_ + noise
         x = np.where(self._stuck, self._stuck_value, x)
         lo, hi = (np.array(r) for r in self.ranges)
-        out: F64 = np.clip(x, lo, hi)
+        out: F64 = np.where(self._out_of_range, self._out_of_range_value, np.clip(x, lo, hi))
         return out
 
     def ground_truth_mean(self, round_: int) -> F64:

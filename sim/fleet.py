@@ -1,0 +1,708 @@
+"""``coco fleet``: N simulated devices publishing privatised reports to an MQTT broker.
+
+Each round, every device takes its vector of the model (:mod:`sim.fleet_models`),
+randomises it with the spec's mechanism on the device path
+(:meth:`~edge.LocalMechanism.randomise_keys`, its own generator's bits) and publishes the
+16-byte report on its own ingress topic ``coco/v1/<deployment>/ingress/<device-id>``.
+
+Connections
+-----------
+* ``connections`` (default): one MQTT 5 connection per device, client id and, with a
+  credentials secret, user name = device id and password =
+  :func:`sim.credentials.device_password` (what a broker ACL with ``%u`` expects). Needs
+  one file descriptor per device: the soft ``RLIMIT_NOFILE`` is raised to the hard limit
+  when needed (:func:`ensure_fd_limit`).
+* ``multiplexed``: ``connections`` shared connections (one identity, e.g. a gateway), device
+  ``i`` on connection ``i mod K``; each report still goes to its device's ingress topic.
+
+Client library: gmqtt (an asyncio ``Protocol`` per connection, no thread, no task per
+message), chosen by measurement against aiomqtt (bench/README.md, ``bench_fleet.py``).
+A publish is counted when the broker acknowledges it (QoS 1: PUBACK with a success reason)
+or when it is written to the socket (QoS 0). At most ``window`` QoS 1 reports are
+unacknowledged per connection (and fewer if the broker's MQTT 5 receive maximum says so).
+
+Failures never crash the fleet: a refused or failed connection and an unpublished report
+are counted by reason (:mod:`sim.fleet_metrics`); a device that is not connected tries
+again at the start of the next round.
+
+Reproducibility: ``SeedSequence(seed).spawn(3)``: model parameters, per-device data
+generators, per-device randomiser generators (``spawn(n_devices)`` each), so the same
+seed gives the same reports whatever the mode, the ramp-up or the failures.
+
+No device id is logged at INFO or above, exported as a metric label or written to the
+ground-truth file. Simulated devices keep no budget ledger: they are simulations; a real
+device runs ``coco device``, whose ledger persists every release before it is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import resource
+import secrets
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import gmqtt  # type: ignore[import-untyped]
+import numpy as np
+from gmqtt.mqtt.constants import MQTTv50  # type: ignore[import-untyped]
+from gmqtt.storage import PersistentStorage  # type: ignore[import-untyped]
+from prometheus_client import CollectorRegistry
+
+from edge import CocoError, LocalMechanism
+from edge.codec import encode_report
+from edge.mqtt_url import parse_broker_url
+from edge.spec import MechanismSpec
+from edge.topics import check_name, ingress_topic
+from sim.credentials import DEFAULT_PREFIX, device_id, device_password
+from sim.fleet_metrics import (
+    CONNECT_FAILURE_REASONS,
+    DEFAULT_METRICS_DIMS,
+    PUBLISH_FAILURE_REASONS,
+    FleetMetrics,
+)
+from sim.fleet_models import FleetModel, ModelName, device_bits, seed_children
+from sim.fleet_truth import GroundTruth
+
+__all__ = [
+    "Fleet",
+    "FleetConfig",
+    "FleetError",
+    "Mode",
+    "ReportHook",
+    "ensure_fd_limit",
+]
+
+logger = logging.getLogger(__name__)
+
+Mode = Literal["connections", "multiplexed"]
+ReportHook = Callable[[str, bytes], None]
+"""Called with ``(topic, payload)`` of every report just before it is published (tests)."""
+
+_GMQTT_NO_AUTO_RECONNECT = -2  # the fleet reconnects by itself, at the next round
+_KEEPALIVE = 60
+_FDS_RESERVED = 64
+"""File descriptors beyond one per connection: the event loop, the metrics server, logs."""
+_CONNECT_CONCURRENCY = 200
+"""At most this many connection attempts at once (keeps the broker's listen backlog short)."""
+_YIELD_EVERY = 200
+"""Publishes between two yields to the event loop (so PUBACKs are read meanwhile)."""
+
+
+class FleetError(CocoError):
+    """The fleet cannot run (file-descriptor limit, bad configuration)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class FleetConfig:
+    """Everything one fleet run needs (the CLI builds it from its options)."""
+
+    broker: str
+    deployment: str
+    spec: MechanismSpec
+    devices: int
+    rounds: int = 1
+    """Rounds to run; 0 runs until :meth:`Fleet.stop`."""
+    interval: float = 0.0
+    """Seconds from the end of one round to the start of the next."""
+    ramp_up: float = 0.0
+    """New connections per second; 0 = as fast as possible."""
+    qos: Literal[0, 1] = 1
+    mode: Mode = "connections"
+    connections: int = 4
+    """Shared connections in ``multiplexed`` mode (ignored otherwise)."""
+    model: ModelName = "sensors"
+    seed: int = 0
+    prefix: str = DEFAULT_PREFIX
+    first_round: int = 0
+    """Round number of the first round in the reports (later rounds count up from it)."""
+    username: str | None = None
+    password: str | None = None
+    credentials_secret: bytes | None = None
+    """Per-device credentials: user name = device id, password from this secret."""
+    ca_file: str | None = None
+    window: int = 1000
+    connect_timeout: float = 30.0
+    publish_timeout: float = 30.0
+    drain_timeout: float = 5.0
+    """After :meth:`Fleet.stop`, how long to wait for outstanding PUBACKs."""
+    metrics_dims: int = DEFAULT_METRICS_DIMS
+
+    def __post_init__(self) -> None:
+        parse_broker_url(self.broker)
+        check_name("deployment", self.deployment)
+        check_name("device", device_id(0, self.prefix))
+        if isinstance(self.devices, bool) or self.devices < 1:
+            raise ValueError(f"devices must be >= 1, got {self.devices}")
+        if self.rounds < 0:
+            raise ValueError(f"rounds must be >= 0 (0 = until interrupted), got {self.rounds}")
+        for name in ("interval", "ramp_up"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        for name in ("connect_timeout", "publish_timeout", "drain_timeout"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if self.qos not in (0, 1):
+            raise ValueError(f"qos must be 0 or 1, got {self.qos}")
+        if self.mode not in ("connections", "multiplexed"):
+            raise ValueError(f"mode must be connections or multiplexed, got {self.mode!r}")
+        if self.connections < 1 or self.window < 1:
+            raise ValueError("connections and window must be >= 1")
+        if self.first_round < 0:
+            raise ValueError(f"first_round must be >= 0, got {self.first_round}")
+        self._check_credentials()
+
+    def _check_credentials(self) -> None:
+        if self.credentials_secret is not None:
+            if not self.credentials_secret:
+                raise ValueError("the credentials secret is empty")
+            if self.username is not None:
+                raise ValueError("give either a shared username or a credentials secret")
+            if self.mode == "multiplexed":
+                raise ValueError(
+                    "per-device credentials need --mode connections (a shared connection has "
+                    "one identity; give it --username/--password)"
+                )
+
+    @property
+    def connection_count(self) -> int:
+        return self.devices if self.mode == "connections" else min(self.connections, self.devices)
+
+
+def ensure_fd_limit(needed: int) -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit if it is below ``needed``.
+
+    Returns the soft limit in force; :class:`FleetError` if even the hard limit is too low.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return int(soft)
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise FleetError(
+            f"{needed} file descriptors needed (one per connection plus {_FDS_RESERVED}), but "
+            f"the hard limit RLIMIT_NOFILE is {hard}: raise it (ulimit -Hn, systemd "
+            f"LimitNOFILE=, docker --ulimit nofile=) or use --mode multiplexed"
+        )
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    logger.info("raised the soft RLIMIT_NOFILE from %d to %s", soft, hard)
+    return int(needed if hard == resource.RLIM_INFINITY else hard)
+
+
+# -- one MQTT connection --------------------------------------------------------------------
+
+_Done = Callable[[str | None], None]
+"""Outcome of one QoS 1 publish: ``None`` (acknowledged) or a failure reason."""
+
+
+class _AckTracker(PersistentStorage):  # type: ignore[misc]
+    """gmqtt's in-flight store, extended to resolve each QoS 1 publish on its PUBACK.
+
+    gmqtt's ``publish`` returns nothing; it pushes ``(mid, packet)`` here synchronously, so
+    the callback registered just before the call belongs to that ``mid``. The PUBACK's MQTT 5
+    reason code is read by :meth:`_Connection._on_puback` before gmqtt removes the ``mid``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.next_done: _Done | None = None
+        self.reason = 0
+        self.pending: dict[int, tuple[float, _Done]] = {}
+
+    def push_message(self, mid: int, raw_package: bytes) -> None:
+        super().push_message(mid, raw_package)
+        if self.next_done is not None:
+            self.pending[mid] = (time.monotonic(), self.next_done)
+            self.next_done = None
+
+    def remove_message_by_mid(self, mid: int) -> None:
+        super().remove_message_by_mid(mid)
+        entry = self.pending.pop(mid, None)
+        if entry is not None:
+            reason, self.reason = self.reason, 0
+            if reason < 0x80:
+                entry[1](None)
+            else:
+                entry[1]("not_authorized" if reason == 0x87 else "refused")
+
+    def fail_all(self, reason: str) -> None:
+        pending, self.pending = self.pending, {}
+        self.clear()
+        for _, done in pending.values():
+            done(reason)
+
+    def expire(self, older_than: float) -> None:
+        """Fail (``timeout``) every publish sent before ``older_than`` (monotonic)."""
+        old = [mid for mid, (sent, _) in self.pending.items() if sent < older_than]
+        for mid in old:
+            _, done = self.pending.pop(mid)
+            done("timeout")
+
+
+def _connect_reason(exc: BaseException) -> str:
+    if isinstance(exc, gmqtt.MQTTConnectError):
+        code = getattr(exc, "_code", None)
+        if code in (4, 0x86):
+            return "bad_credentials"
+        if code in (5, 0x87):
+            return "not_authorized"
+        return "refused"
+    if isinstance(exc, ssl.SSLError | ssl.CertificateError):
+        return "tls"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    return "network"
+
+
+class _Connection:
+    """One gmqtt client: connect, publish with a window of unacknowledged reports, close."""
+
+    def __init__(
+        self,
+        client_id: str,
+        *,
+        username: str | None,
+        password: str | None,
+        window: int,
+        on_lost: Callable[[_Connection], None],
+    ) -> None:
+        self.tracker = _AckTracker()
+        self.client = gmqtt.Client(
+            client_id,
+            clean_session=True,
+            persistent_storage=self.tracker,
+            logger=logging.getLogger(f"{__name__}.gmqtt"),
+            session_expiry_interval=0,
+        )
+        self.client.set_config({"reconnect_retries": _GMQTT_NO_AUTO_RECONNECT})
+        if username is not None:
+            self.client.set_auth_credentials(username, password)
+        self.client.on_disconnect = self._on_disconnect
+        handler = self.client._package_handler
+        original = handler._handle_puback_packet
+
+        def on_puback(cmd: int, packet: bytes) -> None:
+            # MQTT 5: a reason code follows the packet id (absent = success).
+            self.tracker.reason = packet[2] if len(packet) > 2 else 0
+            original(cmd, packet)
+
+        handler._handle_puback_packet = on_puback  # looked up by name on the instance
+        self.window = window
+        self.connected = False
+        self._on_lost = on_lost
+        self._room = asyncio.Event()
+        self._room.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.tracker.pending)
+
+    async def connect(
+        self, host: str, port: int, tls: ssl.SSLContext | bool, timeout: float
+    ) -> str | None:
+        """``None`` once connected, else the failure reason (never raises for the broker)."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self.client.connect(
+                    host, port, ssl=tls, keepalive=_KEEPALIVE, version=MQTTv50
+                )
+        except (OSError, TimeoutError, gmqtt.MQTTConnectError, ssl.CertificateError) as exc:
+            await self._abandon()
+            return _connect_reason(exc)
+        # The broker's MQTT 5 receive maximum bounds the in-flight ids gmqtt will allocate.
+        id_max = getattr(getattr(self.client._package_handler, "id_generator", None), "_max", 0)
+        if isinstance(id_max, int) and id_max >= 3:
+            self.window = min(self.window, id_max - 2)
+        self.connected = True
+        return None
+
+    def _on_disconnect(self, *_args: Any) -> None:
+        was = self.connected
+        self.connected = False
+        self.tracker.fail_all("connection_lost")
+        self._room.set()
+        if was:
+            self._on_lost(self)
+
+    async def wait_room(self) -> None:
+        """Until fewer than ``window`` reports are unacknowledged (or the connection is gone)."""
+        while self.connected and self.in_flight >= self.window:
+            self._room.clear()
+            await self._room.wait()
+
+    def acked(self) -> None:
+        if self.in_flight < self.window:
+            self._room.set()
+
+    def publish(self, topic: str, payload: bytes, qos: int, done: _Done) -> None:
+        """Send one report; ``done`` gets its outcome (QoS 0: at once)."""
+        if not self.connected:
+            done("not_connected")
+            return
+        try:
+            if qos:
+                self.tracker.next_done = done
+            self.client.publish(topic, payload, qos=qos)
+        except (OSError, OverflowError, AttributeError) as exc:
+            self.tracker.next_done = None
+            logger.debug("publish failed: %s", exc)
+            done("connection_lost")
+            return
+        if not qos:
+            done(None)
+
+    async def close(self, timeout: float) -> None:
+        was = self.connected
+        self.connected = False
+        self.tracker.fail_all("connection_lost")
+        if was:
+            self._on_lost(self)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(timeout):
+                await self.client.disconnect()
+
+    async def _abandon(self) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(1.0):
+                await self.client.disconnect()
+
+
+# -- the fleet ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Stats:
+    started: float = field(default_factory=time.monotonic)
+    connect_seconds: float = 0.0
+    connected_first: int = 0
+    connections_first: int = 0
+    publish_seconds: float = 0.0
+    peak_connected: int = 0
+    rounds_completed: int = 0
+    interrupted: bool = False
+
+
+class Fleet:
+    """A simulated fleet: ``await fleet.run()`` publishes every round; :meth:`stop` ends it
+    early (the current round's outstanding PUBACKs get ``drain_timeout`` seconds).
+
+    ``registry`` receives the metrics (:class:`~sim.fleet_metrics.FleetMetrics`);
+    ``on_report`` sees every report's topic and payload before it is published.
+    """
+
+    def __init__(
+        self,
+        config: FleetConfig,
+        *,
+        registry: CollectorRegistry | None = None,
+        on_report: ReportHook | None = None,
+    ) -> None:
+        self.config = config
+        self.spec = config.spec
+        self.model = FleetModel(
+            name=config.model, spec=config.spec, n_devices=config.devices, seed=config.seed
+        )
+        self.metrics = FleetMetrics(
+            registry if registry is not None else CollectorRegistry(),
+            d=config.spec.d,
+            dims=config.metrics_dims,
+        )
+        self.truth = GroundTruth(d=config.spec.d)
+        self.ids = [device_id(i, config.prefix) for i in range(config.devices)]
+        self.topics = [ingress_topic(config.deployment, dev) for dev in self.ids]
+        self._on_report = on_report
+        self._mechanism = LocalMechanism.from_spec(config.spec)
+        self._data_rngs = self.model.device_generators()
+        self._rand_rngs = [
+            np.random.default_rng(c) for c in seed_children(config.seed)[2].spawn(config.devices)
+        ]
+        self._host, self._port, tls = parse_broker_url(config.broker)
+        self._tls: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=config.ca_file) if tls else False
+        )
+        self._stop = asyncio.Event()
+        self._conns: list[_Connection] = []
+        self._connected = 0
+        self._outstanding = 0
+        self._settled = asyncio.Event()
+        self.stats = _Stats()
+        self.published = 0
+        self.publish_failures = dict.fromkeys(PUBLISH_FAILURE_REASONS, 0)
+        self.connect_failures = dict.fromkeys(CONNECT_FAILURE_REASONS, 0)
+
+    # -- public surface --
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        return self.metrics.registry
+
+    @property
+    def connected(self) -> int:
+        """Devices that can publish now (own mode: connected devices; multiplexed: devices
+        whose shared connection is up)."""
+        return self._connected
+
+    def stop(self) -> None:
+        """End the run: no new round starts; the current one drains briefly."""
+        self.stats.interrupted = True
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def reports(self, round_index: int) -> list[tuple[list[int], list[int], int, int]]:
+        """``(keys, signs, seed, z)`` of every device for the run's ``round_index``-th round.
+
+        Advances the devices' generators: call it once per round, in order.
+        """
+        vectors = self.model.vectors(round_index, self._data_rngs)
+        mech = self._mechanism
+        out = []
+        for (keys, signs), rng in zip(vectors, self._rand_rngs, strict=True):
+            seed, z = mech.randomise_keys(keys, signs, getrandbits=device_bits(rng))
+            out.append((keys, signs, seed, z))
+        return out
+
+    async def run(self) -> dict[str, Any]:
+        """Connect, publish every round, disconnect; returns :meth:`summary`."""
+        cfg = self.config
+        if cfg.mode == "connections":
+            ensure_fd_limit(cfg.connection_count + _FDS_RESERVED)
+        self.stats = _Stats()
+        sweeper = asyncio.create_task(self._sweep(), name="fleet-timeouts")
+        try:
+            self._conns = self._make_connections()
+            t0 = time.monotonic()
+            await self._connect_all(self._conns)
+            self.stats.connect_seconds = time.monotonic() - t0
+            self.stats.connected_first = self._connected
+            self.stats.connections_first = sum(c.connected for c in self._conns)
+            index = 0
+            while not self.stopping and (cfg.rounds == 0 or index < cfg.rounds):
+                if index:
+                    await self._reconnect_missing()
+                await self._round(index)
+                index += 1
+                if self.stopping or (cfg.rounds and index >= cfg.rounds):
+                    break
+                if cfg.interval:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), cfg.interval)
+        finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+            await asyncio.gather(*(c.close(2.0) for c in self._conns))
+            self.metrics.set_truth(self.truth)
+        return self.summary()
+
+    def summary(self) -> dict[str, Any]:
+        """The run's counts and rates (the ``--json`` document of ``coco fleet``)."""
+        st = self.stats
+        duration = time.monotonic() - st.started
+        cfg = self.config
+        return {
+            "devices": cfg.devices,
+            "mode": cfg.mode,
+            "connections": cfg.connection_count,
+            "connected": st.peak_connected,
+            "connected_at_start": st.connected_first,
+            "rounds": cfg.rounds,
+            "rounds_completed": st.rounds_completed,
+            "reports_published": self.published,
+            "publish_failures": dict(self.publish_failures),
+            "connect_failures": dict(self.connect_failures),
+            "connect_rate_per_s": (  # connections (not devices) per second
+                st.connections_first / st.connect_seconds if st.connect_seconds > 0 else None
+            ),
+            "publish_rate_per_s": (
+                self.published / st.publish_seconds if st.publish_seconds > 0 else None
+            ),
+            "duration_seconds": duration,
+            "seed": cfg.seed,
+            "model": cfg.model,
+            "qos": cfg.qos,
+            "deployment": cfg.deployment,
+            "spec_fingerprint": self.spec.fingerprint,
+            "interrupted": st.interrupted,
+        }
+
+    def ground_truth(self) -> dict[str, Any]:
+        """The SIMULATION-ONLY ground-truth document (``--ground-truth``)."""
+        return self.truth.to_dict(
+            spec=self.spec,
+            seed=self.config.seed,
+            model=self.config.model,
+            extra={
+                "devices": self.config.devices,
+                "first_round": self.config.first_round,
+                "rounds_completed": self.stats.rounds_completed,
+            },
+        )
+
+    # -- connections --
+
+    def _make_connections(self) -> list[_Connection]:
+        cfg = self.config
+        if cfg.mode == "connections":
+            secret = cfg.credentials_secret
+            return [
+                _Connection(
+                    dev,
+                    username=dev if secret is not None else cfg.username,
+                    password=device_password(secret, dev) if secret is not None else cfg.password,
+                    window=cfg.window,
+                    on_lost=self._lost,
+                )
+                for dev in self.ids
+            ]
+        run = secrets.token_hex(4)
+        return [
+            _Connection(
+                f"coco-fleet-{run}-{k}",
+                username=cfg.username,
+                password=cfg.password,
+                window=cfg.window,
+                on_lost=self._lost,
+            )
+            for k in range(cfg.connection_count)
+        ]
+
+    def _devices_on(self, conn: _Connection) -> int:
+        if self.config.mode == "connections":
+            return 1
+        k, n = self._conns.index(conn), self.config.devices
+        return len(range(k, n, len(self._conns)))
+
+    def _lost(self, conn: _Connection) -> None:
+        self._connected -= self._devices_on(conn)
+        self.metrics.connected.set(self._connected)
+
+    async def _connect_all(self, conns: list[_Connection]) -> None:
+        cfg = self.config
+        gate = asyncio.Semaphore(_CONNECT_CONCURRENCY)
+        start = time.monotonic()
+
+        async def one(i: int, conn: _Connection) -> None:
+            if cfg.ramp_up > 0:
+                delay = start + i / cfg.ramp_up - time.monotonic()
+                if delay > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), delay)
+            if self.stopping:
+                return
+            async with gate:
+                if self.stopping:
+                    return
+                reason = await conn.connect(self._host, self._port, self._tls, cfg.connect_timeout)
+            if reason is None:
+                if self.stopping:
+                    await conn.close(1.0)
+                    return
+                self._connected += self._devices_on(conn)
+                self.stats.peak_connected = max(self.stats.peak_connected, self._connected)
+                self.metrics.connected.set(self._connected)
+            else:
+                self.connect_failures[reason] += 1
+                self.metrics.connect_failure(reason)
+                logger.debug("connection refused or failed: %s", reason)
+
+        await asyncio.gather(*(one(i, c) for i, c in enumerate(conns)))
+
+    async def _reconnect_missing(self) -> None:
+        missing = [c for c in self._conns if not c.connected]
+        if missing:
+            await self._connect_all(missing)
+
+    # -- rounds --
+
+    def _count(self, reason: str | None) -> None:
+        if reason is None:
+            self.published += 1
+            self.metrics.published.inc()
+        else:
+            self.publish_failures[reason] += 1
+            self.metrics.publish_failure(reason)
+
+    async def _round(self, index: int) -> None:
+        cfg = self.config
+        round_ = cfg.first_round + index
+        reports = self.reports(index)  # every device, connected or not: reproducible
+        fingerprint = self.spec.fingerprint_int
+        conns = self._conns
+        k = len(conns)
+        own = cfg.mode == "connections"
+        start = time.monotonic()
+        self._outstanding = 0
+        self._settled.clear()
+        truth = self.truth
+
+        def outcome(conn: _Connection, keys: list[int], signs: list[int]) -> _Done:
+            def done(reason: str | None) -> None:
+                self._count(reason)
+                if reason is None:
+                    truth.add(round_, keys, signs)
+                self._outstanding -= 1
+                if self._outstanding == 0:
+                    self._settled.set()
+                conn.acked()
+
+            return done
+
+        for i, (keys, signs, seed, z) in enumerate(reports):
+            if self.stopping:
+                break
+            conn = conns[i] if own else conns[i % k]
+            if not own and conn.in_flight >= conn.window:
+                await conn.wait_room()
+            payload = encode_report(fingerprint, round_, seed, z)
+            if self._on_report is not None:
+                self._on_report(self.topics[i], payload)
+            self._outstanding += 1
+            self._settled.clear()
+            conn.publish(self.topics[i], payload, cfg.qos, outcome(conn, keys, signs))
+            if i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await asyncio.sleep(0)
+        if self._outstanding > 0:
+            await self._await_settled()
+        self.stats.publish_seconds += time.monotonic() - start
+        complete = not self.stopping and self._outstanding == 0
+        if complete:
+            self.stats.rounds_completed += 1
+            self.metrics.rounds.inc()
+        self.metrics.set_truth(self.truth)
+
+    async def _await_settled(self) -> None:
+        """Until every report of the round is acknowledged or failed (the sweeper fails
+        them after ``publish_timeout``); after :meth:`stop`, ``drain_timeout`` at most."""
+        drain = self.config.drain_timeout
+        if self.stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._settled.wait(), drain)
+            return
+        stop = asyncio.ensure_future(self._stop.wait())
+        settled = asyncio.ensure_future(self._settled.wait())
+        try:
+            await asyncio.wait({stop, settled}, return_when=asyncio.FIRST_COMPLETED)
+            if not settled.done():
+                await asyncio.wait({settled}, timeout=drain)
+        finally:
+            stop.cancel()
+            settled.cancel()
+
+    async def _sweep(self) -> None:
+        """Fail (``timeout``) QoS 1 publishes unacknowledged for ``publish_timeout`` s."""
+        period = min(1.0, self.config.publish_timeout / 4)
+        while True:
+            await asyncio.sleep(period)
+            horizon = time.monotonic() - self.config.publish_timeout
+            for conn in self._conns:
+                if conn.tracker.pending:
+                    conn.tracker.expire(horizon)

@@ -1,0 +1,276 @@
+"""``coco fleet``: the command (options, signals, progress, summary); the work is
+:class:`sim.fleet.Fleet`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import signal
+import sys
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import aiomqtt
+import typer
+from prometheus_client import CollectorRegistry, start_http_server
+
+from broker.cli import read_announcement
+from edge import CocoError, MechanismSpec
+from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption
+from sim.credentials import DEFAULT_PREFIX, device_id, device_password, read_secret
+from sim.fleet import Fleet, FleetConfig
+from sim.fleet_metrics import DEFAULT_METRICS_DIMS
+
+logger = logging.getLogger(__name__)
+
+
+class FleetMode(StrEnum):
+    connections = "connections"
+    multiplexed = "multiplexed"
+
+
+class FleetModelName(StrEnum):
+    sensors = "sensors"
+    keyvalue = "keyvalue"
+
+
+def progress_line(fleet: Fleet, rate: float) -> str:
+    """One progress line (no device ids)."""
+    cfg = fleet.config
+    failures = sum(fleet.publish_failures.values())
+    refused = sum(fleet.connect_failures.values())
+    rounds = f"{fleet.stats.rounds_completed}/{cfg.rounds or 'inf'}"
+    return (
+        f"connected {fleet.connected}/{cfg.devices}  rounds {rounds}  published "
+        f"{fleet.published}  publish failures {failures}  connect failures {refused}  "
+        f"{rate:,.0f} reports/s"
+    )
+
+
+async def _progress(fleet: Fleet, enabled: bool) -> None:
+    tty = sys.stderr.isatty()
+    last_t, last_n = time.monotonic(), 0
+    while True:
+        await asyncio.sleep(1.0)
+        now = time.monotonic()
+        rate = (fleet.published - last_n) / (now - last_t)
+        last_t, last_n = now, fleet.published
+        fleet.metrics.set_truth(fleet.truth)  # running ground truth for a scraper
+        if enabled:
+            line = progress_line(fleet, rate)
+            sys.stderr.write(f"\r\x1b[2K{line}" if tty else f"{line}\n")
+            sys.stderr.flush()
+
+
+async def _serve(fleet: Fleet, *, hold: bool, progress: bool) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    released = asyncio.Event()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        if signals == 1:
+            fleet.stop()
+            released.set()
+        else:  # a second signal forces exit
+            raise SystemExit(1)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    ticker = asyncio.create_task(_progress(fleet, progress), name="fleet-progress")
+    try:
+        summary = await fleet.run()
+        if hold and not released.is_set():
+            if progress:
+                sys.stderr.write("\nrounds done; serving metrics until interrupted\n")
+            await released.wait()
+    finally:
+        ticker.cancel()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    if progress and sys.stderr.isatty():
+        sys.stderr.write("\n")
+    return summary
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The summary for people."""
+
+    def rate(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:,.0f}/s"
+
+    def reasons(counts: dict[str, int]) -> str:
+        nonzero = {k: v for k, v in counts.items() if v}
+        return ", ".join(f"{k} {v}" for k, v in nonzero.items()) or "none"
+
+    return "\n".join(
+        [
+            f"fleet: {summary['devices']} devices ({summary['mode']}, "
+            f"{summary['connections']} connections), model {summary['model']}, "
+            f"QoS {summary['qos']}, seed {summary['seed']}"
+            + ("  [interrupted]" if summary["interrupted"] else ""),
+            f"connected: {summary['connected']} (at start {summary['connected_at_start']}, "
+            f"{rate(summary['connect_rate_per_s'])})",
+            f"rounds completed: {summary['rounds_completed']}",
+            f"reports published: {summary['reports_published']} "
+            f"({rate(summary['publish_rate_per_s'])})",
+            f"publish failures: {reasons(summary['publish_failures'])}",
+            f"connect failures: {reasons(summary['connect_failures'])}",
+            f"duration: {summary['duration_seconds']:.1f} s",
+        ]
+    )
+
+
+def fleet(
+    deployment: DeploymentOption,
+    broker: BrokerOption = DEFAULT_BROKER,
+    devices: Annotated[int, typer.Option(help="Simulated devices.")] = 1000,
+    rounds: Annotated[
+        int, typer.Option(help="Rounds (one report per device each); 0 = until interrupted.")
+    ] = 1,
+    interval: Annotated[float, typer.Option(help="Seconds between rounds.")] = 0.0,
+    ramp_up: Annotated[
+        float, typer.Option(help="New connections per second (0 = as fast as possible).")
+    ] = 0.0,
+    qos: Annotated[int, typer.Option(help="MQTT QoS of the reports (0 or 1).")] = 1,
+    mode: Annotated[
+        FleetMode,
+        typer.Option(
+            help="connections: one MQTT connection per device; multiplexed: --connections "
+            "shared connections (each report still on its device's ingress topic)."
+        ),
+    ] = FleetMode.connections,
+    connections: Annotated[int, typer.Option(help="Shared connections in multiplexed mode.")] = 4,
+    model: Annotated[
+        FleetModelName,
+        typer.Option(
+            help="sensors: d = 5..8 environmental channels; keyvalue: d - s features "
+            "liked (+1) or disliked (-1)."
+        ),
+    ] = FleetModelName.sensors,
+    spec: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="COCO_SPEC",
+            help="MechanismSpec JSON (to_dict format); default: the retained announcement.",
+        ),
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of the whole run [default: random, printed].")
+    ] = None,
+    prefix: Annotated[str, typer.Option(help="Device id prefix (id = prefix + 6 digits).")] = (
+        DEFAULT_PREFIX
+    ),
+    first_round: Annotated[int, typer.Option(help="Round number of the first round.")] = 0,
+    username: Annotated[
+        str | None,
+        typer.Option(envvar="COCO_MQTT_USERNAME", help="One shared MQTT identity."),
+    ] = None,
+    password: Annotated[str | None, typer.Option(envvar="COCO_MQTT_PASSWORD")] = None,
+    ca_file: Annotated[
+        str | None, typer.Option(envvar="COCO_MQTT_CA_FILE", help="CA bundle for mqtts://.")
+    ] = None,
+    credentials_secret_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="COCO_CREDENTIALS_SECRET_FILE",
+            help="Per-device credentials: user name = device id, password derived from this "
+            "deployment secret (sim.credentials; surrounding whitespace ignored).",
+        ),
+    ] = None,
+    ground_truth: Annotated[
+        Path | None,
+        typer.Option(help="Write the SIMULATION-ONLY ground truth (JSON) here."),
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(envvar="COCO_METRICS_PORT", help="Serve /metrics here.")
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option(envvar="COCO_METRICS_HOST", help="Address of /metrics.")
+    ] = "0.0.0.0",
+    metrics_dims: Annotated[
+        int, typer.Option(help="Dimensions 0..k-1 of the ground-truth gauges (<= 1024).")
+    ] = DEFAULT_METRICS_DIMS,
+    hold: Annotated[
+        bool, typer.Option("--hold", help="Keep serving metrics after the last round.")
+    ] = False,
+    window: Annotated[
+        int, typer.Option(help="Most unacknowledged QoS 1 reports per connection.")
+    ] = 1000,
+    announcement_timeout: Annotated[float, typer.Option(help="Seconds to wait for it.")] = 10.0,
+    progress: Annotated[bool, typer.Option(help="Live progress on stderr.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Simulate a fleet of devices publishing privatised reports (simulation only: no
+    budget ledger; a real device runs `coco device`)."""
+    logging.getLogger("gmqtt").setLevel(max(logging.WARNING, logging.getLogger().level))
+    try:
+        if qos not in (0, 1):
+            raise ValueError(f"--qos must be 0 or 1, got {qos}")
+        secret = None if credentials_secret_file is None else read_secret(credentials_secret_file)
+        if spec is not None:
+            mechanism = MechanismSpec.from_dict(json.loads(spec.read_text()))
+        else:
+            user, pw = username, password
+            if secret is not None:  # read the announcement as device 0 would
+                user = device_id(0, prefix)
+                pw = device_password(secret, user)
+            announcement = asyncio.run(
+                read_announcement(
+                    broker,
+                    deployment,
+                    announcement_timeout,
+                    username=user,
+                    password=pw,
+                    ca_file=ca_file,
+                )
+            )
+            mechanism = MechanismSpec.from_dict(announcement["spec"])
+        run_seed = secrets.randbits(32) if seed is None else seed
+        qos_level: Literal[0, 1] = 1 if qos == 1 else 0
+        config = FleetConfig(
+            broker=broker,
+            deployment=deployment,
+            spec=mechanism,
+            devices=devices,
+            rounds=rounds,
+            interval=interval,
+            ramp_up=ramp_up,
+            qos=qos_level,
+            mode=mode.value,
+            connections=connections,
+            model=model.value,
+            seed=run_seed,
+            prefix=prefix,
+            first_round=first_round,
+            username=username,
+            password=password,
+            credentials_secret=secret,
+            ca_file=ca_file,
+            window=window,
+            metrics_dims=metrics_dims,
+        )
+        registry = CollectorRegistry()
+        sim = Fleet(config, registry=registry)
+        server = None
+        if metrics_port is not None:
+            server, _ = start_http_server(metrics_port, addr=metrics_host, registry=registry)
+        try:
+            summary = asyncio.run(_serve(sim, hold=hold, progress=progress))
+        finally:
+            if server is not None:
+                server.shutdown()
+        if ground_truth is not None:
+            ground_truth.write_text(json.dumps(sim.ground_truth(), indent=1) + "\n")
+    except (CocoError, ValueError, OSError, TimeoutError, aiomqtt.MqttError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    if as_json:
+        typer.echo(json.dumps(summary, indent=1))
+    else:
+        typer.echo(format_summary(summary))

@@ -1,0 +1,390 @@
+"""``coco fleet`` against a real Mosquitto: reproducibility, topics and counts, the
+ground truth against the private estimates, per-device credentials, many connections,
+multiplexing, interruption."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any
+
+import aiomqtt
+import numpy as np
+import pytest
+
+from aggregator.estimators import AggregateState
+from edge.announce import encode_announcement
+from edge.codec import decode_report
+from edge.spec import MechanismSpec
+from edge.topics import spec_topic
+from sim.credentials import device_id, mosquitto_password_file
+from sim.fleet import Fleet, FleetConfig, ensure_fd_limit
+from sim.fleet_metrics import CONNECT_FAILURE_REASONS, PUBLISH_FAILURE_REASONS
+from sim.fleet_models import FleetModel
+from tests.asyncutil import run, value, wait_until
+from tests.conftest import MOSQUITTO, Broker, free_port
+
+pytestmark = pytest.mark.integration
+
+SENSORS = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
+KEYVALUE = MechanismSpec(mechanism="collision", d=24, s=4, epsilon=2.0)
+
+
+def config(broker: Broker, **kw: Any) -> FleetConfig:
+    base: dict[str, Any] = {
+        "broker": broker.url,
+        "deployment": "fleet-test",
+        "spec": SENSORS,
+        "devices": 40,
+        "rounds": 2,
+        "seed": 11,
+        "publish_timeout": 30.0,
+    }
+    return FleetConfig(**(base | kw))
+
+
+@contextlib.asynccontextmanager
+async def subscriber(broker: Broker, deployment: str) -> AsyncIterator[list[tuple[str, bytes]]]:
+    """Every ingress message of ``deployment``, as ``(topic, payload)``."""
+    received: list[tuple[str, bytes]] = []
+    async with aiomqtt.Client("127.0.0.1", broker.port, max_queued_incoming_messages=0) as client:
+        await client.subscribe(f"coco/v1/{deployment}/ingress/+", qos=1)
+
+        async def collect() -> None:
+            async for message in client.messages:
+                assert isinstance(message.payload, bytes)
+                received.append((str(message.topic), message.payload))
+
+        task = asyncio.create_task(collect())
+        try:
+            yield received
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def capture(cfg: FleetConfig) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+    """Reports seen by the fleet's hook, and the run's summary."""
+    seen: list[tuple[str, bytes]] = []
+    fleet = Fleet(cfg, on_report=lambda topic, payload: seen.append((topic, payload)))
+    summary = run(fleet.run(), 60)
+    return seen, summary
+
+
+def test_same_seed_same_reports_whatever_the_mode(mosquitto: Broker) -> None:
+    own, summary = capture(config(mosquitto))
+    assert summary["reports_published"] == 80
+    again, _ = capture(config(mosquitto, deployment="fleet-test-2"))
+    shared, _ = capture(config(mosquitto, mode="multiplexed", connections=3))
+    other, _ = capture(config(mosquitto, seed=12))
+    payloads = [p for _, p in own]
+    assert payloads == [p for _, p in again]
+    assert sorted(own) == sorted(shared)  # same reports on the same topics
+    assert payloads != [p for _, p in other]
+    assert len(set(payloads)) == len(payloads)  # no report repeats
+
+
+def test_every_device_reports_on_its_own_topic_and_the_truth_matches(mosquitto: Broker) -> None:
+    n, rounds = 300, 3
+    cfg = config(mosquitto, devices=n, rounds=rounds, seed=5, first_round=7)
+    fleet = Fleet(cfg)
+
+    async def scenario() -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+        async with subscriber(mosquitto, cfg.deployment) as received:
+            summary = await fleet.run()
+            await wait_until(lambda: len(received) >= n * rounds, 30)
+            await asyncio.sleep(0.2)  # nothing more may arrive
+        return list(received), summary
+
+    received, summary = run(scenario(), 90)
+    assert summary["reports_published"] == n * rounds
+    assert summary["rounds_completed"] == rounds
+    assert len(received) == n * rounds
+    per_topic = Counter(topic for topic, _ in received)
+    assert per_topic == {
+        f"coco/v1/{cfg.deployment}/ingress/{device_id(i)}": rounds for i in range(n)
+    }
+    decoded = [(topic, decode_report(p)) for topic, p in received]
+    by_topic_round = {(topic, rep[2]): rep for topic, rep in decoded}
+    # Recompute from the model: same vectors, same (seed, z) on the same topic and round.
+    replay = Fleet(cfg)
+    truth = replay.truth
+    for r in range(rounds):
+        for i, (keys, signs, seed, z) in enumerate(replay.reports(r)):
+            report = by_topic_round[(replay.topics[i], 7 + r)]
+            assert report == (1, SENSORS.fingerprint_int, 7 + r, seed, z)
+            truth.add(7 + r, keys, signs)
+    doc = fleet.ground_truth()
+    assert doc["simulation_only"] is True
+    assert doc["seed"] == 5
+    assert doc["spec"] == SENSORS.to_dict()
+    assert doc["overall"] == truth.overall.stats()
+    assert [x["round"] for x in doc["rounds"]] == [7, 8, 9]
+    for x in doc["rounds"]:
+        assert x == {"round": x["round"], **truth.rounds[x["round"]].stats()}
+    registry = fleet.registry
+    assert value(registry, "coco_fleet_reports_published_total") == n * rounds
+    assert value(registry, "coco_fleet_rounds_completed_total") == rounds
+    for j in range(SENSORS.d):
+        assert value(registry, "coco_fleet_ground_truth_mean", dim=str(j)) == pytest.approx(
+            doc["overall"]["mean"][j]
+        )
+        assert value(registry, "coco_fleet_ground_truth_freq", dim=str(j)) == pytest.approx(
+            doc["overall"]["freq"][j]
+        )
+
+
+@pytest.mark.parametrize(("model", "spec"), [("sensors", SENSORS), ("keyvalue", KEYVALUE)])
+def test_private_estimates_are_within_k_standard_errors_of_the_truth(
+    mosquitto: Broker, model: str, spec: MechanismSpec
+) -> None:
+    """Offline estimator over the received reports vs the fleet's ground truth.
+
+    Each of the 2d estimates is asymptotically normal with its own SE; k is the two-sided
+    normal quantile for a family-wise error of 1e-3 over the 2d comparisons (Bonferroni).
+    """
+    n, rounds = 3000, 2
+    cfg = config(
+        mosquitto,
+        spec=spec,
+        model=model,
+        devices=n,
+        rounds=rounds,
+        mode="multiplexed",
+        connections=2,
+        seed=3,
+    )
+    fleet = Fleet(cfg)
+
+    async def scenario() -> list[tuple[str, bytes]]:
+        async with subscriber(mosquitto, cfg.deployment) as received:
+            await fleet.run()
+            await wait_until(lambda: len(received) >= n * rounds, 60)
+        return list(received)
+
+    received = run(scenario(), 120)
+    reports = [decode_report(p) for _, p in received]
+    state = AggregateState(spec)
+    state.add([r[3] for r in reports], [r[4] for r in reports])
+    est = state.estimate()
+    truth = fleet.ground_truth()["overall"]
+    assert truth["n"] == est.n == n * rounds
+    k = NormalDist().inv_cdf(1 - 1e-3 / (2 * 2 * spec.d))
+    mean_err = np.abs(est.mean - np.array(truth["mean"]))
+    freq_err = np.abs(est.freq - np.array(truth["freq"]))
+    assert np.all(mean_err <= k * est.mean_se), (mean_err / est.mean_se).max()
+    assert np.all(freq_err <= k * est.freq_se), (freq_err / est.freq_se).max()
+
+
+def _auth_broker(tmp_path: Path, secret: bytes, n: int) -> Broker:
+    passwords = tmp_path / "passwords"
+    from sim.credentials import device_password  # noqa: PLC0415
+
+    accounts = [(device_id(i), device_password(secret, device_id(i))) for i in range(n)]
+    accounts.append(("gateway", "gateway-password"))
+    passwords.write_text(mosquitto_password_file(accounts))
+    acl = tmp_path / "acl"
+    acl.write_text("pattern write coco/v1/+/ingress/%u\n")
+    return Broker(
+        tmp_path,
+        free_port(),
+        extra_config=(f"allow_anonymous false\npassword_file {passwords}\nacl_file {acl}\n"),
+    )
+
+
+def test_per_device_credentials_and_refusals_are_counted(tmp_path: Path) -> None:
+    if not Path(MOSQUITTO).exists():
+        pytest.skip("mosquitto is not installed")
+    secret = b"deployment-secret"
+    n = 30
+    broker = _auth_broker(tmp_path, secret, n)
+    broker.start()
+    try:
+        _, summary = capture(config(broker, devices=n, credentials_secret=secret))
+        assert summary["reports_published"] == 2 * n
+        assert sum(summary["connect_failures"].values()) == 0
+
+        wrong = Fleet(config(broker, devices=n, credentials_secret=b"wrong-secret"))
+        summary = run(wrong.run(), 60)
+        assert summary["reports_published"] == 0
+        refused = summary["connect_failures"]
+        assert set(refused) == set(CONNECT_FAILURE_REASONS)
+        # Round 2 retries every device: 2n refused attempts, each by the broker's CONNACK.
+        assert refused["bad_credentials"] + refused["not_authorized"] == 2 * n
+        assert summary["publish_failures"]["not_connected"] == 2 * n
+        assert value(
+            wrong.registry, "coco_fleet_publish_failures_total", reason="not_connected"
+        ) == (2 * n)
+
+        # A shared identity the ACL does not let write ingress: MQTT 5 PUBACK 0x87.
+        gateway = Fleet(
+            config(
+                broker,
+                devices=n,
+                mode="multiplexed",
+                connections=2,
+                username="gateway",
+                password="gateway-password",
+            )
+        )
+        summary = run(gateway.run(), 60)
+        assert summary["reports_published"] == 0
+        assert summary["publish_failures"]["not_authorized"] == 2 * n
+        assert set(summary["publish_failures"]) == set(PUBLISH_FAILURE_REASONS)
+        assert gateway.ground_truth()["overall"]["n"] == 0  # nothing published, nothing counted
+    finally:
+        broker.stop()
+
+
+def test_thousands_of_own_connections(tmp_path: Path) -> None:
+    """One process, one connection per device (the broker's fd limit raised first)."""
+    if not Path(MOSQUITTO).exists():
+        pytest.skip("mosquitto is not installed")
+    n = 4000
+    ensure_fd_limit(2 * n + 200)  # inherited by the broker subprocess
+    broker = Broker(tmp_path, free_port())
+    broker.start()
+    try:
+        cfg = config(broker, devices=n, rounds=1, model="keyvalue", spec=KEYVALUE)
+        fleet = Fleet(cfg)
+
+        async def scenario() -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
+            async with subscriber(broker, cfg.deployment) as received:
+                summary = await fleet.run()
+                await wait_until(lambda: len(received) >= n, 60)
+            return list(received), summary
+
+        received, summary = run(scenario(), 150)
+    finally:
+        broker.stop()
+    assert summary["connected"] == n
+    assert summary["connections"] == n
+    assert summary["reports_published"] == n
+    assert len({topic for topic, _ in received}) == n
+
+
+def test_spec_must_match_the_model() -> None:
+    with pytest.raises(ValueError, match=r"5\.\.8 channels"):
+        FleetModel(name="sensors", spec=KEYVALUE, n_devices=3, seed=0)
+    with pytest.raises(ValueError, match="d = features"):
+        FleetModel(
+            name="keyvalue",
+            spec=MechanismSpec(mechanism="coco", d=4, s=4, epsilon=1.0),
+            n_devices=3,
+            seed=0,
+        )
+
+
+def test_fd_limit_too_low_is_a_clear_error() -> None:
+    import resource  # noqa: PLC0415
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("no hard limit")
+    from sim.fleet import FleetError  # noqa: PLC0415
+
+    with pytest.raises(FleetError, match="hard limit RLIMIT_NOFILE"):
+        ensure_fd_limit(hard + 1)
+
+
+def _metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def test_cli_reads_the_announcement_and_stops_gracefully_on_sigint(
+    mosquitto: Broker, tmp_path: Path
+) -> None:
+    deployment = "fleet-cli"
+
+    async def announce() -> None:
+        payload = encode_announcement(SENSORS.to_dict(), min_batch=10, delta=1e-6)
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+            await client.publish(spec_topic(deployment), payload, qos=1, retain=True)
+
+    run(announce(), 20)
+    port = free_port()
+    truth_path = tmp_path / "truth.json"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "from sim.cli import main; main()",
+            "fleet",
+            "--deployment",
+            deployment,
+            "--broker",
+            mosquitto.url,
+            "--devices",
+            "50",
+            "--rounds",
+            "0",
+            "--interval",
+            "0.05",
+            "--seed",
+            "9",
+            "--json",
+            "--ground-truth",
+            str(truth_path),
+            "--metrics-port",
+            str(port),
+            "--metrics-host",
+            "127.0.0.1",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        published = 0.0
+        while published < 100 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            with contextlib.suppress(OSError):
+                published = _metric(port, "coco_fleet_reports_published_total")
+        assert published >= 100, "the fleet published nothing"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    summary = json.loads(out)
+    assert set(summary) >= {
+        "devices",
+        "connected",
+        "reports_published",
+        "publish_failures",
+        "connect_failures",
+        "connect_rate_per_s",
+        "publish_rate_per_s",
+        "duration_seconds",
+        "seed",
+    }
+    assert summary["interrupted"] is True
+    assert summary["seed"] == 9
+    assert summary["devices"] == 50
+    assert summary["reports_published"] >= 100
+    assert "dev-0000" not in err  # no device id in the logs
+    truth = json.loads(truth_path.read_text())
+    assert truth["simulation_only"] is True
+    assert truth["overall"]["n"] == summary["reports_published"]
