@@ -32,11 +32,15 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import CollectorRegistry
+from typer.testing import CliRunner
 
+from aggregator.service import fetch_announcement
 from broker.shuffler import Shuffler, ShufflerConfig
+from edge import CocoError
 from edge.codec import decode_batch, encode_report
 from edge.spec import MechanismSpec
 from edge.topics import batches_topic, ingress_filter, ingress_topic, spec_topic
+from sim.cli import app
 from sim.credentials import (
     SERVICE_ACCOUNTS,
     device_id,
@@ -336,3 +340,62 @@ def test_wrong_credentials_are_refused(stack: Stack, user: str | None, password:
             client.close()
 
     assert run(scenario(), 2 * TIMEOUT).value == NOT_AUTHORIZED
+
+
+def test_announce_and_the_aggregator_authenticate(stack: Stack, tmp_path: Path) -> None:
+    """``coco announce --username announcer --password-file`` sets the spec; a device may not
+    (0x87 reported as an error); the aggregator reads it with its own account's
+    credentials, and not with a wrong password."""
+    password_file = tmp_path / "announcer-password"
+    password_file.write_text(stack.password("announcer") + "\n")
+    args = [
+        "announce",
+        "--deployment",
+        DEP,
+        "--mechanism",
+        "coco",
+        "--d",
+        "6",
+        "--s",
+        "2",
+        "--epsilon",
+        "1",
+        "--min-batch",
+        "100",
+        "--delta",
+        "1e-6",
+        "--broker",
+        stack.broker.url,
+        "--timeout",
+        str(TIMEOUT),
+    ]
+    ok = CliRunner().invoke(
+        app, [*args, "--username", "announcer", "--password-file", str(password_file)]
+    )
+    assert ok.exit_code == 0, ok.output
+    device = DEVICES[0]
+    forged = CliRunner().invoke(
+        app, [*args, "--username", device, "--password", stack.password(device)]
+    )
+    assert forged.exit_code == 1
+    assert "Not authorized" in forged.output
+
+    announcement = run(
+        fetch_announcement(
+            stack.broker.url,
+            DEP,
+            timeout=TIMEOUT,
+            username="aggregator",
+            password=stack.password("aggregator"),
+        ),
+        2 * TIMEOUT,
+    )
+    assert announcement["min_batch"] == 100
+    assert MechanismSpec.from_dict(announcement["spec"]).d == 6
+    with pytest.raises(CocoError, match="cannot read the spec announcement"):
+        run(
+            fetch_announcement(
+                stack.broker.url, DEP, timeout=TIMEOUT, username="aggregator", password="wrong"
+            ),
+            2 * TIMEOUT,
+        )
