@@ -386,9 +386,13 @@ class Aggregator:
     async def _export_epsilon_curve(self) -> None:
         """Compute the certified epsilon curve once, in a thread (about 0.5 s in all)."""
         grid = epsilon_curve_grid(self.config.min_batch)
-        curve = await asyncio.to_thread(
-            epsilon_curve, self.spec, delta=self.config.delta, grid=grid
-        )
+        try:
+            curve = await asyncio.to_thread(
+                epsilon_curve, self.spec, delta=self.config.delta, grid=grid
+            )
+        except (ArithmeticError, ValueError):  # a dashboard curve must not stop the service
+            logger.exception("cannot compute the epsilon_central curve; not exported")
+            return
         self.metrics.set_epsilon_curve(curve)
         for n, epsilon in curve.items():  # same function, same values: share the cache
             self._eps_cache.setdefault(n, epsilon)
