@@ -1,5 +1,5 @@
 """The structure of the Grafana dashboard and provisioning (Grafana itself does not run here;
-tests/deploy/test_prometheus.py runs every query against a real Prometheus), and the helpers
+tests/deploy/test_prometheus.py runs every query against a real Prometheus), and the functions
 both read them with: panels, their PromQL expressions with template variables substituted,
 the provisioned datasource uid.
 """
