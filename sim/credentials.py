@@ -7,6 +7,10 @@ so a fleet of thousands of devices and the broker's password file can be produce
 secret alone, without a list of passwords to ship around. The secret never appears in a log
 line, and a password derived from it reveals nothing about the secret or other devices'
 passwords.
+
+Two broker-side outputs: a Mosquitto password file (any broker reading that format), and the
+configuration of Mosquitto's dynamic-security plugin (accounts and the deployment's roles),
+which the reference deployment uses because it refuses a forbidden SUBSCRIBE outright.
 """
 
 from __future__ import annotations
@@ -14,12 +18,14 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import os
 import secrets
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-from edge.topics import check_name
+from edge.topics import batches_topic, check_name, ingress_filter, ingress_topic, spec_topic
 
 DEFAULT_PREFIX = "dev-"
 
@@ -41,7 +47,7 @@ def device_password(secret: bytes, device: str) -> str:
 # -- service accounts ------------------------------------------------------------------------
 
 SERVICE_ACCOUNTS = ("shuffler", "aggregator", "announcer")
-"""The service accounts of the reference deployment (deploy/mosquitto/acl)."""
+"""The service accounts of the reference deployment (their roles: :func:`dynsec_config`)."""
 
 
 def service_password(secret: bytes, service: str) -> str:
@@ -112,15 +118,23 @@ def mosquitto_password_line(
     PBKDF2-HMAC-SHA512 of the UTF-8 password under the raw salt bytes.
     """
     _check_username(username)
+    salt, digest = _pbkdf2_sha512(password, salt, iterations)
+    return (
+        f"{username}:${MOSQUITTO_PBKDF2_ID}${iterations}$"
+        f"{base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
+    )
+
+
+def _pbkdf2_sha512(password: str, salt: bytes | None, iterations: int) -> tuple[bytes, bytes]:
+    """(salt, 64-byte PBKDF2-HMAC-SHA512 of the UTF-8 password): Mosquitto's password hash,
+    in its password files and in the dynamic-security plugin alike. ``salt`` defaults to 12
+    random bytes, Mosquitto's own length."""
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     if salt is None:
         salt = secrets.token_bytes(MOSQUITTO_SALT_BYTES)
     digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, iterations, _SHA512_BYTES)
-    return (
-        f"{username}:${MOSQUITTO_PBKDF2_ID}${iterations}$"
-        f"{base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
-    )
+    return salt, digest
 
 
 def verify_mosquitto_password_line(line: str, password: str) -> bool:
@@ -146,6 +160,139 @@ def mosquitto_password_file(
         seen.add(username)
         lines.append(mosquitto_password_line(username, password, iterations=iterations))
     return "".join(line + "\n" for line in lines)
+
+
+# -- Mosquitto's dynamic-security plugin ----------------------------------------------------
+#
+# Why this plugin and not `acl_file`: Mosquitto 2.0's ACL file is never consulted for a
+# SUBSCRIBE (it filters each delivery instead), so a device subscribing to every report is
+# granted the subscription and then receives nothing. The plugin checks subscriptions, and
+# a forbidden one is answered SUBACK 0x87 (Not authorized). Its ACL topics take no `%u`
+# substitution before Mosquitto 2.1, so each device gets a role of its own naming its own
+# ingress topic (tests/deploy/test_acl.py, docs/deployment.md).
+
+DEVICE_ROLE = "device"
+"""The role every device shares: read the deployment's spec."""
+
+_SUBSTITUTED_LEVELS = ("%c", "%u")
+
+DYNSEC_DEFAULT_ACL_ACCESS = {
+    "publishClientSend": False,
+    "publishClientReceive": False,
+    "subscribe": False,
+    # Dropping a subscription grants nothing; the shuffler unsubscribes when it drains.
+    "unsubscribe": True,
+}
+"""What the plugin allows when no role of the client has a matching ACL."""
+
+
+def device_role(device: str) -> str:
+    """The role of ``device`` alone: publish to its own ingress topic."""
+    return f"device:{device}"
+
+
+def dynsec_password(
+    password: str, *, salt: bytes | None = None, iterations: int = MOSQUITTO_DEFAULT_ITERATIONS
+) -> dict[str, Any]:
+    """The ``password``, ``salt`` and ``iterations`` fields of a dynamic-security client, as
+    the plugin stores them: base64 PBKDF2-HMAC-SHA512 of the UTF-8 password under the raw
+    salt bytes, base64 salt (12 random bytes unless given), iteration count."""
+    salt, digest = _pbkdf2_sha512(password, salt, iterations)
+    return {
+        "password": base64.b64encode(digest).decode(),
+        "salt": base64.b64encode(salt).decode(),
+        "iterations": iterations,
+    }
+
+
+def _allow(acltype: str, topic: str) -> dict[str, Any]:
+    return {"acltype": acltype, "topic": topic, "allow": True}
+
+
+def _read(topic: str) -> list[dict[str, Any]]:
+    # Subscribing to exactly this filter, and receiving messages on the topics it matches.
+    return [_allow("subscribeLiteral", topic), _allow("publishClientReceive", topic)]
+
+
+def service_roles(deployment: str) -> dict[str, list[dict[str, Any]]]:
+    """The ACLs of each service account of ``deployment`` (docs/deployment.md says why)."""
+    spec, batches = spec_topic(deployment), batches_topic(deployment)
+    return {
+        # The only account that sees who sent what; it releases only shuffled batches.
+        "shuffler": [
+            *_read(ingress_filter(deployment)),
+            _allow("publishClientSend", batches),
+            *_read(spec),
+        ],
+        # Never an ingress topic: the aggregator must not see a sender.
+        "aggregator": [*_read(batches), *_read(spec)],
+        # The only account that may set the retained spec, the deployment's privacy level.
+        "announcer": [_allow("publishClientSend", spec), *_read(spec)],
+    }
+
+
+def dynsec_config(
+    deployment: str,
+    devices: Iterable[tuple[str, str]],
+    services: Iterable[tuple[str, str]],
+    *,
+    iterations: int = MOSQUITTO_DEFAULT_ITERATIONS,
+) -> dict[str, Any]:
+    """The dynamic-security plugin's whole configuration for ``(name, password)`` pairs of
+    devices and service accounts: every account with its password hash and roles, every
+    operation not granted by a role denied (unsubscribing aside), no administrator (the
+    plugin's ``$CONTROL`` API is closed, so the broker never rewrites the file).
+
+    A device may publish to ``coco/v1/<deployment>/ingress/<its name>`` and read the spec,
+    nothing else. Duplicate names, unknown service accounts and device names the plugin
+    would substitute (``%c``, ``%u``: Mosquitto 2.1 replaces such a topic level by the
+    client id or username, which would let a device pick its ingress topic) are refused.
+    """
+    roles_of_services = service_roles(deployment)
+    roles: list[dict[str, Any]] = [{"rolename": DEVICE_ROLE, "acls": _read(spec_topic(deployment))}]
+    clients: list[dict[str, Any]] = []
+    seen: set[str] = set()
+
+    def client(name: str, password: str, rolenames: list[str]) -> None:
+        if name in seen:
+            raise ValueError(f"duplicate MQTT username {name!r}")
+        seen.add(name)
+        clients.append(
+            {
+                "username": name,
+                "roles": [{"rolename": r} for r in rolenames],
+                **dynsec_password(password, iterations=iterations),
+            }
+        )
+
+    for name, password in services:
+        if name not in roles_of_services:
+            known = ", ".join(roles_of_services)
+            raise ValueError(f"no role for service account {name!r} (known: {known})")
+        client(name, password, [name])
+        roles.append({"rolename": name, "acls": roles_of_services[name]})
+    for name, password in devices:
+        if name in _SUBSTITUTED_LEVELS:
+            raise ValueError(f"device name {name!r} is an ACL substitution pattern")
+        own = device_role(name)
+        client(name, password, [DEVICE_ROLE, own])
+        roles.append(
+            {
+                "rolename": own,
+                "acls": [_allow("publishClientSend", ingress_topic(deployment, name))],
+            }
+        )
+    return {
+        "defaultACLAccess": dict(DYNSEC_DEFAULT_ACL_ACCESS),
+        "clients": clients,
+        "groups": [],
+        "roles": roles,
+    }
+
+
+def dynsec_config_text(config: dict[str, Any]) -> str:
+    """The configuration as the plugin's JSON file (one ACL per line, for reviewing)."""
+    return json.dumps(config, indent=1) + "\n"
 
 
 def write_private_file(path: Path, text: str, *, owner: tuple[int, int] | None = None) -> None:

@@ -1,9 +1,9 @@
-"""``coco credentials``: a Mosquitto password file for a fleet and its service accounts.
+"""``coco credentials``: the broker's accounts for a fleet and its service accounts.
 
 Every password is derived from one deployment secret (:mod:`sim.credentials`), so the
-broker's password file, the services' password files and a device's provisioning all come
-from the secret alone. Nothing secret is ever printed, except one password on request
-(``--show-password``, for provisioning a device).
+broker's configuration (Mosquitto's dynamic-security file, or a password file), the services'
+password files and a device's provisioning all come from the secret alone. Nothing secret is
+ever printed, except one password on request (``--show-password``, for provisioning a device).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from sim.credentials import (
     create_secret,
     device_id,
     device_password,
+    dynsec_config,
+    dynsec_config_text,
     mosquitto_password_file,
     read_secret,
     service_password,
@@ -29,12 +31,14 @@ from sim.credentials import (
 )
 
 
-def _parse_owner(owner: str) -> tuple[int, int]:
+def _parse_owner(option: str, owner: str | None) -> tuple[int, int] | None:
+    if owner is None:
+        return None
     uid, sep, gid = owner.partition(":")
     try:
         return int(uid), int(gid if sep else uid)
     except ValueError:
-        raise ValueError(f"--passwd-owner must be UID or UID:GID, got {owner!r}") from None
+        raise ValueError(f"{option} must be UID or UID:GID, got {owner!r}") from None
 
 
 def credentials(
@@ -58,8 +62,27 @@ def credentials(
         list[str] | None,
         typer.Option(help=f"A service account (repeat), e.g. {', '.join(SERVICE_ACCOUNTS)}."),
     ] = None,
+    deployment: Annotated[
+        str | None,
+        typer.Option(
+            envvar="COCO_DEPLOYMENT",
+            help="Deployment name (one topic level) the roles of --dynsec-out grant topics of.",
+        ),
+    ] = None,
+    dynsec_out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write Mosquitto's dynamic-security plugin configuration here: accounts "
+            "and roles (needs --deployment)."
+        ),
+    ] = None,
+    dynsec_owner: Annotated[
+        str | None,
+        typer.Option(help="UID[:GID] owning the dynamic-security file (the broker's user)."),
+    ] = None,
     passwd_out: Annotated[
-        Path | None, typer.Option(help="Write the broker's password file here.")
+        Path | None,
+        typer.Option(help="Write a Mosquitto password file here (for an acl_file broker)."),
     ] = None,
     passwd_owner: Annotated[
         str | None,
@@ -87,7 +110,8 @@ def credentials(
     ] = MOSQUITTO_DEFAULT_ITERATIONS,
 ) -> None:
     """Derive the MQTT credentials of a deployment from its secret and write the broker's
-    password file (Mosquitto 2, PBKDF2-SHA512) and the services' password files."""
+    dynamic-security configuration and/or password file (Mosquitto 2, PBKDF2-SHA512) and
+    the services' password files."""
     try:
         if create_missing_secret and not secret_file.exists():
             secret = create_secret(secret_file)
@@ -99,16 +123,31 @@ def credentials(
             derive = service_password if show_password in services else device_password
             typer.echo(derive(secret, show_password))
             return
-        if passwd_out is None:
-            raise ValueError("give --passwd-out (or --show-password NAME)")
+        if passwd_out is None and dynsec_out is None:
+            raise ValueError("give --dynsec-out and/or --passwd-out (or --show-password NAME)")
+        if dynsec_out is not None and deployment is None:
+            raise ValueError("--dynsec-out needs --deployment (the topics its roles grant)")
         if devices < 0:
             raise ValueError(f"--devices must be >= 0, got {devices}")
         names = [device_id(i, prefix) for i in range(devices)] + list(device or [])
-        accounts = [(name, device_password(secret, name)) for name in names]
-        accounts += [(name, service_password(secret, name)) for name in services]
-        owner = _parse_owner(passwd_owner) if passwd_owner is not None else None
-        text = mosquitto_password_file(accounts, iterations=iterations)
-        write_private_file(passwd_out, text, owner=owner)
+        device_accounts = [(name, device_password(secret, name)) for name in names]
+        service_accounts = [(name, service_password(secret, name)) for name in services]
+        dynsec_file_owner = _parse_owner("--dynsec-owner", dynsec_owner)
+        passwd_file_owner = _parse_owner("--passwd-owner", passwd_owner)
+        # Everything is computed before anything is written: an error leaves no file behind.
+        outputs: list[tuple[Path, str, tuple[int, int] | None]] = []
+        if dynsec_out is not None and deployment is not None:
+            config = dynsec_config(
+                deployment, device_accounts, service_accounts, iterations=iterations
+            )
+            outputs.append((dynsec_out, dynsec_config_text(config), dynsec_file_owner))
+        if passwd_out is not None:
+            text = mosquitto_password_file(
+                device_accounts + service_accounts, iterations=iterations
+            )
+            outputs.append((passwd_out, text, passwd_file_owner))
+        for path, text, owner in outputs:
+            write_private_file(path, text, owner=owner)
         if service_password_dir is not None:
             for name in services:
                 path = service_password_dir / name / "password"
@@ -117,7 +156,9 @@ def credentials(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     summary = {
-        "passwd": str(passwd_out),
+        "dynsec": None if dynsec_out is None else str(dynsec_out),
+        "deployment": deployment,
+        "passwd": None if passwd_out is None else str(passwd_out),
         "devices": len(names),
         "services": services,
         "service_password_dir": None if service_password_dir is None else str(service_password_dir),

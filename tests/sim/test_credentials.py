@@ -1,9 +1,12 @@
-"""Fleet credentials: the Mosquitto password-file generator against the real
-``mosquitto_passwd`` and a real broker, the derived passwords, and ``coco credentials``."""
+"""Fleet credentials: the Mosquitto password-file and dynamic-security generators against
+the real ``mosquitto_passwd``, ``mosquitto_ctrl`` and a real broker, the derived passwords,
+and ``coco credentials``. (The dynamic-security roles on a live broker:
+tests/deploy/test_acl.py.)"""
 
 from __future__ import annotations
 
 import base64
+import json
 import shutil
 import stat
 import subprocess
@@ -14,11 +17,14 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from typer.testing import CliRunner
 
+from edge import CocoError
 from sim.cli import app
 from sim.credentials import (
     create_secret,
     device_id,
     device_password,
+    dynsec_config,
+    dynsec_password,
     mosquitto_password_file,
     mosquitto_password_line,
     read_secret,
@@ -30,6 +36,10 @@ from tests.conftest import MOSQUITTO, Broker, free_port
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
 needs_passwd = pytest.mark.skipif(
     not Path(MOSQUITTO_PASSWD).exists(), reason="mosquitto_passwd is not installed"
+)
+MOSQUITTO_CTRL = shutil.which("mosquitto_ctrl") or "/usr/bin/mosquitto_ctrl"
+needs_ctrl = pytest.mark.skipif(
+    not Path(MOSQUITTO_CTRL).exists(), reason="mosquitto_ctrl is not installed"
 )
 
 
@@ -231,3 +241,107 @@ def test_coco_credentials_errors_are_clear(tmp_path: Path) -> None:
     assert clash.exit_code == 1
     assert "duplicate" in clash.output
     assert not (tmp_path / "passwd").exists()
+
+
+# -- the dynamic-security plugin's configuration ------------------------------------------
+
+
+@needs_ctrl
+@pytest.mark.parametrize("password", ["secret", "pässwörd with spaces", "x" * 200])
+def test_dynsec_password_is_identical_to_mosquitto_ctrl_given_its_salt(
+    tmp_path: Path, password: str
+) -> None:
+    """``mosquitto_ctrl dynsec init`` writes a client as the plugin stores it."""
+    path = tmp_path / "dynsec.json"
+    subprocess.run(
+        [MOSQUITTO_CTRL, "dynsec", "init", str(path), "admin", password],
+        check=True,
+        capture_output=True,
+    )
+    (reference,) = json.loads(path.read_text())["clients"]
+    ours = dynsec_password(
+        password, salt=base64.b64decode(reference["salt"]), iterations=reference["iterations"]
+    )
+    assert ours == {k: reference[k] for k in ("password", "salt", "iterations")}
+    assert dynsec_password(password) != dynsec_password(password)  # fresh salts
+    assert len(base64.b64decode(dynsec_password(password)["salt"])) == 12
+
+
+def test_dynsec_config_refuses_ambiguous_accounts() -> None:
+    ok = dynsec_config("fleet", [("dev-1", "a")], [("shuffler", "b")])
+    assert [c["username"] for c in ok["clients"]] == ["shuffler", "dev-1"]
+    with pytest.raises(ValueError, match="duplicate"):
+        dynsec_config("fleet", [("dev-1", "a"), ("dev-1", "b")], [])
+    with pytest.raises(ValueError, match="duplicate"):
+        dynsec_config("fleet", [("shuffler", "a")], [("shuffler", "b")])
+    with pytest.raises(ValueError, match="no role for service account 'gateway'"):
+        dynsec_config("fleet", [], [("gateway", "a")])
+    for pattern in ("%u", "%c"):  # Mosquitto 2.1 would substitute it in the device's ACL
+        with pytest.raises(ValueError, match="substitution"):
+            dynsec_config("fleet", [(pattern, "a")], [])
+    with pytest.raises(CocoError, match="device name"):
+        dynsec_config("fleet", [("a/b", "a")], [])
+    with pytest.raises(CocoError, match="deployment name"):
+        dynsec_config("fl/eet", [], [])
+
+
+def test_coco_credentials_writes_the_dynsec_configuration(tmp_path: Path) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_text("s3cret")
+    dynsec = tmp_path / "broker" / "dynamic-security.json"
+    passwd = tmp_path / "broker" / "passwd"
+    args = ["credentials", "--secret-file", str(secret_file), "--devices", "2"]
+    args += ["--device", "greenhouse-7", "--service", "shuffler", "--service", "announcer"]
+    result = CliRunner().invoke(
+        app,
+        [*args, "--deployment", "site", "--dynsec-out", str(dynsec), "--passwd-out", str(passwd)],
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert (summary["dynsec"], summary["deployment"]) == (str(dynsec), "site")
+    assert stat.S_IMODE(dynsec.stat().st_mode) == 0o600
+    config = json.loads(dynsec.read_text())
+    clients = {c["username"]: c for c in config["clients"]}
+    names = [device_id(0), device_id(1), "greenhouse-7"]
+    assert sorted(clients) == sorted([*names, "shuffler", "announcer"])
+    for name in names:
+        salt = base64.b64decode(clients[name]["salt"])
+        expected = dynsec_password(device_password(b"s3cret", name), salt=salt)
+        assert clients[name]["password"] == expected["password"]
+    salt = base64.b64decode(clients["shuffler"]["salt"])
+    expected = dynsec_password(service_password(b"s3cret", "shuffler"), salt=salt)
+    assert clients["shuffler"]["password"] == expected["password"]
+    topics = {acl["topic"] for role in config["roles"] for acl in role["acls"]}
+    assert "coco/v1/site/ingress/greenhouse-7" in topics
+    assert all(t.startswith("coco/v1/site/") for t in topics)
+    # The password file of the same accounts, for a broker without the plugin.
+    lines = {line.split(":", 1)[0]: line for line in passwd.read_text().splitlines()}
+    assert sorted(lines) == sorted(clients)
+    assert verify_mosquitto_password_line(
+        lines["greenhouse-7"], device_password(b"s3cret", "greenhouse-7")
+    )
+
+    no_deployment = CliRunner().invoke(app, [*args, "--dynsec-out", str(tmp_path / "d.json")])
+    assert no_deployment.exit_code == 1
+    assert "--dynsec-out needs --deployment" in no_deployment.output
+    no_output = CliRunner().invoke(app, args)
+    assert no_output.exit_code == 1
+    assert "--dynsec-out" in no_output.output
+    unknown = CliRunner().invoke(
+        app,
+        [
+            *args,
+            "--service",
+            "gateway",
+            "--deployment",
+            "site",
+            "--dynsec-out",
+            str(tmp_path / "d.json"),
+            "--passwd-out",
+            str(tmp_path / "p"),
+        ],
+    )
+    assert unknown.exit_code == 1
+    assert "no role for service account 'gateway'" in unknown.output
+    assert not (tmp_path / "d.json").exists()
+    assert not (tmp_path / "p").exists()
