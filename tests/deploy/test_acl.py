@@ -1,19 +1,19 @@
-"""The deployment's broker ACL (deploy/mosquitto/acl) on a real Mosquitto, with a password
-file from ``coco credentials``' generator and a live shuffler.
+"""The deployment's broker access control on a real Mosquitto: the dynamic-security
+configuration that ``coco credentials`` writes (accounts and roles), with a live shuffler.
 
 The broker's configuration is deploy/mosquitto/mosquitto.conf itself, with only the listener,
-the file paths, persistence and logging adapted to a test directory; the ACL file is the very
-one compose.yaml mounts.
+the plugin's path (Debian installs it elsewhere than the eclipse-mosquitto image), the
+configuration file's path, persistence and logging adapted to a test directory; the plugin's
+configuration is written by the ``coco credentials`` command line, as compose.yaml runs it.
 
-What Mosquitto 2.0 actually answers (observed, and asserted below):
+What Mosquitto 2.0 with the dynamic-security plugin answers (observed, and asserted below):
 
-* PUBLISH QoS 1 to a topic the ACL denies: PUBACK with reason code 0x87 (Not authorized), and
+* PUBLISH QoS 1 to a topic no role grants: PUBACK with reason code 0x87 (Not authorized), and
   the message is dropped; at QoS 0 there is no answer and the message is dropped too.
-* SUBSCRIBE: the ``acl_file`` check does not run at subscription time, so SUBACK grants the
-  requested QoS whatever the filter; the ``read`` rules are enforced on every delivery. The
-  property that matters is therefore tested on deliveries: a denied subscriber receives
-  nothing, while a permitted subscriber of the same message does.
-* CONNECT with a wrong password or an unknown user: CONNACK 0x87 (Not authorized).
+* SUBSCRIBE to a filter no role grants: SUBACK reason code 0x87, per filter of the packet;
+  and even so, the test checks that nothing reaches the refused subscriber, while a
+  permitted subscriber of the same message receives it.
+* CONNECT with a wrong password, an unknown user or none: CONNACK 0x87 (Not authorized).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import getpass
+import json
 import re
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -41,21 +42,14 @@ from edge.codec import decode_batch, encode_report
 from edge.spec import MechanismSpec
 from edge.topics import batches_topic, ingress_filter, ingress_topic, spec_topic
 from sim.cli import app
-from sim.credentials import (
-    SERVICE_ACCOUNTS,
-    device_id,
-    device_password,
-    mosquitto_password_file,
-    service_password,
-    write_private_file,
-)
+from sim.credentials import SERVICE_ACCOUNTS, device_id, device_password, service_password
 from tests.asyncutil import run, value, wait_until
 from tests.conftest import MOSQUITTO, Broker, free_port
 
 pytestmark = pytest.mark.integration
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto"
-DEP = "fleet"  # the deployment name written in deploy/mosquitto/acl
+DEP = "fleet"  # the deployment name of compose.yaml
 SPEC = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
 SECRET = b"test deployment secret"
 NOT_AUTHORIZED = 0x87
@@ -63,10 +57,23 @@ ACCEPTED = (0x00, 0x10)  # PUBACK: Success, No matching subscribers
 GRANTED_QOS_1 = 0x01
 TIMEOUT = 30.0
 
+IMAGE_PLUGIN = "/usr/lib/mosquitto_dynamic_security.so"  # in eclipse-mosquitto:2
+PLUGIN = next(
+    (
+        path
+        for path in (
+            Path(IMAGE_PLUGIN),
+            *sorted(Path("/usr/lib").glob("*/mosquitto_dynamic_security.so")),  # Debian
+        )
+        if path.exists()
+    ),
+    None,
+)
 
-def adapted_config(port: int, passwd: Path, store: Path, log: Path) -> str:
-    """deploy/mosquitto/mosquitto.conf with this test's listener, paths and log."""
-    replaced = {"listener", "password_file", "acl_file", "persistence_location", "log_dest"}
+
+def adapted_config(port: int, plugin: Path, dynsec: Path, store: Path, log: Path) -> str:
+    """deploy/mosquitto/mosquitto.conf with this test's listener, plugin, paths and log."""
+    replaced = {"listener", "plugin", "plugin_opt_config_file", "persistence_location", "log_dest"}
     kept = [
         line
         for line in (DEPLOY / "mosquitto.conf").read_text().splitlines()
@@ -77,13 +84,26 @@ def adapted_config(port: int, passwd: Path, store: Path, log: Path) -> str:
             f"user {getpass.getuser()}",  # as in tests/conftest.py: no privilege drop
             *kept,
             f"listener {port} 127.0.0.1",
-            f"password_file {passwd}",
-            f"acl_file {DEPLOY / 'acl'}",
+            f"plugin {plugin}",
+            f"plugin_opt_config_file {dynsec}",
             f"persistence_location {store}/",
             f"log_dest file {log}",
             "",
         ]
     )
+
+
+def write_dynsec(tmp_path: Path) -> Path:
+    """The plugin's configuration, written by ``coco credentials`` as compose.yaml runs it."""
+    secret_file = tmp_path / "secret"
+    secret_file.write_bytes(SECRET)
+    dynsec = tmp_path / "credentials" / "dynamic-security.json"
+    services = [arg for name in SERVICE_ACCOUNTS for arg in ("--service", name)]
+    args = ["credentials", "--secret-file", str(secret_file), "--devices", str(len(DEVICES))]
+    args += [*services, "--deployment", DEP, "--dynsec-out", str(dynsec)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return dynsec
 
 
 @dataclass
@@ -107,26 +127,63 @@ DEVICES = [device_id(i) for i in range(3)]
 def stack(tmp_path: Path) -> Iterator[Stack]:
     if not Path(MOSQUITTO).exists():
         pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
-    passwd = tmp_path / "passwd"
-    accounts = [(d, device_password(SECRET, d)) for d in DEVICES]
-    accounts += [(s, service_password(SECRET, s)) for s in SERVICE_ACCOUNTS]
-    write_private_file(passwd, mosquitto_password_file(accounts))
+    if PLUGIN is None:
+        pytest.skip("mosquitto's dynamic-security plugin is not installed")
+    dynsec = write_dynsec(tmp_path)
+    written = dynsec.read_text()
     store = tmp_path / "store"
     store.mkdir()
     broker = Broker(tmp_path, free_port())
-    broker.config.write_text(adapted_config(broker.port, passwd, store, broker.log))
+    broker.config.write_text(adapted_config(broker.port, PLUGIN, dynsec, store, broker.log))
     broker.start()
     try:
         yield Stack(broker)
     finally:
         broker.stop()
+    # The broker never rewrites its configuration (no account may use the plugin's API).
+    assert dynsec.read_text() == written
 
 
 def test_adapted_config_keeps_the_deployed_security_settings() -> None:
-    text = adapted_config(1, Path("/p"), Path("/s"), Path("/l"))
+    deployed = (DEPLOY / "mosquitto.conf").read_text()
+    assert re.search(rf"^plugin {re.escape(IMAGE_PLUGIN)}$", deployed, re.MULTILINE)
+    assert not re.search(r"^(password_file|acl_file) ", deployed, re.MULTILINE)
+    text = adapted_config(1, Path("/plug.so"), Path("/d.json"), Path("/s"), Path("/l"))
     assert re.search(r"^allow_anonymous false$", text, re.MULTILINE)
-    assert f"acl_file {DEPLOY / 'acl'}" in text
+    assert re.search(r"^plugin /plug.so$", text, re.MULTILINE)
+    assert re.search(r"^plugin_opt_config_file /d.json$", text, re.MULTILINE)
+    assert len(re.findall(r"^plugin", text, re.MULTILINE)) == 2
     assert "persistence true" in text
+
+
+def test_the_configuration_grants_what_the_roles_say(tmp_path: Path) -> None:
+    """The written file: every operation denied by default, each device one role of its own."""
+    config = json.loads(write_dynsec(tmp_path).read_text())
+    assert config["defaultACLAccess"] == {
+        "publishClientSend": False,
+        "publishClientReceive": False,
+        "subscribe": False,
+        "unsubscribe": True,
+    }
+    roles = {r["rolename"]: r["acls"] for r in config["roles"]}
+    clients = {c["username"]: [r["rolename"] for r in c["roles"]] for c in config["clients"]}
+    assert sorted(clients) == sorted([*DEVICES, *SERVICE_ACCOUNTS])
+    for device in DEVICES:
+        assert clients[device] == ["device", f"device:{device}"]
+        assert roles[f"device:{device}"] == [
+            {"acltype": "publishClientSend", "topic": ingress_topic(DEP, device), "allow": True}
+        ]
+    sends = {
+        (acl["topic"], rolename)
+        for rolename, acls in roles.items()
+        for acl in acls
+        if acl["acltype"] == "publishClientSend"
+    }
+    assert sends == {(ingress_topic(DEP, d), f"device:{d}") for d in DEVICES} | {
+        (batches_topic(DEP), "shuffler"),
+        (spec_topic(DEP), "announcer"),
+    }
+    assert all(acl["allow"] for acls in roles.values() for acl in acls)
 
 
 class Probe:
@@ -252,6 +309,10 @@ def test_a_device_publishes_only_to_its_own_ingress_topic(stack: Stack) -> None:
             for topic in forged:
                 assert await device.publish(topic, report(66)) == NOT_AUTHORIZED, topic
             device.client.publish(ingress_topic(DEP, alice), report(67), qos=0)
+            # A service account is no device: no ingress topic, not even one named like it.
+            for account, client in (("announcer", announcer), ("aggregator", aggregator)):
+                topic = ingress_topic(DEP, account)
+                assert await client.publish(topic, report(68)) == NOT_AUTHORIZED, account
             # The legitimate reports of both devices, after everything forged.
             assert await device.publish(ingress_topic(DEP, mallory), report(1)) in ACCEPTED
             assert await other.publish(ingress_topic(DEP, alice), report(2)) in ACCEPTED
@@ -262,7 +323,7 @@ def test_a_device_publishes_only_to_its_own_ingress_topic(stack: Stack) -> None:
             )
             # Retained spec: still the announcer's (positive control: a fresh reader gets it).
             async with probe(stack, DEVICES[2]) as reader:
-                await reader.subscribe(spec_topic(DEP))
+                assert await reader.subscribe(spec_topic(DEP)) == [GRANTED_QOS_1]
                 await wait_until(lambda: len(reader.messages) == 1, TIMEOUT)
                 assert reader.messages == [(spec_topic(DEP), announcement, True)]
 
@@ -278,13 +339,22 @@ def test_a_device_publishes_only_to_its_own_ingress_topic(stack: Stack) -> None:
     run(scenario(), 4 * TIMEOUT)
 
 
-def test_devices_and_the_aggregator_receive_no_report_and_devices_no_batch(
+def test_devices_and_the_aggregator_may_not_subscribe_to_reports_nor_devices_to_batches(
     stack: Stack,
 ) -> None:
-    """Subscriptions to ingress, batches or everything are granted (Mosquitto 2.0 checks
-    ``read`` per delivery) but deliver nothing; the shuffler's account does receive the
-    same reports, and the aggregator's the same batch."""
+    """Subscriptions to ingress, batches or everything are refused with SUBACK 0x87 and
+    deliver nothing; the shuffler's account does receive the same reports, and the
+    aggregator's the same batch."""
     alice, bob = DEVICES[0], DEVICES[1]
+    forbidden = [
+        ingress_filter(DEP),  # every device's reports
+        ingress_topic(DEP, bob),  # another device's reports
+        ingress_topic(DEP, alice),  # its own: a device never needs to read a report
+        batches_topic(DEP),
+        f"coco/v1/{DEP}/#",
+        "coco/v1/+/ingress/+",
+        "#",
+    ]
 
     async def scenario() -> None:
         async with (
@@ -294,10 +364,16 @@ def test_devices_and_the_aggregator_receive_no_report_and_devices_no_batch(
             probe(stack, bob) as sender,
         ):
             assert await bridge.subscribe(ingress_filter(DEP)) == [GRANTED_QOS_1]
-            for topic in (ingress_filter(DEP), batches_topic(DEP), "#"):
-                assert await device.subscribe(topic) == [GRANTED_QOS_1], topic
+            for topic in forbidden:
+                assert await device.subscribe(topic) == [NOT_AUTHORIZED], topic
+            # One SUBSCRIBE packet, one reason code per filter: the spec is the device's.
+            before = len(device.subacks)
+            device.client.subscribe([(spec_topic(DEP), 1), (ingress_filter(DEP), 1)])
+            await wait_until(lambda: len(device.subacks) > before, TIMEOUT)
+            assert device.subacks[before] == [GRANTED_QOS_1, NOT_AUTHORIZED]
             # The aggregator must never see a sender: no ingress topic for it either.
-            assert await aggregator.subscribe(ingress_filter(DEP)) == [GRANTED_QOS_1]
+            for topic in (ingress_filter(DEP), ingress_topic(DEP, bob), "#"):
+                assert await aggregator.subscribe(topic) == [NOT_AUTHORIZED], topic
             assert await aggregator.subscribe(batches_topic(DEP)) == [GRANTED_QOS_1]
 
             assert await sender.publish(ingress_topic(DEP, bob), report(5)) in ACCEPTED
@@ -325,7 +401,7 @@ def test_devices_and_the_aggregator_receive_no_report_and_devices_no_batch(
         (DEVICES[0], "wrong"),
         (DEVICES[0], device_password(SECRET, DEVICES[1])),  # another device's password
         ("shuffler", device_password(SECRET, "shuffler")),  # a device-derived password
-        ("dev-999999", device_password(SECRET, "dev-999999")),  # not in the password file
+        ("dev-999999", device_password(SECRET, "dev-999999")),  # no such account
         (None, None),  # anonymous
     ],
 )

@@ -27,7 +27,7 @@ from sim.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
-DEPLOYMENT = "fleet"  # as in deploy/mosquitto/acl
+DEPLOYMENT = "fleet"  # the deployment every service, and the broker's roles, are for
 
 # The contract of the deployment: service -> the port it serves and publishes.
 PORTS = {
@@ -129,7 +129,6 @@ def test_every_bind_mount_exists_in_the_repository(model: dict[str, Any]) -> Non
         "deploy/grafana/provisioning",
         "deploy/grafana/dashboards",
         "deploy/mosquitto/mosquitto.conf",
-        "deploy/mosquitto/acl",
     } <= mounted
 
 
@@ -188,15 +187,17 @@ def test_resolve_catches_unknown_options_and_bad_values() -> None:
         resolve(["coco", "no-such-command"])
 
 
-def test_every_service_uses_the_deployment_of_the_acl(model: dict[str, Any]) -> None:
-    for name, service in coco_services(model).items():
+def test_every_service_uses_the_deployment_of_the_broker_roles(model: dict[str, Any]) -> None:
+    services = coco_services(model)
+    for name, service in services.items():
         params = resolve(service["command"])[1]
-        if "deployment" in params:
-            assert params["deployment"] == DEPLOYMENT, name
+        if name != "credentials":
+            assert "deployment" in params, name
+        assert params.get("deployment", DEPLOYMENT) == DEPLOYMENT, name
         if "broker" in params:
             assert params["broker"] == "mqtt://mosquitto:1883", name
-    acl = (ROOT / "deploy" / "mosquitto" / "acl").read_text()
-    assert f"coco/v1/{DEPLOYMENT}/ingress/%u" in acl
+    # The credentials service writes the broker's roles for that same deployment.
+    assert resolve(services["credentials"]["command"])[1]["deployment"] == DEPLOYMENT
 
 
 def test_published_ports_are_the_ports_served(model: dict[str, Any]) -> None:
@@ -235,17 +236,22 @@ def test_every_credential_file_read_is_written_by_the_credentials_service(
     init = services["credentials"]
     params = resolve(init["command"])[1]
     secret = volume_location(init, str(params["secret_file"]))
-    passwd = volume_location(init, str(params["passwd_out"]))
+    dynsec = volume_location(init, str(params["dynsec_out"]))
     password_dir = volume_location(init, str(params["service_password_dir"]))
     accounts = set(params["service"])
+    assert params["passwd_out"] is None  # the broker authenticates with the plugin alone
 
-    # The broker reads the password file the init writes (path from its own config).
+    # The broker's plugin reads the configuration the init writes (path from its config).
     conf = (ROOT / "deploy" / "mosquitto" / "mosquitto.conf").read_text().splitlines()
-    password_file = next(line.split()[1] for line in conf if line.startswith("password_file "))
-    assert volume_location(services["mosquitto"], password_file) == passwd
-    assert params["passwd_owner"] == "1883:1883"  # eclipse-mosquitto's user reads it
+    config_file = next(
+        line.split()[1] for line in conf if line.startswith("plugin_opt_config_file ")
+    )
+    assert volume_location(services["mosquitto"], config_file) == dynsec
+    assert not [line for line in conf if line.startswith(("password_file ", "acl_file "))]
+    assert params["dynsec_owner"] == "1883:1883"  # eclipse-mosquitto's user reads it
+    # Read-only: no account may use the plugin's API, so the broker never writes it back.
     for mount in services["mosquitto"]["volumes"]:
-        if mount["source"] == passwd[0]:
+        if mount["source"] == dynsec[0]:
             assert mount.get("read_only") is True
 
     # Each service reads its own password, and no other service's.
@@ -261,7 +267,7 @@ def test_every_credential_file_read_is_written_by_the_credentials_service(
                 assert mount.get("read_only") is True
 
     # Only the simulated fleet holds the deployment secret, and it simulates the devices
-    # the password file was written for.
+    # the broker's accounts were written for.
     fleet = services["fleet"]
     fp = resolve(fleet["command"])[1]
     assert volume_location(fleet, str(fp["credentials_secret_file"])) == secret
