@@ -605,8 +605,17 @@ class Aggregator:
                 # Snapshot and pending list are taken together, with no await in between.
                 text = json.dumps(self._checkpoint_dict(), separators=(",", ":"))
                 self._dirty = False
+                write = asyncio.ensure_future(asyncio.to_thread(_write_atomically, path, text))
                 try:
-                    await asyncio.to_thread(_write_atomically, path, text)
+                    await asyncio.shield(write)
+                except asyncio.CancelledError:
+                    # A thread cannot be cancelled: keep the lock until the file is complete,
+                    # so the final checkpoint of a shutdown neither races this write nor
+                    # skips a write that failed.
+                    await asyncio.wait([write])
+                    if write.exception() is not None:
+                        self._dirty = True
+                    raise
                 except OSError:
                     self._dirty = True
                     logger.exception(
