@@ -100,6 +100,40 @@ def test_agrr_is_eps_ldp_only_through_its_sampling() -> None:
     assert worst_ratio(laws(m, d, s)) == m.exp_eps  # the mechanism's: e^eps, attained
 
 
+def composed_grr_law(m: Any, keys_row: list[int], signs_row: list[int]) -> dict[Any, Fraction]:
+    """PCKV-GRR/AGRR's law built step by step, independently of ``exact_distribution``'s
+    closed form: every equally likely padded set (each choice of ``ell - s`` distinct dummy
+    keys and of their uniform signs), one of its ``ell`` pairs uniformly, then the GRR kernel
+    over the ``2 d'`` pairs (``grr_weight`` on the input pair, 1 elsewhere)."""
+    s, ell, d = len(keys_row), m.padding, m.d
+    pairs = [(k, v) for k in range(m.domain) for v in (1, -1)]
+    padded = [
+        list(zip(keys_row, signs_row, strict=True)) + list(zip(dummies, dsigns, strict=True))
+        for dummies in itertools.combinations(range(d, d + ell), ell - s)
+        for dsigns in itertools.product((-1, 1), repeat=ell - s)
+    ]
+    omega = m.grr_weight + len(pairs) - 1
+    law = dict.fromkeys(pairs, Fraction(0))
+    for pair_set in padded:
+        for sampled in pair_set:
+            for z in pairs:
+                weight = m.grr_weight if z == sampled else 1
+                law[z] += Fraction(1, len(padded) * ell) * weight / omega
+    return law
+
+
+@pytest.mark.parametrize("kind", [PCKVGRR, PCKVAGRR], ids=lambda k: k.__name__)
+@pytest.mark.parametrize(("d", "s", "ell"), [(3, 2, 2), (3, 1, 2), (4, 2, 3)])
+def test_grr_closed_form_is_sampling_composed_with_the_kernel(
+    kind: type[Any], d: int, s: int, ell: int
+) -> None:
+    """The audited law (a closed form) is the composition the sampler performs, so the
+    exact level above is that of padding-and-sampling followed by GRR."""
+    m = kind(d=d, s=s, epsilon=1.0, ell=ell)
+    for k, v in all_inputs(d, s):
+        assert m.exact_distribution(k, v) == composed_grr_law(m, k, v)
+
+
 class _OverAmplifiedGRR(PCKVGRR):
     """A deliberately broken variant: credits the sampling with s + 1 instead of s."""
 
