@@ -1,17 +1,19 @@
 """SUCCINCT (Zhou, Wang, Chan, Fanti, Shi, IEEE S&P 2022, "Locally differentially private
 sparse vector aggregation"), the single-bucket user-level protocol: a random-sign sum of the
-user's non-zeros, clipped and sent with Laplace noise."""
+user's non-zeros, clipped and sent with Laplace noise, or, as the authors' released code does
+whenever the Laplace scale is at least the clipping range, as a one-bit randomised response."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import cached_property
 
 import numpy as np
 from numpy.typing import NDArray
 
-from sim.experiments.baselines._common import check_input, check_parameters
+from sim.experiments.baselines._common import check_input, check_parameters, exp_rational
 from sim.experiments.baselines.base import KVEstimate
 
 #: Users per chunk when drawing the public signs (bounds memory to ~chunk * d / 8 * 9 bytes).
@@ -19,6 +21,17 @@ _CHUNK = 16384
 
 #: Bit ``7 - b`` of byte value ``v`` at ``[v, b]``: np.unpackbits' (big-endian) bit order.
 _BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).astype(np.float64)
+
+
+def code_clip_range(s: int, n: int) -> float:
+    """``sqrt(s ln n) / 2.5``: the clipping range ``clip_r`` of Zhou et al.'s code, unclamped.
+
+    It is also the range of their randomised response, so it matters when it exceeds ``s``
+    (``ln n > 6.25 s``, e.g. ``s = 1`` and ``n >= 519``; never for ``s >= 4`` at ``n <= 1e10``).
+    """
+    if n < 2:
+        raise ValueError(f"n must be >= 2 to set the clipping range, got {n}")
+    return math.sqrt(s * math.log(n)) / 2.5
 
 
 def clip_threshold(s: int, n: int) -> float:
@@ -29,9 +42,7 @@ def clip_threshold(s: int, n: int) -> float:
     to ``sqrt(k ln n) / 2.5`` and so does the paper's comparison. Above ``s`` nothing is
     clipped, so ``eta`` never exceeds ``s`` (their noise uses ``min(2 eta, 2k)``).
     """
-    if n < 2:
-        raise ValueError(f"n must be >= 2 to set the clipping range, got {n}")
-    return min(float(s), math.sqrt(s * math.log(n)) / 2.5)
+    return min(float(s), code_clip_range(s, n))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,12 +51,27 @@ class Succinct:
 
     Public randomness: user ``i`` has a uniformly random sign vector ``r_i`` in ``{+-1}^d``
     (in a deployment a public per-user seed; the server needs it to decode, so the privacy
-    argument holds for every fixed ``r_i``). Randomiser: ``y_i = clip(sum_j r_ij x_ij, -eta,
-    eta)``, report ``y_i + Laplace(2 eta / eps)``. Any two inputs move the clipped value by at
-    most ``2 eta``, so for every ``r_i`` the density ratio is at most ``e^eps`` (the scale is
-    rounded up by one ulp so floating point cannot shrink it).
+    argument holds for every fixed ``r_i``). Clipped value: ``y_i = clip(sum_j r_ij x_ij, -eta,
+    eta)``. Then, as in Zhou et al.'s code (``SVME::estimate_range``: ``if (noise_param >=
+    clip_r) T = rr(T, eps, clip_r) else T += laplacian_noise(noise_param)`` with
+    ``noise_param = min(2 clip_r, 2k) / eps``), one of two randomisers:
 
-    Estimator: ``mean_j = (1/n) sum_i r_ij (y_i + noise_i)``. Without clipping it is unbiased
+    * randomised response when ``2 eta / eps >= R`` (:meth:`uses_randomised_response`), where
+      ``R = sqrt(s ln n) / 2.5`` is their unclamped ``clip_r`` (:func:`code_clip_range`; ``R =
+      eta`` unless ``s`` is tiny, so this is ``eps <= 2``): report ``+C R`` with probability
+      ``p = 1/2 + (y_i / R) (E - 1) / (2 (E + 1))``, else ``-C R``, ``C = (E + 1) / (E - 1)``
+      (their ``rr``: ``p = (v (e^eps - 1) + e^eps + 1) / (2 (1 + e^eps))``, ``v = y / R``,
+      output ``+-c_eps R``). ``E[report] = y_i`` and the worst ratio over inputs is
+      ``p(eta / R) / p(-eta / R) <= E`` (``= E`` when ``eta = R``). ``E`` is the package's
+      rational ``floor(e^eps 2^24) / 2^24 <= e^eps`` (theirs is the float ``exp(eps)``); the
+      sampler draws with the float of the exact ``p`` of each possible clipped value
+      (:meth:`exact_report_law` is that law, audited exactly).
+    * otherwise (``eps > 2``) ``y_i + Laplace(2 eta / eps)``: any two inputs move ``y_i`` by at
+      most ``2 eta``, so for every ``r_i`` the density ratio is at most ``e^eps`` (the scale
+      is rounded up by one ulp so floating point cannot shrink it).
+
+    Estimator (both branches, as in their code): ``mean_j = (1/n) sum_i r_ij z_i`` for the
+    reports ``z_i`` (``E[z_i | y_i] = y_i``, no rescaling). Without clipping it is unbiased
     (signs are independent, ``E[r_ij r_ik] = 0``); with clipping ``E[mean_j] = c mean_j``
     where ``c = E[u_1 clip(u_1 + ... + u_s)]`` (``u`` i.i.d. signs) is
     :meth:`clip_shrinkage`: the clipping bias the paper reports for large ``s`` and ``eps``.
@@ -56,9 +82,9 @@ class Succinct:
     registry builds) takes it from the population passed to :meth:`run`, i.e. the
     simulation grants SUCCINCT the exact ``n`` it assumes known.
 
-    Deviation: Zhou et al.'s code replaces the Laplace noise by a binary randomised
-    response of the clipped value when ``2 eta / eps >= eta``; we follow the paper's
-    description (Laplace throughout), as its comparison does.
+    Their code's ``(eps, delta)`` cap ``min(noise_param, 3 sqrt(2k log(2/delta)))`` is left
+    out: this is pure ``eps``-LDP, and at their ``delta = 1e-6`` the cap never binds (it is
+    ``> 2 clip_r`` for every ``n < e^(28 log(2/delta))``).
     """
 
     d: int
@@ -79,6 +105,47 @@ class Succinct:
     def noise_scale(self, n: int) -> float:
         """Laplace scale ``2 eta / eps``, rounded up by one ulp."""
         return float(np.nextafter(2 * self.eta(n) / self.epsilon, math.inf))
+
+    def rr_range(self, n: int) -> float:
+        """``R``: the range of the randomised response (their unclamped ``clip_r``)."""
+        return code_clip_range(self.s, self.n if self.n is not None else n)
+
+    def uses_randomised_response(self, n: int) -> bool:
+        """Their switch ``min(2 clip_r, 2k) / eps >= clip_r`` (``min(2 R, 2 s) = 2 eta``),
+        evaluated in floating point as their code does: true for ``eps <= 2`` unless ``R > s``."""
+        return 2 * self.eta(n) / self.epsilon >= self.rr_range(n)
+
+    @cached_property
+    def exp_eps(self) -> Fraction:
+        """Rational ``E = floor(e^eps 2^24) / 2^24 <= e^eps`` of the randomised response."""
+        return exp_rational(self.epsilon)
+
+    def rr_plus_probability(self, clipped: Fraction, n: int) -> Fraction:
+        """Exact ``P[+C R | y] = ((y / R)(E - 1) + E + 1) / (2 (E + 1))`` (their ``rr``)."""
+        e, v = self.exp_eps, clipped / Fraction(self.rr_range(n))
+        return (v * (e - 1) + e + 1) / (2 * (e + 1))
+
+    def rr_output(self, n: int) -> float:
+        """``C R`` with ``C = (E + 1) / (E - 1)``: the report is ``+C R`` or ``-C R``."""
+        e = self.exp_eps
+        return float((e + 1) / (e - 1) * Fraction(self.rr_range(n)))
+
+    def rr_ldp_ratio(self, n: int) -> Fraction:
+        """Exact worst ratio of the randomised response over inputs: ``p(eta) / p(-eta)``
+        (``p(-y) = 1 - p(y)``), i.e. ``E`` when ``eta = R``."""
+        eta = Fraction(self.eta(n))
+        return self.rr_plus_probability(eta, n) / self.rr_plus_probability(-eta, n)
+
+    def exact_report_law(
+        self, keys_row: list[int], signs_row: list[int], r_row: list[int], n: int
+    ) -> dict[float, Fraction]:
+        """The exact law of one user's report (randomised-response branch only): the two
+        float outputs ``+-C R`` and their exact probabilities."""
+        if not self.uses_randomised_response(n):
+            raise ValueError(f"eps={self.epsilon} uses the Laplace branch (no discrete law)")
+        plus = self.rr_plus_probability(self.pre_noise_value(keys_row, signs_row, r_row, n), n)
+        out = self.rr_output(n)
+        return {out: plus, -out: 1 - plus}
 
     def pre_noise_value(
         self, keys_row: list[int], signs_row: list[int], r_row: list[int], n: int
@@ -122,9 +189,23 @@ class Succinct:
     def _clip_and_noise(
         self, r_held: NDArray[np.int8], signs: NDArray[np.int8], n: int, rng: np.random.Generator
     ) -> NDArray[np.float64]:
-        """``clip(sum_k r_k x_k) + Laplace`` from the signs ``r`` at the user's keys."""
+        """The reports from the signs ``r`` at the user's keys: randomised response of
+        ``clip(sum_k r_k x_k)`` or the clipped sum plus Laplace noise (see the class)."""
         total = (r_held.astype(np.int64) * signs).sum(axis=1)
         eta = self.eta(n)
+        if self.uses_randomised_response(n):
+            # The sum is an integer in [-s, s]: one exact probability per possible value.
+            plus = np.array(
+                [
+                    float(self.rr_plus_probability(max(-Fraction(eta), min(Fraction(eta), t)), n))
+                    for t in map(Fraction, range(-self.s, self.s + 1))
+                ]
+            )
+            out = self.rr_output(n)
+            rr: NDArray[np.float64] = np.where(
+                rng.random(total.shape[0]) < plus[total + self.s], out, -out
+            )
+            return rr
         clipped = np.clip(total.astype(np.float64), -eta, eta)
         noisy: NDArray[np.float64] = clipped + rng.laplace(
             0.0, self.noise_scale(n), size=total.shape[0]

@@ -100,12 +100,23 @@ def test_privkv_original_conditional_mean_mapping_is_caught_as_biased() -> None:
     assert np.max(np.abs(t_scores(original, truth[0] - truth[1]))) > bound
 
 
-@pytest.mark.parametrize(("s", "n"), [(3, 4000), (1, 4000)])
-def test_succinct_mean_is_the_truth_times_the_clip_shrinkage(s: int, n: int) -> None:
+@pytest.mark.parametrize(
+    ("s", "n", "epsilon", "rr"),
+    [
+        (3, 4000, 1.0, True),  # randomised response, eta = R < s: clipped
+        (3, 4000, 5.0, False),  # Laplace, clipped
+        (1, 4000, 1.0, True),  # randomised response over R = 1.15 > s = 1: nothing clipped
+        (1, 4000, 5.0, False),  # Laplace, nothing clipped
+    ],
+)
+def test_succinct_mean_is_the_truth_times_the_clip_shrinkage(
+    s: int, n: int, epsilon: float, rr: bool
+) -> None:
     """E[estimate] = c * mean with c = E[u1 clip(u1 + ... + us)] (c = 1 when nothing is
-    clipped, s = 1 here)."""
+    clipped, s = 1 here), in both branches: the reports are unbiased for the clipped value."""
     d, reps = 6, 300
-    m = Succinct(d=d, s=s, epsilon=1.0)
+    m = Succinct(d=d, s=s, epsilon=epsilon)
+    assert m.uses_randomised_response(n) == rr
     keys, signs = population(n, d, s, seed=4)
     truth = true_frequencies(keys, signs, d)
     c = m.clip_shrinkage(n)
@@ -202,6 +213,50 @@ def test_succinct_fast_decoder_matches_the_explicit_one() -> None:
     r = (2 * np.unpackbits(raw, axis=1, count=d).astype(np.int8) - 1).astype(np.int8)
     noisy = m._noisy(keys, signs, r, n, rng)
     np.testing.assert_allclose(fast, Succinct.decode(r, noisy), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("s", "n", "epsilon"), [(3, 100_000, 1.0), (3, 100_000, 0.1), (1, 10_000, 0.5)]
+)
+def test_succinct_randomised_response_follows_its_exact_law(s: int, n: int, epsilon: float) -> None:
+    """Chi-square goodness of fit of the public path (``reports``) against
+    ``exact_report_law``: users are grouped by their exact law (it depends on the public
+    signs), the +-C R counts of each group are compared with its exact probability."""
+    d, users = 5, 40_000
+    m = Succinct(d=d, s=s, epsilon=epsilon, n=n)  # fixed n: the law does not depend on `users`
+    assert m.uses_randomised_response(n)
+    keys, signs = population(users, d, s, seed=11)
+    r, noisy = m.reports(keys, signs, np.random.default_rng(12))
+    out = m.rr_output(n)
+    assert set(np.unique(noisy).tolist()) <= {out, -out}
+    totals = (r[np.arange(users)[:, None], keys].astype(np.int64) * signs).sum(axis=1)
+    statistic, groups = 0.0, 0
+    for t in np.unique(totals):
+        members = np.flatnonzero(totals == t)
+        i = int(members[0])
+        law = m.exact_report_law(keys[i].tolist(), signs[i].tolist(), r[i].tolist(), n)
+        expected = np.array([law[out], law[-out]], dtype=np.float64) * members.size
+        observed = np.array([np.sum(noisy[members] == out), np.sum(noisy[members] == -out)])
+        assert expected.min() >= 10
+        statistic += float(np.sum((observed - expected) ** 2 / expected))
+        groups += 1
+    assert groups >= 2
+    assert stats.chi2.sf(statistic, df=groups) > FAMILY_ALPHA
+
+
+def test_succinct_switch_is_the_authors_condition() -> None:
+    """Their ``min(2 clip_r, 2k) / eps >= clip_r``: eps <= 2 when clip_r <= s (the paper's
+    whole grid), eps <= 2 s / clip_r when their unclamped clip_r exceeds s."""
+    for s in (4, 8, 16, 32):
+        for eps, rr in [(0.1, True), (1.0, True), (2.0, True), (2.0001, False), (5.0, False)]:
+            assert Succinct(d=64, s=s, epsilon=eps).uses_randomised_response(100_000) == rr
+    m = Succinct(d=8, s=1, epsilon=1.0)
+    big_r = m.rr_range(10_000)
+    assert big_r == pytest.approx(math.sqrt(math.log(10_000)) / 2.5)
+    assert big_r > 1
+    assert m.eta(10_000) == 1
+    assert Succinct(d=8, s=1, epsilon=2 / big_r * 0.999).uses_randomised_response(10_000)
+    assert not Succinct(d=8, s=1, epsilon=2 / big_r * 1.001).uses_randomised_response(10_000)
 
 
 # -- contract and input handling ----------------------------------------------------------------

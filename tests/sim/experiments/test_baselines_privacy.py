@@ -5,14 +5,15 @@ The discrete baselines expose their exact output law for one user as fractions (
 ``d, s`` every ``s``-sparse ternary input and every output is enumerated: the law sums to 1,
 the worst ratio over *any* two inputs equals the mechanism's claimed exact level
 (``ldp_ratio``, so the audit would catch a weaker mechanism and the claim is attained), and
-that level is at most ``e^eps`` in 60-digit decimal arithmetic. SUCCINCT (Laplace) is audited
-through its exact sensitivity for every value of its public signs.
+that level is at most ``e^eps`` in 60-digit decimal arithmetic. SUCCINCT is audited for
+every value of its public signs: its randomised-response branch (``eps <= 2``) exactly like
+the discrete baselines, its Laplace branch through its exact sensitivity.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from decimal import Decimal, localcontext
 from fractions import Fraction
 from functools import cached_property
@@ -37,7 +38,7 @@ def laws(m: Any, d: int, s: int) -> list[Mapping[Any, Fraction]]:
     return [m.exact_distribution(k, v) for k, v in all_inputs(d, s)]
 
 
-def worst_ratio(all_laws: list[Mapping[Any, Fraction]]) -> Fraction:
+def worst_ratio(all_laws: Sequence[Mapping[Any, Fraction]]) -> Fraction:
     """``max over outputs z and inputs x, x' of P[z | x] / P[z | x']``."""
     outputs = all_laws[0].keys()
     for law in all_laws:
@@ -151,15 +152,55 @@ def sign_vectors(d: int) -> list[list[int]]:
     return [list(r) for r in itertools.product((-1, 1), repeat=d)]
 
 
-@pytest.mark.parametrize(("d", "s", "n"), [(4, 2, 1000), (5, 3, 100_000), (4, 1, 10_000)])
-@pytest.mark.parametrize("epsilon", [0.1, 1.0, 5.0])
+SUCCINCT_SHAPES = [(4, 2, 1000), (5, 3, 100_000), (4, 1, 10_000)]
+
+
+@pytest.mark.parametrize(("d", "s", "n"), SUCCINCT_SHAPES)
+@pytest.mark.parametrize("epsilon", [0.1, 0.5, 1.0, 2.0])
+def test_succinct_randomised_response_exhaustively(d: int, s: int, n: int, epsilon: float) -> None:
+    """For every public ``r`` (the server knows it, so privacy must hold for each) the worst
+    ratio over every pair of inputs and both outputs is the claimed ``rr_ldp_ratio``, which is
+    at most ``e^eps``; it is ``E`` itself (attained) when the clipping range is the RR range,
+    and strictly less for ``s = 1`` at ``n = 1e4``, where their RR range ``1.21`` exceeds
+    every clipped value."""
+    m = Succinct(d=d, s=s, epsilon=epsilon, n=n)
+    if not m.uses_randomised_response(n):  # s = 1, n = 1e4: the switch is at eps = 1.65
+        assert (s, epsilon) == (1, 2.0)
+        return
+    inputs = all_inputs(d, s)
+    worst = max(
+        worst_ratio([m.exact_report_law(k, v, r, n) for k, v in inputs]) for r in sign_vectors(d)
+    )
+    assert worst == m.rr_ldp_ratio(n)
+    assert at_most_e_to_the(worst, epsilon)
+    assert (worst == m.exp_eps) == (m.eta(n) == m.rr_range(n))
+    assert (worst == m.exp_eps) == (s > 1)
+
+
+class _WideRatioSuccinct(Succinct):
+    """A deliberately broken variant: randomised response at e^(2 eps)."""
+
+    @cached_property
+    def exp_eps(self) -> Fraction:
+        return Fraction(Decimal(2 * self.epsilon).exp())
+
+
+def test_audit_catches_a_succinct_weaker_than_claimed() -> None:
+    m = _WideRatioSuccinct(d=4, s=2, epsilon=1.0, n=1000)
+    law = [m.exact_report_law(k, v, [1, -1, 1, 1], 1000) for k, v in all_inputs(4, 2)]
+    assert not at_most_e_to_the(worst_ratio(law), 1.0)
+
+
+@pytest.mark.parametrize(("d", "s", "n"), SUCCINCT_SHAPES)
+@pytest.mark.parametrize("epsilon", [2.5, 5.0, 10.0])
 def test_succinct_sensitivity_for_every_public_sign_vector(
     d: int, s: int, n: int, epsilon: float
 ) -> None:
-    """For every public ``r`` (the server knows it, so privacy must hold for each), any two
-    inputs' clipped values differ by at most ``2 eta``, the bound is reached, and
-    ``2 eta / scale <= eps`` exactly: the Laplace density ratio is at most ``e^eps``."""
+    """Laplace branch (``eps > 2``). For every public ``r`` any two inputs' clipped values
+    differ by at most ``2 eta``, the bound is reached, and ``2 eta / scale <= eps`` exactly:
+    the Laplace density ratio is at most ``e^eps``."""
     m = Succinct(d=d, s=s, epsilon=epsilon, n=n)
+    assert not m.uses_randomised_response(n)
     eta = Fraction(m.eta(n))
     inputs = all_inputs(d, s)
     widest = Fraction(0)
