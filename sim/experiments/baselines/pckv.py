@@ -60,7 +60,56 @@ def pckv_estimate(
 
 
 @dataclass(frozen=True, kw_only=True)
-class PCKVUE:
+class _PaddingAndSampling:
+    """What PCKV-UE and PCKV-GRR share: padding to ``ell`` pairs (default ``s``) with dummy
+    keys ``d .. d + ell - 1``, one pair sampled uniformly, and the linear estimator
+    :func:`pckv_estimate` with each variant's ``a``, ``b`` and ``p``."""
+
+    d: int
+    s: int
+    epsilon: float
+    ell: int | None = None
+
+    def __post_init__(self) -> None:
+        check_parameters(self.d, self.s, self.epsilon)
+        if self.ell is not None and self.ell < self.s:
+            raise ValueError(
+                f"ell must be >= s={self.s} (else the estimator is biased), got {self.ell}"
+            )
+
+    @property
+    def padding(self) -> int:
+        return self.s if self.ell is None else self.ell
+
+    @property
+    def domain(self) -> int:
+        """``d' = d + ell``: real keys then dummy keys."""
+        return self.d + self.padding
+
+    @cached_property
+    def exp_eps(self) -> Fraction:
+        return exp_rational(self.epsilon)
+
+    @property
+    def a(self) -> Fraction:
+        raise NotImplementedError
+
+    @property
+    def b(self) -> Fraction:
+        raise NotImplementedError
+
+    @property
+    def p(self) -> Fraction:
+        raise NotImplementedError
+
+    def estimate(self, counts: PCKVCounts) -> KVEstimate:
+        return pckv_estimate(
+            counts, d=self.d, ell=self.padding, a=float(self.a), b=float(self.b), p=float(self.p)
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PCKVUE(_PaddingAndSampling):
     """PCKV-UE: padding-and-sampling, then correlated Unary Encoding over ``d' = d + ell``
     keys.
 
@@ -85,31 +134,7 @@ class PCKVUE:
     independent given the sampled pair); :meth:`randomise` draws the full reports.
     """
 
-    d: int
-    s: int
-    epsilon: float
-    ell: int | None = None
     name: str = field(default="PCKV-UE", init=False)
-
-    def __post_init__(self) -> None:
-        check_parameters(self.d, self.s, self.epsilon)
-        if self.ell is not None and self.ell < self.s:
-            raise ValueError(
-                f"ell must be >= s={self.s} (else the estimator is biased), got {self.ell}"
-            )
-
-    @property
-    def padding(self) -> int:
-        return self.s if self.ell is None else self.ell
-
-    @property
-    def domain(self) -> int:
-        """``d' = d + ell``: real keys then dummy keys."""
-        return self.d + self.padding
-
-    @cached_property
-    def exp_eps(self) -> Fraction:
-        return exp_rational(self.epsilon)
 
     @cached_property
     def a(self) -> Fraction:
@@ -198,11 +223,6 @@ class PCKVUE:
         n2 = np.bincount(key[bits == -1], minlength=dom) + idle[:, 1]
         return PCKVCounts(n=n, n1=n1.astype(np.int64), n2=n2.astype(np.int64))
 
-    def estimate(self, counts: PCKVCounts) -> KVEstimate:
-        return pckv_estimate(
-            counts, d=self.d, ell=self.padding, a=float(self.a), b=float(self.b), p=float(self.p)
-        )
-
     def run(
         self, keys: NDArray[np.int64], signs: NDArray[np.int8], rng: np.random.Generator
     ) -> KVEstimate:
@@ -210,7 +230,7 @@ class PCKVUE:
 
 
 @dataclass(frozen=True, kw_only=True)
-class PCKVGRR:
+class PCKVGRR(_PaddingAndSampling):
     """PCKV-GRR as the paper's experiments run it: padding-and-sampling, then Generalized
     Randomized Response over the ``2 d'`` pairs ``<k, +-1>`` (``d' = d + ell``) at ``e^eps``.
 
@@ -231,30 +251,7 @@ class PCKVGRR:
     Estimator: :func:`pckv_estimate` (unbiased).
     """
 
-    d: int
-    s: int
-    epsilon: float
-    ell: int | None = None
     name: str = field(default="PCKV-GRR", init=False)
-
-    def __post_init__(self) -> None:
-        check_parameters(self.d, self.s, self.epsilon)
-        if self.ell is not None and self.ell < self.s:
-            raise ValueError(
-                f"ell must be >= s={self.s} (else the estimator is biased), got {self.ell}"
-            )
-
-    @property
-    def padding(self) -> int:
-        return self.s if self.ell is None else self.ell
-
-    @property
-    def domain(self) -> int:
-        return self.d + self.padding
-
-    @cached_property
-    def exp_eps(self) -> Fraction:
-        return exp_rational(self.epsilon)
 
     @cached_property
     def grr_weight(self) -> Fraction:
@@ -319,11 +316,6 @@ class PCKVGRR:
             n=reports.shape[0],
             n1=np.bincount(key[value == 1], minlength=self.domain),
             n2=np.bincount(key[value == -1], minlength=self.domain),
-        )
-
-    def estimate(self, counts: PCKVCounts) -> KVEstimate:
-        return pckv_estimate(
-            counts, d=self.d, ell=self.padding, a=float(self.a), b=float(self.b), p=float(self.p)
         )
 
     def run(
