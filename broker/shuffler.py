@@ -645,6 +645,7 @@ class Shuffler:
         client.on_unsubscribe = acks.on_ack
         client.on_disconnect = acks.on_disconnect
         version = MQTTv311 if cfg.mqtt_version == "3.1.1" else MQTTv50
+        disconnected = False
         try:
             async with asyncio.timeout(cfg.publish_timeout):
                 await client.connect(
@@ -676,12 +677,14 @@ class Shuffler:
             # Reports read before the UNSUBACK are pooled; none follow it. Disconnect before
             # declaring consumption done, so that nothing can be pooled after the drain.
             await self._disconnect_gmqtt(client)
+            disconnected = True
             self._consumption_done.set()
             logger.info("stopped consuming ingress")
         finally:
             self._connected.clear()
             self.metrics.connected.set(0)
-            await self._disconnect_gmqtt(client)
+            if not disconnected:  # a second DISCONNECT would be written to a closed socket
+                await self._disconnect_gmqtt(client)
 
     async def _disconnect_gmqtt(self, client: gmqtt.Client) -> None:
         with contextlib.suppress(Exception):
