@@ -21,8 +21,9 @@ from prometheus_client import CollectorRegistry, start_http_server
 from broker.cli import read_announcement
 from edge import CocoError, MechanismSpec
 from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption
+from edge.topics import spec_topic
 from sim.credentials import DEFAULT_PREFIX, device_id, device_password, read_secret
-from sim.fleet import Fleet, FleetConfig
+from sim.fleet import Fleet, FleetConfig, FleetError
 from sim.fleet_metrics import DEFAULT_METRICS_DIMS
 
 logger = logging.getLogger(__name__)
@@ -126,6 +127,38 @@ def format_summary(summary: dict[str, Any]) -> str:
     )
 
 
+def _spec_from_file(path: Path) -> MechanismSpec:
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a MechanismSpec JSON object expected")
+    return MechanismSpec.from_dict(data)
+
+
+def _announced_spec(
+    broker: str,
+    deployment: str,
+    timeout: float,
+    username: str | None,
+    password: str | None,
+    ca_file: str | None,
+) -> MechanismSpec:
+    """The retained announcement's spec, or a :class:`FleetError` that says what failed."""
+    try:
+        announcement = asyncio.run(
+            read_announcement(
+                broker, deployment, timeout, username=username, password=password, ca_file=ca_file
+            )
+        )
+    except TimeoutError:
+        raise FleetError(
+            f"no announcement on {spec_topic(deployment)} within {timeout:g} s "
+            "(run coco announce, or pass --spec)"
+        ) from None
+    except (OSError, aiomqtt.MqttError) as exc:
+        raise FleetError(f"reading the announcement from {broker}: {exc}") from None
+    return MechanismSpec.from_dict(announcement["spec"])
+
+
 def fleet(
     deployment: DeploymentOption,
     broker: BrokerOption = DEFAULT_BROKER,
@@ -161,7 +194,7 @@ def fleet(
         ),
     ] = None,
     seed: Annotated[
-        int | None, typer.Option(help="Seed of the whole run [default: random, printed].")
+        int | None, typer.Option(help="Seed of the whole run (default: random, printed).")
     ] = None,
     prefix: Annotated[str, typer.Option(help="Device id prefix (id = prefix + 6 digits).")] = (
         DEFAULT_PREFIX
@@ -214,23 +247,13 @@ def fleet(
             raise ValueError(f"--qos must be 0 or 1, got {qos}")
         secret = None if credentials_secret_file is None else read_secret(credentials_secret_file)
         if spec is not None:
-            mechanism = MechanismSpec.from_dict(json.loads(spec.read_text()))
+            mechanism = _spec_from_file(spec)
         else:
             user, pw = username, password
             if secret is not None:  # read the announcement as device 0 would
                 user = device_id(0, prefix)
                 pw = device_password(secret, user)
-            announcement = asyncio.run(
-                read_announcement(
-                    broker,
-                    deployment,
-                    announcement_timeout,
-                    username=user,
-                    password=pw,
-                    ca_file=ca_file,
-                )
-            )
-            mechanism = MechanismSpec.from_dict(announcement["spec"])
+            mechanism = _announced_spec(broker, deployment, announcement_timeout, user, pw, ca_file)
         run_seed = secrets.randbits(32) if seed is None else seed
         qos_level: Literal[0, 1] = 1 if qos == 1 else 0
         config = FleetConfig(

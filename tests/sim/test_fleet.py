@@ -22,12 +22,14 @@ from typing import Any
 import aiomqtt
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from aggregator.estimators import AggregateState
 from edge.announce import encode_announcement
 from edge.codec import decode_report
 from edge.spec import MechanismSpec
 from edge.topics import spec_topic
+from sim.cli import app
 from sim.credentials import device_id, mosquitto_password_file
 from sim.fleet import Fleet, FleetConfig, ensure_fd_limit
 from sim.fleet_metrics import CONNECT_FAILURE_REASONS, PUBLISH_FAILURE_REASONS
@@ -388,3 +390,26 @@ def test_cli_reads_the_announcement_and_stops_gracefully_on_sigint(
     truth = json.loads(truth_path.read_text())
     assert truth["simulation_only"] is True
     assert truth["overall"]["n"] == summary["reports_published"]
+
+
+def test_cli_errors_are_one_line_without_a_traceback(mosquitto: Broker, tmp_path: Path) -> None:
+    runner = CliRunner()
+    base = ["fleet", "--broker", mosquitto.url, "--devices", "2", "--no-progress"]
+    not_an_object = tmp_path / "spec.json"
+    not_an_object.write_text('["coco"]')
+    cases = [
+        (["--deployment", "cli-err", "--spec", str(not_an_object)], "JSON object expected"),
+        (
+            ["--deployment", "cli-nothing-announced", "--announcement-timeout", "0.5"],
+            "no announcement on coco/v1/cli-nothing-announced/spec within 0.5 s",
+        ),
+        (
+            ["--deployment", "cli-err", "--broker", f"mqtt://127.0.0.1:{free_port()}"],
+            "reading the announcement from",
+        ),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, [*base, *args])
+        assert result.exit_code == 1, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+        assert message in result.output
