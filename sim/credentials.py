@@ -300,7 +300,8 @@ def write_private_file(path: Path, text: str, *, owner: tuple[int, int] | None =
     a broker that drops to its own user must still be able to read its password file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)  # a stale temporary file left by a crash keeps its old mode otherwise
     with os.fdopen(fd, "w") as out:
         out.write(text)
         out.flush()
