@@ -55,7 +55,7 @@ from gmqtt.storage import PersistentStorage  # type: ignore[import-untyped]
 from prometheus_client import CollectorRegistry
 
 from edge import CocoError, LocalMechanism
-from edge.codec import encode_report
+from edge.codec import U32_MAX, encode_report
 from edge.mqtt_url import parse_broker_url
 from edge.spec import MechanismSpec
 from edge.topics import check_name, ingress_topic
@@ -96,6 +96,19 @@ _YIELD_EVERY = 200
 
 class FleetError(CocoError):
     """The fleet cannot run (file-descriptor limit, bad configuration)."""
+
+
+def auto_first_round(now: float | None = None) -> int:
+    """A first round above every round an earlier run of this fleet used: the Unix time in
+    whole seconds, plus one (a u32 until 2106).
+
+    A run that started at ``t0`` used rounds ``floor(t0) + 1 ..`` with rounds starting at
+    least ``--interval`` apart. If ``--interval >= 1 s`` and the restart comes at least one
+    second after the earlier run's last round started (a crashed container, ``docker compose
+    restart fleet``), the restart's first round is above all of them: the shuffler neither
+    rejects its reports as ``duplicate_in_round`` nor as ``stale_round``.
+    """
+    return int(time.time() if now is None else now) + 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,8 +168,11 @@ class FleetConfig:
             raise ValueError(f"mode must be connections or multiplexed, got {self.mode!r}")
         if self.connections < 1 or self.window < 1:
             raise ValueError("connections and window must be >= 1")
-        if self.first_round < 0:
-            raise ValueError(f"first_round must be >= 0, got {self.first_round}")
+        last_round = self.first_round + max(self.rounds, 1) - 1
+        if self.first_round < 0 or last_round > U32_MAX:
+            raise ValueError(
+                f"rounds {self.first_round}..{last_round} do not fit the report's u32 round field"
+            )
         self._check_credentials()
 
     def _check_credentials(self) -> None:

@@ -23,7 +23,7 @@ from edge import CocoError, MechanismSpec
 from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption
 from edge.topics import spec_topic
 from sim.credentials import DEFAULT_PREFIX, device_id, device_password, read_secret
-from sim.fleet import Fleet, FleetConfig, FleetError
+from sim.fleet import Fleet, FleetConfig, FleetError, auto_first_round
 from sim.fleet_metrics import DEFAULT_METRICS_DIMS
 
 logger = logging.getLogger(__name__)
@@ -127,6 +127,16 @@ def format_summary(summary: dict[str, Any]) -> str:
     )
 
 
+def _first_round(value: str) -> int:
+    """``--first-round``: a round number, or ``auto`` (:func:`sim.fleet.auto_first_round`)."""
+    if value == "auto":
+        return auto_first_round()
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"--first-round must be an integer or 'auto', got {value!r}") from None
+
+
 def _spec_from_file(path: Path) -> MechanismSpec:
     data = json.loads(path.read_text())
     if not isinstance(data, dict):
@@ -199,7 +209,13 @@ def fleet(
     prefix: Annotated[str, typer.Option(help="Device id prefix (id = prefix + 6 digits).")] = (
         DEFAULT_PREFIX
     ),
-    first_round: Annotated[int, typer.Option(help="Round number of the first round.")] = 0,
+    first_round: Annotated[
+        str,
+        typer.Option(
+            help="Round number of the first round, or 'auto' (Unix seconds + 1): above every "
+            "round an earlier run used, for restarts (docs/fleet.md)."
+        ),
+    ] = "0",
     username: Annotated[
         str | None,
         typer.Option(envvar="COCO_MQTT_USERNAME", help="One shared MQTT identity."),
@@ -270,7 +286,7 @@ def fleet(
             model=model.value,
             seed=run_seed,
             prefix=prefix,
-            first_round=first_round,
+            first_round=_first_round(first_round),
             username=username,
             password=password,
             credentials_secret=secret,

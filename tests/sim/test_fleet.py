@@ -31,7 +31,7 @@ from edge.spec import MechanismSpec
 from edge.topics import spec_topic
 from sim.cli import app
 from sim.credentials import device_id, mosquitto_password_file
-from sim.fleet import Fleet, FleetConfig, ensure_fd_limit
+from sim.fleet import Fleet, FleetConfig, auto_first_round, ensure_fd_limit
 from sim.fleet_metrics import CONNECT_FAILURE_REASONS, PUBLISH_FAILURE_REASONS
 from sim.fleet_models import FleetModel
 from tests.asyncutil import run, value, wait_until
@@ -397,6 +397,8 @@ def test_cli_errors_are_one_line_without_a_traceback(mosquitto: Broker, tmp_path
     base = ["fleet", "--broker", mosquitto.url, "--devices", "2", "--no-progress"]
     not_an_object = tmp_path / "spec.json"
     not_an_object.write_text('["coco"]')
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(SENSORS.to_dict()))
     cases = [
         (["--deployment", "cli-err", "--spec", str(not_an_object)], "JSON object expected"),
         (
@@ -407,9 +409,39 @@ def test_cli_errors_are_one_line_without_a_traceback(mosquitto: Broker, tmp_path
             ["--deployment", "cli-err", "--broker", f"mqtt://127.0.0.1:{free_port()}"],
             "reading the announcement from",
         ),
+        (
+            ["--deployment", "cli-err", "--spec", str(good), "--first-round", "soon"],
+            "--first-round must be an integer or 'auto'",
+        ),
     ]
     for args, message in cases:
         result = runner.invoke(app, [*base, *args])
         assert result.exit_code == 1, result.output
         assert result.exception is None or isinstance(result.exception, SystemExit)
         assert message in result.output
+
+
+def test_auto_first_round_continues_above_every_round_a_restarted_run_used() -> None:
+    """With rounds at least ``interval >= 1 s`` apart and a restart at least one second
+    after the earlier run's last round started, the automatic first round is above every
+    round the earlier run used (never reused, never below all of them)."""
+    for interval in (1.0, 1.5, 15.0, 60.0):
+        for t0 in (1_764_115_200.0, 1_764_115_200.7, 1_764_115_214.9):
+            first = auto_first_round(now=t0)
+            for rounds in (1, 2, 9, 1000):
+                last_start = t0 + (rounds - 1) * interval  # the earliest it can start
+                for delay in (1.0, 1.001, interval / 2 + 1):
+                    restart = auto_first_round(now=last_start + delay)
+                    assert restart > first + rounds - 1
+    # The conditions matter: a restart within the same second reuses the round.
+    assert auto_first_round(now=1_764_115_200.2) == auto_first_round(now=1_764_115_200.9)
+    assert auto_first_round(now=1_764_115_200.0) < 2**32  # fits the u32 round field
+    with pytest.raises(ValueError, match="u32 round field"):
+        FleetConfig(
+            broker="mqtt://127.0.0.1:1",
+            deployment="d",
+            spec=SENSORS,
+            devices=1,
+            rounds=2,
+            first_round=2**32 - 1,
+        )
