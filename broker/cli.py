@@ -53,11 +53,17 @@ async def read_announcement(
         host, port, username=username, password=password, tls_params=tls_params
     ) as client:
         await client.subscribe(spec_topic(deployment), qos=1)
-        async with asyncio.timeout(timeout):
-            async for message in client.messages:
-                payload = message.payload
-                if isinstance(payload, bytes | bytearray):
-                    return decode_announcement(bytes(payload))
+        try:
+            async with asyncio.timeout(timeout):
+                async for message in client.messages:
+                    payload = message.payload
+                    if isinstance(payload, bytes | bytearray):
+                        return decode_announcement(bytes(payload))
+        except TimeoutError:
+            raise TimeoutError(
+                f"no announcement on {spec_topic(deployment)} within {timeout:g} s "
+                "(run coco announce, or pass --spec)"
+            ) from None
     raise TimeoutError  # pragma: no cover  # the iterator only ends by raising
 
 

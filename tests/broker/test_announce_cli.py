@@ -70,3 +70,21 @@ def test_dry_run_and_errors() -> None:
     bad = runner.invoke(app, [*ARGS, "--broker", "mqtt://127.0.0.1:1", "--timeout", "2"])
     assert bad.exit_code == 1
     assert bad.output.startswith("error:")
+
+
+def test_services_without_an_announcement_say_so_in_one_line(mosquitto: Broker) -> None:
+    """No retained spec yet: a one-line error naming the topic, not an empty message."""
+    result = CliRunner().invoke(
+        app,
+        [
+            "shuffler",
+            "--deployment",
+            "never-announced",
+            "--broker",
+            mosquitto.url,
+            "--announcement-timeout",
+            "0.3",
+        ],
+    )
+    assert result.exit_code == 1
+    assert "no announcement on coco/v1/never-announced/spec within 0.3 s" in result.output
