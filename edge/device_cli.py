@@ -111,7 +111,7 @@ def device(
         ),
     ] = None,
     clip: Annotated[
-        bool, typer.Option(envvar="COCO_CLIP", help="Clip readings outside [lo, hi].")
+        bool, typer.Option(envvar="COCO_CLIP", help="Clip readings to the range from --lo to --hi.")
     ] = False,
     input_file: Annotated[
         Path | None,
