@@ -18,6 +18,7 @@ import typer
 
 from aggregator.accountant import amplify, amplify_spec
 from edge import CocoError, MechanismSpec, SpecError
+from edge.announce import load_spec_file
 from edge.cli_options import (
     DEFAULT_BROKER,
     BrokerOption,
@@ -25,6 +26,7 @@ from edge.cli_options import (
     DeploymentOption,
     PasswordFileOption,
     PasswordOption,
+    SpecFileOption,
     UsernameOption,
     resolve_password,
 )
@@ -127,30 +129,11 @@ def privacy(
 aggregator_app = typer.Typer(help="The streaming aggregator service.", no_args_is_help=True)
 
 
-def _load_spec_file(path: Path) -> MechanismSpec:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise SpecError(f"cannot read spec {path}: {exc}") from exc
-    if isinstance(data, dict) and "spec" in data and "protocol" in data:  # an announcement
-        data = data["spec"]
-    if not isinstance(data, dict):
-        raise SpecError(f"{path} must hold a JSON object")
-    return MechanismSpec.from_dict(data)
-
-
 @aggregator_app.command("run")
 def aggregator_run(
     broker: BrokerOption = DEFAULT_BROKER,
     deployment: DeploymentOption = "default",
-    spec: Annotated[
-        Path | None,
-        typer.Option(
-            envvar="COCO_SPEC",
-            help="Spec JSON (MechanismSpec.to_dict or an announcement); default: the "
-            "retained announcement on coco/v1/<deployment>/spec.",
-        ),
-    ] = None,
+    spec: SpecFileOption = None,
     delta: Annotated[
         float | None,
         typer.Option(envvar="COCO_DELTA", help="Target delta (default: the announcement's)."),
@@ -197,7 +180,7 @@ def aggregator_run(
         password = resolve_password(password, password_file)
         min_batch: int | None = None
         if spec is not None:
-            mechanism = _load_spec_file(spec)
+            mechanism = load_spec_file(spec)
             if delta is None:
                 raise SpecError("--delta is required with --spec")
         else:

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 from enum import StrEnum
-from pathlib import Path
 from typing import Annotated, Any
 
 import aiomqtt
@@ -16,7 +14,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from broker.shuffler import Shuffler, ShufflerConfig, parse_broker_url
 from edge import CocoError, MechanismSpec
-from edge.announce import decode_announcement
+from edge.announce import decode_announcement, load_spec_file
 from edge.cli_options import (
     DEFAULT_BROKER,
     BrokerOption,
@@ -24,6 +22,7 @@ from edge.cli_options import (
     DeploymentOption,
     PasswordFileOption,
     PasswordOption,
+    SpecFileOption,
     UsernameOption,
     resolve_password,
 )
@@ -93,13 +92,7 @@ async def _serve(config: ShufflerConfig, registry: CollectorRegistry) -> None:
 def shuffler(
     deployment: DeploymentOption,
     broker: BrokerOption = DEFAULT_BROKER,
-    spec: Annotated[
-        Path | None,
-        typer.Option(
-            envvar="COCO_SPEC",
-            help="MechanismSpec JSON (to_dict format); default: the retained announcement.",
-        ),
-    ] = None,
+    spec: SpecFileOption = None,
     min_batch: Annotated[
         int | None,
         typer.Option(
@@ -131,7 +124,7 @@ def shuffler(
         password = resolve_password(password, password_file)
         announced: int | None = None
         if spec is not None:
-            mechanism = MechanismSpec.from_dict(json.loads(spec.read_text()))
+            mechanism = load_spec_file(spec)
         else:
             announcement = asyncio.run(
                 read_announcement(

@@ -16,6 +16,7 @@ other key, or any mismatch, raises :class:`~edge.errors.SpecError`.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from edge.codec import U32_MAX
@@ -97,3 +98,17 @@ def decode_announcement(payload: bytes) -> dict[str, Any]:
         "min_batch": _check_min_batch(message["min_batch"]),
         "delta": _check_delta(message["delta"]),
     }
+
+
+def load_spec_file(path: Path) -> MechanismSpec:
+    """The spec in a JSON file: a :meth:`MechanismSpec.to_dict` or a whole announcement
+    (checked like a received one); :class:`SpecError` otherwise."""
+    try:
+        data: Any = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"cannot read the spec file {path}: {exc}") from exc
+    if isinstance(data, dict) and "protocol" in data:
+        data = decode_announcement(json.dumps(data).encode())["spec"]
+    if not isinstance(data, dict):
+        raise SpecError(f"the spec file {path} must hold a JSON object")
+    return MechanismSpec.from_dict(data)

@@ -19,6 +19,15 @@ DeploymentOption = Annotated[
     str, typer.Option(envvar="COCO_DEPLOYMENT", help="Deployment name (one topic level).")
 ]
 DEFAULT_BROKER = "mqtt://127.0.0.1:1883"
+SpecFileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--spec",
+        envvar="COCO_SPEC",
+        help="Spec JSON (MechanismSpec.to_dict or a whole announcement); default: the "
+        "retained announcement on coco/v1/<deployment>/spec.",
+    ),
+]
 
 UsernameOption = Annotated[
     str | None, typer.Option(envvar="COCO_MQTT_USERNAME", help="MQTT username of this service.")

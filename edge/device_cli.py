@@ -16,21 +16,19 @@ on stderr and no traceback.
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, TextIO
+from typing import Annotated, TextIO
 
 import typer
 
-from edge.announce import decode_announcement
-from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption
+from edge.announce import load_spec_file
+from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption, SpecFileOption
 from edge.errors import CocoError, InputError
 from edge.ledger import BudgetLedger
 from edge.publisher import DevicePublisher, PublisherConfig
-from edge.spec import MechanismSpec
 
 logger = logging.getLogger(__name__)
 
@@ -42,19 +40,6 @@ def _floats(option: str, text: str) -> tuple[float, ...]:
         raise typer.BadParameter(
             f"must be comma-separated numbers, got {text!r}", param_hint=option
         ) from None
-
-
-def load_spec(path: Path) -> MechanismSpec:
-    """A spec from a JSON file: a :meth:`MechanismSpec.to_dict` or a whole announcement."""
-    try:
-        data: Any = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read the spec file {path}: {exc}") from exc
-    if isinstance(data, dict) and "protocol" in data:
-        data = decode_announcement(json.dumps(data).encode())["spec"]
-    if not isinstance(data, dict):
-        raise InputError(f"the spec file {path} must hold a JSON object")
-    return MechanismSpec.from_dict(data)
 
 
 def _rows(stream: TextIO) -> Iterator[tuple[int, int, list[str]]]:
@@ -103,13 +88,7 @@ def device(
         float, typer.Option(envvar="COCO_BUDGET", help="Total local epsilon of this device.")
     ],
     broker: BrokerOption = DEFAULT_BROKER,
-    spec: Annotated[
-        Path | None,
-        typer.Option(
-            envvar="COCO_SPEC",
-            help="Spec JSON (to_dict or announcement); default: the retained announcement.",
-        ),
-    ] = None,
+    spec: SpecFileOption = None,
     clip: Annotated[
         bool, typer.Option(envvar="COCO_CLIP", help="Clip readings to the range from --lo to --hi.")
     ] = False,
@@ -158,7 +137,7 @@ def device(
             publish_timeout=timeout,
             spec_timeout=timeout,
         )
-        given = None if spec is None else load_spec(spec)
+        given = None if spec is None else load_spec_file(spec)
         book = BudgetLedger(ledger, total_epsilon=budget)
         publisher = DevicePublisher(
             config, ledger=book, spec=given, lo=lo_values, hi=hi_values, clip=clip

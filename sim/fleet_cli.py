@@ -20,7 +20,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from broker.cli import read_announcement
 from edge import CocoError, MechanismSpec
-from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption
+from edge.announce import load_spec_file
+from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption, SpecFileOption
 from edge.topics import spec_topic
 from sim.credentials import DEFAULT_PREFIX, device_id, device_password, read_secret
 from sim.fleet import Fleet, FleetConfig, FleetError, auto_first_round
@@ -137,13 +138,6 @@ def _first_round(value: str) -> int:
         raise ValueError(f"--first-round must be an integer or 'auto', got {value!r}") from None
 
 
-def _spec_from_file(path: Path) -> MechanismSpec:
-    data = json.loads(path.read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: a MechanismSpec JSON object expected")
-    return MechanismSpec.from_dict(data)
-
-
 def _announced_spec(
     broker: str,
     deployment: str,
@@ -196,13 +190,7 @@ def fleet(
             "liked (+1) or disliked (-1)."
         ),
     ] = FleetModelName.sensors,
-    spec: Annotated[
-        Path | None,
-        typer.Option(
-            envvar="COCO_SPEC",
-            help="MechanismSpec JSON (to_dict format); default: the retained announcement.",
-        ),
-    ] = None,
+    spec: SpecFileOption = None,
     seed: Annotated[
         int | None, typer.Option(help="Seed of the whole run (default: random, printed).")
     ] = None,
@@ -263,7 +251,7 @@ def fleet(
             raise ValueError(f"--qos must be 0 or 1, got {qos}")
         secret = None if credentials_secret_file is None else read_secret(credentials_secret_file)
         if spec is not None:
-            mechanism = _spec_from_file(spec)
+            mechanism = load_spec_file(spec)
         else:
             user, pw = username, password
             if secret is not None:  # read the announcement as device 0 would

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from aggregator import batch_codec
 from edge import codec, wire_vectors
-from edge.announce import PROTOCOL, decode_announcement, encode_announcement
+from edge.announce import PROTOCOL, decode_announcement, encode_announcement, load_spec_file
 from edge.errors import SpecError
 from edge.spec import MechanismSpec
 
@@ -447,3 +447,24 @@ def test_decode_announcement_with_any_json_value_in_any_field(value: object, fie
     target = message["spec"] if field in {"mechanism", "d", "t"} else message
     target[field] = value
     _decodes_canonically_or_raises_spec_error(json.dumps(message).encode())
+
+
+def test_spec_files_hold_a_spec_or_a_whole_announcement(tmp_path: Path) -> None:
+    """``--spec`` of every command: ``to_dict`` or an announcement (checked as received)."""
+    spec = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
+    plain, announced = tmp_path / "spec.json", tmp_path / "announcement.json"
+    plain.write_text(json.dumps(spec.to_dict()))
+    announced.write_bytes(encode_announcement(spec.to_dict(), min_batch=100, delta=1e-6))
+    assert load_spec_file(plain) == spec
+    assert load_spec_file(announced) == spec
+    bad = tmp_path / "bad.json"
+    for text, message in [
+        ('["coco"]', "must hold a JSON object"),
+        ("{", "cannot read the spec file"),
+        (json.dumps({"protocol": "coco/v1", "spec": spec.to_dict()}), "exactly the keys"),
+    ]:
+        bad.write_text(text)
+        with pytest.raises(SpecError, match=message):
+            load_spec_file(bad)
+    with pytest.raises(SpecError, match="cannot read the spec file"):
+        load_spec_file(tmp_path / "missing.json")

@@ -400,7 +400,7 @@ def test_cli_errors_are_one_line_without_a_traceback(mosquitto: Broker, tmp_path
     good = tmp_path / "good.json"
     good.write_text(json.dumps(SENSORS.to_dict()))
     cases = [
-        (["--deployment", "cli-err", "--spec", str(not_an_object)], "JSON object expected"),
+        (["--deployment", "cli-err", "--spec", str(not_an_object)], "must hold a JSON object"),
         (
             ["--deployment", "cli-nothing-announced", "--announcement-timeout", "0.5"],
             "no announcement on coco/v1/cli-nothing-announced/spec within 0.5 s",
