@@ -77,7 +77,7 @@ class _Table:
         r = self.by_key.get((mech, n, d, s, eps, target, projected, metric))
         return None if r is None else float(r["mean_ln"])
 
-    def reductions(
+    def cell_reductions(
         self,
         a: str,
         b: Sequence[str],
@@ -88,8 +88,9 @@ class _Table:
         metric: str,
         projected: int,
         projected_b: Sequence[int] | None = None,
-    ) -> list[float]:
-        """Per-cell reduction of ``a`` against the best (lowest error) of ``b``."""
+    ) -> list[tuple[int, float, float]]:
+        """``(s, eps, reduction)`` of ``a`` against the best (lowest error) of ``b``, for
+        every cell of ``(n, d)`` where both have a result."""
         out = []
         pb = projected_b if projected_b is not None else [projected] * len(b)
         for s, eps in self.cells(n, d):
@@ -101,8 +102,12 @@ class _Table:
             present = [x for x in lbs if x is not None]
             if la is None or not present:
                 continue
-            out.append(1.0 - math.exp(la - min(present)))
+            out.append((s, eps, 1.0 - math.exp(la - min(present))))
         return out
+
+    def reductions(self, a: str, b: Sequence[str], **cell: Any) -> list[float]:
+        """Per-cell reduction of ``a`` against the best of ``b`` (:meth:`cell_reductions`)."""
+        return [r for _, _, r in self.cell_reductions(a, b, **cell)]
 
 
 def _pct(values: Sequence[float]) -> str:
@@ -196,12 +201,11 @@ def _coco_by_eps(tab: _Table, t_rule: TRule) -> list[str]:
     n, d = tab.configs[0]
     measured: dict[float, list[float]] = defaultdict(list)
     theory: dict[float, list[float]] = defaultdict(list)
-    for s, eps in tab.cells(n, d):
-        la = tab.log_error("CoCo", (n, d, s, eps), "mean", 0, "MSE")
-        lb = tab.log_error("Collision", (n, d, s, eps), "mean", 0, "MSE")
-        if la is None or lb is None:
-            continue
-        measured[eps].append(1 - math.exp(la - lb))
+    cells = tab.cell_reductions(
+        "CoCo", ["Collision"], n=n, d=d, target="mean", metric="MSE", projected=0
+    )
+    for s, eps, reduction in cells:
+        measured[eps].append(reduction)
         coco = ProductMechanism("coco", d=d, s=s, epsilon=eps, t_rule=t_rule).spec
         coll = ProductMechanism("collision", d=d, s=s, epsilon=eps, t_rule=t_rule).spec
         theory[eps].append(1 - coco.moments.mean_mse(d, s) / coll.moments.mean_mse(d, s))
@@ -255,13 +259,12 @@ def _succinct_by_eps(tab: _Table) -> list[str]:
     n, d = tab.configs[0]
     by_eps: dict[float, list[float]] = defaultdict(list)
     by_s: dict[int, list[float]] = defaultdict(list)
-    for s, eps in tab.cells(n, d):
-        la = tab.log_error("Collision", (n, d, s, eps), "mean", 0, "MAE")
-        lb = tab.log_error("SUCCINCT", (n, d, s, eps), "mean", 0, "MAE")
-        if la is None or lb is None:
-            continue
-        by_eps[eps].append(1 - math.exp(la - lb))
-        by_s[s].append(1 - math.exp(la - lb))
+    cells = tab.cell_reductions(
+        "Collision", ["SUCCINCT"], n=n, d=d, target="mean", metric="MAE", projected=0
+    )
+    for s, eps, reduction in cells:
+        by_eps[eps].append(reduction)
+        by_s[s].append(reduction)
     lines = [f"{_config(n, d)}, mean MAE without post-processing, Collision against SUCCINCT:", ""]
     lines += _md_table(
         ["ε", *[f"{e:g}" for e in sorted(by_eps)]],
