@@ -22,7 +22,6 @@ from broker.cli import read_announcement
 from edge import CocoError, MechanismSpec
 from edge.announce import load_spec_file
 from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption, SpecFileOption
-from edge.topics import spec_topic
 from sim.credentials import DEFAULT_PREFIX, device_id, device_password, read_secret
 from sim.fleet import Fleet, FleetConfig, FleetError, auto_first_round
 from sim.fleet_metrics import DEFAULT_METRICS_DIMS
@@ -153,11 +152,8 @@ def _announced_spec(
                 broker, deployment, timeout, username=username, password=password, ca_file=ca_file
             )
         )
-    except TimeoutError:
-        raise FleetError(
-            f"no announcement on {spec_topic(deployment)} within {timeout:g} s "
-            "(run coco announce, or pass --spec)"
-        ) from None
+    except TimeoutError as exc:  # read_announcement names the topic it waited on
+        raise FleetError(str(exc)) from None
     except (OSError, aiomqtt.MqttError) as exc:
         raise FleetError(f"reading the announcement from {broker}: {exc}") from None
     return MechanismSpec.from_dict(announcement["spec"])
