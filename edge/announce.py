@@ -4,13 +4,17 @@ aggregator which mechanism is in force.
 The payload is UTF-8 JSON with sorted keys and no whitespace, so that the same announcement
 is always the same bytes::
 
-    {"delta":1e-06,"min_batch":1000,"protocol":"coco/v1","spec":{...}}
+    {"delta":1e-06,"min_batch":1000,"protocol":"coco/v1","round_seconds":60,"spec":{...}}
 
 ``spec`` is exactly :meth:`edge.spec.MechanismSpec.to_dict` of the spec it describes: every
 field present, the derived ``exp_eps_weight``, ``unit_weight`` and ``fingerprint`` equal to
 what the parameters give. ``min_batch`` (an int in ``[1, 2^32)``) is the smallest batch the
-shuffler releases and ``delta`` (in ``(0, 1)``) the target of the shuffle accountant. Any
-other key, or any mismatch, raises :class:`~edge.errors.SpecError`.
+shuffler releases and ``delta`` (in ``(0, 1)``) the target of the shuffle accountant.
+``round_seconds`` (an int in ``[1, 86400]``) is the length of a round: a device reports in
+round ``floor(unix_time / round_seconds)`` (:mod:`edge.rounds`). The optional
+``batch_public_key`` (64 lowercase hex digits) is the shuffler's Ed25519 key that signs
+every batch (:mod:`edge.batch_auth`); an aggregator may take it from here or pin it in its
+own configuration. Any other key, or any mismatch, raises :class:`~edge.errors.SpecError`.
 """
 
 from __future__ import annotations
@@ -21,10 +25,14 @@ from typing import Any
 
 from edge.codec import U32_MAX
 from edge.errors import SpecError
+from edge.rounds import check_round_seconds
 from edge.spec import MechanismSpec
 
 PROTOCOL = "coco/v1"
-_KEYS = frozenset({"protocol", "spec", "min_batch", "delta"})
+_KEYS = frozenset({"protocol", "spec", "min_batch", "delta", "round_seconds"})
+_OPTIONAL_KEYS = frozenset({"batch_public_key"})
+DEFAULT_ROUND_SECONDS = 60
+PUBLIC_KEY_HEX = 64
 
 
 def _checked_spec(spec_dict: object) -> dict[str, Any]:
@@ -63,19 +71,49 @@ def _check_delta(delta: object) -> float:
     return float(delta)
 
 
-def encode_announcement(spec_dict: dict[str, Any], *, min_batch: int, delta: float) -> bytes:
+def _check_round_seconds(round_seconds: object) -> int:
+    try:
+        return check_round_seconds(round_seconds)  # type: ignore[arg-type]
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def _check_public_key(key: object) -> str:
+    if (
+        not isinstance(key, str)
+        or len(key) != PUBLIC_KEY_HEX
+        or any(c not in "0123456789abcdef" for c in key)
+    ):
+        raise SpecError(
+            f"batch_public_key must be {PUBLIC_KEY_HEX} lowercase hex digits, got {key!r}"
+        )
+    return key
+
+
+def encode_announcement(
+    spec_dict: dict[str, Any],
+    *,
+    min_batch: int,
+    delta: float,
+    round_seconds: int = DEFAULT_ROUND_SECONDS,
+    batch_public_key: str | None = None,
+) -> bytes:
     """The announcement payload for ``spec_dict`` (a :meth:`MechanismSpec.to_dict`)."""
-    message = {
+    message: dict[str, Any] = {
         "protocol": PROTOCOL,
         "spec": _checked_spec(spec_dict),
         "min_batch": _check_min_batch(min_batch),
         "delta": _check_delta(delta),
+        "round_seconds": _check_round_seconds(round_seconds),
     }
+    if batch_public_key is not None:
+        message["batch_public_key"] = _check_public_key(batch_public_key)
     return json.dumps(message, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
 def decode_announcement(payload: bytes) -> dict[str, Any]:
-    """``{"protocol", "spec", "min_batch", "delta"}`` of a valid announcement.
+    """``{"protocol", "spec", "min_batch", "delta", "round_seconds"}`` (and
+    ``"batch_public_key"`` when announced) of a valid announcement.
 
     ``spec`` is a checked :meth:`MechanismSpec.to_dict` (``MechanismSpec.from_dict`` turns it
     back into a spec); anything else raises :class:`~edge.errors.SpecError`.
@@ -86,18 +124,23 @@ def decode_announcement(payload: bytes) -> dict[str, Any]:
         raise SpecError(f"announcement is not UTF-8 JSON: {exc}") from exc
     if not isinstance(message, dict):
         raise SpecError(f"announcement must be a JSON object, got {message!r}")
-    if set(message) != _KEYS:
+    if not _KEYS <= set(message) <= _KEYS | _OPTIONAL_KEYS:
         raise SpecError(
-            f"announcement must have exactly the keys {sorted(_KEYS)}, got {sorted(message)}"
+            f"announcement must have the keys {sorted(_KEYS)} (optionally "
+            f"{sorted(_OPTIONAL_KEYS)}), got {sorted(message)}"
         )
     if message["protocol"] != PROTOCOL:
         raise SpecError(f"protocol {message['protocol']!r} is not {PROTOCOL!r}")
-    return {
+    decoded: dict[str, Any] = {
         "protocol": PROTOCOL,
         "spec": _checked_spec(message["spec"]),
         "min_batch": _check_min_batch(message["min_batch"]),
         "delta": _check_delta(message["delta"]),
+        "round_seconds": _check_round_seconds(message["round_seconds"]),
     }
+    if "batch_public_key" in message:
+        decoded["batch_public_key"] = _check_public_key(message["batch_public_key"])
+    return decoded
 
 
 def load_spec_file(path: Path) -> MechanismSpec:

@@ -330,7 +330,13 @@ def test_announcement_round_trip(spec: MechanismSpec) -> None:
     assert message["protocol"] == PROTOCOL == "coco/v1"
     assert payload == json.dumps(message, sort_keys=True, separators=(",", ":")).encode()
     decoded = decode_announcement(payload)
-    expected = {"protocol": PROTOCOL, "spec": spec.to_dict(), "min_batch": 1000, "delta": 1e-6}
+    expected = {
+        "protocol": PROTOCOL,
+        "spec": spec.to_dict(),
+        "min_batch": 1000,
+        "delta": 1e-6,
+        "round_seconds": 60,
+    }
     assert decoded == expected
     assert MechanismSpec.from_dict(decoded["spec"]) == spec
     assert encode_announcement(decoded["spec"], min_batch=1000, delta=1e-6) == payload
@@ -407,6 +413,12 @@ GOOD = encode_announcement(SPECS[0].to_dict(), min_batch=10, delta=1e-6)
         GOOD.replace(b'"delta":1e-06', b'"delta":1e999'),
         GOOD.replace(b'"delta":1e-06,', b""),
         GOOD.replace(b"{", b'{"extra":1,', 1),
+        GOOD.replace(b'"round_seconds":60,', b""),
+        GOOD.replace(b'"round_seconds":60', b'"round_seconds":0'),
+        GOOD.replace(b'"round_seconds":60', b'"round_seconds":86401'),
+        GOOD.replace(b'"round_seconds":60', b'"round_seconds":6e1'),
+        GOOD.replace(b"{", b'{"batch_public_key":"00",', 1),
+        GOOD.replace(b"{", b'{"batch_public_key":"' + b"A" * 64 + b'",', 1),
         GOOD.replace(b'"spec":{', b'"spec":[{', 1)[:-1] + b"]}",
         GOOD.replace(b'"d":10', b'"d":' + b"1" * 5000),
         b"[" * 100_000,
@@ -422,7 +434,11 @@ def _decodes_canonically_or_raises_spec_error(payload: bytes) -> None:
         decoded = decode_announcement(payload)
     except SpecError:
         return
-    params = {"min_batch": decoded["min_batch"], "delta": decoded["delta"]}
+    params = {
+        key: decoded[key]
+        for key in ("min_batch", "delta", "round_seconds", "batch_public_key")
+        if key in decoded
+    }
     assert decode_announcement(encode_announcement(decoded["spec"], **params)) == decoded
 
 
@@ -440,7 +456,19 @@ def test_decode_announcement_raises_only_spec_error(payload: bytes) -> None:
         ),
         max_leaves=10,
     ),
-    field=st.sampled_from(["protocol", "spec", "min_batch", "delta", "mechanism", "d", "t"]),
+    field=st.sampled_from(
+        [
+            "protocol",
+            "spec",
+            "min_batch",
+            "delta",
+            "round_seconds",
+            "batch_public_key",
+            "mechanism",
+            "d",
+            "t",
+        ]
+    ),
 )
 def test_decode_announcement_with_any_json_value_in_any_field(value: object, field: str) -> None:
     message = json.loads(GOOD)
@@ -461,7 +489,7 @@ def test_spec_files_hold_a_spec_or_a_whole_announcement(tmp_path: Path) -> None:
     for text, message in [
         ('["coco"]', "must hold a JSON object"),
         ("{", "cannot read the spec file"),
-        (json.dumps({"protocol": "coco/v1", "spec": spec.to_dict()}), "exactly the keys"),
+        (json.dumps({"protocol": "coco/v1", "spec": spec.to_dict()}), "must have the keys"),
     ]:
         bad.write_text(text)
         with pytest.raises(SpecError, match=message):
