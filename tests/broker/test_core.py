@@ -1,0 +1,347 @@
+"""The shuffler's pure core: rounds, pools, duplicates and release, without any I/O.
+
+Property-based: hypothesis drives random event sequences (reports of honest and hostile
+devices with any round number, time passing, acknowledgements, crashes and restarts from
+the log) and checks after every step that
+
+* no batch is below ``min_batch``;
+* no batch holds two reports of one device;
+* no report is released twice, and every accepted report is released, dropped with a
+  reason, or still buffered (exact counts);
+* a restart from the log, or from a compacted snapshot, gives the very same state.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.core import (
+    Accepted,
+    Acked,
+    BatchMaker,
+    CoreConfig,
+    Effect,
+    Released,
+    ShufflerCore,
+    batch_id_of,
+)
+from broker.store import decode_effects, encode_effect
+from edge.codec import decode_batch
+
+L = 10  # round_seconds
+T0 = 1_800_000_000.0  # a Unix time after the clock floor, at a round boundary
+FP = 0xC0C0
+TPARAM = 8
+
+
+def config(**overrides: object) -> CoreConfig:
+    settings_: dict[str, object] = {
+        "fingerprint": FP,
+        "t": TPARAM,
+        "round_seconds": L,
+        "min_batch": 3,
+        "max_batch": 7,
+        "max_skew": 2.0,
+        **overrides,
+    }
+    return CoreConfig(**settings_)  # type: ignore[arg-type]
+
+
+_BATCH_IDS = itertools.count()  # unique across makers, like 16 random bytes
+
+
+def maker(seed: int = 0) -> BatchMaker:
+    rng = random.Random(seed)
+    return BatchMaker(
+        shuffle=rng.shuffle,
+        new_batch_id=lambda: next(_BATCH_IDS).to_bytes(16, "big"),
+        seal=lambda batch: batch,  # no signature: the core never looks inside the seal
+    )
+
+
+def token(device: int) -> bytes:
+    return device.to_bytes(16, "big")
+
+
+def report(round_: int, seed: int, z: int = 0, fp: int = FP) -> tuple[int, int, int, int, int]:
+    return (1, fp, round_, seed, z)
+
+
+@dataclass
+class Harness:
+    """A core plus its log, and an independent ledger of what it must have done."""
+
+    cfg: CoreConfig
+    core: ShufflerCore = field(init=False)
+    log: list[bytes] = field(default_factory=list)
+    released: Counter[int] = field(default_factory=Counter)  # seed -> times released
+    accepted: int = 0
+    dropped: int = 0
+    batches: list[bytes] = field(default_factory=list)
+    rng_seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.core = ShufflerCore(self.cfg)
+
+    def commit(self, effects: list[Effect]) -> None:
+        for effect in effects:
+            self.log.append(encode_effect(effect))
+            applied = self.core.apply(effect)
+            self.dropped += sum(applied.dropped.values())
+            if isinstance(effect, Released):
+                for message in effect.messages:
+                    self.check_batch(message)
+
+    def check_batch(self, message: bytes) -> None:
+        _, _, _, seeds, _ = decode_batch(message)
+        assert len(seeds) >= self.cfg.min_batch
+        devices = [seed // 1000 for seed in seeds]
+        assert len(set(devices)) == len(devices), "two reports of one device in a batch"
+        for seed in seeds:
+            self.released[seed] += 1
+            assert self.released[seed] == 1, "a report released twice"
+        self.batches.append(message)
+
+    def send(self, now: float, device: int, round_: int, serial: int) -> str | None:
+        outcome = self.core.accept(now, token(device), report(round_, device * 1000 + serial))
+        if isinstance(outcome, str):
+            return outcome
+        self.accepted += 1
+        self.commit([outcome])
+        if self.core.due_early(round_):
+            release = self.core.release_early(round_, maker(self.rng_seed))
+            if release is not None:
+                self.commit([release])
+        return None
+
+    def tick(self, now: float) -> None:
+        self.rng_seed += 1
+        self.commit(self.core.tick(now, maker(self.rng_seed)))
+
+    def ack_oldest(self) -> None:
+        outbox = self.core.outbox()
+        if outbox:
+            self.commit([Acked(batch_id_of(outbox[0]))])
+
+    def restart(self, *, compact: bool) -> None:
+        """Crash and restart: a new core replays the log (or its compaction)."""
+        effects, whole = decode_effects(b"".join(self.log))
+        assert whole == sum(map(len, self.log))
+        fresh = ShufflerCore(self.cfg)
+        for effect in effects:
+            fresh.apply(effect)
+        assert fresh.state_digest() == self.core.state_digest()
+        if compact:
+            snapshot = list(fresh.snapshot())
+            self.log = [encode_effect(e) for e in snapshot]
+            again = ShufflerCore(self.cfg)
+            for effect in decode_effects(b"".join(self.log))[0]:
+                again.apply(effect)
+            assert again.state_digest() == fresh.state_digest()
+            fresh = again
+        self.core = fresh
+
+    def conserved(self) -> None:
+        released = sum(self.released.values())
+        assert self.accepted == released + self.dropped + self.core.buffered
+
+
+HOSTILE_ROUNDS = [0, 1, 2**31, 0xFFFFFFF8, 0xFFFFFFFF]
+
+_send = st.tuples(
+    st.just("send"),
+    st.integers(0, 11),  # device
+    st.one_of(
+        st.tuples(st.just("relative"), st.integers(-1, 1)),
+        st.tuples(st.just("absolute"), st.sampled_from(HOSTILE_ROUNDS)),
+    ),
+)
+_burst = st.tuples(  # several devices report in one round (one of them maybe twice)
+    st.just("burst"), st.lists(st.integers(0, 11), min_size=2, max_size=8), st.integers(-1, 1)
+)
+events = st.lists(
+    st.one_of(
+        _send,
+        _burst,
+        _burst,
+        st.tuples(st.just("wait"), st.sampled_from([0.5, 1.0, 3.0, 4.5, 6.0, 9.5, 10.0, 25.0])),
+        st.tuples(st.just("tick")),
+        st.tuples(st.just("ack")),
+        st.tuples(st.just("restart"), st.booleans()),
+    ),
+    min_size=5,
+    max_size=100,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    events=events,
+    policy=st.sampled_from(["carry", "drop"]),
+    release_size=st.sampled_from([None, 4]),
+)
+def test_invariants_over_random_event_sequences(
+    events: list[tuple[object, ...]], policy: str, release_size: int | None
+) -> None:
+    # skew 4 s of 10 s rounds: two rounds are often open at once (the boundary cases)
+    h = Harness(config(round_policy=policy, release_size=release_size, max_skew=4.0))
+    now = T0
+    serial = 0
+    for event in events:
+        match event:
+            case ("send", device, (kind, number)):
+                assert isinstance(device, int)
+                assert isinstance(number, int)
+                round_ = number if kind == "absolute" else int(now // L) + number
+                before = h.core.state_digest()
+                serial += 1
+                reason = h.send(now, device, round_, serial)
+                if reason is not None:
+                    assert h.core.state_digest() == before, "a rejection changed the state"
+                    lowest, highest = h.core.open_rounds(now)
+                    if not lowest <= round_ <= highest:
+                        assert reason in {"round_too_old", "round_in_future"}
+            case ("burst", devices, offset):
+                assert isinstance(devices, list)
+                assert isinstance(offset, int)
+                for device in devices:
+                    serial += 1
+                    h.send(now, device, int(now // L) + offset, serial)
+            case ("wait", seconds):
+                assert isinstance(seconds, float)
+                now += seconds
+            case ("tick",):
+                h.tick(now)
+            case ("ack",):
+                h.ack_oldest()
+            case ("restart", compact):
+                h.restart(compact=bool(compact))
+        h.conserved()
+    # in the end every round closes: nothing stays buffered but a carried remnant
+    for _ in range(2):
+        now += 3 * L
+        h.tick(now)
+        h.conserved()
+    assert h.core.buffered < h.cfg.min_batch
+
+
+def test_round_window_and_hostile_rounds_change_nothing() -> None:
+    h = Harness(config())
+    now = T0 + 5
+    current = int(now // L)
+    for device, round_ in enumerate(HOSTILE_ROUNDS):
+        reason = h.send(now, device, round_, 1)
+        assert reason in {"round_too_old", "round_in_future"}
+    assert h.core.state_digest() == ShufflerCore(h.cfg).state_digest()
+    assert h.send(now, 1, current, 1) is None
+    assert h.send(now, 1, current, 2) == "duplicate_in_round"
+    # skew: 2 s either way; at T0 + 5 only the current round is open
+    assert h.send(now, 2, current - 1, 1) == "round_too_old"
+    assert h.send(now, 2, current + 1, 1) == "round_in_future"
+    # near the end of the round, the next one opens early (a device clock 2 s ahead)
+    assert h.send(T0 + 8.5, 3, current + 1, 1) is None
+    # near the start, the previous one is still open (a device clock 2 s behind)
+    assert h.send(T0 + L + 1, 4, current, 1) is None
+
+
+def test_reports_of_other_specs_and_out_of_range_z_are_rejected() -> None:
+    core = ShufflerCore(config())
+    now = T0 + 5
+    r = int(now // L)
+    assert core.accept(now, token(1), report(r, 1, fp=FP + 1)) == "unknown_fingerprint"
+    assert core.accept(now, token(1), report(r, 1, z=TPARAM)) == "z_out_of_range"
+    assert isinstance(core.accept(now, token(1), report(r, 1, z=TPARAM - 1)), Accepted)
+
+
+def test_whole_round_released_as_one_batch_when_it_closes() -> None:
+    h = Harness(config(min_batch=3, max_batch=1000))
+    now = T0 + 1
+    r = int(now // L)
+    for device in range(50):
+        assert h.send(now, device, r, 1) is None
+    h.tick(T0 + L + 1.9)  # still open: skew 2 s
+    assert not h.batches
+    h.tick(T0 + L + 2.0)
+    assert len(h.batches) == 1
+    assert len(decode_batch(h.batches[0])[3]) == 50
+    assert h.core.closed_through == r
+    # the closed round never reopens, whatever the clock says afterwards
+    assert h.send(T0 + 1, 99, r, 1) == "round_too_old"
+
+
+def test_split_above_max_batch_into_near_equal_slices() -> None:
+    h = Harness(config(min_batch=3, max_batch=7))
+    r = int(T0 // L)
+    for device in range(15):
+        h.send(T0, device, r, 1)
+    h.tick(T0 + L + 2)
+    sizes = sorted(len(decode_batch(b)[3]) for b in h.batches)
+    assert sizes == [5, 5, 5]
+
+
+@pytest.mark.parametrize("policy", ["carry", "drop"])
+def test_small_round_is_carried_or_dropped(policy: str) -> None:
+    h = Harness(config(min_batch=3, round_policy=policy))
+    r = int(T0 // L)
+    h.send(T0, 1, r, 1)
+    h.send(T0, 2, r, 1)
+    h.tick(T0 + L + 2)
+    assert not h.batches
+    if policy == "drop":
+        assert h.dropped == 2
+        assert h.core.buffered == 0
+        return
+    assert h.core.pool_sizes() == {r + 1: 2}
+    # device 1 reports again in the next round: its carried report is superseded
+    h.send(T0 + L + 3, 1, r + 1, 2)
+    h.send(T0 + L + 3, 3, r + 1, 1)
+    h.tick(T0 + 2 * L + 2)
+    (batch,) = h.batches
+    seeds = sorted(decode_batch(batch)[3])
+    assert seeds == [1002, 2001, 3001]  # the newer report of device 1, not both
+    assert h.dropped == 1  # carry_superseded
+    h.conserved()
+
+
+def test_full_outbox_keeps_pools_until_there_is_room() -> None:
+    h = Harness(config(min_batch=3, max_batch=6, max_outbox_batches=1))
+    r = int(T0 // L)
+    for device in range(3):
+        h.send(T0, device, r, 1)
+        h.send(T0 + L, device, r + 1, 2)
+    h.tick(T0 + 2 * L + 2)
+    assert len(h.core.outbox()) == 1
+    assert h.core.buffered == 3
+    h.ack_oldest()
+    h.tick(T0 + 2 * L + 3)
+    assert len(h.core.outbox()) == 1
+    assert h.core.buffered == 0
+    h.conserved()
+
+
+def test_round_full_caps_the_duplicate_state() -> None:
+    h = Harness(config(min_batch=3, max_reports_per_round=3))
+    r = int(T0 // L)
+    for device in range(3):
+        assert h.send(T0, device, r, 1) is None
+    assert h.send(T0, 9, r, 1) == "round_full"
+
+
+def test_config_refuses_unsafe_sizes() -> None:
+    with pytest.raises(ValueError, match="max_batch"):
+        config(min_batch=5, max_batch=9)
+    with pytest.raises(ValueError, match="min_batch"):
+        config(min_batch=1)
+    with pytest.raises(ValueError, match="release_size"):
+        config(min_batch=5, max_batch=10, release_size=4)
+    with pytest.raises(ValueError, match="round_seconds"):
+        config(round_seconds=0)
+    with pytest.raises(ValueError, match="max_skew"):
+        config(max_skew=float("nan"))
