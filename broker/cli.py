@@ -6,13 +6,14 @@ import asyncio
 import logging
 import signal
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated, Any
 
 import aiomqtt
 import typer
 from prometheus_client import CollectorRegistry, start_http_server
 
-from broker.shuffler import Shuffler, ShufflerConfig, parse_broker_url
+from broker.shuffler import SessionTakenOverError, Shuffler, ShufflerConfig, parse_broker_url
 from edge import CocoError, MechanismSpec
 from edge.announce import decode_announcement, load_spec_file
 from edge.cli_options import (
@@ -69,13 +70,18 @@ async def read_announcement(
 async def _serve(config: ShufflerConfig, registry: CollectorRegistry) -> None:
     loop = asyncio.get_running_loop()
     async with Shuffler(config, registry=registry) as shuffler:
+        logger.info(
+            "batches are signed with Ed25519 public key %s (signing.pub in %s)",
+            shuffler.public_key_hex,
+            config.state_dir,
+        )
         stops = 0
 
         def on_signal() -> None:
             nonlocal stops
             stops += 1
             if stops == 1:
-                logger.info("draining: releasing buffers of >= min_batch reports")
+                logger.info("stopping: publishing released batches, keeping pools in the state")
                 shuffler.stop()
             else:  # a second signal forces exit
                 raise SystemExit(1)
@@ -107,8 +113,49 @@ def shuffler(
         Policy, typer.Option(envvar="COCO_ROUND_POLICY", help="Rounds below min_batch.")
     ] = Policy.carry,
     flush_interval: Annotated[
-        float, typer.Option(envvar="COCO_FLUSH_INTERVAL", help="Seconds between flushes.")
+        float,
+        typer.Option(envvar="COCO_FLUSH_INTERVAL", help="Seconds between round-closing checks."),
+    ] = 1.0,
+    round_seconds: Annotated[
+        int | None,
+        typer.Option(
+            envvar="COCO_ROUND_SECONDS",
+            help="Round length (default: the announcement's; required with --spec).",
+        ),
+    ] = None,
+    max_skew: Annotated[
+        float,
+        typer.Option(
+            envvar="COCO_MAX_SKEW", help="Seconds of device clock error accepted either way."
+        ),
     ] = 5.0,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="COCO_STATE_DIR",
+            help="Durable state: log, keys, lock (default: coco-state/<deployment>/shuffler).",
+        ),
+    ] = None,
+    signing_key: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="COCO_SIGNING_KEY",
+            help="Ed25519 batch key (default: signing.key in the state directory).",
+        ),
+    ] = None,
+    fsync: Annotated[
+        bool,
+        typer.Option(
+            envvar="COCO_FSYNC", help="Sync the log after every record (survives power loss)."
+        ),
+    ] = False,
+    client_id: Annotated[
+        str | None,
+        typer.Option(
+            envvar="COCO_CLIENT_ID",
+            help="MQTT client id (default: the username, else coco-shuffler-<deployment>).",
+        ),
+    ] = None,
     username: UsernameOption = None,
     password: PasswordOption = None,
     password_file: PasswordFileOption = None,
@@ -118,11 +165,12 @@ def shuffler(
     ] = None,
     announcement_timeout: Annotated[float, typer.Option(help="Seconds to wait for it.")] = 10.0,
 ) -> None:
-    """Shuffle ingress reports into batches of at least --min-batch and publish them."""
+    """Shuffle each round's ingress reports into signed batches of at least --min-batch."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         password = resolve_password(password, password_file)
         announced: int | None = None
+        announced_round: int | None = None
         if spec is not None:
             mechanism = load_spec_file(spec)
         else:
@@ -138,6 +186,15 @@ def shuffler(
             )
             mechanism = MechanismSpec.from_dict(announcement["spec"])
             announced = int(announcement["min_batch"])
+            announced_round = int(announcement["round_seconds"])
+        if round_seconds is None:
+            if announced_round is None:
+                raise ValueError("--round-seconds is required with --spec")
+            round_seconds = announced_round
+        elif announced_round is not None and round_seconds != announced_round:
+            raise ValueError(
+                f"--round-seconds {round_seconds} differs from the announced {announced_round}"
+            )
         if min_batch is None:
             if announced is None:
                 raise ValueError("--min-batch is required with --spec")
@@ -154,6 +211,12 @@ def shuffler(
             max_batch=max_batch,
             round_policy=round_policy.value,
             flush_interval=flush_interval,
+            round_seconds=round_seconds,
+            max_skew=max_skew,
+            state_dir=state_dir or Path("coco-state") / deployment / "shuffler",
+            signing_key=signing_key,
+            fsync=fsync,
+            client_id=client_id,
             username=username,
             password=password,
             ca_file=ca_file,
@@ -162,6 +225,13 @@ def shuffler(
         if metrics_port is not None:
             start_http_server(metrics_port, registry=registry)
         asyncio.run(_serve(config, registry))
-    except (CocoError, ValueError, OSError, TimeoutError, aiomqtt.MqttError) as exc:
+    except (
+        CocoError,
+        ValueError,
+        OSError,
+        TimeoutError,
+        aiomqtt.MqttError,
+        SessionTakenOverError,
+    ) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc

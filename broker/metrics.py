@@ -18,10 +18,12 @@ REJECT_REASONS: tuple[str, ...] = (
     "unknown_fingerprint",
     "z_out_of_range",
     "duplicate_in_round",
-    "stale_round",
+    "round_too_old",
+    "round_in_future",
     "round_full",
     "retained",
     "bad_topic",
+    "bad_device_id",
 )
 """Why an ingress message was refused (the ``reason`` label of the rejection counter)."""
 
@@ -31,7 +33,8 @@ DROP_REASONS: tuple[str, ...] = (
     "carry_superseded",
     "unpublished_at_shutdown",
 )
-"""Why accepted reports left the shuffler without being released (see ``broker.shuffler``)."""
+"""Why accepted reports left the shuffler without being released (see ``broker.shuffler``);
+``at_shutdown`` and ``unpublished_at_shutdown`` happen only without a state directory."""
 
 BATCH_SIZE_BUCKETS = (
     2,
@@ -102,7 +105,7 @@ class ShufflerMetrics:
         )
         self.release_latency = Histogram(
             "coco_shuffler_release_latency_seconds",
-            "Time from the arrival of a batch's oldest report to the batch's release.",
+            "Time from the end of a batch's round to the broker's PUBACK of the batch.",
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
@@ -120,6 +123,11 @@ class ShufflerMetrics:
         self.connected = Gauge(
             "coco_shuffler_connected",
             "1 while connected to the broker, else 0.",
+            registry=registry,
+        )
+        self.recovered_reports = Gauge(
+            "coco_shuffler_recovered_reports",
+            "Reports found in the state directory at start (pools and unacknowledged batches).",
             registry=registry,
         )
         self.reconnects = Counter(
