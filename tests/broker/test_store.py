@@ -1,0 +1,95 @@
+"""The shuffler's durable state: the effect log's format, torn tails, damage, compaction,
+the state directory's lock and keys."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from broker.core import (
+    Accepted,
+    Acked,
+    Carried,
+    Closed,
+    Dropped,
+    Effect,
+    Outboxed,
+    Pooled,
+    Released,
+    Seen,
+)
+from broker.store import EffectLog, StateDir, StoreError, decode_effects, encode_effect, token_of
+
+TOKEN = bytes(range(16))
+EFFECTS: list[Effect] = [
+    Accepted(7, TOKEN, 0xFFFFFFFF, 65535),
+    Seen(7, TOKEN),
+    Pooled(8, TOKEN, 1, 2),
+    Released(7, (b"\x01\x02" + bytes(100), b"")),
+    Outboxed((b"x" * 30,)),
+    Carried(7, 9),
+    Dropped(3, "small_round"),
+    Closed(0xFFFFFFFF),
+    Acked(TOKEN),
+]
+
+
+def test_every_effect_round_trips() -> None:
+    data = b"".join(encode_effect(e) for e in EFFECTS)
+    assert decode_effects(data) == (EFFECTS, len(data))
+
+
+def test_a_record_cut_short_at_the_end_is_discarded_and_truncated(tmp_path: Path) -> None:
+    path = tmp_path / "effects.log"
+    whole = b"".join(encode_effect(e) for e in EFFECTS)
+    path.write_bytes(whole + encode_effect(Accepted(1, TOKEN, 1, 1))[:-3])
+    log = EffectLog(path)
+    assert log.replay() == EFFECTS
+    assert path.read_bytes() == whole
+    log.append(Acked(TOKEN))
+    log.close()
+    assert EffectLog(path).replay() == [*EFFECTS, Acked(TOKEN)]
+
+
+@pytest.mark.parametrize("position", [0, 5, 40])
+def test_a_damaged_record_names_the_file_and_offset(tmp_path: Path, position: int) -> None:
+    path = tmp_path / "effects.log"
+    data = bytearray(b"".join(encode_effect(e) for e in EFFECTS))
+    data[position] ^= 0x40
+    path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match=rf"{path}.*offset \d+"):
+        EffectLog(path).replay()
+
+
+def test_compaction_replaces_the_log_atomically(tmp_path: Path) -> None:
+    log = EffectLog(tmp_path / "effects.log")
+    log.replay()
+    log.extend(EFFECTS)
+    log.compact([Closed(5)])
+    log.append(Seen(6, TOKEN))
+    log.close()
+    assert EffectLog(tmp_path / "effects.log").replay() == [Closed(5), Seen(6, TOKEN)]
+    assert not (tmp_path / "effects.log.compact").exists()
+    assert stat.S_IMODE(os.stat(tmp_path / "effects.log").st_mode) == 0o600
+
+
+def test_state_dir_lock_keys_and_modes(tmp_path: Path) -> None:
+    with StateDir(tmp_path / "s") as state:
+        key = state.token_key()
+        signer = state.signer("dep")
+        with pytest.raises(StoreError, match="another shuffler"), StateDir(tmp_path / "s"):
+            pass
+    with StateDir(tmp_path / "s") as state:
+        assert state.token_key() == key  # persistent: replays stay duplicates
+        assert state.signer("dep").public_key_hex == signer.public_key_hex
+    for name in ("token.key", "signing.key"):
+        assert stat.S_IMODE(os.stat(tmp_path / "s" / name).st_mode) == 0o600
+    assert (tmp_path / "s" / "signing.pub").read_text().strip() == signer.public_key_hex
+    assert token_of(key, "dev-1") != token_of(key, "dev-2")
+    assert token_of(key, "dev-1") != token_of(bytes(32), "dev-1")
+    (tmp_path / "s" / "token.key").write_bytes(b"short")
+    with StateDir(tmp_path / "s") as state, pytest.raises(StoreError, match=r"token\.key"):
+        state.token_key()
