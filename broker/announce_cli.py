@@ -50,7 +50,10 @@ def publish_retained(
 ) -> None:
     """Publish ``payload`` retained with QoS 1 and wait for the broker's PUBACK."""
     host, port, tls = parse_broker_url(url)
-    client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    # The client id is the account's name: the broker binds device accounts to their own.
+    client = mqtt.Client(
+        CallbackAPIVersion.VERSION2, client_id=username or "", protocol=mqtt.MQTTv5
+    )
     if username is not None:
         client.username_pw_set(username, password)
     if tls:
@@ -73,7 +76,11 @@ def publish_retained(
     client.loop_start()
     try:
         info = client.publish(topic, payload, qos=1, retain=True)
-        info.wait_for_publish(timeout=timeout)
+        try:
+            info.wait_for_publish(timeout=timeout)
+        except RuntimeError as exc:  # the connection was refused or closed
+            reason = refused[0] if refused else str(exc)
+            raise CocoError(f"the broker at {url}: {reason}") from None
         if refused:
             raise CocoError(f"the broker at {url}: {refused[0]}")
         if not info.is_published():

@@ -75,6 +75,9 @@ __all__ = [
 ]
 
 RoundPolicy = Literal["carry", "drop"]
+MAX_BATCH_LIMIT = 40_000
+"""Largest ``max_batch``: a sealed batch of 40,000 records is 240,094 bytes, under the
+shipped broker's ``max_packet_size`` of 256 KiB (deploy/mosquitto/mosquitto.conf)."""
 BATCH_ID_OFFSET = 10
 BATCH_ID_SIZE = 16
 
@@ -102,6 +105,8 @@ class CoreConfig:
                 raise ValueError(f"{name} must be an integer, got {value!r}")
         if self.min_batch < 2:
             raise ValueError(f"min_batch must be >= 2, got {self.min_batch}")
+        if self.max_batch > MAX_BATCH_LIMIT:
+            raise ValueError(f"max_batch must be <= {MAX_BATCH_LIMIT}, got {self.max_batch}")
         if self.max_batch < 2 * self.min_batch:
             raise ValueError(
                 f"max_batch must be >= 2 * min_batch = {2 * self.min_batch}, got {self.max_batch}"

@@ -175,6 +175,11 @@ DEVICE_ROLE = "device"
 """The role every device shares: read the deployment's spec."""
 
 _SUBSTITUTED_LEVELS = ("%c", "%u")
+_RESERVED_CLIENT_IDS = frozenset(
+    name + suffix for name in SERVICE_ACCOUNTS for suffix in ("", "-out")
+)
+"""Client ids of the services (a service's id is its account name; the shuffler's
+publishing connection adds ``-out``): no device may be named after one."""
 
 DYNSEC_DEFAULT_ACL_ACCESS = {
     "publishClientSend": False,
@@ -244,22 +249,28 @@ def dynsec_config(
     plugin's ``$CONTROL`` API is closed, so the broker never rewrites the file).
 
     A device may publish to ``coco/v1/<deployment>/ingress/<its name>`` and read the spec,
-    nothing else. Duplicate names, unknown service accounts and device names the plugin
-    would substitute (``%c``, ``%u``: Mosquitto 2.1 replaces such a topic level by the
-    client id or username, which would let a device pick its ingress topic) are refused.
+    nothing else, and may connect only with its name as client id (the plugin's
+    ``clientid``): no device can connect as another device or as a service. Duplicate
+    names, unknown service accounts, device names that are a service's client id, and device
+    names the plugin would substitute (``%c``, ``%u``: Mosquitto 2.1 replaces such a topic
+    level by the client id or username, which would let a device pick its ingress topic)
+    are refused.
     """
     roles_of_services = service_roles(deployment)
     roles: list[dict[str, Any]] = [{"rolename": DEVICE_ROLE, "acls": _read(spec_topic(deployment))}]
     clients: list[dict[str, Any]] = []
     seen: set[str] = set()
 
-    def client(name: str, password: str, rolenames: list[str]) -> None:
+    def client(name: str, password: str, rolenames: list[str], *, bound: bool) -> None:
         if name in seen:
             raise ValueError(f"duplicate MQTT username {name!r}")
         seen.add(name)
         clients.append(
             {
                 "username": name,
+                # A device connects only with its own name as client id, so it can take
+                # neither another device's session nor a service's.
+                **({"clientid": name} if bound else {}),
                 "roles": [{"rolename": r} for r in rolenames],
                 **dynsec_password(password, iterations=iterations),
             }
@@ -269,13 +280,15 @@ def dynsec_config(
         if name not in roles_of_services:
             known = ", ".join(roles_of_services)
             raise ValueError(f"no role for service account {name!r} (known: {known})")
-        client(name, password, [name])
+        client(name, password, [name], bound=False)
         roles.append({"rolename": name, "acls": roles_of_services[name]})
     for name, password in devices:
         if name in _SUBSTITUTED_LEVELS:
             raise ValueError(f"device name {name!r} is an ACL substitution pattern")
+        if name in _RESERVED_CLIENT_IDS:
+            raise ValueError(f"device name {name!r} is a service's client id")
         own = device_role(name)
-        client(name, password, [DEVICE_ROLE, own])
+        client(name, password, [DEVICE_ROLE, own], bound=True)
         roles.append(
             {
                 "rolename": own,

@@ -38,7 +38,9 @@ from typer.testing import CliRunner
 from aggregator.service import fetch_announcement
 from broker.shuffler import Shuffler, ShufflerConfig
 from edge import CocoError
+from edge.batch_auth import SIGNATURE_SIZE
 from edge.codec import decode_batch, encode_report
+from edge.rounds import current_round
 from edge.spec import MechanismSpec
 from edge.topics import batches_topic, ingress_filter, ingress_topic, spec_topic
 from sim.cli import app
@@ -189,13 +191,23 @@ def test_the_configuration_grants_what_the_roles_say(tmp_path: Path) -> None:
 class Probe:
     """A paho MQTT 5 client recording every CONNACK, SUBACK, PUBACK and message."""
 
-    def __init__(self, port: int, username: str | None, password: str | None) -> None:
+    def __init__(
+        self,
+        port: int,
+        username: str | None,
+        password: str | None,
+        client_id: str | None = None,
+    ) -> None:
         self.lock = threading.Lock()
         self.connack: ReasonCode | None = None
         self.subacks: list[list[int]] = []
         self.pubacks: dict[int, int] = {}
         self.messages: list[tuple[str, bytes, bool]] = []
-        client = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+        # A device's account is bound to its name as client id (the plugin's ``clientid``).
+        identifier = client_id if client_id is not None else (username or "")
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=identifier, protocol=mqtt.MQTTv5
+        )
         if username is not None:
             client.username_pw_set(username, password)
         client.on_connect = self._on_connect
@@ -262,6 +274,8 @@ async def shuffler(stack: Stack, registry: CollectorRegistry) -> AsyncIterator[S
         deployment=DEP,
         spec=SPEC,
         min_batch=2,
+        release_size=2,  # released as soon as the two genuine reports are in
+        round_seconds=3600,
         flush_interval=0.1,
         username="shuffler",
         password=stack.password("shuffler"),
@@ -278,7 +292,7 @@ async def shuffler(stack: Stack, registry: CollectorRegistry) -> AsyncIterator[S
 
 
 def report(seed: int) -> bytes:
-    return encode_report(SPEC.fingerprint_int, 1, seed, 0)
+    return encode_report(SPEC.fingerprint_int, current_round(3600), seed, 0)
 
 
 def test_a_device_publishes_only_to_its_own_ingress_topic(stack: Stack) -> None:
@@ -332,7 +346,7 @@ def test_a_device_publishes_only_to_its_own_ingress_topic(stack: Stack) -> None:
         # The only batch the aggregator saw is the shuffler's, holding the two real reports.
         assert len(aggregator.messages) == 1
         topic, payload, _ = aggregator.messages[0]
-        *_, seeds, _zs = decode_batch(payload)
+        *_, seeds, _zs = decode_batch(payload[:-SIGNATURE_SIZE])
         assert topic == batches_topic(DEP)
         assert sorted(seeds) == [1, 2]
 
@@ -416,6 +430,49 @@ def test_wrong_credentials_are_refused(stack: Stack, user: str | None, password:
             client.close()
 
     assert run(scenario(), 2 * TIMEOUT).value == NOT_AUTHORIZED
+
+
+def test_an_oversized_message_disconnects_its_sender_and_harms_nothing(stack: Stack) -> None:
+    """The shipped ``max_packet_size``: a device that sends 1 MB is disconnected before the
+    broker buffers it; the shuffler never sees it; another device's report goes through."""
+    registry = CollectorRegistry()
+
+    async def scenario() -> None:
+        async with shuffler(stack, registry):
+            attacker = Probe(stack.port, DEVICES[1], stack.password(DEVICES[1]))
+            try:
+                await attacker.connected()
+                attacker.client.publish(ingress_topic(DEP, DEVICES[1]), b"\x01" * 1_000_000, qos=1)
+                await wait_until(lambda: not attacker.client.is_connected(), TIMEOUT)
+            finally:
+                attacker.close()
+            async with probe(stack, DEVICES[0]) as honest, probe(stack, DEVICES[2]) as other:
+                assert await honest.publish(ingress_topic(DEP, DEVICES[0]), report(1)) in ACCEPTED
+                assert await other.publish(ingress_topic(DEP, DEVICES[2]), report(2)) in ACCEPTED
+                await wait_until(
+                    lambda: value(registry, "coco_shuffler_reports_released_total") == 2, TIMEOUT
+                )
+
+    run(scenario(), 3 * TIMEOUT)
+    assert value(registry, "coco_shuffler_reports_received_total") == 2
+
+
+@pytest.mark.parametrize(
+    "client_id", [DEVICES[1], "shuffler", "aggregator", "shuffler-out", "coco-aggregator-x", ""]
+)
+def test_a_device_connects_only_with_its_own_client_id(stack: Stack, client_id: str) -> None:
+    """No device can take another device's session or a service's (and so disconnect it)."""
+
+    async def scenario() -> ReasonCode:
+        client = Probe(stack.port, DEVICES[0], stack.password(DEVICES[0]), client_id=client_id)
+        try:
+            await wait_until(lambda: client.connack is not None, TIMEOUT)
+            assert client.connack is not None
+            return client.connack
+        finally:
+            client.close()
+
+    assert run(scenario(), 2 * TIMEOUT).is_failure
 
 
 def test_announce_and_the_aggregator_authenticate(stack: Stack, tmp_path: Path) -> None:

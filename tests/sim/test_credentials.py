@@ -272,8 +272,12 @@ def test_dynsec_config_refuses_ambiguous_accounts() -> None:
     assert [c["username"] for c in ok["clients"]] == ["shuffler", "dev-1"]
     with pytest.raises(ValueError, match="duplicate"):
         dynsec_config("fleet", [("dev-1", "a"), ("dev-1", "b")], [])
-    with pytest.raises(ValueError, match="duplicate"):
+    with pytest.raises(ValueError, match="service's client id"):
         dynsec_config("fleet", [("shuffler", "a")], [("shuffler", "b")])
+    with pytest.raises(ValueError, match="service's client id"):
+        dynsec_config("fleet", [("shuffler-out", "a")], [("shuffler", "b")])
+    bound = {c["username"]: c.get("clientid") for c in ok["clients"]}
+    assert bound == {"shuffler": None, "dev-1": "dev-1"}
     with pytest.raises(ValueError, match="no role for service account 'gateway'"):
         dynsec_config("fleet", [], [("gateway", "a")])
     for pattern in ("%u", "%c"):  # Mosquitto 2.1 would substitute it in the device's ACL
