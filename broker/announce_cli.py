@@ -19,7 +19,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from broker.shuffler import parse_broker_url
 from edge import CocoError, MechanismSpec
-from edge.announce import encode_announcement
+from edge.announce import DEFAULT_ROUND_SECONDS, encode_announcement, read_public_key
 from edge.cli_options import (
     DEFAULT_BROKER,
     BrokerOption,
@@ -101,6 +101,16 @@ def announce(
     t: Annotated[
         int | None, typer.Option(help="Output domain size (default: MSE-optimal).")
     ] = None,
+    round_seconds: Annotated[
+        int, typer.Option(help="Round length: devices report in floor(unix_time / it).")
+    ] = DEFAULT_ROUND_SECONDS,
+    batch_public_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="COCO_BATCH_PUBLIC_KEY",
+            help="The shuffler's batch key: 64 hex digits or a file (its signing.pub).",
+        ),
+    ] = None,
     broker: BrokerOption = DEFAULT_BROKER,
     dry_run: Annotated[bool, typer.Option(help="Print the announcement, publish nothing.")] = False,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the PUBACK.")] = 10.0,
@@ -113,7 +123,13 @@ def announce(
     try:
         password_value = resolve_password(password, password_file)
         spec = MechanismSpec(mechanism=mechanism.value, d=d, s=s, epsilon=epsilon, t=t)  # type: ignore[arg-type]
-        payload = encode_announcement(spec.to_dict(), min_batch=min_batch, delta=delta)
+        payload = encode_announcement(
+            spec.to_dict(),
+            min_batch=min_batch,
+            delta=delta,
+            round_seconds=round_seconds,
+            batch_public_key=read_public_key(batch_public_key),
+        )
         topic = spec_topic(deployment)
         if not dry_run:
             publish_retained(

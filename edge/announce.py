@@ -143,6 +143,22 @@ def decode_announcement(payload: bytes) -> dict[str, Any]:
     return decoded
 
 
+def read_public_key(value: str | None) -> str | None:
+    """A batch public key given as 64 hex digits or as the path of a file holding them
+    (the shuffler's ``signing.pub``); :class:`SpecError` naming the file otherwise."""
+    if value is None:
+        return None
+    text = value.strip()
+    if len(text) != PUBLIC_KEY_HEX or any(c not in "0123456789abcdef" for c in text):
+        try:
+            text = Path(value).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecError(
+                f"batch public key {value!r} is neither 64 hex digits nor a readable file: {exc}"
+            ) from None
+    return _check_public_key(text)
+
+
 def load_spec_file(path: Path) -> MechanismSpec:
     """The spec in a JSON file: a :meth:`MechanismSpec.to_dict` or a whole announcement
     (checked like a received one); :class:`SpecError` otherwise."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -58,6 +60,26 @@ def test_announcement_is_retained_on_the_spec_topic(mosquitto: Broker) -> None:
     assert announced["spec"] == spec.to_dict()
     assert announced["min_batch"] == 100
     assert announced["delta"] == 1e-7
+
+
+def test_round_length_and_batch_key_from_hex_or_file(tmp_path: Path) -> None:
+    key = "ab" * 32
+    pub = tmp_path / "signing.pub"
+    pub.write_text(key + "\n")
+    for given in (key, str(pub)):
+        result = runner.invoke(
+            app, [*ARGS, "--round-seconds", "30", "--batch-public-key", given, "--dry-run"]
+        )
+        assert result.exit_code == 0, result.output
+        announced = json.loads(result.output)
+        assert announced["round_seconds"] == 30
+        assert announced["batch_public_key"] == key
+    bad = runner.invoke(app, [*ARGS, "--batch-public-key", str(tmp_path / "none"), "--dry-run"])
+    assert bad.exit_code == 1
+    assert "none" in bad.output
+    bad = runner.invoke(app, [*ARGS, "--round-seconds", "0", "--dry-run"])
+    assert bad.exit_code == 1
+    assert "round_seconds" in bad.output
 
 
 def test_dry_run_and_errors() -> None:
