@@ -33,7 +33,7 @@ from edge.publisher import DevicePublisher, PublisherConfig, PublisherError
 from edge.rounds import ClockError, current_round
 from edge.spec import MechanismSpec
 from edge.topics import ingress_filter, ingress_topic, spec_topic
-from tests.conftest import MOSQUITTO, Broker, free_port
+from tests.conftest import Broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -304,26 +304,18 @@ def test_a_restarted_device_reports_again_in_the_same_round(
     assert ledger.reports == 2
 
 
-def test_the_client_id_is_the_device_id(tmp_path: Path) -> None:
+def test_the_client_id_is_the_device_id(mosquitto_client_id_acl: Broker, tmp_path: Path) -> None:
     """A broker ACL on the client id (``%c``) lets the device write its own ingress topic."""
-    if not Path(MOSQUITTO).exists():
-        pytest.skip("mosquitto is not installed")
-    acl = tmp_path / "acl"
-    acl.write_text("pattern write coco/v1/+/ingress/%c\npattern read coco/v1/+/spec\n")
-    broker = Broker(tmp_path, free_port(), extra_config=f"acl_file {acl}\n")
-    broker.start()
-    try:
-        ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
-        with DevicePublisher(config(broker), ledger=ledger, spec=SPEC, round_seconds=60) as pub:
-            assert pub.publish_keys([0, 1], [1, 1])
-        other = config(broker, client_id="someone-else")
-        with (
-            DevicePublisher(other, ledger=ledger, spec=SPEC, round_seconds=60) as pub,
-            pytest.raises(PublisherError, match="rejected"),
-        ):
-            pub.publish_keys([0, 1], [1, 1])
-    finally:
-        broker.stop()
+    broker = mosquitto_client_id_acl
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    with DevicePublisher(config(broker), ledger=ledger, spec=SPEC, round_seconds=60) as pub:
+        assert pub.publish_keys([0, 1], [1, 1])
+    other = config(broker, client_id="someone-else")
+    with (
+        DevicePublisher(other, ledger=ledger, spec=SPEC, round_seconds=60) as pub,
+        pytest.raises(PublisherError, match="rejected"),
+    ):
+        pub.publish_keys([0, 1], [1, 1])
 
 
 def test_ledger_refuses_and_nothing_is_published(
@@ -399,22 +391,27 @@ def cli() -> typer.Typer:
     return app
 
 
+def device_args(broker: Broker, tmp_path: Path, *extra: str, budget: str = "10") -> list[str]:
+    """``coco device`` options for this file's device, ledger and channels, then ``extra``."""
+    return [
+        "--broker", broker.url,
+        "--deployment", DEPLOYMENT,
+        "--device-id", DEVICE,
+        "--lo", ",".join(map(str, LO)),
+        "--hi", ",".join(map(str, HI)),
+        "--ledger", str(tmp_path / "ledger.json"),
+        "--budget", budget,
+        *extra,
+    ]  # fmt: skip
+
+
 def test_device_cli_end_to_end(mosquitto: Broker, shuffler: Shuffler, tmp_path: Path) -> None:
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(SPEC.to_dict()))
     csv_text = "humidity,temp,light,pressure\n0.1,10,50,1000\n\n0.9,-5,0,950\n0.5,39,100,1100\n"
-    args = [
-        "--broker", mosquitto.url,
-        "--deployment", DEPLOYMENT,
-        "--device-id", DEVICE,
-        "--spec", str(spec_file),
-        "--lo", ",".join(map(str, LO)),
-        "--hi", ",".join(map(str, HI)),
-        "--ledger", str(tmp_path / "ledger.json"),
-        "--budget", "2",
-        "--round-seconds", "1",
-        "--timeout", "5",
-    ]  # fmt: skip
+    args = device_args(
+        mosquitto, tmp_path, "--spec", str(spec_file), "--round-seconds", "1", budget="2"
+    )
     first = current_round(1)
     result = CliRunner().invoke(cli(), args, input=csv_text)
     assert result.exit_code == 0, result.output
@@ -432,16 +429,7 @@ def test_device_cli_input_file_and_bad_rows(
     announce(mosquitto, SPEC)
     data = tmp_path / "in.csv"
     data.write_text("0.1,10,50,1000\n7,10,50,1000\n0.2,10,50\nx,1,2,3\n0.3,10,50,1000\n")
-    args = [
-        "--broker", mosquitto.url,
-        "--deployment", DEPLOYMENT,
-        "--device-id", DEVICE,
-        "--lo", ",".join(map(str, LO)),
-        "--hi", ",".join(map(str, HI)),
-        "--ledger", str(tmp_path / "ledger.json"),
-        "--budget", "10",
-        "--input", str(data),
-    ]  # fmt: skip
+    args = device_args(mosquitto, tmp_path, "--input", str(data))
     result = CliRunner().invoke(cli(), args)
     assert result.exit_code == 1
     assert result.stdout.strip() == "published 2, refused by ledger 0, failed 3"
@@ -473,17 +461,8 @@ def test_device_cli_with_an_unset_clock_is_a_one_line_error(
     mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
 ) -> None:
     announce(mosquitto, SPEC)
-    args = [
-        "--broker", mosquitto.url,
-        "--deployment", DEPLOYMENT,
-        "--device-id", DEVICE,
-        "--lo", ",".join(map(str, LO)),
-        "--hi", ",".join(map(str, HI)),
-        "--ledger", str(tmp_path / "ledger.json"),
-        "--budget", "10",
-        "--clock-offset", "-1e12",  # hidden, for tests: the clock reads long before 2025
-        "--timeout", "5",
-    ]  # fmt: skip
+    # --clock-offset is hidden, for tests: the clock reads long before 2025
+    args = device_args(mosquitto, tmp_path, "--clock-offset", "-1e12")
     result = CliRunner().invoke(cli(), args, input="0.1,10,50,1000\n")
     assert result.exit_code == 1
     assert result.stdout.strip() == "published 0, refused by ledger 0, failed 0"

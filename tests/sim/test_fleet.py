@@ -507,22 +507,15 @@ def test_round_options_are_checked() -> None:
             FleetConfig(**base, **bad)
 
 
-def test_each_own_connection_uses_its_device_id_as_client_id(tmp_path: Path) -> None:
+def test_each_own_connection_uses_its_device_id_as_client_id(
+    mosquitto_client_id_acl: Broker,
+) -> None:
     """A broker ACL on the client id (``%c``): every own connection may write its own
     ingress topic; a shared connection's client id is no device's, so it may not."""
-    if not Path(MOSQUITTO).exists():
-        pytest.skip("mosquitto is not installed")
-    acl = tmp_path / "acl"
-    acl.write_text("pattern write coco/v1/+/ingress/%c\n")
-    broker = Broker(tmp_path, free_port(), extra_config=f"acl_file {acl}\n")
-    broker.start()
-    try:
-        n = 20
-        _, summary = capture(config(broker, devices=n, rounds=1))
-        assert summary["reports_published"] == n
-        shared = Fleet(config(broker, devices=n, rounds=1, mode="multiplexed", connections=2))
-        summary = run(shared.run(), 60)
-        assert summary["reports_published"] == 0
-        assert summary["publish_failures"]["not_authorized"] == n
-    finally:
-        broker.stop()
+    broker, n = mosquitto_client_id_acl, 20
+    _, summary = capture(config(broker, devices=n, rounds=1))
+    assert summary["reports_published"] == n
+    shared = Fleet(config(broker, devices=n, rounds=1, mode="multiplexed", connections=2))
+    summary = run(shared.run(), 60)
+    assert summary["reports_published"] == 0
+    assert summary["publish_failures"]["not_authorized"] == n
