@@ -38,7 +38,7 @@ unacknowledged per connection (and fewer if the broker's MQTT 5 receive maximum 
 
 Failures never crash the fleet: a refused or failed connection and an unpublished report
 are counted by reason (:mod:`sim.fleet_metrics`); a device that is not connected tries
-again at the start of the next round.
+again before the next round.
 
 Reproducibility: ``SeedSequence(seed).spawn(3)``: model parameters, per-device data
 generators, per-device randomiser generators (``spawn(n_devices)`` each), so the same
@@ -118,9 +118,9 @@ class FleetError(CocoError):
 def next_round(now: float, round_seconds: int, offset: float, after: int | None = None) -> int:
     """The wall-clock round a fleet ready at Unix time ``now`` publishes in next.
 
-    The round in progress if the fleet is ready no later than ``max(offset, L / 2)`` seconds
-    after it started (and it is after ``after``, the round last published in); otherwise the
-    next one. Raises :class:`~edge.rounds.ClockError` for a clock that is not set.
+    After ``after`` (the round it last published in, if any): the round in progress if the
+    fleet is ready no later than ``max(offset, L / 2)`` seconds after it started, otherwise
+    the next one. Raises :class:`~edge.rounds.ClockError` for a clock that is not set.
     """
     round_ = current_round(round_seconds, now)
     if after is not None and round_ <= after:
