@@ -361,12 +361,13 @@ class DevicePublisher:
         with self._publish_lock:
             self._check_announcement(spec)
             self._round_now()  # an unset clock fails before anything else
-            deadline = time.monotonic() + self.config.publish_timeout
-            self._wait_connected(self.config.publish_timeout)
             if not self.ledger.can_afford(spec.epsilon):  # no wait for a round it cannot use
                 logger.info("report not published: the ledger has no budget left for it")
                 return False
-            round_ = self._next_round()
+            self._next_round()  # wait (if need be) before the publish timeout starts
+            deadline = time.monotonic() + self.config.publish_timeout
+            self._wait_connected(self.config.publish_timeout)
+            round_ = self._next_round()  # the round now, after any wait for the connection
             try:
                 self.ledger.charge(spec.epsilon)
             except BudgetExhausted as exc:

@@ -268,6 +268,21 @@ def test_wrong_channel_count_and_bad_input(mosquitto: Broker, tmp_path: Path) ->
         DevicePublisher(config(mosquitto), ledger=ledger, spec=SPEC, round_seconds=0)
 
 
+def test_the_wait_for_the_next_round_is_not_part_of_the_publish_timeout(
+    mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
+) -> None:
+    """The third publish waits a whole 1 s round (the second went out at a round's start),
+    twice the publish timeout; the timeout starts after that wait."""
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    cfg = config(mosquitto, publish_timeout=0.5)
+    with DevicePublisher(cfg, ledger=ledger, spec=SPEC, round_seconds=1) as pub:
+        for _ in range(3):
+            assert pub.publish_keys([0, 1], [1, 1])
+    rounds = [decode_report(m.payload)[2] for m in shuffler.wait_for(3)]
+    assert rounds == sorted(set(rounds))
+    assert ledger.reports == 3
+
+
 def test_an_unset_clock_refuses_to_report(
     mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
 ) -> None:
