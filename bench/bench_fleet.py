@@ -1,16 +1,17 @@
 """Fleet publish rate: ``coco fleet`` (own connections, multiplexed) vs raw Mosquitto, in one run.
 
 Run: ``.venv/bin/python bench/bench_fleet.py [--devices 1000 5000] [--rounds 3] [--qos 1]
-[--json PATH]``. It raises its own soft ``RLIMIT_NOFILE`` to the hard limit, then starts its
-own Mosquitto on a free 127.0.0.1 port (it inherits the limit; never the system broker) and
-measures, one case at a time:
+[--round-seconds 2] [--json PATH]``. It raises its own soft ``RLIMIT_NOFILE`` to the hard
+limit, then starts its own Mosquitto on a free 127.0.0.1 port (it inherits the limit; never
+the system broker) and measures, one case at a time:
 
 * ``raw``: bench_pipeline's raw-socket publisher (its own process, one connection, the same
   16-byte reports on per-device ingress topics), ``devices x rounds`` messages, rate from its
   first write to its last PUBACK (QoS 1) or last write (QoS 0): the denominator;
 * ``fleet own``: :class:`sim.fleet.Fleet`, one MQTT connection per device, ``--rounds``
-  rounds; ``publish_rate_per_s`` (reports acknowledged / time inside rounds, including the
-  per-round sensor model, encoding and randomisation) and ``connect_rate_per_s``;
+  wall-clock rounds of ``--round-seconds``; ``publish_rate_per_s`` (reports acknowledged /
+  time inside rounds, including the per-round sensor model, encoding and randomisation, not
+  the wait for the next round) and ``connect_rate_per_s``;
 * ``fleet multiplexed``: the same over 4 shared connections;
 * ``library``: the choice of client library, ``--library-devices`` own connections, each
   connecting then publishing one QoS 1 report, with the fleet's gmqtt connection and with
@@ -55,13 +56,16 @@ def raw_case(port: int, n: int, devices: int, qos: int) -> dict[str, Any]:
     return {"rate": rate, "messages": n}
 
 
-def fleet_case(port: int, devices: int, rounds: int, qos: int, mode: str) -> dict[str, Any]:
+def fleet_case(
+    port: int, devices: int, rounds: int, qos: int, mode: str, *, round_seconds: int
+) -> dict[str, Any]:
     cfg = FleetConfig(
         broker=f"mqtt://127.0.0.1:{port}",
         deployment=f"bench-{mode}-{devices}",
         spec=SPEC,
         devices=devices,
         rounds=rounds,
+        round_seconds=round_seconds,
         qos=1 if qos else 0,
         mode="connections" if mode == "own" else "multiplexed",
         connections=MULTIPLEXED_CONNECTIONS,
@@ -165,7 +169,9 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
                 raw = raw_case(port, devices * args.rounds, min(devices, 10_000), qos)
                 row: dict[str, Any] = {"qos": qos, "devices": devices, "raw": raw}
                 for mode in ("own", "multiplexed"):
-                    row[mode] = fleet_case(port, devices, args.rounds, qos, mode)
+                    row[mode] = fleet_case(
+                        port, devices, args.rounds, qos, mode, round_seconds=args.round_seconds
+                    )
                 results["cases"].append(row)
                 print(
                     f"QoS {qos} devices {devices}: raw {_fmt(raw['rate'])}/s | own "
@@ -193,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--devices", type=int, nargs="+", default=[1000, 5000])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--round-seconds", type=int, default=2)
     parser.add_argument("--qos", type=int, nargs="+", default=[1], choices=[0, 1])
     parser.add_argument("--library-devices", type=int, default=1000)
     parser.add_argument("--json", default=None)

@@ -162,12 +162,20 @@ def read_public_key(value: str | None) -> str | None:
 def load_spec_file(path: Path) -> MechanismSpec:
     """The spec in a JSON file: a :meth:`MechanismSpec.to_dict` or a whole announcement
     (checked like a received one); :class:`SpecError` otherwise."""
+    return read_spec_file(path)[0]
+
+
+def read_spec_file(path: Path) -> tuple[MechanismSpec, int | None]:
+    """As :func:`load_spec_file`, with the file's ``round_seconds`` when it holds a whole
+    announcement (``None`` for a bare spec)."""
     try:
         data: Any = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise SpecError(f"cannot read the spec file {path}: {exc}") from exc
+    round_seconds: int | None = None
     if isinstance(data, dict) and "protocol" in data:
-        data = decode_announcement(json.dumps(data).encode())["spec"]
+        announcement = decode_announcement(json.dumps(data).encode())
+        data, round_seconds = announcement["spec"], announcement["round_seconds"]
     if not isinstance(data, dict):
         raise SpecError(f"the spec file {path} must hold a JSON object")
-    return MechanismSpec.from_dict(data)
+    return MechanismSpec.from_dict(data), round_seconds

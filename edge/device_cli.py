@@ -3,8 +3,16 @@
 Thin by design: options -> :class:`~edge.publisher.PublisherConfig` and a
 :class:`~edge.ledger.BudgetLedger` -> :class:`~edge.publisher.DevicePublisher`. Input is
 CSV from ``--input`` or stdin, one vector of ``d`` readings per line; a first line that is
-not numeric is a header and skipped; blank lines are skipped. Data row ``i`` (0-based,
-header and blank lines not counted) is published for round ``--first-round + i``.
+not numeric is a header and skipped; blank lines are skipped.
+
+Rounds come from the clock (docs/protocol.md, "Rounds"): each data row is published in the
+round ``floor(unix_time / round_seconds)`` in which it is sent, at most one row per round (a
+row read while this run already reported in the current round waits for the next round).
+``round_seconds`` is the announced one; ``--round-seconds`` gives it when there is no
+retained announcement (with ``--spec``), and must match the announcement when there is one.
+A clock that is not set (before 2025-01-01) stops the run with a one-line error before any
+budget is charged. A device restarted within a round may report in it again; the shuffler
+rejects that second report as a duplicate.
 
 Outcome: a one-line summary ``published P, refused by ledger R, failed F``. Rows the
 ledger refuses are not errors (the device has simply spent its budget); rows that cannot be
@@ -18,17 +26,19 @@ from __future__ import annotations
 import csv
 import logging
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, TextIO
 
 import typer
 
-from edge.announce import load_spec_file
+from edge.announce import read_spec_file
 from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption, SpecFileOption
 from edge.errors import CocoError, InputError
 from edge.ledger import BudgetLedger
 from edge.publisher import DevicePublisher, PublisherConfig
+from edge.rounds import ClockError
 
 logger = logging.getLogger(__name__)
 
@@ -42,16 +52,14 @@ def _floats(option: str, text: str) -> tuple[float, ...]:
         ) from None
 
 
-def _rows(stream: TextIO) -> Iterator[tuple[int, int, list[str]]]:
-    """``(data_index, line_number, cells)`` of the non-blank lines, header skipped."""
-    index = 0
+def _rows(stream: TextIO) -> Iterator[tuple[int, list[str]]]:
+    """``(line_number, cells)`` of the non-blank lines, header skipped."""
     for number, cells in enumerate(csv.reader(stream), start=1):
         if not cells or all(not c.strip() for c in cells):
             continue
-        if index == 0 and number == 1 and not _numeric(cells):
+        if number == 1 and not _numeric(cells):
             continue  # header
-        yield index, number, cells
-        index += 1
+        yield number, cells
 
 
 def _row_values(cells: list[str], number: int) -> list[float]:
@@ -96,9 +104,18 @@ def device(
         Path | None,
         typer.Option("--input", envvar="COCO_INPUT", help="CSV of readings (default: stdin)."),
     ] = None,
-    first_round: Annotated[
-        int, typer.Option(envvar="COCO_FIRST_ROUND", help="Round of the first data row.")
-    ] = 0,
+    round_seconds: Annotated[
+        int | None,
+        typer.Option(
+            envvar="COCO_ROUND_SECONDS",
+            help="Round length in seconds when no announcement is retained (default: the "
+            "announced one, or the --spec file's if it holds a whole announcement).",
+        ),
+    ] = None,
+    clock_offset: Annotated[
+        float,
+        typer.Option(hidden=True, help="Test only: seconds added to the clock."),
+    ] = 0.0,
     username: Annotated[str | None, typer.Option(envvar="COCO_USERNAME")] = None,
     password: Annotated[str | None, typer.Option(envvar="COCO_PASSWORD")] = None,
     ca_file: Annotated[
@@ -137,16 +154,23 @@ def device(
             publish_timeout=timeout,
             spec_timeout=timeout,
         )
-        given = None if spec is None else load_spec_file(spec)
+        given, file_round_seconds = (None, None) if spec is None else read_spec_file(spec)
         book = BudgetLedger(ledger, total_epsilon=budget)
         publisher = DevicePublisher(
-            config, ledger=book, spec=given, lo=lo_values, hi=hi_values, clip=clip
+            config,
+            ledger=book,
+            spec=given,
+            lo=lo_values,
+            hi=hi_values,
+            clip=clip,
+            round_seconds=file_round_seconds if round_seconds is None else round_seconds,
+            clock=(lambda: time.time() + clock_offset) if clock_offset else time.time,
         )
         with publisher, _Input(input_file) as stream:
-            for index, number, cells in _rows(stream):
+            for number, cells in _rows(stream):
                 try:
                     values = _row_values(cells, number)
-                    ok = publisher.publish_vector(values, first_round + index)
+                    ok = publisher.publish_vector(values)
                 except InputError as exc:  # bad row: skip it (a SpecError stops the run)
                     failed += 1
                     logger.warning("line %d skipped: %s", number, exc)
@@ -155,6 +179,8 @@ def device(
                     published += 1
                 else:
                     refused += 1
+    except ClockError as exc:
+        error = f"{exc}; not reporting (set the clock, e.g. by NTP, first)"
     except (CocoError, ValueError, OSError) as exc:
         error = str(exc)
     typer.echo(f"published {published}, refused by ledger {refused}, failed {failed}")

@@ -11,17 +11,30 @@ every vector:
    leaves the device (a crash after the charge wastes budget, never under-counts it),
 3. randomises on the device path (:meth:`LocalMechanism.randomise_keys` with the ``secrets``
    CSPRNG: the report's privacy rests on randomness the network cannot predict),
-4. encodes the 16-byte report (:func:`edge.codec.encode_report`) and publishes it to its own
-   ingress topic ``coco/v1/<deployment>/ingress/<device-id>``, waiting for the PUBACK.
+4. encodes the 16-byte report (:func:`edge.codec.encode_report`) for the current round and
+   publishes it to its own ingress topic ``coco/v1/<deployment>/ingress/<device-id>``,
+   waiting for the PUBACK.
+
+Rounds come from the clock (:mod:`edge.rounds`): a report's round is
+``floor(unix_time / round_seconds)`` at the moment it is sent, with ``round_seconds`` from the
+latest announcement (or, when no announcement is retained, the ``round_seconds`` the caller
+gives). A publisher sends at most one report per round: a second publish in the same round
+waits for the next one. A clock that is not set (before 2025-01-01) raises
+:class:`~edge.rounds.ClockError` before anything is charged or sent. A *restarted* device does
+not know whether it already reported in the current round, and may report again: the
+shuffler keeps the first and rejects the second as a duplicate (docs/protocol.md, "Rounds").
 
 Why QoS 1: a report that is lost after its budget was charged spends privacy for nothing,
 so the device wants delivery confirmed (and a clear failure when it is not). QoS 1 may
-deliver a report twice; the shuffler keeps one report per device per round, so a duplicate
-costs nothing. (QoS 2 works too but buys nothing for that extra round trip; QoS 0 is
+deliver a report twice (paho resends the same bytes, with the same round, after a
+reconnect); the shuffler keeps one report per device per round, so a duplicate costs
+nothing. (QoS 2 works too but buys nothing for that extra round trip; QoS 0 is
 accepted for experiments and then "delivered" only means "written to the socket".)
 
-The device id is in the topic only, never in the payload (the shuffler strips topics before
-anything reaches the aggregator), and it is logged at DEBUG level only.
+The MQTT client id is the device id (the broker binds client ids to accounts: the device's
+user name is its id too). The device id is in the topic and the client id only, never in the
+payload (the shuffler strips topics before anything reaches the aggregator), and it is logged
+at DEBUG level only.
 
 Failures: ledger exhaustion is an expected, terminal state of a device, so the publish
 methods *return* ``False`` (and publish nothing). Everything else raises a subclass of
@@ -43,7 +56,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -56,11 +69,12 @@ from paho.mqtt.reasoncodes import ReasonCode
 from edge import device
 from edge._mechanism import LocalMechanism
 from edge.announce import decode_announcement
-from edge.codec import U32_MAX, encode_report
+from edge.codec import encode_report
 from edge.encoders import SensorEncoder
 from edge.errors import CocoError, InputError, SpecError
 from edge.ledger import BudgetExhausted, BudgetLedger
 from edge.mqtt_url import parse_broker_url
+from edge.rounds import check_round_seconds, current_round, seconds_to_next_round
 from edge.spec import MechanismSpec
 from edge.topics import check_name, ingress_topic, spec_topic
 
@@ -80,7 +94,9 @@ class PublisherConfig:
 
     ``broker`` is ``mqtt://host[:port]`` (default port 1883) or ``mqtts://host[:port]``
     (TLS, default port 8883; ``ca_file`` overrides the system trust store, ``cert_file`` and
-    ``key_file`` give a client certificate). Timeouts are in seconds; ``reconnect_min_delay``
+    ``key_file`` give a client certificate). ``client_id`` defaults to the device id (what a
+    broker that binds client ids to user names expects). Timeouts are in seconds;
+    ``reconnect_min_delay``
     and ``reconnect_max_delay`` bound paho's exponential reconnect backoff (whole seconds,
     as paho takes them).
     """
@@ -95,7 +111,7 @@ class PublisherConfig:
     key_file: str | None = None
     qos: int = 1
     protocol: Literal["5", "3.1.1"] = "5"
-    client_id: str = ""
+    client_id: str | None = None
     keepalive: int = 30
     connect_timeout: float = 10.0
     publish_timeout: float = 10.0
@@ -143,6 +159,10 @@ class DevicePublisher:
     are thread-safe but serialised. ``lo``, ``hi`` and ``clip`` configure the
     :class:`SensorEncoder` of :meth:`publish_vector`; its ``s`` is the spec's and its
     dimension must be the spec's ``d``.
+
+    ``round_seconds`` is the round length to use when no announcement is retained (it must
+    equal the announced one when there is); ``clock`` returns Unix seconds (default
+    :func:`time.time`; tests give a fixed or offset clock).
     """
 
     def __init__(
@@ -154,15 +174,22 @@ class DevicePublisher:
         lo: Sequence[float] | None = None,
         hi: Sequence[float] | None = None,
         clip: bool = False,
+        round_seconds: int | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if (lo is None) != (hi is None):
             raise ValueError("give both lo and hi, or neither")
+        if round_seconds is not None:
+            check_round_seconds(round_seconds)
         self.config = config
         self.ledger = ledger
         self._given_spec = spec
         self._lo = None if lo is None else tuple(lo)
         self._hi = None if hi is None else tuple(hi)
         self._clip = clip
+        self._given_round_seconds = round_seconds
+        self._clock = clock
+        self._last_round: int | None = None
         self._topic = ingress_topic(config.deployment, config.device_id)
         self._spec_topic = spec_topic(config.deployment)
 
@@ -211,6 +238,23 @@ class DevicePublisher:
             return self._announcement
 
     @property
+    def round_seconds(self) -> int:
+        """The round length in force: the latest announcement's, else the given one."""
+        with self._cond:
+            announcement = self._announcement
+        if announcement is not None:
+            announced: int = announcement["round_seconds"]
+            return announced
+        if self._given_round_seconds is None:
+            raise PublisherError("no announcement and no round_seconds: the round is unknown")
+        return self._given_round_seconds
+
+    @property
+    def last_round(self) -> int | None:
+        """The round of the last report this publisher sent (``None`` before the first)."""
+        return self._last_round
+
+    @property
     def connected(self) -> bool:
         with self._cond:
             return self._connected
@@ -225,7 +269,7 @@ class DevicePublisher:
         )
         client = mqtt.Client(
             callback_api_version=CallbackAPIVersion.VERSION2,
-            client_id=cfg.client_id,
+            client_id=cfg.device_id if cfg.client_id is None else cfg.client_id,
             protocol=protocol,
         )
         client.enable_logger(logging.getLogger(f"{__name__}.paho"))
@@ -285,7 +329,7 @@ class DevicePublisher:
 
     # -- publishing ------------------------------------------------------------------------
 
-    def publish_vector(self, values: Sequence[float], round_: int) -> bool:
+    def publish_vector(self, values: Sequence[float]) -> bool:
         """Encode sensor readings, then as :meth:`publish_keys`.
 
         Returns ``False`` (publishing nothing) when the ledger refuses the charge.
@@ -293,29 +337,37 @@ class DevicePublisher:
         if self._encoder is None:
             raise PublisherError("publish_vector needs channel ranges (lo and hi)")
         keys, signs = self._encoder.encode(values)
-        return self.publish_keys(keys, signs, round_)
+        return self.publish_keys(keys, signs)
 
-    def publish_keys(self, keys: Sequence[int], signs: Sequence[int], round_: int) -> bool:
-        """Publish the report of one sparse ternary vector for ``round_``; wait for the ack.
+    def publish_keys(self, keys: Sequence[int], signs: Sequence[int]) -> bool:
+        """Publish the report of one sparse ternary vector in the current round; wait for
+        the ack.
 
-        Returns ``True`` once the broker acknowledged the report and ``False`` (publishing
-        nothing) when the ledger has no budget left for it; raises otherwise (module doc).
+        The round is the clock's (:func:`edge.rounds.current_round`); if this publisher
+        already sent a report in it, this waits for the next round first. Returns ``True``
+        once the broker acknowledged the report and ``False`` (publishing nothing) when the
+        ledger has no budget left for it; raises otherwise (module doc), in particular
+        :class:`~edge.rounds.ClockError` when the clock is not set.
         """
         spec = self.spec
         mechanism = self._mechanism
         client = self._client
         if mechanism is None or client is None:
             raise PublisherError("the publisher is not started")
-        if isinstance(round_, bool) or not isinstance(round_, int) or not 0 <= round_ <= U32_MAX:
-            raise InputError(f"round must be an int in [0, {U32_MAX}], got {round_!r}")
         try:
             device.check_sparse(list(keys), list(signs), spec.d, spec.s)
         except ValueError as exc:
             raise InputError(str(exc)) from None
         with self._publish_lock:
             self._check_announcement(spec)
+            self._round_now()  # an unset clock fails before anything else
+            if not self.ledger.can_afford(spec.epsilon):  # no wait for a round it cannot use
+                logger.info("report not published: the ledger has no budget left for it")
+                return False
+            self._next_round()  # wait (if need be) before the publish timeout starts
             deadline = time.monotonic() + self.config.publish_timeout
             self._wait_connected(self.config.publish_timeout)
+            round_ = self._next_round()  # the round now, after any wait for the connection
             try:
                 self.ledger.charge(spec.epsilon)
             except BudgetExhausted as exc:
@@ -323,11 +375,27 @@ class DevicePublisher:
                 return False
             seed, z = mechanism.randomise_keys(keys, signs)  # secrets.randbits
             payload = encode_report(spec.fingerprint_int, round_, seed, z)
+            self._last_round = round_
             self._send(client, payload, round_, deadline)
         logger.debug("published round %d to %s", round_, self._topic)
         return True
 
     # -- internals -------------------------------------------------------------------------
+
+    def _round_now(self) -> int:
+        """The clock's round now (:class:`~edge.rounds.ClockError` if the clock is unset)."""
+        return current_round(self.round_seconds, self._clock())
+
+    def _next_round(self) -> int:
+        """The current round, after waiting for a round this publisher has not reported in."""
+        round_ = self._round_now()
+        last = self._last_round
+        while last is not None and round_ <= last:
+            wait = seconds_to_next_round(self.round_seconds, self._clock())
+            logger.debug("already reported in round %d; waiting %.3f s", last, wait)
+            time.sleep(max(wait, 0.001))
+            round_ = self._round_now()
+        return round_
 
     def _send(self, client: mqtt.Client, payload: bytes, round_: int, deadline: float) -> None:
         info = client.publish(self._topic, payload, qos=self.config.qos)
@@ -373,6 +441,11 @@ class DevicePublisher:
             raise SpecError(f"the spec announcement on {self._spec_topic} is invalid: {error}")
         if announcement is None:
             if given is not None:
+                if self._given_round_seconds is None:
+                    raise PublisherError(
+                        f"no spec announcement on {self._spec_topic}: the round length is "
+                        "unknown (give round_seconds with the spec)"
+                    )
                 logger.info("no spec announcement retained; using the given spec")
                 return given
             raise PublisherError(
@@ -383,6 +456,12 @@ class DevicePublisher:
             raise SpecError(
                 f"the given spec {given.fingerprint} does not match the spec "
                 f"{announced.fingerprint} announced on {self._spec_topic}"
+            )
+        given_seconds = self._given_round_seconds
+        if given_seconds is not None and given_seconds != announcement["round_seconds"]:
+            raise SpecError(
+                f"the given round_seconds {given_seconds} does not match the "
+                f"round_seconds {announcement['round_seconds']} announced on {self._spec_topic}"
             )
         return announced
 
@@ -472,6 +551,12 @@ class DevicePublisher:
             self._announcement = announcement
             self._announcements_seen += 1
             self._cond.notify_all()
+        if previous is not None and previous["round_seconds"] != announcement["round_seconds"]:
+            logger.warning(
+                "the deployment announced round_seconds %d (was %d)",
+                announcement["round_seconds"],
+                previous["round_seconds"],
+            )
         if (
             previous is not None
             and previous["spec"]["fingerprint"] != (announcement["spec"]["fingerprint"])

@@ -5,10 +5,25 @@ randomises it with the spec's mechanism on the device path
 (:meth:`~edge.LocalMechanism.randomise_keys`, its own generator's bits) and publishes the
 16-byte report on its own ingress topic ``coco/v1/<deployment>/ingress/<device-id>``.
 
+Rounds
+------
+Rounds are the wall clock's (:mod:`edge.rounds`): round ``r`` is the Unix-time interval
+``[r L, (r + 1) L)`` with ``L = round_seconds`` (the announced one), and every report
+published in it carries ``r``. ``rounds`` rounds run back to back: the fleet publishes a
+round's reports from ``round_offset`` seconds after it starts, spread over ``round_spread``
+seconds (device ``i`` of ``n`` at ``offset + spread i / n``; 0 = as fast as possible), waits
+for every acknowledgement, then waits for the next round. It joins the round in progress
+only if it is ready in its first half (or before its offset, if that is later): see
+:func:`next_round`. A round the fleet cannot join (the previous one overran it) is skipped
+and counted; a round whose publishing overruns its end is logged (its reports keep its
+number). One report per device per round, so a shuffler that accepts each round once sees
+no duplicate from a healthy fleet.
+
 Connections
 -----------
-* ``connections`` (default): one MQTT 5 connection per device, client id and, with a
-  credentials secret, user name = device id and password =
+* ``connections`` (default): one MQTT 5 connection per device, client id = device id
+  (what a broker that binds client ids to accounts expects) and, with a credentials
+  secret, user name = device id and password =
   :func:`sim.credentials.device_password` (what a broker ACL with ``%u`` expects). Needs
   one file descriptor per device: the soft ``RLIMIT_NOFILE`` is raised to the hard limit
   when needed (:func:`ensure_fd_limit`).
@@ -23,7 +38,7 @@ unacknowledged per connection (and fewer if the broker's MQTT 5 receive maximum 
 
 Failures never crash the fleet: a refused or failed connection and an unpublished report
 are counted by reason (:mod:`sim.fleet_metrics`); a device that is not connected tries
-again at the start of the next round.
+again before the next round.
 
 Reproducibility: ``SeedSequence(seed).spawn(3)``: model parameters, per-device data
 generators, per-device randomiser generators (``spawn(n_devices)`` each), so the same
@@ -55,8 +70,9 @@ from gmqtt.storage import PersistentStorage  # type: ignore[import-untyped]
 from prometheus_client import CollectorRegistry
 
 from edge import CocoError, LocalMechanism
-from edge.codec import U32_MAX, encode_report
+from edge.codec import encode_report
 from edge.mqtt_url import parse_broker_url
+from edge.rounds import check_round_seconds, current_round, round_start
 from edge.spec import MechanismSpec
 from edge.topics import check_name, ingress_topic
 from sim.credentials import DEFAULT_PREFIX, device_id, device_password
@@ -76,6 +92,7 @@ __all__ = [
     "Mode",
     "ReportHook",
     "ensure_fd_limit",
+    "next_round",
 ]
 
 logger = logging.getLogger(__name__)
@@ -98,17 +115,18 @@ class FleetError(CocoError):
     """The fleet cannot run (file-descriptor limit, bad configuration)."""
 
 
-def auto_first_round(now: float | None = None) -> int:
-    """A first round above every round an earlier run of this fleet used: the Unix time in
-    whole seconds, plus one (a u32 until 2106).
+def next_round(now: float, round_seconds: int, offset: float, after: int | None = None) -> int:
+    """The wall-clock round a fleet ready at Unix time ``now`` publishes in next.
 
-    A run that started at ``t0`` used rounds ``floor(t0) + 1 ..`` with rounds starting at
-    least ``--interval`` apart. If ``--interval >= 1 s`` and the restart comes at least one
-    second after the earlier run's last round started (a crashed container, ``docker compose
-    restart fleet``), the restart's first round is above all of them: the shuffler neither
-    rejects its reports as ``duplicate_in_round`` nor as ``stale_round``.
+    After ``after`` (the round it last published in, if any): the round in progress if the
+    fleet is ready no later than ``max(offset, L / 2)`` seconds after it started, otherwise
+    the next one. Raises :class:`~edge.rounds.ClockError` for a clock that is not set.
     """
-    return int(time.time() if now is None else now) + 1
+    round_ = current_round(round_seconds, now)
+    if after is not None and round_ <= after:
+        return after + 1
+    late = now - round_start(round_, round_seconds) > max(offset, round_seconds / 2)
+    return round_ + 1 if late else round_
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,10 +137,15 @@ class FleetConfig:
     deployment: str
     spec: MechanismSpec
     devices: int
+    round_seconds: int
+    """Length of a round (the deployment's announced ``round_seconds``)."""
     rounds: int = 1
-    """Rounds to run; 0 runs until :meth:`Fleet.stop`."""
-    interval: float = 0.0
-    """Seconds from the end of one round to the start of the next."""
+    """Consecutive wall-clock rounds to publish in; 0 runs until :meth:`Fleet.stop`."""
+    round_offset: float = 0.0
+    """Seconds after a round starts before the fleet publishes in it."""
+    round_spread: float = 0.0
+    """Seconds over which a round's reports are spread (0 = as fast as possible);
+    ``round_offset + round_spread`` must be below ``round_seconds``."""
     ramp_up: float = 0.0
     """New connections per second; 0 = as fast as possible."""
     qos: Literal[0, 1] = 1
@@ -132,8 +155,6 @@ class FleetConfig:
     model: ModelName = "sensors"
     seed: int = 0
     prefix: str = DEFAULT_PREFIX
-    first_round: int = 0
-    """Round number of the first round in the reports (later rounds count up from it)."""
     username: str | None = None
     password: str | None = None
     credentials_secret: bytes | None = None
@@ -154,7 +175,8 @@ class FleetConfig:
             raise ValueError(f"devices must be >= 1, got {self.devices}")
         if self.rounds < 0:
             raise ValueError(f"rounds must be >= 0 (0 = until interrupted), got {self.rounds}")
-        for name in ("interval", "ramp_up"):
+        check_round_seconds(self.round_seconds)
+        for name in ("round_offset", "round_spread", "ramp_up"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be >= 0, got {value}")
@@ -168,10 +190,10 @@ class FleetConfig:
             raise ValueError(f"mode must be connections or multiplexed, got {self.mode!r}")
         if self.connections < 1 or self.window < 1:
             raise ValueError("connections and window must be >= 1")
-        last_round = self.first_round + max(self.rounds, 1) - 1
-        if self.first_round < 0 or last_round > U32_MAX:
+        if not self.round_offset + self.round_spread < self.round_seconds:
             raise ValueError(
-                f"rounds {self.first_round}..{last_round} do not fit the report's u32 round field"
+                f"round_offset + round_spread must be < round_seconds ({self.round_seconds}), "
+                f"got {self.round_offset} + {self.round_spread}"
             )
         self._check_credentials()
 
@@ -401,6 +423,8 @@ class _Stats:
     publish_seconds: float = 0.0
     peak_connected: int = 0
     rounds_completed: int = 0
+    rounds_skipped: int = 0
+    rounds_late: int = 0
     interrupted: bool = False
 
 
@@ -448,6 +472,8 @@ class Fleet:
         self._outstanding = 0
         self._settled = asyncio.Event()
         self.stats = _Stats()
+        self.rounds_used: list[int] = []
+        """The wall-clock round numbers the run published in, in order."""
         self.published = 0
         self.publish_failures = dict.fromkeys(PUBLISH_FAILURE_REASONS, 0)
         self.connect_failures = dict.fromkeys(CONNECT_FAILURE_REASONS, 0)
@@ -501,16 +527,26 @@ class Fleet:
             self.stats.connected_first = self._connected
             self.stats.connections_first = sum(c.connected for c in self._conns)
             index = 0
+            previous: int | None = None
             while not self.stopping and (cfg.rounds == 0 or index < cfg.rounds):
                 if index:
                     await self._reconnect_missing()
-                await self._round(index)
-                index += 1
-                if self.stopping or (cfg.rounds and index >= cfg.rounds):
+                round_ = next_round(time.time(), cfg.round_seconds, cfg.round_offset, previous)
+                if previous is not None and round_ > previous + 1:
+                    skipped = round_ - previous - 1
+                    self.stats.rounds_skipped += skipped
+                    logger.warning(
+                        "skipped %d round(s) after round %d: it ended after the next one's "
+                        "first half (raise round_seconds or lower the offset and spread)",
+                        skipped,
+                        previous,
+                    )
+                start = round_start(round_, cfg.round_seconds)
+                if not await self._sleep_until(start + cfg.round_offset):
                     break
-                if cfg.interval:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stop.wait(), cfg.interval)
+                await self._round(index, round_)
+                previous = round_
+                index += 1
         finally:
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -532,6 +568,11 @@ class Fleet:
             "connected_at_start": st.connected_first,
             "rounds": cfg.rounds,
             "rounds_completed": st.rounds_completed,
+            "round_seconds": cfg.round_seconds,
+            "first_round": self.rounds_used[0] if self.rounds_used else None,
+            "last_round": self.rounds_used[-1] if self.rounds_used else None,
+            "rounds_skipped": st.rounds_skipped,
+            "rounds_late": st.rounds_late,
             "reports_published": self.published,
             "publish_failures": dict(self.publish_failures),
             "connect_failures": dict(self.connect_failures),
@@ -558,7 +599,7 @@ class Fleet:
             model=self.config.model,
             extra={
                 "devices": self.config.devices,
-                "first_round": self.config.first_round,
+                "round_seconds": self.config.round_seconds,
                 "rounds_completed": self.stats.rounds_completed,
             },
         )
@@ -647,10 +688,23 @@ class Fleet:
             self.publish_failures[reason] += 1
             self.metrics.publish_failure(reason)
 
-    async def _round(self, index: int) -> None:
+    async def _sleep_until(self, unix_time: float) -> bool:
+        """Until the wall clock reads ``unix_time``; ``False`` if the fleet was stopped."""
+        while not self.stopping:
+            delay = unix_time - time.time()
+            if delay <= 0:
+                return True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+        return False
+
+    async def _round(self, index: int, round_: int) -> None:
+        """Publish the run's ``index``-th round of reports in wall-clock round ``round_``."""
         cfg = self.config
-        round_ = cfg.first_round + index
+        self.rounds_used.append(round_)
         reports = self.reports(index)  # every device, connected or not: reproducible
+        begin = round_start(round_, cfg.round_seconds) + cfg.round_offset
+        n = len(reports)
         fingerprint = self.spec.fingerprint_int
         conns = self._conns
         k = len(conns)
@@ -673,6 +727,9 @@ class Fleet:
             return done
 
         for i, (keys, signs, seed, z) in enumerate(reports):
+            due = begin + cfg.round_spread * i / n
+            if cfg.round_spread > 0 and not await self._sleep_until(due):
+                break
             if self.stopping:
                 break
             conn = conns[i] if own else conns[i % k]
@@ -693,6 +750,13 @@ class Fleet:
         if complete:
             self.stats.rounds_completed += 1
             self.metrics.rounds.inc()
+        if time.time() >= round_start(round_ + 1, cfg.round_seconds):
+            self.stats.rounds_late += 1
+            logger.warning(
+                "round %d was still publishing when it ended (raise round_seconds or lower the "
+                "offset and spread)",
+                round_,
+            )
         self.metrics.set_truth(self.truth)
 
     async def _await_settled(self) -> None:

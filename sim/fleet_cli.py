@@ -20,10 +20,10 @@ from prometheus_client import CollectorRegistry, start_http_server
 
 from broker.cli import read_announcement
 from edge import CocoError, MechanismSpec
-from edge.announce import load_spec_file
+from edge.announce import read_spec_file
 from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption, SpecFileOption
 from sim.credentials import DEFAULT_PREFIX, device_id, device_password, read_secret
-from sim.fleet import Fleet, FleetConfig, FleetError, auto_first_round
+from sim.fleet import Fleet, FleetConfig, FleetError
 from sim.fleet_metrics import DEFAULT_METRICS_DIMS
 
 logger = logging.getLogger(__name__)
@@ -117,7 +117,9 @@ def format_summary(summary: dict[str, Any]) -> str:
             + ("  [interrupted]" if summary["interrupted"] else ""),
             f"connected: {summary['connected']} (at start {summary['connected_at_start']}, "
             f"{rate(summary['connect_rate_per_s'])})",
-            f"rounds completed: {summary['rounds_completed']}",
+            f"rounds completed: {summary['rounds_completed']} of {summary['round_seconds']} s "
+            f"(rounds {summary['first_round']}..{summary['last_round']}, skipped "
+            f"{summary['rounds_skipped']}, late {summary['rounds_late']})",
             f"reports published: {summary['reports_published']} "
             f"({rate(summary['publish_rate_per_s'])})",
             f"publish failures: {reasons(summary['publish_failures'])}",
@@ -127,14 +129,18 @@ def format_summary(summary: dict[str, Any]) -> str:
     )
 
 
-def _first_round(value: str) -> int:
-    """``--first-round``: a round number, or ``auto`` (:func:`sim.fleet.auto_first_round`)."""
-    if value == "auto":
-        return auto_first_round()
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"--first-round must be an integer or 'auto', got {value!r}") from None
+def _round_length(announced: int | None, given: int | None, source: str) -> int:
+    """``--round-seconds`` or the announced (or spec file's) ``round_seconds``."""
+    if announced is not None and given is not None and announced != given:
+        raise ValueError(
+            f"--round-seconds {given} does not match the round_seconds {announced} of {source}"
+        )
+    length = announced if announced is not None else given
+    if length is None:
+        raise ValueError(
+            f"{source} holds no round_seconds: give --round-seconds (the deployment's round length)"
+        )
+    return length
 
 
 def _announced_spec(
@@ -144,8 +150,9 @@ def _announced_spec(
     username: str | None,
     password: str | None,
     ca_file: str | None,
-) -> MechanismSpec:
-    """The retained announcement's spec, or a :class:`FleetError` that says what failed."""
+) -> tuple[MechanismSpec, int]:
+    """The retained announcement's spec and round_seconds, or a :class:`FleetError` that
+    says what failed."""
     try:
         announcement = asyncio.run(
             read_announcement(
@@ -156,7 +163,8 @@ def _announced_spec(
         raise FleetError(str(exc)) from None
     except (OSError, aiomqtt.MqttError) as exc:
         raise FleetError(f"reading the announcement from {broker}: {exc}") from None
-    return MechanismSpec.from_dict(announcement["spec"])
+    spec = MechanismSpec.from_dict(announcement["spec"])
+    return spec, int(announcement["round_seconds"])
 
 
 def fleet(
@@ -164,9 +172,28 @@ def fleet(
     broker: BrokerOption = DEFAULT_BROKER,
     devices: Annotated[int, typer.Option(help="Simulated devices.")] = 1000,
     rounds: Annotated[
-        int, typer.Option(help="Rounds (one report per device each); 0 = until interrupted.")
+        int,
+        typer.Option(
+            help="Consecutive wall-clock rounds (one report per device each); 0 = until "
+            "interrupted."
+        ),
     ] = 1,
-    interval: Annotated[float, typer.Option(help="Seconds between rounds.")] = 0.0,
+    round_seconds: Annotated[
+        int | None,
+        typer.Option(
+            help="Round length; default: the announced one (needed with a --spec file that "
+            "is not a whole announcement)."
+        ),
+    ] = None,
+    round_offset: Annotated[
+        float, typer.Option(help="Seconds into each round before publishing starts.")
+    ] = 0.0,
+    round_spread: Annotated[
+        float,
+        typer.Option(
+            help="Seconds over which a round's reports are spread (0 = as fast as possible)."
+        ),
+    ] = 0.0,
     ramp_up: Annotated[
         float, typer.Option(help="New connections per second (0 = as fast as possible).")
     ] = 0.0,
@@ -193,13 +220,6 @@ def fleet(
     prefix: Annotated[str, typer.Option(help="Device id prefix (id = prefix + 6 digits).")] = (
         DEFAULT_PREFIX
     ),
-    first_round: Annotated[
-        str,
-        typer.Option(
-            help="Round number of the first round, or 'auto' (Unix seconds + 1): above every "
-            "round an earlier run used, for restarts (docs/fleet.md)."
-        ),
-    ] = "0",
     username: Annotated[
         str | None,
         typer.Option(envvar="COCO_MQTT_USERNAME", help="One shared MQTT identity."),
@@ -247,13 +267,17 @@ def fleet(
             raise ValueError(f"--qos must be 0 or 1, got {qos}")
         secret = None if credentials_secret_file is None else read_secret(credentials_secret_file)
         if spec is not None:
-            mechanism = load_spec_file(spec)
+            mechanism, file_seconds = read_spec_file(spec)
+            length = _round_length(file_seconds, round_seconds, f"the spec file {spec}")
         else:
             user, pw = username, password
             if secret is not None:  # read the announcement as device 0 would
                 user = device_id(0, prefix)
                 pw = device_password(secret, user)
-            mechanism = _announced_spec(broker, deployment, announcement_timeout, user, pw, ca_file)
+            mechanism, announced = _announced_spec(
+                broker, deployment, announcement_timeout, user, pw, ca_file
+            )
+            length = _round_length(announced, round_seconds, "the announcement")
         run_seed = secrets.randbits(32) if seed is None else seed
         qos_level: Literal[0, 1] = 1 if qos == 1 else 0
         config = FleetConfig(
@@ -262,7 +286,9 @@ def fleet(
             spec=mechanism,
             devices=devices,
             rounds=rounds,
-            interval=interval,
+            round_seconds=length,
+            round_offset=round_offset,
+            round_spread=round_spread,
             ramp_up=ramp_up,
             qos=qos_level,
             mode=mode.value,
@@ -270,7 +296,6 @@ def fleet(
             model=model.value,
             seed=run_seed,
             prefix=prefix,
-            first_round=_first_round(first_round),
             username=username,
             password=password,
             credentials_secret=secret,

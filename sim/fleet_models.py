@@ -119,7 +119,11 @@ class FleetModel:
         return kv
 
     def vectors(self, round_: int, rngs: list[np.random.Generator]) -> list[Sparse]:
-        """Every device's ``(keys, signs)`` of round ``round_`` (``rngs``: one per device)."""
+        """Every device's ``(keys, signs)`` of round ``round_`` (``rngs``: one per device).
+
+        ``round_`` is the run's round index (0, 1, ...), not the wall-clock round number the
+        reports carry, so that a seed fixes the data whenever the run happens.
+        """
         if len(rngs) != self.n_devices:
             raise ValueError(f"need {self.n_devices} generators, got {len(rngs)}")
         out: list[Sparse] = []

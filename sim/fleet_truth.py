@@ -3,7 +3,8 @@
 The aggregator estimates, per dimension ``j``, the mean of ``x_j`` over the reports it
 applied and the share of them with ``x_j != 0`` (``/estimates``: ``mean``, ``freq``). The
 fleet knows every vector it randomised, so it can compute both exactly over the reports it
-*published* (acknowledged by the broker at QoS 1, written at QoS 0), per round and overall.
+*published* (acknowledged by the broker at QoS 1, written at QoS 0), per round (keyed by the
+wall-clock round number the reports carried) and overall.
 No real deployment has these numbers; they exist to measure the error of the private
 estimates.
 """

@@ -130,3 +130,20 @@ def mosquitto_persistent(tmp_path: Path) -> Iterator[Broker]:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture
+def mosquitto_client_id_acl(tmp_path: Path) -> Iterator[Broker]:
+    """A Mosquitto whose ACL lets a client write only ``coco/v1/+/ingress/<its client id>``
+    (``%c``) and read the spec topics: a publish succeeds only if the client id is the
+    device id of the topic."""
+    if not Path(MOSQUITTO).exists():
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
+    acl = tmp_path / "acl"
+    acl.write_text("pattern write coco/v1/+/ingress/%c\npattern read coco/v1/+/spec\n")
+    broker = Broker(tmp_path, free_port(), extra_config=f"acl_file {acl}\n")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()

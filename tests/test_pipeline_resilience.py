@@ -58,7 +58,8 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> No
 
 class Fleet:
     """``DEVICES`` real :class:`DevicePublisher` s, publishing one report per round each,
-    concurrently from a thread pool (paho is blocking)."""
+    concurrently from a thread pool (paho is blocking). Rounds are 1 s of the clock: each
+    publisher waits for a round it has not reported in."""
 
     def __init__(self, broker: Broker, deployment: str, workdir: Path) -> None:
         self.pool = ThreadPoolExecutor(max_workers=DEVICES)
@@ -76,6 +77,7 @@ class Fleet:
                 ),
                 ledger=BudgetLedger(workdir / f"ledger-{i}.json", total_epsilon=1000.0),
                 spec=SPEC,
+                round_seconds=1,
             )
             for i in range(DEVICES)
         ]
@@ -90,22 +92,19 @@ class Fleet:
             pub.close()
         self.pool.shutdown(wait=True)
 
-    def _publish(self, pub: DevicePublisher, round_: int) -> bool:
+    def _publish(self, pub: DevicePublisher) -> bool:
         keys = sorted(self.rng.sample(range(SPEC.d), SPEC.s))
         signs = [self.rng.choice((-1, 1)) for _ in keys]
         try:
-            return pub.publish_keys(keys, signs, round_)
+            return pub.publish_keys(keys, signs)
         except Exception as exc:  # counted: a report without a PUBACK
             self.failed.append(f"{type(exc).__name__}: {exc}")
             return False
 
-    async def publish_round(self, round_: int) -> None:
+    async def publish_round(self) -> None:
         loop = asyncio.get_running_loop()
         results = await asyncio.gather(
-            *(
-                loop.run_in_executor(self.pool, self._publish, pub, round_)
-                for pub in self.publishers
-            )
+            *(loop.run_in_executor(self.pool, self._publish, pub) for pub in self.publishers)
         )
         self.acked += sum(results)
 
@@ -278,21 +277,21 @@ def test_aggregator_restart_mid_stream(mosquitto: Broker, tmp_path: Path) -> Non
                         await wait_until(
                             lambda: first.subscribed.is_set() and shuffler.connected.is_set()
                         )
-                        for round_ in range(3):
-                            await fleet.publish_round(round_)
+                        for _ in range(3):
+                            await fleet.publish_round()
                         await wait_until(lambda: first.counters.batches >= 3)
                         await stop_task(agg_task)  # graceful: checkpoint, then PUBACKs
                     assert checkpoint.exists()
                     stopped_at = first.counters.batches
                     # batches released while the service is down wait in its session
-                    for round_ in range(3, 6):
-                        await fleet.publish_round(round_)
+                    for _ in range(3, 6):
+                        await fleet.publish_round()
                     await wait_until(lambda: recorder.reports >= fleet.acked - MIN_BATCH)
                     async with second:
                         assert second.counters.batches == stopped_at  # resumed from disk
                         agg_task = asyncio.create_task(second.run())
-                        for round_ in range(6, 8):
-                            await fleet.publish_round(round_)
+                        for _ in range(6, 8):
+                            await fleet.publish_round()
                         shuffler.stop()
                         await asyncio.wait_for(shuf_task, 20)
                         released = int(value(shuffler_reg, "coco_shuffler_reports_released_total"))
@@ -333,16 +332,16 @@ def test_broker_restart_mid_stream(mosquitto_persistent: Broker, tmp_path: Path)
                     await wait_until(
                         lambda: aggregator.subscribed.is_set() and shuffler.connected.is_set()
                     )
-                    for round_ in range(3):
-                        await fleet.publish_round(round_)
+                    for _ in range(3):
+                        await fleet.publish_round()
                     await wait_until(lambda: aggregator.counters.batches >= 3)
                     # restart the broker while a round is being published
-                    publishing = asyncio.create_task(fleet.publish_round(3))
+                    publishing = asyncio.create_task(fleet.publish_round())
                     await asyncio.sleep(0.05)
                     await asyncio.to_thread(broker.restart)
                     await asyncio.wait_for(publishing, 30)
-                    for round_ in range(4, 7):
-                        await fleet.publish_round(round_)
+                    for _ in range(4, 7):
+                        await fleet.publish_round()
                     await wait_until(
                         lambda: aggregator.subscribed.is_set() and shuffler.connected.is_set()
                     )

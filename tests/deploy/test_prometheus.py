@@ -29,9 +29,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiomqtt
 import pytest
 
 from aggregator.metrics import epsilon_curve_grid
+from edge.announce import encode_announcement
+from edge.topics import spec_topic
 from tests.asyncutil import run, wait_until
 from tests.conftest import Broker, free_port
 from tests.deploy.test_dashboard import (
@@ -201,6 +204,31 @@ def poll(predicate: Any, timeout: float, processes: Processes, interval: float =
         raise AssertionError(f"{exc}\n{processes.logs()}") from None
 
 
+def announce_short_rounds(mosquitto: Broker, broker: list[str]) -> None:
+    """Retain ``coco announce``'s announcement with 1 s rounds (the fleet runs many rounds
+    in a few seconds)."""
+    dry_run = subprocess.run(
+        [COCO, "announce", *broker, *ANNOUNCEMENT, "--dry-run"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    announced = json.loads(dry_run.stdout)
+    payload = encode_announcement(
+        announced["spec"],
+        min_batch=announced["min_batch"],
+        delta=announced["delta"],
+        round_seconds=1,
+    )
+
+    async def retain() -> None:
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+            await client.publish(spec_topic(DEPLOYMENT), payload, qos=1, retain=True)
+
+    run(retain(), timeout=30)
+
+
 def test_every_dashboard_query_returns_data(
     mosquitto: Broker, processes: Processes, tmp_path: Path
 ) -> None:
@@ -208,12 +236,7 @@ def test_every_dashboard_query_returns_data(
     ports = {job: free_port() for job in JOBS}
     prometheus_port = free_port()
     broker = ["--broker", mosquitto.url, "--deployment", DEPLOYMENT]
-    subprocess.run(
-        [COCO, "announce", *broker, *ANNOUNCEMENT],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    announce_short_rounds(mosquitto, broker)
     processes.start(
         "shuffler",
         COCO,
@@ -272,8 +295,6 @@ def test_every_dashboard_query_returns_data(
         "2",
         "--rounds",
         "20",
-        "--interval",
-        "0.5",
         "--seed",
         "7",
         "--metrics-port",

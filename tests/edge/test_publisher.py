@@ -2,6 +2,10 @@
 
 A paho subscriber on the ingress filter plays the shuffler: it records every message it
 receives, so the tests can assert exactly what left the device.
+
+Rounds come from the clock: the tests announce 1 s rounds (so that "the next round" comes
+quickly) and check a report's round against the clock's round before and after it was sent,
+never against a fixed time. An unset clock and a restart within one round use a given clock.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from edge.device_cli import device
 from edge.errors import InputError, SpecError
 from edge.ledger import BudgetLedger
 from edge.publisher import DevicePublisher, PublisherConfig, PublisherError
+from edge.rounds import ClockError, current_round
 from edge.spec import MechanismSpec
 from edge.topics import ingress_filter, ingress_topic, spec_topic
 from tests.conftest import Broker
@@ -111,13 +116,15 @@ def shuffler(mosquitto: Broker, tmp_path: Path) -> Iterator[Shuffler]:
         sub.stop()
 
 
-def announce(broker: Broker, spec: MechanismSpec) -> None:
+def announce(broker: Broker, spec: MechanismSpec, round_seconds: int = 1) -> None:
     """Publish the retained spec announcement and wait for the broker to accept it."""
     client = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2)
     client.connect("127.0.0.1", broker.port)
     client.loop_start()
     try:
-        payload = encode_announcement(spec.to_dict(), min_batch=10, delta=1e-6)
+        payload = encode_announcement(
+            spec.to_dict(), min_batch=10, delta=1e-6, round_seconds=round_seconds
+        )
         info = client.publish(spec_topic(DEPLOYMENT), payload, qos=1, retain=True)
         info.wait_for_publish(WAIT)
         assert info.is_published()
@@ -139,13 +146,21 @@ def config(broker: Broker, **kw: Any) -> PublisherConfig:
     return PublisherConfig(**options)
 
 
-def check_report(msg: Received, spec: MechanismSpec, round_: int) -> None:
+def check_report(msg: Received, spec: MechanismSpec, rounds: range) -> int:
+    """Check one report (its round in ``rounds``); return its round."""
     assert msg.topic == ingress_topic(DEPLOYMENT, DEVICE)
     assert len(msg.payload) == REPORT_SIZE
     assert DEVICE.encode() not in msg.payload
     version, fingerprint, got_round, _seed, z = decode_report(msg.payload)
-    assert (version, fingerprint, got_round) == (1, spec.fingerprint_int, round_)
+    assert (version, fingerprint) == (1, spec.fingerprint_int)
+    assert got_round in rounds
     assert 0 <= z < spec.t
+    return got_round
+
+
+def clock_rounds(round_seconds: int, first: int) -> range:
+    """The clock's rounds from ``first`` to now."""
+    return range(first, current_round(round_seconds) + 1)
 
 
 def test_reports_from_the_announced_spec(
@@ -154,23 +169,27 @@ def test_reports_from_the_announced_spec(
     announce(mosquitto, SPEC)
     ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
     caplog.set_level("INFO")
+    first = current_round(1)
     with DevicePublisher(config(mosquitto), ledger=ledger, lo=LO, hi=HI) as pub:
         assert pub.spec == SPEC
         assert pub.announcement is not None
         assert pub.announcement["min_batch"] == 10
-        rounds = [5, 6, 7]
-        for r in rounds:
-            assert pub.publish_vector([0.5, 20.0, 33.0, 1000.0], r) is True
-        assert pub.publish_keys([0, 3], [1, -1], 8) is True
-    messages = shuffler.wait_for(4)
+        assert pub.round_seconds == 1
+        for _ in range(2):
+            assert pub.publish_vector([0.5, 20.0, 33.0, 1000.0]) is True
+        assert pub.publish_keys([0, 3], [1, -1]) is True
+        last = pub.last_round
+    messages = shuffler.wait_for(3)
     time.sleep(0.2)  # nothing more arrives
-    assert len(shuffler.messages) == 4
-    for i, (msg, r) in enumerate(zip(messages, [*rounds, 8], strict=True)):
-        check_report(msg, SPEC, r)
+    assert len(shuffler.messages) == 3
+    rounds = [check_report(msg, SPEC, clock_rounds(1, first)) for msg in messages]
+    assert rounds == sorted(set(rounds))  # one report per round: each waits for the next
+    assert rounds[-1] == last
+    for i, msg in enumerate(messages):
         assert msg.ledger_reports is not None
         assert msg.ledger_reports >= i + 1  # charged on disk before it was released
-    assert ledger.reports == 4
-    assert ledger.spent == 4 * SPEC.epsilon
+    assert ledger.reports == 3
+    assert ledger.spent == 3 * SPEC.epsilon
     info_text = " ".join(r.getMessage() for r in caplog.records if r.levelname != "DEBUG")
     assert DEVICE not in info_text
 
@@ -180,19 +199,28 @@ def test_mqtt_311_and_given_spec_without_announcement(
 ) -> None:
     ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
     cfg = config(mosquitto, protocol="3.1.1")
-    with DevicePublisher(cfg, ledger=ledger, spec=OTHER) as pub:
+    first = current_round(60)
+    with DevicePublisher(cfg, ledger=ledger, spec=OTHER, round_seconds=60) as pub:
         assert pub.spec == OTHER
-        assert pub.publish_keys([1, 2], [-1, -1], 0)
+        assert pub.round_seconds == 60
+        assert pub.publish_keys([1, 2], [-1, -1])
     (msg,) = shuffler.wait_for(1)
-    check_report(msg, OTHER, 0)
+    check_report(msg, OTHER, clock_rounds(60, first))
+    # Without an announcement the round length must be given.
+    with pytest.raises(PublisherError, match="round length is unknown"):
+        DevicePublisher(cfg, ledger=ledger, spec=OTHER).start()
 
 
 def test_given_spec_that_matches_the_announcement(mosquitto: Broker, tmp_path: Path) -> None:
-    announce(mosquitto, SPEC)
+    announce(mosquitto, SPEC, round_seconds=30)
     ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
-    with DevicePublisher(config(mosquitto), ledger=ledger, spec=SPEC) as pub:
+    with DevicePublisher(config(mosquitto), ledger=ledger, spec=SPEC, round_seconds=30) as pub:
         assert pub.spec == SPEC
         assert pub.announcement is not None
+        assert pub.round_seconds == 30
+    with pytest.raises(SpecError, match="round_seconds 60 does not match"):
+        DevicePublisher(config(mosquitto), ledger=ledger, spec=SPEC, round_seconds=60).start()
+    assert ledger.reports == 0
 
 
 def test_spec_mismatch_is_an_error(mosquitto: Broker, shuffler: Shuffler, tmp_path: Path) -> None:
@@ -225,28 +253,101 @@ def test_unreachable_broker_fails_within_the_timeout(mosquitto: Broker, tmp_path
 def test_wrong_channel_count_and_bad_input(mosquitto: Broker, tmp_path: Path) -> None:
     ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
     with pytest.raises(InputError, match="d=4"):
-        DevicePublisher(config(mosquitto), ledger=ledger, spec=SPEC, lo=LO[:3], hi=HI[:3]).start()
-    with DevicePublisher(config(mosquitto), ledger=ledger, spec=SPEC, lo=LO, hi=HI) as pub:
+        DevicePublisher(
+            config(mosquitto), ledger=ledger, spec=SPEC, lo=LO[:3], hi=HI[:3], round_seconds=1
+        ).start()
+    with DevicePublisher(
+        config(mosquitto), ledger=ledger, spec=SPEC, lo=LO, hi=HI, round_seconds=1
+    ) as pub:
         with pytest.raises(InputError):
-            pub.publish_vector([5.0, 20.0, 33.0, 1000.0], 0)  # 5.0 outside [0, 1]
+            pub.publish_vector([5.0, 20.0, 33.0, 1000.0])  # 5.0 outside [0, 1]
         with pytest.raises(InputError):
-            pub.publish_keys([0, 0], [1, 1], 0)
-        with pytest.raises(InputError, match="round"):
-            pub.publish_keys([0, 1], [1, 1], -1)
+            pub.publish_keys([0, 0], [1, 1])
     assert ledger.reports == 0  # invalid input costs no budget
+    with pytest.raises(ValueError, match="round_seconds"):
+        DevicePublisher(config(mosquitto), ledger=ledger, spec=SPEC, round_seconds=0)
+
+
+def test_the_wait_for_the_next_round_is_not_part_of_the_publish_timeout(
+    mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
+) -> None:
+    """The third publish waits a whole 1 s round (the second went out at a round's start),
+    twice the publish timeout; the timeout starts after that wait."""
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    cfg = config(mosquitto, publish_timeout=0.5)
+    with DevicePublisher(cfg, ledger=ledger, spec=SPEC, round_seconds=1) as pub:
+        for _ in range(3):
+            assert pub.publish_keys([0, 1], [1, 1])
+    rounds = [decode_report(m.payload)[2] for m in shuffler.wait_for(3)]
+    assert rounds == sorted(set(rounds))
+    assert ledger.reports == 3
+
+
+def test_an_unset_clock_refuses_to_report(
+    mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
+) -> None:
+    """A device whose clock reads before 2025 (no RTC, no NTP yet) charges and sends nothing."""
+    announce(mosquitto, SPEC)
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    with DevicePublisher(config(mosquitto), ledger=ledger, clock=lambda: 12.0) as pub:
+        with pytest.raises(ClockError, match="not set"):
+            pub.publish_keys([0, 1], [1, 1])
+        assert pub.last_round is None
+    assert ledger.reports == 0
+    assert shuffler.wait_for(1, timeout=0.3) == []
+
+
+def test_a_restarted_device_reports_again_in_the_same_round(
+    mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
+) -> None:
+    """A device keeps no round across a restart: a second publisher (a reboot) at the same
+    time sends a second report of the same round on the same topic, which the shuffler
+    rejects as a duplicate (docs/protocol.md, "Rounds"); each charged the ledger."""
+    announce(mosquitto, SPEC, round_seconds=60)
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    now = 1_800_000_030.0  # a fixed clock: both runs fall in round 30_000_000
+    for _ in range(2):
+        with DevicePublisher(config(mosquitto), ledger=ledger, clock=lambda: now) as pub:
+            assert pub.publish_keys([0, 1], [1, 1])
+            assert pub.last_round == 30_000_000
+    messages = shuffler.wait_for(2)
+    assert [check_report(m, SPEC, range(30_000_000, 30_000_001)) for m in messages] == [
+        30_000_000,
+        30_000_000,
+    ]
+    assert messages[0].payload != messages[1].payload  # fresh randomness each time
+    assert ledger.reports == 2
+
+
+def test_the_client_id_is_the_device_id(mosquitto_client_id_acl: Broker, tmp_path: Path) -> None:
+    """A broker ACL on the client id (``%c``) lets the device write its own ingress topic."""
+    broker = mosquitto_client_id_acl
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    with DevicePublisher(config(broker), ledger=ledger, spec=SPEC, round_seconds=60) as pub:
+        assert pub.publish_keys([0, 1], [1, 1])
+    other = config(broker, client_id="someone-else")
+    with (
+        DevicePublisher(other, ledger=ledger, spec=SPEC, round_seconds=60) as pub,
+        pytest.raises(PublisherError, match="rejected"),
+    ):
+        pub.publish_keys([0, 1], [1, 1])
 
 
 def test_ledger_refuses_and_nothing_is_published(
     mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
 ) -> None:
     ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=2 * SPEC.epsilon)
-    with DevicePublisher(config(mosquitto), ledger=ledger, spec=SPEC) as pub:
-        assert pub.publish_keys([0, 1], [1, 1], 0) is True
-        assert pub.publish_keys([0, 1], [1, 1], 1) is True
-        assert pub.publish_keys([0, 1], [1, 1], 2) is False
-        assert pub.publish_keys([0, 1], [1, 1], 3) is False
+    with DevicePublisher(config(mosquitto), ledger=ledger, spec=SPEC, round_seconds=1) as pub:
+        assert pub.publish_keys([0, 1], [1, 1]) is True
+        assert pub.publish_keys([0, 1], [1, 1]) is True
+        last = pub.last_round
+        assert pub.publish_keys([0, 1], [1, 1]) is False
+        assert pub.publish_keys([0, 1], [1, 1]) is False
+        assert pub.last_round == last
     shuffler.wait_for(3, timeout=0.5)
-    assert [decode_report(m.payload)[2] for m in shuffler.messages] == [0, 1]
+    rounds = [decode_report(m.payload)[2] for m in shuffler.messages]
+    assert len(rounds) == 2
+    assert rounds[0] < rounds[1] == last
     assert (ledger.reports, ledger.remaining) == (2, 0.0)
 
 
@@ -254,26 +355,28 @@ def test_publish_after_broker_restart(
     mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
 ) -> None:
     ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
-    with DevicePublisher(config(mosquitto), ledger=ledger, spec=SPEC) as pub:
-        assert pub.publish_keys([0, 1], [1, 1], 0)
+    with DevicePublisher(config(mosquitto), ledger=ledger, spec=SPEC, round_seconds=1) as pub:
+        assert pub.publish_keys([0, 1], [1, 1])
         assert len(shuffler.wait_for(1)) == 1
         mosquitto.restart()
         assert shuffler.subscribed.wait(WAIT), "subscriber did not come back"
-        assert pub.publish_keys([2, 3], [1, -1], 1)  # waits for paho to reconnect
+        assert pub.publish_keys([2, 3], [1, -1])  # waits for paho to reconnect
+        last = pub.last_round
     messages = shuffler.wait_for(2)
-    assert [decode_report(m.payload)[2] for m in messages] == [0, 1]
+    rounds = [decode_report(m.payload)[2] for m in messages]
+    assert rounds[0] < rounds[1] == last
 
 
 def test_publish_while_broker_down_fails_clearly(mosquitto: Broker, tmp_path: Path) -> None:
     ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
     cfg = config(mosquitto, publish_timeout=0.7)
-    with DevicePublisher(cfg, ledger=ledger, spec=SPEC) as pub:
+    with DevicePublisher(cfg, ledger=ledger, spec=SPEC, round_seconds=1) as pub:
         mosquitto.stop()
         deadline = time.monotonic() + WAIT
         while pub.connected and time.monotonic() < deadline:
             time.sleep(0.02)
         with pytest.raises(PublisherError, match="not connected"):
-            pub.publish_keys([0, 1], [1, 1], 0)
+            pub.publish_keys([0, 1], [1, 1])
     assert ledger.reports == 0  # nothing charged while there was no connection
 
 
@@ -303,30 +406,36 @@ def cli() -> typer.Typer:
     return app
 
 
+def device_args(broker: Broker, tmp_path: Path, *extra: str, budget: str = "10") -> list[str]:
+    """``coco device`` options for this file's device, ledger and channels, then ``extra``."""
+    return [
+        "--broker", broker.url,
+        "--deployment", DEPLOYMENT,
+        "--device-id", DEVICE,
+        "--lo", ",".join(map(str, LO)),
+        "--hi", ",".join(map(str, HI)),
+        "--ledger", str(tmp_path / "ledger.json"),
+        "--budget", budget,
+        *extra,
+    ]  # fmt: skip
+
+
 def test_device_cli_end_to_end(mosquitto: Broker, shuffler: Shuffler, tmp_path: Path) -> None:
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(SPEC.to_dict()))
     csv_text = "humidity,temp,light,pressure\n0.1,10,50,1000\n\n0.9,-5,0,950\n0.5,39,100,1100\n"
-    args = [
-        "--broker", mosquitto.url,
-        "--deployment", DEPLOYMENT,
-        "--device-id", DEVICE,
-        "--spec", str(spec_file),
-        "--lo", ",".join(map(str, LO)),
-        "--hi", ",".join(map(str, HI)),
-        "--ledger", str(tmp_path / "ledger.json"),
-        "--budget", "2",
-        "--first-round", "100",
-        "--timeout", "5",
-    ]  # fmt: skip
+    args = device_args(
+        mosquitto, tmp_path, "--spec", str(spec_file), "--round-seconds", "1", budget="2"
+    )
+    first = current_round(1)
     result = CliRunner().invoke(cli(), args, input=csv_text)
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "published 2, refused by ledger 1, failed 0"
     messages = shuffler.wait_for(2)
     time.sleep(0.2)
     assert len(shuffler.messages) == 2
-    for msg, r in zip(messages, [100, 101], strict=True):
-        check_report(msg, SPEC, r)
+    rounds = [check_report(msg, SPEC, clock_rounds(1, first)) for msg in messages]
+    assert rounds[0] < rounds[1]  # one row per round
 
 
 def test_device_cli_input_file_and_bad_rows(
@@ -335,21 +444,13 @@ def test_device_cli_input_file_and_bad_rows(
     announce(mosquitto, SPEC)
     data = tmp_path / "in.csv"
     data.write_text("0.1,10,50,1000\n7,10,50,1000\n0.2,10,50\nx,1,2,3\n0.3,10,50,1000\n")
-    args = [
-        "--broker", mosquitto.url,
-        "--deployment", DEPLOYMENT,
-        "--device-id", DEVICE,
-        "--lo", ",".join(map(str, LO)),
-        "--hi", ",".join(map(str, HI)),
-        "--ledger", str(tmp_path / "ledger.json"),
-        "--budget", "10",
-        "--input", str(data),
-    ]  # fmt: skip
+    args = device_args(mosquitto, tmp_path, "--input", str(data))
     result = CliRunner().invoke(cli(), args)
     assert result.exit_code == 1
     assert result.stdout.strip() == "published 2, refused by ledger 0, failed 3"
     messages = shuffler.wait_for(2)
-    assert [decode_report(m.payload)[2] for m in messages] == [0, 4]
+    rounds = [decode_report(m.payload)[2] for m in messages]
+    assert rounds[0] < rounds[1]
 
 
 def test_device_cli_error_is_one_line(mosquitto: Broker, tmp_path: Path) -> None:
@@ -369,3 +470,20 @@ def test_device_cli_error_is_one_line(mosquitto: Broker, tmp_path: Path) -> None
     assert result.stderr.startswith("error: not connected")
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.output
+
+
+def test_device_cli_with_an_unset_clock_is_a_one_line_error(
+    mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
+) -> None:
+    announce(mosquitto, SPEC)
+    # --clock-offset is hidden, for tests: the clock reads long before 2025
+    args = device_args(mosquitto, tmp_path, "--clock-offset", "-1e12")
+    result = CliRunner().invoke(cli(), args, input="0.1,10,50,1000\n")
+    assert result.exit_code == 1
+    assert result.stdout.strip() == "published 0, refused by ledger 0, failed 0"
+    assert result.stderr.startswith("error: the clock reads")
+    assert "not reporting" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0).reports == 0
+    assert shuffler.wait_for(1, timeout=0.3) == []
+    assert "--clock-offset" not in CliRunner().invoke(cli(), ["--help"]).output

@@ -1,6 +1,9 @@
 """``coco fleet`` against a real Mosquitto: reproducibility, topics and counts, the
 ground truth against the private estimates, per-device credentials, many connections,
-multiplexing, interruption."""
+multiplexing, interruption, wall-clock rounds.
+
+The fleets here run 1 s rounds (announced with ``round_seconds=1``), so a run of R rounds
+takes about R seconds; what is asserted about rounds never depends on when the test runs."""
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from edge.spec import MechanismSpec
 from edge.topics import spec_topic
 from sim.cli import app
 from sim.credentials import device_id, mosquitto_password_file
-from sim.fleet import Fleet, FleetConfig, auto_first_round, ensure_fd_limit
+from sim.fleet import Fleet, FleetConfig, ensure_fd_limit, next_round
 from sim.fleet_metrics import CONNECT_FAILURE_REASONS, PUBLISH_FAILURE_REASONS
 from sim.fleet_models import FleetModel
 from tests.asyncutil import run, value, wait_until
@@ -50,6 +53,7 @@ def config(broker: Broker, **kw: Any) -> FleetConfig:
         "spec": SENSORS,
         "devices": 40,
         "rounds": 2,
+        "round_seconds": 1,
         "seed": 11,
         "publish_timeout": 30.0,
     }
@@ -85,22 +89,37 @@ def capture(cfg: FleetConfig) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
     return seen, summary
 
 
+def without_round(seen: list[tuple[str, bytes]]) -> list[tuple[str, int, int, int]]:
+    """``(topic, fingerprint, seed, z)`` of each report: what a seed fixes (the round is the
+    clock's)."""
+    out = []
+    for topic, payload in seen:
+        _, fingerprint, _, seed, z = decode_report(payload)
+        out.append((topic, fingerprint, seed, z))
+    return out
+
+
 def test_same_seed_same_reports_whatever_the_mode(mosquitto: Broker) -> None:
     own, summary = capture(config(mosquitto))
     assert summary["reports_published"] == 80
     again, _ = capture(config(mosquitto, deployment="fleet-test-2"))
     shared, _ = capture(config(mosquitto, mode="multiplexed", connections=3))
     other, _ = capture(config(mosquitto, seed=12))
-    payloads = [p for _, p in own]
-    assert payloads == [p for _, p in again]
-    assert sorted(own) == sorted(shared)  # same reports on the same topics
-    assert payloads != [p for _, p in other]
-    assert len(set(payloads)) == len(payloads)  # no report repeats
+    reports = without_round(own)
+    assert [r[1:] for r in reports] == [r[1:] for r in without_round(again)]
+    assert sorted(reports) == sorted(without_round(shared))  # same reports, same topics
+    assert [r[2:] for r in reports] != [r[2:] for r in without_round(other)]
+    assert len(set(reports)) == len(reports)  # no report repeats
+    rounds = [decode_report(p)[2] for _, p in own]
+    assert rounds == sorted(rounds)
+    assert len(set(rounds)) == 2  # two wall-clock rounds, 40 reports each
+    assert summary["first_round"] == rounds[0] < rounds[-1] == summary["last_round"]
+    assert summary["round_seconds"] == 1
 
 
 def test_every_device_reports_on_its_own_topic_and_the_truth_matches(mosquitto: Broker) -> None:
     n, rounds = 300, 3
-    cfg = config(mosquitto, devices=n, rounds=rounds, seed=5, first_round=7)
+    cfg = config(mosquitto, devices=n, rounds=rounds, seed=5)
     fleet = Fleet(cfg)
 
     async def scenario() -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
@@ -113,6 +132,10 @@ def test_every_device_reports_on_its_own_topic_and_the_truth_matches(mosquitto: 
     received, summary = run(scenario(), 90)
     assert summary["reports_published"] == n * rounds
     assert summary["rounds_completed"] == rounds
+    used = fleet.rounds_used
+    assert len(used) == rounds
+    assert used == sorted(set(used))  # consecutive unless one was skipped, never repeated
+    assert used[-1] - used[0] == rounds - 1 + summary["rounds_skipped"]
     assert len(received) == n * rounds
     per_topic = Counter(topic for topic, _ in received)
     assert per_topic == {
@@ -123,17 +146,18 @@ def test_every_device_reports_on_its_own_topic_and_the_truth_matches(mosquitto: 
     # Recompute from the model: same vectors, same (seed, z) on the same topic and round.
     replay = Fleet(cfg)
     truth = replay.truth
-    for r in range(rounds):
+    for r, round_ in enumerate(used):
         for i, (keys, signs, seed, z) in enumerate(replay.reports(r)):
-            report = by_topic_round[(replay.topics[i], 7 + r)]
-            assert report == (1, SENSORS.fingerprint_int, 7 + r, seed, z)
-            truth.add(7 + r, keys, signs)
+            report = by_topic_round[(replay.topics[i], round_)]
+            assert report == (1, SENSORS.fingerprint_int, round_, seed, z)
+            truth.add(round_, keys, signs)
     doc = fleet.ground_truth()
     assert doc["simulation_only"] is True
     assert doc["seed"] == 5
     assert doc["spec"] == SENSORS.to_dict()
     assert doc["overall"] == truth.overall.stats()
-    assert [x["round"] for x in doc["rounds"]] == [7, 8, 9]
+    assert doc["round_seconds"] == 1
+    assert [x["round"] for x in doc["rounds"]] == used  # keyed by the round actually used
     for x in doc["rounds"]:
         assert x == {"round": x["round"], **truth.rounds[x["round"]].stats()}
     registry = fleet.registry
@@ -315,7 +339,7 @@ def test_cli_reads_the_announcement_and_stops_gracefully_on_sigint(
     deployment = "fleet-cli"
 
     async def announce() -> None:
-        payload = encode_announcement(SENSORS.to_dict(), min_batch=10, delta=1e-6)
+        payload = encode_announcement(SENSORS.to_dict(), min_batch=10, delta=1e-6, round_seconds=1)
         async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
             await client.publish(spec_topic(deployment), payload, qos=1, retain=True)
 
@@ -336,8 +360,8 @@ def test_cli_reads_the_announcement_and_stops_gracefully_on_sigint(
             "50",
             "--rounds",
             "0",
-            "--interval",
-            "0.05",
+            "--round-spread",
+            "0.2",
             "--seed",
             "9",
             "--json",
@@ -383,6 +407,7 @@ def test_cli_reads_the_announcement_and_stops_gracefully_on_sigint(
         "seed",
     }
     assert summary["interrupted"] is True
+    assert summary["round_seconds"] == 1  # the announced round length
     assert summary["seed"] == 9
     assert summary["devices"] == 50
     assert summary["reports_published"] >= 100
@@ -390,6 +415,9 @@ def test_cli_reads_the_announcement_and_stops_gracefully_on_sigint(
     truth = json.loads(truth_path.read_text())
     assert truth["simulation_only"] is True
     assert truth["overall"]["n"] == summary["reports_published"]
+    rounds = [x["round"] for x in truth["rounds"]]
+    assert rounds == sorted(set(rounds))
+    assert rounds[0] == summary["first_round"]
 
 
 def test_cli_errors_are_one_line_without_a_traceback(mosquitto: Broker, tmp_path: Path) -> None:
@@ -399,6 +427,10 @@ def test_cli_errors_are_one_line_without_a_traceback(mosquitto: Broker, tmp_path
     not_an_object.write_text('["coco"]')
     good = tmp_path / "good.json"
     good.write_text(json.dumps(SENSORS.to_dict()))
+    whole = tmp_path / "announcement.json"
+    whole.write_bytes(
+        encode_announcement(SENSORS.to_dict(), min_batch=10, delta=1e-6, round_seconds=30)
+    )
     cases = [
         (["--deployment", "cli-err", "--spec", str(not_an_object)], "must hold a JSON object"),
         (
@@ -410,8 +442,23 @@ def test_cli_errors_are_one_line_without_a_traceback(mosquitto: Broker, tmp_path
             "reading the announcement from",
         ),
         (
-            ["--deployment", "cli-err", "--spec", str(good), "--first-round", "soon"],
-            "--first-round must be an integer or 'auto'",
+            ["--deployment", "cli-err", "--spec", str(good)],
+            "holds no round_seconds: give --round-seconds",
+        ),
+        (
+            ["--deployment", "cli-err", "--spec", str(whole), "--round-seconds", "60"],
+            "--round-seconds 60 does not match the round_seconds 30",
+        ),
+        (
+            ["--deployment", "cli-err", "--spec", str(good), "--round-seconds", "0"],
+            "round_seconds must be an int in [1, 86400]",
+        ),
+        (
+            [
+                *("--deployment", "cli-err", "--spec", str(whole)),
+                *("--round-offset", "20", "--round-spread", "10"),
+            ],
+            "round_offset + round_spread must be < round_seconds (30)",
         ),
     ]
     for args, message in cases:
@@ -421,27 +468,54 @@ def test_cli_errors_are_one_line_without_a_traceback(mosquitto: Broker, tmp_path
         assert message in result.output
 
 
-def test_auto_first_round_continues_above_every_round_a_restarted_run_used() -> None:
-    """With rounds at least ``interval >= 1 s`` apart and a restart at least one second
-    after the earlier run's last round started, the automatic first round is above every
-    round the earlier run used (never reused, never below all of them)."""
-    for interval in (1.0, 1.5, 15.0, 60.0):
-        for t0 in (1_764_115_200.0, 1_764_115_200.7, 1_764_115_214.9):
-            first = auto_first_round(now=t0)
-            for rounds in (1, 2, 9, 1000):
-                last_start = t0 + (rounds - 1) * interval  # the earliest it can start
-                for delay in (1.0, 1.001, interval / 2 + 1):
-                    restart = auto_first_round(now=last_start + delay)
-                    assert restart > first + rounds - 1
-    # The conditions matter: a restart within the same second reuses the round.
-    assert auto_first_round(now=1_764_115_200.2) == auto_first_round(now=1_764_115_200.9)
-    assert auto_first_round(now=1_764_115_200.0) < 2**32  # fits the u32 round field
-    with pytest.raises(ValueError, match="u32 round field"):
-        FleetConfig(
-            broker="mqtt://127.0.0.1:1",
-            deployment="d",
-            spec=SENSORS,
-            devices=1,
-            rounds=2,
-            first_round=2**32 - 1,
-        )
+T0 = 1_764_115_200  # 2025-11-26T00:00:00Z, a multiple of 60
+
+
+def test_next_round_joins_the_round_in_progress_only_in_its_first_half() -> None:
+    r = T0 // 60
+    assert next_round(T0, 60, 0.0) == r  # at the boundary
+    assert next_round(T0 + 30, 60, 0.0) == r  # up to half-way
+    assert next_round(T0 + 30.5, 60, 0.0) == r + 1  # later: the next round
+    assert next_round(T0 + 40, 60, 45.0) == r  # before a later offset
+    assert next_round(T0 + 46, 60, 45.0) == r + 1
+    # After round r was published: the next round, even if r is still in progress...
+    assert next_round(T0 + 5, 60, 0.0, after=r) == r + 1
+    # ...and a round whose first half has passed is skipped.
+    assert next_round(T0 + 60 + 31, 60, 0.0, after=r) == r + 2
+    assert next_round(T0 + 60 + 1, 60, 0.0, after=r) == r + 1
+    with pytest.raises(ValueError, match="not set"):
+        next_round(12.0, 60, 0.0)  # a clock that is not set: ClockError
+
+
+def test_round_options_are_checked() -> None:
+    base: dict[str, Any] = {
+        "broker": "mqtt://127.0.0.1:1",
+        "deployment": "d",
+        "spec": SENSORS,
+        "devices": 1,
+    }
+    assert FleetConfig(**base, round_seconds=60, round_offset=10, round_spread=49.5)
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"round_seconds": 0}, "round_seconds"),
+        ({"round_seconds": 86_401}, "round_seconds"),
+        ({"round_seconds": 60, "round_offset": -1.0}, "round_offset must be >= 0"),
+        ({"round_seconds": 60, "round_spread": float("nan")}, "round_spread must be >= 0"),
+        ({"round_seconds": 60, "round_offset": 30, "round_spread": 30}, "must be < round_se"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(ValueError, match=message):
+            FleetConfig(**base, **bad)
+
+
+def test_each_own_connection_uses_its_device_id_as_client_id(
+    mosquitto_client_id_acl: Broker,
+) -> None:
+    """A broker ACL on the client id (``%c``): every own connection may write its own
+    ingress topic; a shared connection's client id is no device's, so it may not."""
+    broker, n = mosquitto_client_id_acl, 20
+    _, summary = capture(config(broker, devices=n, rounds=1))
+    assert summary["reports_published"] == n
+    shared = Fleet(config(broker, devices=n, rounds=1, mode="multiplexed", connections=2))
+    summary = run(shared.run(), 60)
+    assert summary["reports_published"] == 0
+    assert summary["publish_failures"]["not_authorized"] == n
