@@ -19,9 +19,13 @@
    published on its own ingress topic, multiplexed over a few MQTT connections (QoS 1). The
    publishers keep at most ``window`` reports in flight between them and the shuffler, so
    the broker's per-client queue (Mosquitto's ``max_queued_messages``) never overflows.
-4. **Accounting.** The demo waits until the shuffler has received every report, stops it
-   (drain), waits until the aggregator has applied every released report, then stops the
-   aggregator. ``reports_sent = reports_aggregated + reports_rejected + reports_dropped +
+4. **Rounds.** Round ``k`` of the readings is published in the ``k``-th wall-clock round
+   of ``round_seconds`` (2 s) from the start; the shuffler releases each round whole, as
+   one signed batch, when the round closes.
+5. **Accounting.** The demo waits until the shuffler has received every report, stops it
+   (drain: without a state directory it releases the open round's pool), waits until the
+   aggregator has applied every released report, then stops the aggregator.
+   ``reports_sent = reports_aggregated + reports_rejected + reports_dropped +
    reports_unaccounted`` where the last term (reports lost at the broker or after a
    timeout) is 0 in a healthy run.
 
@@ -53,11 +57,14 @@ from prometheus_client import CollectorRegistry
 from aggregator.accountant import amplify_spec
 from aggregator.estimators import AggregateState
 from aggregator.service import Aggregator, AggregatorConfig
+from broker.core import MAX_BATCH_LIMIT
 from broker.metrics import DROP_REASONS, REJECT_REASONS
 from broker.shuffler import Shuffler, ShufflerConfig, parse_broker_url
 from edge import CocoError, LocalMechanism, MechanismSpec
 from edge.announce import encode_announcement
+from edge.batch_auth import BatchSigner
 from edge.codec import encode_report
+from edge.rounds import current_round, seconds_to_next_round
 from edge.topics import ingress_topic, spec_topic
 from sim.embedded_broker import EmbeddedBroker, EmbeddedBrokerError
 from sim.sensors import SensorFleet
@@ -92,10 +99,11 @@ class DemoError(CocoError):
 class DemoConfig:
     """Parameters of one demo run.
 
-    ``release_size`` defaults to the fleet size and ``flush_interval`` is long, so each
-    complete round leaves the shuffler as one batch (a shorter flush interval would release
-    a partial round, and the rest of that round, if smaller than ``min_batch``, would be
-    dropped at shutdown).
+    Rounds are wall-clock rounds of ``round_seconds`` (:mod:`edge.rounds`): the fleet
+    publishes round ``k`` of its readings in the ``k``-th round from its start, and the
+    shuffler releases each round whole, as one batch, when it closes (the last one at the
+    drain). ``release_size`` (unset by default) would cap a pool's size before its round
+    ends.
     """
 
     devices: int = DEFAULT_DEVICES
@@ -114,7 +122,8 @@ class DemoConfig:
     """``devices`` was not chosen by the user: the embedded broker may reduce it."""
     connections: int = 4
     window: int = 500
-    flush_interval: float = 30.0
+    round_seconds: int = 2
+    flush_interval: float = 0.2
     release_size: int | None = None
     timeout: float = 60.0
     progress: bool = True
@@ -238,8 +247,11 @@ class _Fleet:
     total: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     truth_sum: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
 
-    def reports(self, round_: int, rng: np.random.Generator) -> list[tuple[str, int, int, int]]:
-        readings = self.sensors.readings(round_)
+    def reports(
+        self, index: int, round_: int, rng: np.random.Generator
+    ) -> list[tuple[str, int, int, int]]:
+        """The ``index``-th round of readings, randomised, as reports of ``round_``."""
+        readings = self.sensors.readings(index)
         keys, signs = self.sensors.encoder(self.config.s).encode_batch(readings, rng)
         seeds, z = LocalMechanism.from_spec(self.spec).randomise_sparse(keys, signs, rng)
         total, _ = sparse_totals(keys, signs, self.spec.d)
@@ -263,8 +275,11 @@ class _Fleet:
             self.sent += 1
 
         start = time.monotonic()
-        for round_ in range(self.config.rounds):
-            reports = self.reports(round_, rng)
+        length = self.config.round_seconds
+        for index in range(self.config.rounds):
+            if index:  # the next wall-clock round: one report per device per round
+                await asyncio.sleep(seconds_to_next_round(length) + 0.01)
+            reports = self.reports(index, current_round(length), rng)
             if sink is not None:
                 for report in reports:
                     sink(*report)
@@ -384,12 +399,14 @@ async def run_demo(config: DemoConfig) -> dict[str, Any]:
 
 def _services(
     config: DemoConfig, url: str, spec: MechanismSpec, *, mqtt5: bool = True
-) -> tuple[Shuffler, Aggregator]:
+) -> tuple[Shuffler, Aggregator, BatchSigner]:
     """The shuffler and the aggregator of a run, each with its own registry; without
-    ``mqtt5`` both speak MQTT 3.1.1 (the fleet's connections always do)."""
+    ``mqtt5`` both speak MQTT 3.1.1 (the fleet's connections always do). The shuffler keeps
+    its state in memory (a demo has nothing to resume) and signs with a fresh key, whose
+    public key the aggregator trusts (and the announcement carries)."""
     dep = config.deployment
-    release = config.release_size or min(config.devices, 10_000)
-    release = max(release, config.min_batch)
+    signer = BatchSigner.generate(dep)
+    release = config.release_size
     version: Literal["5", "3.1.1"] = "5" if mqtt5 else "3.1.1"
     shuffler = Shuffler(
         ShufflerConfig(
@@ -398,11 +415,16 @@ def _services(
             deployment=dep,
             spec=spec,
             min_batch=config.min_batch,
-            max_batch=max(2 * config.min_batch, 10_000, release),
-            release_size=release,
+            # a whole round in one batch where the broker's packet limit allows
+            max_batch=min(MAX_BATCH_LIMIT, max(2 * config.min_batch, 10_000, config.devices)),
+            release_size=None if release is None else max(release, config.min_batch),
+            round_seconds=config.round_seconds,
+            max_skew=min(1.0, config.round_seconds / 4),
             flush_interval=config.flush_interval,
             drain_timeout=10.0,
-            incoming_queue_size=max(100_000, 2 * config.window),
+            signer=signer,
+            client_id=f"coco-shuffler-{dep}",
+            session_expiry=60,
         ),
         registry=CollectorRegistry(),
     )
@@ -419,7 +441,7 @@ def _services(
         ),
         registry=CollectorRegistry(),
     )
-    return shuffler, aggregator
+    return shuffler, aggregator, signer
 
 
 def _status_line(fleet: _Fleet, shuffler: Shuffler, aggregator: Aggregator) -> str:
@@ -449,7 +471,7 @@ async def _run(
     spec = config.spec()
     dep = config.deployment
     _progress(config.progress, f"broker: {broker_kind} at {url}; deployment {dep}")
-    shuffler, aggregator = _services(config, url, spec, mqtt5=mqtt5)
+    shuffler, aggregator, signer = _services(config, url, spec, mqtt5=mqtt5)
     shuffler_registry = shuffler.metrics.registry
     fleet = _Fleet(
         config=config,
@@ -489,7 +511,11 @@ async def _run(
                 ):
                     raise DemoError(f"the services could not subscribe at {url}")
                 announcement = encode_announcement(
-                    spec.to_dict(), min_batch=config.min_batch, delta=config.delta
+                    spec.to_dict(),
+                    min_batch=config.min_batch,
+                    delta=config.delta,
+                    round_seconds=config.round_seconds,
+                    batch_public_key=signer.public_key_hex,
                 )
                 await clients[0].publish(spec_topic(dep), announcement, qos=1, retain=True)
 
