@@ -17,10 +17,13 @@ processes, one at a time:
   aggregator).
 
 The ``fleet`` publisher is a raw-socket MQTT 3.1.1 client that pre-encodes ``--messages``
-valid reports (``encode_report``) for ``--devices`` distinct device ids, device ``i mod D``
-in round ``i div D + 1``, so no report is a duplicate, and writes them as fast as the
-socket takes them. Every subscriber subscribes with QoS 1 (as the shuffler does), so the
-delivery QoS is the publisher's QoS. Rates are messages per second at the receiver, from
+valid reports (``encode_report``) of as many distinct device ids, all in the current
+wall-clock round of an hour (the shuffler accepts one report per device per round, and only
+rounds around its clock), and writes them as fast as the socket takes them. The shuffler
+runs twice: with its durable state directory (every accepted report written to its log
+before its PUBACK, the default of ``coco shuffler``) and with its state in memory, so the
+cost of durability is measured side by side. Every subscriber subscribes with QoS 1 (as
+the shuffler does), so the delivery QoS is the publisher's QoS. Rates are messages per second at the receiver, from
 its first to its last message (the shuffler's: ``coco_shuffler_reports_accepted_total``
 read from its registry every 20 ms); end to end is reports aggregated divided by the time
 from the publisher's first write to the aggregator's last report.
@@ -51,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from broker.shuffler import ShufflerConfig
 from edge.codec import decode_report, encode_report
+from edge.rounds import current_round
 from edge.spec import MechanismSpec
 
 DEPLOYMENT = "bench"
@@ -61,6 +65,7 @@ POLL = 0.02
 IDLE = 3.0
 AGGREGATOR_IDLE = 30.0  # batches may wait behind the whole ingress backlog (see README)
 MOSQUITTO = "/usr/sbin/mosquitto"
+ROUND_SECONDS = 3600
 CLIENTS = ("aiomqtt", "aiomqtt-v5", "paho", "gmqtt")
 
 
@@ -245,21 +250,30 @@ class _Poller:
         return {"count": int(final), "first": t0, "last": t1, "rate": rate}
 
 
-async def _run_shuffler(port: int, expected: int, timeout: float, mqtt: str) -> None:
+async def _run_shuffler(
+    port: int, expected: int, timeout: float, mqtt: str, state: str = "memory"
+) -> None:
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
     from broker.shuffler import Shuffler  # noqa: PLC0415
 
     registry = CollectorRegistry()
     extra: dict[str, Any] = {} if mqtt == "default" else {"mqtt_version": mqtt}
+    if state != "memory":
+        extra["state_dir"] = Path(state)
+        extra["signing_key"] = Path(state).parent / "signing.key"
     config = ShufflerConfig(
         broker=f"mqtt://127.0.0.1:{port}",
         deployment=DEPLOYMENT,
         spec=SPEC,
         min_batch=1_000,
         max_batch=10_000,
+        release_size=10_000,  # batches leave during the run, not when the hour ends
+        round_seconds=ROUND_SECONDS,
+        max_reports_per_round=max(1_000_000, expected),
         flush_interval=0.5,
-        incoming_queue_size=max(100_000, 2 * expected),
+        client_id=f"bench-shuffler-{os.getpid()}",
+        session_expiry=0,
         **extra,
     )
 
@@ -294,7 +308,8 @@ async def _run_shuffler(port: int, expected: int, timeout: float, mqtt: str) -> 
     _emit(
         {
             "client": "shuffler",
-            "mqtt_version": getattr(config, "mqtt_version", "3.1.1"),
+            "mqtt_version": config.mqtt_version,
+            "state": "durable" if config.state_dir else "memory",
             **poller.summary(),
             "received": received(),
             "released": released,
@@ -354,21 +369,22 @@ def _packet(first: int, body: bytes) -> bytes:
     return bytes([first]) + _varint(len(body)) + body
 
 
-def fleet_packets(n: int, devices: int, qos: int) -> bytes:
-    """``n`` PUBLISH packets: device ``i % devices`` reports once in round ``i // devices``."""
+def fleet_packets(n: int, qos: int) -> bytes:
+    """``n`` PUBLISH packets: device ``i`` reports once, in the current round."""
     fingerprint = SPEC.fingerprint_int
+    round_ = current_round(ROUND_SECONDS)
     parts: list[bytes] = []
     for i in range(n):
-        topic = _utf8(f"coco/v1/{DEPLOYMENT}/ingress/dev-{i % devices:06d}")
+        topic = _utf8(f"coco/v1/{DEPLOYMENT}/ingress/dev-{i:07d}")
         pid = (i % 65535 + 1).to_bytes(2, "big") if qos else b""
-        payload = encode_report(fingerprint, i // devices + 1, i * 2654435761 % 2**32, i % SPEC.t)
+        payload = encode_report(fingerprint, round_, i * 2654435761 % 2**32, i % SPEC.t)
         parts.append(_packet(0x30 | (qos << 1), topic + pid + payload))
     return b"".join(parts)
 
 
-def fleet_publish(port: int, n: int, devices: int, qos: int) -> None:
+def fleet_publish(port: int, n: int, qos: int) -> None:
     """Raw-socket MQTT 3.1.1 publisher (no client library in the way)."""
-    stream = fleet_packets(n, devices, qos)
+    stream = fleet_packets(n, qos)
     sizes = len(stream) // n  # only for chunking; packets are near-equal in size
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -565,11 +581,11 @@ def case_mosquitto_pub(port: int, n: int, qos: int, lines: Path, timeout: float)
 
 
 def case_fleet(
-    port: int, n: int, *, devices: int, qos: int, receivers: list[Child], timeout: float
+    port: int, n: int, *, qos: int, receivers: list[Child], timeout: float
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Start the fleet publisher once every receiver is ready; (publisher, receivers)."""
     try:
-        pub = Child.role("publish", port, n, devices, qos)
+        pub = Child.role("publish", port, n, qos)
         pub.wait_ready(60)
         published = pub.result(timeout)
         results = [r.result(timeout) for r in receivers]
@@ -583,7 +599,6 @@ def run_once(
     port: int,
     n: int,
     *,
-    devices: int,
     qos: int,
     lines: Path,
     clients: Sequence[str],
@@ -594,31 +609,31 @@ def run_once(
     sub_out = lines.with_name("sub.txt")
     sub = mosquitto_sub(port, n, timeout, sub_out)
     time.sleep(1.0)
-    pub, _ = case_fleet(port, n, devices=devices, qos=qos, receivers=[], timeout=timeout)
+    pub, _ = case_fleet(port, n, qos=qos, receivers=[], timeout=timeout)
     out["fleet -> mosquitto_sub"] = sub_result(sub, timeout, sub_out)
     for client in clients:
         sink = Child.role(f"sink-{client}", port, n, timeout)
         sink.wait_ready()
-        _, (res,) = case_fleet(port, n, devices=devices, qos=qos, receivers=[sink], timeout=timeout)
+        _, (res,) = case_fleet(port, n, qos=qos, receivers=[sink], timeout=timeout)
         out[f"fleet -> {client}"] = res
-    shuf = Child.role("shuffler", port, n, timeout)
+    shuf = Child.role("shuffler", port, n, timeout, "default", "memory")
     shuf.wait_ready()
-    _, (alone,) = case_fleet(port, n, devices=devices, qos=qos, receivers=[shuf], timeout=timeout)
+    _, (alone,) = case_fleet(port, n, qos=qos, receivers=[shuf], timeout=timeout)
     out["fleet -> shuffler (ingest)"] = alone
-    if "mqtt_version" in ShufflerConfig.__dataclass_fields__:  # the 3.1.1 option, if present
-        shuf = Child.role("shuffler", port, n, timeout, "3.1.1")
+    with tempfile.TemporaryDirectory() as state:
+        shuf = Child.role("shuffler", port, n, timeout, "default", Path(state) / "shuffler")
         shuf.wait_ready()
-        _, (v311,) = case_fleet(
-            port, n, devices=devices, qos=qos, receivers=[shuf], timeout=timeout
-        )
-        out["fleet -> shuffler, MQTT 3.1.1"] = v311
+        _, (durable,) = case_fleet(port, n, qos=qos, receivers=[shuf], timeout=timeout)
+    out["fleet -> shuffler, durable state (ingest)"] = durable
+    shuf = Child.role("shuffler", port, n, timeout, "3.1.1")
+    shuf.wait_ready()
+    _, (v311,) = case_fleet(port, n, qos=qos, receivers=[shuf], timeout=timeout)
+    out["fleet -> shuffler, MQTT 3.1.1"] = v311
     agg = Child.role("aggregator", port, n, timeout)
     agg.wait_ready()
     shuf = Child.role("shuffler", port, n, timeout)
     shuf.wait_ready()
-    pub, (shuf_res, agg_res) = case_fleet(
-        port, n, devices=devices, qos=qos, receivers=[shuf, agg], timeout=timeout
-    )
+    pub, (shuf_res, agg_res) = case_fleet(port, n, qos=qos, receivers=[shuf, agg], timeout=timeout)
     out["shuffler ingest, aggregator running"] = shuf_res
     e2e = dict(agg_res)
     if agg_res["last"] is not None and agg_res["count"]:
@@ -672,10 +687,10 @@ def orchestrate(args: argparse.Namespace) -> None:
     for tool in ("mosquitto_pub", "mosquitto_sub", MOSQUITTO):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} not found")
-    n, devices = args.messages, min(args.devices, args.messages)
+    n = args.messages
     runs: dict[int, list[dict[str, dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory() as tmp, own_mosquitto(Path(tmp)) as port:
-        print(f"own mosquitto on 127.0.0.1:{port}; {n:,} messages, {devices:,} devices")
+        print(f"own mosquitto on 127.0.0.1:{port}; {n:,} messages of as many devices")
         lines = Path(tmp) / "lines.txt"
         lines.write_bytes(b"".join(b"%016d\n" % i for i in range(n)))
         for rep in range(args.repeats):
@@ -684,7 +699,6 @@ def orchestrate(args: argparse.Namespace) -> None:
                 once = run_once(
                     port,
                     n,
-                    devices=devices,
                     qos=qos,
                     lines=lines,
                     clients=clients,
@@ -697,7 +711,6 @@ def orchestrate(args: argparse.Namespace) -> None:
     if args.json:
         doc = {
             "messages": n,
-            "devices": devices,
             "repeats": args.repeats,
             "cpus": os.cpu_count(),
             "runs": {str(q): r for q, r in runs.items()},
@@ -709,7 +722,6 @@ def orchestrate(args: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--messages", type=int, default=100_000)
-    parser.add_argument("--devices", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--qos", type=int, nargs="+", default=[0, 1], choices=[0, 1])
     parser.add_argument("--timeout", type=float, default=120.0)
@@ -721,8 +733,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     role, *rest = args.role
     if role == "publish":
-        port, n, devices, qos = map(int, rest)
-        fleet_publish(port, n, devices, qos)
+        port, n, qos = map(int, rest)
+        fleet_publish(port, n, qos)
         return
     port, n = int(rest[0]), int(rest[1])
     timeout = float(rest[2])
@@ -735,7 +747,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif role == "sink-gmqtt":
         asyncio.run(_sink_gmqtt(port, n, timeout))
     elif role == "shuffler":
-        asyncio.run(_run_shuffler(port, n, timeout, rest[3] if len(rest) > 3 else "default"))
+        asyncio.run(_run_shuffler(port, n, timeout, *rest[3:5]))
     elif role == "aggregator":
         asyncio.run(_run_aggregator(port, n, timeout))
     else:
