@@ -23,9 +23,9 @@ rounds around its clock), and writes them as fast as the socket takes them. The 
 runs twice: with its durable state directory (every accepted report written to its log
 before its PUBACK, the default of ``coco shuffler``) and with its state in memory, so the
 cost of durability is measured side by side. Every subscriber subscribes with QoS 1 (as
-the shuffler does), so the delivery QoS is the publisher's QoS. Rates are messages per second at the receiver, from
-its first to its last message (the shuffler's: ``coco_shuffler_reports_accepted_total``
-read from its registry every 20 ms); end to end is reports aggregated divided by the time
+the shuffler does), so the delivery QoS is the publisher's QoS. Rates are messages per
+second at the receiver, from its first to its last message (the shuffler's:
+``coco_shuffler_reports_accepted_total`` read from its registry every 20 ms); end to end is reports aggregated divided by the time
 from the publisher's first write to the aggregator's last report.
 """
 
