@@ -25,8 +25,9 @@ before its PUBACK, the default of ``coco shuffler``) and with its state in memor
 cost of durability is measured side by side. Every subscriber subscribes with QoS 1 (as
 the shuffler does), so the delivery QoS is the publisher's QoS. Rates are messages per
 second at the receiver, from its first to its last message (the shuffler's:
-``coco_shuffler_reports_accepted_total`` read from its registry every 20 ms); end to end is reports aggregated divided by the time
-from the publisher's first write to the aggregator's last report.
+``coco_shuffler_reports_accepted_total`` read from its registry every 20 ms); end to end
+is reports aggregated divided by the time from the publisher's first write to the
+aggregator's last report.
 """
 
 from __future__ import annotations
@@ -251,7 +252,7 @@ class _Poller:
 
 
 async def _run_shuffler(
-    port: int, expected: int, timeout: float, mqtt: str, state: str = "memory"
+    port: int, expected: int, timeout: float, mqtt: str = "default", state: str = "memory"
 ) -> None:
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
