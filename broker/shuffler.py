@@ -650,7 +650,14 @@ class Shuffler:
             if acks.lost.is_set():
                 raise _IngestError("connection lost")
             logger.info("connected to %s as %s", cfg.broker, cfg.ingest_client_id)
-            codes = await acks.wait(client.subscribe(self._ingress, qos=cfg.qos))
+            # Retain As Published (MQTT 5): a report a device publishes with the retain
+            # flag keeps it on the way here and is rejected (``retained``), as is a retained
+            # report delivered on subscription (with either protocol version).
+            codes = await acks.wait(
+                client.subscribe(
+                    self._ingress, qos=cfg.qos, retain_as_published=cfg.mqtt_version == "5"
+                )
+            )
             if not codes or codes[0] >= 0x80:
                 raise _IngestError(f"subscription to {self._ingress} refused {codes!r}")
             logger.info("subscribed to %s", self._ingress)

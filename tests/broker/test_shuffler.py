@@ -191,6 +191,7 @@ def test_rejects_by_reason_releases_whole_signed_rounds_and_conserves(
                 (good[0][0], report(r, 99)),  # second report of a device in the round
             ]
             await publish(mosquitto, good[:10] + bad + good[10:])
+            await publish(mosquitto, [("bad-8", report(r, 1))], retain=True)
             await wait_until(lambda: sink.count() == 23)
             assert len(sink.messages) == 1  # the whole round, as one batch
             for message in sink.messages:
@@ -219,6 +220,7 @@ def test_rejects_by_reason_releases_whole_signed_rounds_and_conserves(
         ("round_in_future", 2),
         ("bad_device_id", 1),
         ("duplicate_in_round", 1),
+        ("retained", 1),
     ]:
         assert value(registry, "coco_shuffler_reports_rejected_total", reason=reason) == expected
     assert value(registry, "coco_shuffler_reports_accepted_total") == 23
