@@ -72,11 +72,14 @@ key), the codec's ``bad_version``, ``bad_kind``, ``bad_count``, ``bad_field``, t
 (a round below the retained horizon) and the record checks ``z_out_of_range``,
 ``seed_out_of_range``. A redelivered or replayed ``batch_id`` is not a rejection but a
 duplicate (``coco_aggregator_batches_duplicate_total``)."""
-UNACKED_REASONS = ("connection_lost", "unprocessed", "checkpoint_failed")
+UNACKED_REASONS = ("connection_lost", "unprocessed", "checkpoint_failed", "taken_over")
 """Every ``reason`` label of ``coco_aggregator_batches_unacknowledged_total``: batches whose
 PUBACK could not be sent because the connection ended first (``connection_lost``), that were
-still queued unread at shutdown (``unprocessed``), or whose final checkpoint failed
-(``checkpoint_failed``). The broker redelivers all of them to the persistent session."""
+still queued unread at shutdown (``unprocessed``), whose final checkpoint failed
+(``checkpoint_failed``), or that were applied after the last checkpoint of a service whose
+session another aggregator took over (``taken_over``: that checkpoint is not written, so
+the batches count once, at the new holder). The broker redelivers all of them to the
+persistent session."""
 
 CURVE_MAX_N = 10_000_000
 """Largest batch size of the epsilon curve."""

@@ -88,6 +88,7 @@ import logging
 import math
 import os
 import random
+import secrets
 import ssl
 import time
 from collections.abc import Sequence
@@ -129,6 +130,8 @@ DEFAULT_METRICS_DIMS = 16
 MAX_METRICS_DIMS = 1024
 DEFAULT_RETENTION_ROUNDS = 1440
 """Rounds whose batch ids are kept: one day at the default 60-second round."""
+LEASE_WAIT = 2.0
+"""Seconds a reconnected service waits for the retained lease before claiming it anew."""
 SESSION_TAKEN_OVER = 0x8E
 """MQTT 5 reason code of a DISCONNECT sent because another client connected with our id."""
 
@@ -172,6 +175,12 @@ def mqtt_connection(
     if address.tls:
         kwargs["tls_context"] = ssl.create_default_context(cafile=ca_file)
     return kwargs
+
+
+def lease_topic(deployment: str) -> str:
+    """``coco/v1/<deployment>/aggregator/lease``: the retained claim of the aggregator that
+    holds the deployment's session (module docs, *One writer per deployment*)."""
+    return f"{topics.PROTOCOL}/{topics.check_name('deployment', deployment)}/aggregator/lease"
 
 
 def resolve_batch_public_key(configured: str | None, announced: str | None) -> str:
@@ -676,6 +685,11 @@ class Aggregator:
         self._run_start = _Counters()
         self._http: MetricsServer | None = None
         self._document: dict[str, Any] = {}
+        self._instance = secrets.token_hex(8)
+        """This run's claim on the lease topic."""
+        self._lease_fallback: asyncio.Task[None] | None = None
+        self._lease_refused_logged = False
+        self._abandoned = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -712,7 +726,15 @@ class Aggregator:
         tb: TracebackType | None,
     ) -> None:
         try:
-            await asyncio.shield(self.checkpoint())
+            if self._abandoned:
+                logger.info(
+                    "no final checkpoint: the batches applied since the last one are "
+                    "redelivered to the session's new holder"
+                )
+                self._count_unacknowledged("taken_over", len(self._pending))
+                self._pending.clear()
+            else:
+                await asyncio.shield(self.checkpoint())
             if self._pending:
                 self._count_unacknowledged("checkpoint_failed", len(self._pending))
                 self._pending.clear()
@@ -843,6 +865,103 @@ class Aggregator:
         client._client.manual_ack_set(True)
         return client
 
+    def _taken_over(self, how: str) -> SessionTakenOverError:
+        # Batches applied since the last checkpoint are not acknowledged: the broker
+        # redelivers them to the session's new holder, so they must not be in our
+        # checkpoint either (the two checkpoints stay disjoint).
+        self._abandoned = True
+        return SessionTakenOverError(
+            f"another client took over this aggregator's MQTT session "
+            f"({self.config.mqtt_client_id}; {how}): another aggregator of deployment "
+            f"{self.config.deployment} is running; stopping instead of fighting for it"
+        )
+
+    async def _claim_lease(self, client: aiomqtt.Client, *, first: bool) -> bool:
+        """Subscribe to the lease topic and, on the first connection of this run, claim it.
+
+        Returns whether the lease is in use (``False`` where the broker refuses the topic,
+        or over MQTT 3.1.1: then only a DISCONNECT 0x8E can tell a takeover)."""
+        if self.config.mqtt_version != "5":
+            return False
+        lease = lease_topic(self.config.deployment)
+        granted = await client.subscribe(lease, qos=1)
+        codes = granted if isinstance(granted, list) else []
+        if any(getattr(code, "value", code) >= 0x80 for code in codes):
+            if not self._lease_refused_logged:
+                self._lease_refused_logged = True
+                logger.warning(
+                    "the broker refuses the lease topic %s; a takeover of this session is "
+                    "detected only from a DISCONNECT with reason 0x8E",
+                    lease,
+                )
+            return False
+        if first:
+            await self._publish_lease(client)
+        else:
+            # Wait for the retained lease (module docs); claim it if there is none.
+            self._lease_fallback = asyncio.create_task(
+                self._claim_lease_later(client), name="coco-aggregator-lease"
+            )
+        return True
+
+    async def _publish_lease(self, client: aiomqtt.Client) -> None:
+        claim = json.dumps(
+            {"instance": self._instance, "client_id": self.config.mqtt_client_id},
+            separators=(",", ":"),
+        )
+        await client.publish(lease_topic(self.config.deployment), claim, qos=1, retain=True)
+
+    async def _claim_lease_later(self, client: aiomqtt.Client) -> None:
+        await asyncio.sleep(LEASE_WAIT)
+        with contextlib.suppress(aiomqtt.MqttError):
+            await self._publish_lease(client)
+
+    def _lease_verdict(self, message: aiomqtt.Message, *, first: bool, confirmed: bool) -> bool:
+        """Whether ``message`` (on the lease topic) confirms our lease; raises
+        :class:`SessionTakenOverError` if it shows another instance holding it.
+
+        The broker delivers the claims in the order it receives them, so on the first
+        connection of a run anything before our own claim is older than it (a previous
+        holder's, or one left in the session) and is ignored; after it, or on a
+        reconnection, another instance's claim means it took over."""
+        try:
+            payload = message.payload
+            text = bytes(payload).decode() if isinstance(payload, bytes | bytearray) else ""
+            instance = json.loads(text).get("instance") if text else None
+        except (ValueError, AttributeError):
+            instance = None
+        if instance == self._instance:
+            return True
+        if first and not confirmed:
+            return False
+        raise self._taken_over("its lease is held by another instance")
+
+    async def _consume(
+        self,
+        client: aiomqtt.Client,
+        held: list[aiomqtt.Message],
+        *,
+        first: bool,
+        confirmed: bool,
+    ) -> None:
+        """Apply the batches of one connection; none before the lease is confirmed (they
+        wait in ``held``, unacknowledged)."""
+        lease = lease_topic(self.config.deployment)
+        paho_client = client._client
+        async for message in client.messages:
+            if message.topic.matches(lease):
+                if message.qos > 0:
+                    paho_client.ack(message.mid, message.qos)
+                if self._lease_verdict(message, first=first, confirmed=confirmed):
+                    confirmed = True
+                    for waiting in held:
+                        await self._on_message(paho_client, waiting)
+                    held.clear()
+            elif confirmed:
+                await self._on_message(paho_client, message)
+            else:
+                held.append(message)
+
     async def _mqtt_loop(self) -> None:
         delay = self.config.reconnect_min
         topic = topics.batches_topic(self.config.deployment)
@@ -850,33 +969,34 @@ class Aggregator:
         while True:
             client = self._client()
             paho_client = client._client
+            held: list[aiomqtt.Message] = []
             try:
                 async with client:
+                    first = self.connections == 0
+                    confirmed = not await self._claim_lease(client, first=first)
                     await client.subscribe(topic, qos=1)
                     self.connections += 1
-                    self.subscribed.set()
+                    self._set_subscribed(True)
                     logger.info(
                         "subscribed to %s at %s as %s", topic, self.config.broker, client_id
                     )
                     delay = self.config.reconnect_min
                     try:
-                        async for message in client.messages:
-                            await self._on_message(paho_client, message)
+                        await self._consume(client, held, first=first, confirmed=confirmed)
                     except asyncio.CancelledError:
                         # Shutdown: checkpoint and send the PUBACKs while still connected.
-                        self._count_unacknowledged("unprocessed", len(client.messages))
+                        self._count_unacknowledged("unprocessed", len(client.messages) + len(held))
                         await asyncio.shield(self.checkpoint())
                         raise
             except aiomqtt.MqttError as exc:
                 if _session_taken_over(exc):
-                    raise SessionTakenOverError(
-                        f"the broker gave this aggregator's session ({client_id}) to another "
-                        "client with the same id: another aggregator of this deployment is "
-                        "running; stopping instead of fighting for the session"
-                    ) from None
+                    raise self._taken_over("the broker said so, reason 0x8E") from None
                 logger.warning("broker connection lost (%s); reconnecting in %.2f s", exc, delay)
             finally:
-                self.subscribed.clear()
+                self._set_subscribed(False)
+                if self._lease_fallback is not None:
+                    self._lease_fallback.cancel()
+                    self._lease_fallback = None
                 # PUBACKs cannot cross connections; the broker redelivers those batches and
                 # the seen ids turn them into acknowledged duplicates.
                 lost = [p for p in self._pending if p[0] is paho_client]
@@ -1027,6 +1147,13 @@ class Aggregator:
             ).epsilon_central
         return self._eps_cache[n]
 
+    def _set_subscribed(self, subscribed: bool) -> None:
+        if subscribed:
+            self.subscribed.set()
+        else:
+            self.subscribed.clear()
+        self._document = {**self._document, "subscribed": subscribed}
+
     def _publish_counters(self) -> None:
         """Replace the counters of ``/estimates`` (a new dict: the HTTP thread reads the old
         one whole) and the retention gauges, after any change, so both endpoints agree."""
@@ -1065,6 +1192,7 @@ class Aggregator:
             "min_batch": self.min_batch,
             "delta": self.config.delta,
             "last_batch_timestamp": self.last_batch_timestamp,
+            "subscribed": self.subscribed.is_set(),
         }
         self._publish_counters()
 
@@ -1098,6 +1226,8 @@ class Aggregator:
         """Write the checkpoint (if configured and anything changed), then send the PUBACKs
         of the batches it covers."""
         async with self._checkpoint_lock:
+            if self._abandoned:
+                return
             path = self.config.checkpoint
             pending = list(self._pending)
             if path is None:
