@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -248,6 +249,29 @@ def test_estimates_metrics_rejections_and_endpoint(mosquitto: Broker) -> None:
     assert document["counters"]["rejected"] == dict(sorted(HOSTILE_REJECTED.items()))
     assert document["counters"]["duplicates"] == 1
     assert 'coco_aggregator_batches_rejected_total{reason="bad_count"} 1.0' in fetched["metrics"]
+
+
+def test_shutdown_tells_what_this_run_applied_and_rejected(
+    mosquitto: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="aggregator.service")
+    r1, r2, r3 = reports(300, 1), reports(120, 2), reports(200, 3)
+
+    async def body(agg: Aggregator) -> None:
+        await publish(mosquitto, *with_hostile_batches(r1, r2, r3))
+        await until(lambda: agg.counters.batches == 3 and agg.counters.duplicates == 1)
+        await until(lambda: sum(agg.counters.rejected.values()) == 10)
+
+    run(with_aggregator(config(mosquitto, tmp_path), body))
+    summary = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopping")]
+    rejected = dict(sorted(HOSTILE_REJECTED.items()))
+    assert summary == [
+        "stopping: this run applied 3 batches (620 reports) and ignored 1 duplicates; "
+        f"rejected 10 batches {rejected} holding 181 verified reports "
+        "{'below_min_batch': 1, 'fingerprint_mismatch': 120, 'z_out_of_range': 60}; "
+        "left 0 batches unacknowledged {}, which the broker redelivers to this session"
+    ]
+    assert all(r.levelno == logging.INFO for r in caplog.records if r.getMessage() in summary)
 
 
 def test_metrics_dims_are_bounded(mosquitto: Broker) -> None:
