@@ -61,10 +61,20 @@ Two aggregators applying the same batches would count them twice. Two guards:
 * the checkpoint is locked (``fcntl.flock`` on ``<checkpoint>.lock``, held while the
   service runs): a second service with the same checkpoint refuses to start
   (:class:`CheckpointLockedError`);
-* the MQTT client id is the account's (``username``, else ``coco-aggregator-<deployment>``);
-  when the broker disconnects the service because another client took over that id (MQTT 5
-  reason ``0x8E``, *Session taken over*) the service stops with
-  :class:`SessionTakenOverError` instead of reconnecting and fighting for the session.
+* the MQTT client id is the account's (``username``, else ``coco-aggregator-<deployment>``),
+  so a second service of the account takes over the one persistent session; the first one
+  then stops with :class:`SessionTakenOverError` instead of reconnecting and fighting for
+  it. It knows from a DISCONNECT with MQTT 5 reason ``0x8E`` (*Session taken over*) where
+  the broker sends one, and from a **lease** where it does not (Mosquitto 2.0 only closes
+  the socket): each run claims the retained topic ``coco/v1/<deployment>/aggregator/lease``
+  with a random instance token on its first connection and applies no batch before its own
+  claim comes back; on a reconnection it applies nothing before the retained claim shows
+  its token again. Another instance's claim means the session was taken over. A broker
+  that refuses the lease topic (an ACL without it) leaves only the ``0x8E`` signal, with a
+  warning. Batches applied after the last checkpoint of a service that stops this way are
+  neither checkpointed nor acknowledged: the broker redelivers them to the new holder, so
+  the two checkpoints never hold the same batch (beyond a checkpoint written in the instant
+  of the takeover, before its PUBACKs went out).
 
 Shutdown
 --------
