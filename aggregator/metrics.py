@@ -115,6 +115,16 @@ def epsilon_curve(spec: MechanismSpec, *, delta: float, grid: Sequence[int]) -> 
     return {n: amplify_spec(spec, n=n, delta=delta).epsilon_central for n in grid}
 
 
+def _reason_counter(
+    registry: CollectorRegistry, name: str, documentation: str, reasons: Sequence[str]
+) -> Counter:
+    """A counter labelled by ``reason``, every reason of the fixed list shown from 0."""
+    counter = Counter(name, documentation, ["reason"], registry=registry)
+    for reason in reasons:
+        counter.labels(reason=reason)
+    return counter
+
+
 class AggregatorMetrics:
     """The aggregator's metrics, registered in ``registry``."""
 
@@ -133,30 +143,21 @@ class AggregatorMetrics:
             f"{p}_reports", "Reports applied to the estimates.", registry=registry
         )
         self.batches = Counter(f"{p}_batches", "Batches applied.", registry=registry)
-        self.rejected = Counter(
-            f"{p}_batches_rejected",
-            "Batches rejected, by reason.",
-            ["reason"],
-            registry=registry,
+        self.rejected = _reason_counter(
+            registry, f"{p}_batches_rejected", "Batches rejected, by reason.", REJECT_REASONS
         )
-        self.rejected_reports = Counter(
+        self.rejected_reports = _reason_counter(
+            registry,
             f"{p}_reports_rejected",
             "Reports in rejected batches whose signature verified, by reason.",
-            ["reason"],
-            registry=registry,
+            [r for r in REJECT_REASONS if r not in ("bad_length", "bad_signature")],
         )
-        for reason in REJECT_REASONS:
-            self.rejected.labels(reason=reason)
-            if reason not in ("bad_length", "bad_signature"):
-                self.rejected_reports.labels(reason=reason)
-        self.unacknowledged = Counter(
+        self.unacknowledged = _reason_counter(
+            registry,
             f"{p}_batches_unacknowledged",
             "Batches left without a PUBACK (redelivered by the broker), by reason.",
-            ["reason"],
-            registry=registry,
+            UNACKED_REASONS,
         )
-        for reason in UNACKED_REASONS:
-            self.unacknowledged.labels(reason=reason)
         self.min_batch = Gauge(
             f"{p}_min_batch",
             "Smallest batch applied; smaller ones are rejected (below_min_batch).",

@@ -250,6 +250,10 @@ class AggregatorConfig:
     """MQTT 3.1.1 is for brokers without MQTT 5 (the demo's embedded amqtt): the persistent
     session is then ``clean_session=False`` with no expiry interval, and a session taken
     over cannot be told from a lost connection."""
+    lease_timeout: float = 10.0
+    """Seconds after which a service whose lease claim never comes back (a broker that
+    grants the subscription but drops the claim, e.g. an ``acl_file`` without the topic)
+    applies batches without the lease, with a warning (module docs)."""
     max_unacked: int = 10
     confidence: float = 0.95
     reconnect_min: float = 0.1
@@ -271,6 +275,8 @@ class AggregatorConfig:
         self._check_batch_rules()
         if not self.checkpoint_interval > 0:
             raise ValueError(f"checkpoint_interval must be > 0, got {self.checkpoint_interval}")
+        if not self.lease_timeout > 0:
+            raise ValueError(f"lease_timeout must be > 0, got {self.lease_timeout}")
         if self.max_unacked < 1:
             raise ValueError(f"max_unacked must be >= 1, got {self.max_unacked}")
         if not 0 < self.reconnect_min <= self.reconnect_max:
@@ -958,7 +964,28 @@ class Aggregator:
         wait in ``held``, unacknowledged)."""
         lease = lease_topic(self.config.deployment)
         paho_client = client._client
-        async for message in client.messages:
+        messages = client.messages
+        deadline = time.monotonic() + self.config.lease_timeout
+        while True:
+            if confirmed:
+                message = await anext(messages)
+            else:
+                try:
+                    message = await asyncio.wait_for(
+                        anext(messages), max(0.0, deadline - time.monotonic())
+                    )
+                except TimeoutError:
+                    logger.warning(
+                        "no claim on %s came back within %g s; applying batches without the "
+                        "lease (only a DISCONNECT 0x8E can now show a takeover)",
+                        lease,
+                        self.config.lease_timeout,
+                    )
+                    confirmed = True
+                    for waiting in held:
+                        await self._on_message(paho_client, waiting)
+                    held.clear()
+                    continue
             if message.topic.matches(lease):
                 if message.qos > 0:
                     paho_client.ack(message.mid, message.qos)
