@@ -34,7 +34,7 @@ from aggregator.service import Aggregator, AggregatorConfig, CheckpointError
 from edge import LocalMechanism, MechanismSpec
 from edge.batch_auth import BatchSigner
 from edge.topics import batches_topic
-from tests.conftest import Broker, free_port
+from tests.conftest import MOSQUITTO, Broker, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -467,3 +467,30 @@ def test_checkpoint_of_another_spec_is_refused(mosquitto: Broker, tmp_path: Path
 
     with pytest.raises(CheckpointError, match=f"is for spec {other.fingerprint}"):
         run(enter())
+
+
+def test_a_broker_that_drops_the_lease_claim_delays_batches_only_until_lease_timeout(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Mosquitto's ``acl_file`` grants a SUBSCRIBE it will never deliver on and drops a
+    PUBLISH it forbids: the claim never comes back, and after ``lease_timeout`` the service
+    applies the batches it held, with a warning."""
+    if not Path(MOSQUITTO).exists():
+        pytest.skip("mosquitto is not installed")
+    acl = tmp_path / "acl"
+    acl.write_text(f"topic readwrite {batches_topic(DEPLOYMENT)}\n")
+    broker = Broker(tmp_path, free_port(), extra_config=f"acl_file {acl}\n")
+    broker.start()
+    caplog.set_level(logging.WARNING, logger="aggregator.service")
+    rep = reports(MIN_BATCH, 40)
+    try:
+
+        async def body(agg: Aggregator) -> None:
+            await publish(broker, batch(rep, 1))
+            await until(lambda: agg.counters.batches == 1)
+
+        agg = run(with_aggregator(config(broker, None, lease_timeout=0.5), body))
+    finally:
+        broker.stop()
+    assert_same_estimates(agg, offline(rep))
+    assert any("applying batches without the lease" in r.getMessage() for r in caplog.records)
