@@ -223,6 +223,7 @@ def aggregator_run(
             None if batch_public_key is None else read_public_key_option(batch_public_key)
         )
         announced_key: str | None = None
+        round_seconds: int | None = None
         if spec is not None:
             mechanism = load_spec_file(spec)
             if delta is None:
@@ -243,6 +244,7 @@ def aggregator_run(
             mechanism = MechanismSpec.from_dict(announcement["spec"])
             delta = delta if delta is not None else float(announcement["delta"])
             min_batch = max(int(announcement["min_batch"]), min_batch or 0)
+            round_seconds = int(announcement["round_seconds"])
             announced_key = announcement.get("batch_public_key")
         key = resolve_batch_public_key(configured_key, announced_key)
         config = AggregatorConfig(
@@ -258,6 +260,7 @@ def aggregator_run(
             min_batch=min_batch,
             batch_public_key=key,
             retention_rounds=retention_rounds,
+            round_seconds=round_seconds,
             client_id=client_id,
             epsilon_target=epsilon_target,
             username=username,

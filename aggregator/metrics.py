@@ -61,6 +61,7 @@ REJECT_REASONS = (
     "empty",
     "below_min_batch",
     "stale_round",
+    "future_round",
     "z_out_of_range",
     "seed_out_of_range",
 )
@@ -69,7 +70,8 @@ the order the checks run: ``bad_length`` (too short to hold a batch and its sign
 length that does not match the count), ``bad_signature`` (not sealed by the trusted shuffler
 key), the codec's ``bad_version``, ``bad_kind``, ``bad_count``, ``bad_field``, then
 ``fingerprint_mismatch`` (another spec), ``empty``, ``below_min_batch``, ``stale_round``
-(a round below the retained horizon) and the record checks ``z_out_of_range``,
+(a round below the retained horizon), ``future_round`` (a round more than the retained
+window ahead of the aggregator's clock) and the record checks ``z_out_of_range``,
 ``seed_out_of_range``. A redelivered or replayed ``batch_id`` is not a rejection but a
 duplicate (``coco_aggregator_batches_duplicate_total``)."""
 UNACKED_REASONS = ("connection_lost", "unprocessed", "checkpoint_failed", "taken_over")

@@ -4,8 +4,8 @@
 opened with :class:`~edge.batch_auth.BatchVerifier` under the one trusted shuffler key
 (:attr:`AggregatorConfig.batch_public_key`) *before* anything in it is read; then the batch
 is checked (wire format, fingerprint of the spec in force, not empty, at least
-``min_batch`` reports, a round inside the retained horizon, a ``batch_id`` not applied
-before, ``z < t``, seeds) and only then folded into an
+``min_batch`` reports, a round inside the retained horizon and not beyond it by the
+clock, a ``batch_id`` not applied before, ``z < t``, seeds) and only then folded into an
 :class:`~aggregator.estimators.AggregateState`. Nothing unverified is ever applied: a
 batch of one record, a forged batch or a batch re-sent under a new id cannot move the
 estimates or ``epsilon_central``. Rejections are counted by reason
@@ -128,6 +128,7 @@ from edge.announce import decode_announcement
 from edge.batch_auth import BatchAuthError, BatchVerifier
 from edge.codec import CodecError
 from edge.errors import CocoError, ReportError, SpecError
+from edge.rounds import ClockError, check_round_seconds, current_round
 from edge.spec import MechanismSpec
 
 logger = logging.getLogger(__name__)
@@ -236,6 +237,11 @@ class AggregatorConfig:
     retention_rounds: int = DEFAULT_RETENTION_ROUNDS
     """Rounds whose applied batch ids are kept (module docs): a batch older than the newest
     round applied minus ``retention_rounds - 1`` is rejected as ``stale_round``."""
+    round_seconds: int | None = None
+    """The announced round length. When known (and the clock is set), a batch of a round
+    more than ``retention_rounds`` ahead of this clock's round is rejected as
+    ``future_round``: one such batch would otherwise move the horizon past every honest
+    round. ``None`` (``--spec`` without ``--round-seconds``) skips that check."""
     checkpoint: Path | None = None
     checkpoint_interval: float = 10.0
     metrics_dims: int | Sequence[int] = DEFAULT_METRICS_DIMS
@@ -313,6 +319,8 @@ class AggregatorConfig:
             raise ValueError(f"min_batch must be >= 1, got {self.min_batch}")
         if self.retention_rounds < 1:
             raise ValueError(f"retention_rounds must be >= 1, got {self.retention_rounds}")
+        if self.round_seconds is not None:
+            check_round_seconds(self.round_seconds)
 
     @property
     def mqtt_client_id(self) -> str:
@@ -1127,6 +1135,16 @@ class Aggregator:
         oldest = self.oldest_retained_round
         return oldest is not None and round_ < oldest
 
+    def _future(self, round_: int) -> bool:
+        round_seconds = self.config.round_seconds
+        if round_seconds is None:
+            return False
+        try:
+            now = current_round(round_seconds)
+        except ClockError:  # a clock that is not set cannot judge
+            return False
+        return round_ > now + self.config.retention_rounds
+
     async def _check(self, payload: bytes) -> tuple[bytes, int, AggregateState] | None:
         """``(batch_id, round, partial sums)`` of a batch to apply, ``None`` for one already
         applied; :class:`_RejectedError` otherwise. The signature comes first: nothing of an
@@ -1148,6 +1166,8 @@ class Aggregator:
             raise _RejectedError("below_min_batch", size)
         if self._stale(round_):
             raise _RejectedError("stale_round", size)
+        if self._future(round_):
+            raise _RejectedError("future_round", size)
         if batch_id in self._seen:
             return None
         partial = AggregateState(self.spec)

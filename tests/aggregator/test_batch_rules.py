@@ -265,3 +265,19 @@ def test_client_id_comes_from_the_account() -> None:
     assert agg_config().mqtt_client_id == f"coco-aggregator-{DEPLOYMENT}"
     assert agg_config(username="agg-plant-7").mqtt_client_id == "agg-plant-7"
     assert agg_config(username="agg-plant-7", client_id="x").mqtt_client_id == "x"
+
+
+def test_a_round_far_beyond_the_clock_cannot_move_the_horizon() -> None:
+    """One sealed batch of round 2^32 - 16 would put every honest round below the horizon;
+    with the announced round length it is refused instead (the aggregator's round today is
+    about 3·10^7 for 60-second rounds)."""
+    rep = reports(MIN_BATCH, 8)
+    far = batch(rep, 1, round_=0xFFFFFFF0)
+    agg = Aggregator(agg_config(round_seconds=60))
+    assert outcomes(agg, far, batch(rep, 2, round_=5)) == ["future_round", "applied"]
+    assert agg.newest_round == 5
+    assert agg.counters.rejected_reports == {"future_round": MIN_BATCH}
+    # without a round length (--spec alone) there is no clock to judge by
+    assert outcomes(Aggregator(agg_config()), far) == ["applied"]
+    with pytest.raises(ValueError, match="round_seconds must be an int"):
+        agg_config(round_seconds=0)
