@@ -13,13 +13,8 @@ from typing import Any
 
 import pytest
 
-from aggregator.service import (
-    Aggregator,
-    AggregatorConfig,
-    CheckpointError,
-    load_checkpoint,
-    resolve_batch_public_key,
-)
+from aggregator.checkpoint import CheckpointError, load_checkpoint
+from aggregator.service import Aggregator, AggregatorConfig, resolve_batch_public_key
 from edge.batch_auth import BatchSigner
 from edge.errors import CocoError
 from tests.aggregator.test_service import (

@@ -28,9 +28,10 @@ from prometheus_client import CollectorRegistry
 
 from aggregator.accountant import amplify_spec
 from aggregator.batch_codec import encode_batch_arrays
+from aggregator.checkpoint import CheckpointError
 from aggregator.estimators import AggregateState
 from aggregator.metrics import REJECT_REASONS
-from aggregator.service import Aggregator, AggregatorConfig, CheckpointError
+from aggregator.service import Aggregator, AggregatorConfig
 from edge import LocalMechanism, MechanismSpec
 from edge.batch_auth import BatchSigner
 from edge.topics import batches_topic
