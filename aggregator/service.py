@@ -80,8 +80,11 @@ Shutdown
 --------
 On shutdown the service writes a final checkpoint, sends the PUBACKs it covers and logs at
 INFO what this run applied, ignored and rejected (by reason) and how many batches were left
-unacknowledged (by reason: ``connection_lost``, ``unprocessed``, ``checkpoint_failed``;
-the broker redelivers those to the session, ``coco_aggregator_batches_unacknowledged_total``).
+unacknowledged (by reason: ``connection_lost``, ``unprocessed``, ``checkpoint_failed``,
+``taken_over``; the broker redelivers those to the session,
+``coco_aggregator_batches_unacknowledged_total``). Rejections and duplicates are logged
+too, but only the 1st, 2nd, 4th, 8th... of each kind per run, so a flood of forged or
+replayed batches cannot flood the log; the counters hold the exact numbers.
 
 What a broker cannot give back is out of scope: a Mosquitto restarted without persistence
 forgets sessions and queued batches (run it with ``persistence true`` in production); the
@@ -844,7 +847,12 @@ class Aggregator:
             self.metrics.duplicates.inc()
             self._dirty = True
             self._publish_counters()
-            logger.info("ignored a redelivered batch")
+            if _is_power_of_two(self.counters.duplicates - self._run_start.duplicates):
+                logger.info(
+                    "ignored a redelivered batch (%d so far this run; "
+                    "coco_aggregator_batches_duplicate_total)",
+                    self.counters.duplicates - self._run_start.duplicates,
+                )
             return "duplicate"
         batch_id, round_, partial = batch
         if self._stale(round_):  # the horizon cannot move during _check; cheap to be sure
