@@ -480,6 +480,7 @@ class Aggregator:
         if self._entered:
             raise RuntimeError("the Aggregator is reusable, but not re-entrant")
         self._entered = True
+        self._abandoned = False
         try:
             path, lock = self.config.checkpoint, self.config.lock_path
             if path is not None and lock is not None:
@@ -548,7 +549,7 @@ class Aggregator:
         logger.info(
             "stopping: this run applied %d batches (%d reports) and ignored %d duplicates; "
             "rejected %d batches %s holding %d verified reports %s; left %d batches "
-            "unacknowledged %s, which the broker redelivers to this session",
+            "unacknowledged %s, which the broker redelivers to the session",
             now.batches - start.batches,
             now.reports - start.reports,
             now.duplicates - start.duplicates,
@@ -805,7 +806,8 @@ class Aggregator:
                 # the seen ids turn them into acknowledged duplicates.
                 lost = [p for p in self._pending if p[0] is paho_client]
                 if lost:
-                    self._count_unacknowledged("connection_lost", len(lost))
+                    reason = "taken_over" if self._abandoned else "connection_lost"
+                    self._count_unacknowledged(reason, len(lost))
                     self._pending = [p for p in self._pending if p[0] is not paho_client]
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(2 * delay, self.config.reconnect_max)

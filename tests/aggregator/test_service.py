@@ -270,7 +270,7 @@ def test_shutdown_tells_what_this_run_applied_and_rejected(
         "stopping: this run applied 3 batches (620 reports) and ignored 1 duplicates; "
         f"rejected 10 batches {rejected} holding 181 verified reports "
         "{'below_min_batch': 1, 'fingerprint_mismatch': 120, 'z_out_of_range': 60}; "
-        "left 0 batches unacknowledged {}, which the broker redelivers to this session"
+        "left 0 batches unacknowledged {}, which the broker redelivers to the session"
     ]
     assert all(r.levelno == logging.INFO for r in caplog.records if r.getMessage() in summary)
 

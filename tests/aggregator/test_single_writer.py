@@ -23,6 +23,7 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
+from aggregator.checkpoint import load_checkpoint
 from aggregator.service import SESSION_TAKEN_OVER, _session_taken_over
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner
@@ -152,37 +153,55 @@ def test_a_second_aggregator_on_the_same_checkpoint_refuses_to_start(
     assert f"stopping: this run applied 1 batches ({MIN_BATCH} reports)" in err
 
 
-def test_a_session_taken_over_stops_the_service_instead_of_fighting(
+def test_a_session_taken_over_stops_the_service_and_no_batch_counts_twice(
     mosquitto: Broker, tmp_path: Path
 ) -> None:
+    """Two aggregators of one account, each with its own checkpoint: the second takes the
+    session over, the first stops without checkpointing the batch it had not yet
+    acknowledged, the broker redelivers that batch to the second, and every batch is in
+    exactly one of the two states."""
     key = ["--batch-public-key", SIGNER.public_key_hex, "--client-id", "agg-shared"]
     first_port, second_port = free_port(), free_port()
-    with service(coco_run(mosquitto, tmp_path, *key, "--metrics-port", str(first_port))) as first:
+    first_ckpt, second_ckpt = tmp_path / "first.json", tmp_path / "second.json"
+
+    def aggregator(port: int, checkpoint: Path) -> list[str]:
+        return coco_run(
+            mosquitto, tmp_path, *key, "--metrics-port", str(port),
+            "--checkpoint", str(checkpoint), "--checkpoint-interval", "3600",
+        )  # fmt: skip
+
+    rep1, rep2 = reports(MIN_BATCH, 2), reports(MIN_BATCH + 10, 3)
+    with service(aggregator(first_port, first_ckpt)) as first:
         started(first, first_port)
-        with service(
-            coco_run(mosquitto, tmp_path, *key, "--metrics-port", str(second_port))
-        ) as second:
+        asyncio.run(publish(mosquitto, batch(rep1, 1)))
+        wait_for(lambda: (estimates(first_port) or {}).get("n") == MIN_BATCH, first)
+        with service(aggregator(second_port, second_ckpt)) as second:
             _, err = first.communicate(timeout=30)
             assert first.returncode == 1
             errors = error_lines(err)
             assert len(errors) == 1
             assert "took over this aggregator's MQTT session (agg-shared;" in errors[0]
+            # the takeover closed the connection before the PUBACK; the lease told why
+            assert "left 1 batches unacknowledged {'connection_lost': 1}" in err
+            assert "no final checkpoint" in err
             started(second, second_port)
-            # the newcomer holds the session alone and applies each batch once
-            rep = reports(MIN_BATCH, 2)
-            asyncio.run(publish(mosquitto, batch(rep, 1), batch(rep, 1)))
+            # the newcomer holds the session alone: the batch the first one left, then a
+            # new one and a replay of it, each once
+            asyncio.run(publish(mosquitto, batch(rep2, 2), batch(rep2, 2)))
             wait_for(
                 lambda: (estimates(second_port) or {}).get("counters", {}).get("duplicates") == 1,
                 second,
             )
-            document = estimates(second_port)
-            assert document is not None
-            assert document["n"] == MIN_BATCH
             time.sleep(1.0)  # a reconnecting first service would take the session back here
             assert second.poll() is None
+            document = estimates(second_port)
+            assert document is not None
+            assert document["n"] == 2 * MIN_BATCH + 10
             rc, err = stop(second)
     assert rc == 0, err
-    assert "stopping: this run applied 1 batches" in err
+    assert "stopping: this run applied 2 batches" in err
+    assert not first_ckpt.exists()  # the first one never checkpointed: nothing counted twice
+    assert load_checkpoint(second_ckpt).state.n == 2 * MIN_BATCH + 10
 
 
 async def announce(broker: Broker, key: str | None) -> None:
