@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import string
 import urllib.request
 from collections.abc import Coroutine
 from enum import StrEnum
@@ -30,6 +31,8 @@ from edge.cli_options import (
     UsernameOption,
     resolve_password,
 )
+
+HEX_KEY_DIGITS = 64
 
 
 class PrivacyMechanism(StrEnum):
@@ -168,21 +171,65 @@ def aggregator_run(
             "dashboards (default: none, nothing exported).",
         ),
     ] = None,
+    batch_public_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="COCO_BATCH_PUBLIC_KEY",
+            help="The shuffler's Ed25519 public key: 64 hex digits, or a file holding them "
+            "(default: the announcement's batch_public_key; both given must agree).",
+        ),
+    ] = None,
+    min_batch: Annotated[
+        int | None,
+        typer.Option(
+            envvar="COCO_MIN_BATCH",
+            help="Smallest batch to apply (required with --spec; with an announcement, the "
+            "larger of this and the announced min_batch).",
+        ),
+    ] = None,
+    retention_rounds: Annotated[
+        int,
+        typer.Option(
+            envvar="COCO_RETENTION_ROUNDS",
+            help="Rounds whose batch ids are kept to reject replays; older batches are "
+            "rejected as stale_round.",
+        ),
+    ] = 1440,
+    client_id: Annotated[
+        str | None,
+        typer.Option(
+            envvar="COCO_AGGREGATOR_CLIENT_ID",
+            help="MQTT client id of the persistent session (default: --username, else "
+            "coco-aggregator-<deployment>).",
+        ),
+    ] = None,
 ) -> None:
-    """Consume shuffled batches; serve estimates, metrics and the certified central epsilon."""
+    """Consume shuffled batches; serve estimates, metrics and the certified central epsilon.
+
+    Only batches sealed by the shuffler's key are applied. One aggregator per deployment: a
+    second one with the same checkpoint refuses to start, and one whose MQTT session is taken
+    over by another client stops.
+    """
     from aggregator.service import (  # noqa: PLC0415 (keeps `coco privacy` light)
         AggregatorConfig,
         fetch_announcement,
+        resolve_batch_public_key,
         run_aggregator,
     )
 
     try:
         password = resolve_password(password, password_file)
-        min_batch: int | None = None
+        configured_key = (
+            None if batch_public_key is None else read_public_key_option(batch_public_key)
+        )
+        announced_key: str | None = None
+        round_seconds: int | None = None
         if spec is not None:
             mechanism = load_spec_file(spec)
             if delta is None:
                 raise SpecError("--delta is required with --spec")
+            if min_batch is None:
+                raise SpecError("--min-batch is required with --spec")
         else:
             announcement = asyncio.run(
                 fetch_announcement(
@@ -196,7 +243,10 @@ def aggregator_run(
             )
             mechanism = MechanismSpec.from_dict(announcement["spec"])
             delta = delta if delta is not None else float(announcement["delta"])
-            min_batch = int(announcement["min_batch"])
+            min_batch = max(int(announcement["min_batch"]), min_batch or 0)
+            round_seconds = int(announcement["round_seconds"])
+            announced_key = announcement.get("batch_public_key")
+        key = resolve_batch_public_key(configured_key, announced_key)
         config = AggregatorConfig(
             broker=broker,
             deployment=deployment,
@@ -208,6 +258,10 @@ def aggregator_run(
             http_host=metrics_host,
             http_port=metrics_port,
             min_batch=min_batch,
+            batch_public_key=key,
+            retention_rounds=retention_rounds,
+            round_seconds=round_seconds,
+            client_id=client_id,
             epsilon_target=epsilon_target,
             username=username,
             password=password,
@@ -218,7 +272,8 @@ def aggregator_run(
         raise typer.Exit(1) from None
     typer.echo(
         f"aggregator: deployment={deployment} spec={mechanism.fingerprint} delta={delta:g} "
-        f"http://{metrics_host}:{metrics_port}/metrics",
+        f"min_batch={config.min_batch} batch_key={key[:16]}... client_id="
+        f"{config.mqtt_client_id} http://{metrics_host}:{metrics_port}/metrics",
         err=True,
     )
     try:
@@ -226,6 +281,26 @@ def aggregator_run(
     except (CocoError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+def read_public_key_option(value: str) -> str:
+    """``--batch-public-key``: 64 hex digits, or the path of a file holding them (lowercased,
+    whitespace stripped); :class:`CocoError` naming what is wrong."""
+    text = value.strip()
+    if len(text) == HEX_KEY_DIGITS and all(c in string.hexdigits for c in text):
+        return text.lower()
+    try:
+        text = Path(value).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CocoError(
+            f"--batch-public-key is neither {HEX_KEY_DIGITS} hex digits nor a readable file: {exc}"
+        ) from None
+    if len(text) != HEX_KEY_DIGITS or not all(c in string.hexdigits for c in text):
+        raise CocoError(
+            f"--batch-public-key file {value} must hold {HEX_KEY_DIGITS} hex digits "
+            "(the shuffler's Ed25519 public key)"
+        )
+    return text.lower()
 
 
 def _run_until_signal(main: Coroutine[Any, Any, None]) -> None:

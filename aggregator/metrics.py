@@ -24,7 +24,9 @@ section 10.3), and adding one would change the wire format.
 
 :class:`MetricsServer` serves, on one port, ``/metrics`` (Prometheus text format) and
 ``/estimates`` (JSON: spec, n, estimates, certified central epsilon for the smallest and the
-latest batch, delta). It is a stdlib ``ThreadingHTTPServer`` in a daemon thread: the handler
+latest batch, delta, the counters and the retained horizon; the counters are replaced after
+every batch, rejected and duplicate ones included, so they never lag ``/metrics``). It is
+a stdlib ``ThreadingHTTPServer`` in a daemon thread: the handler
 reads an immutable snapshot that the event loop replaces after each batch, so no lock is
 needed and a slow scraper never blocks the event loop.
 """
@@ -50,16 +52,36 @@ logger = logging.getLogger(__name__)
 
 REJECT_REASONS = (
     "bad_length",
+    "bad_signature",
     "bad_version",
     "bad_kind",
     "bad_count",
     "bad_field",
     "fingerprint_mismatch",
+    "empty",
+    "below_min_batch",
+    "stale_round",
+    "future_round",
     "z_out_of_range",
     "seed_out_of_range",
-    "empty",
 )
-"""Every ``reason`` label of ``coco_aggregator_batches_rejected_total`` (pre-created at 0)."""
+"""Every ``reason`` label of ``coco_aggregator_batches_rejected_total`` (pre-created at 0), in
+the order the checks run: ``bad_length`` (too short to hold a batch and its signature, or a
+length that does not match the count), ``bad_signature`` (not sealed by the trusted shuffler
+key), the codec's ``bad_version``, ``bad_kind``, ``bad_count``, ``bad_field``, then
+``fingerprint_mismatch`` (another spec), ``empty``, ``below_min_batch``, ``stale_round``
+(a round below the retained horizon), ``future_round`` (a round more than the retained
+window ahead of the aggregator's clock) and the record checks ``z_out_of_range``,
+``seed_out_of_range``. A redelivered or replayed ``batch_id`` is not a rejection but a
+duplicate (``coco_aggregator_batches_duplicate_total``)."""
+UNACKED_REASONS = ("connection_lost", "unprocessed", "checkpoint_failed", "taken_over")
+"""Every ``reason`` label of ``coco_aggregator_batches_unacknowledged_total``: batches whose
+PUBACK could not be sent because the connection ended first (``connection_lost``), that were
+still queued unread at shutdown (``unprocessed``), whose final checkpoint failed
+(``checkpoint_failed``), or that were applied after the last checkpoint of a service whose
+session another aggregator took over (``taken_over``: that checkpoint is not written, so
+the batches count once, at the new holder). The broker redelivers all of them to the
+persistent session."""
 
 CURVE_MAX_N = 10_000_000
 """Largest batch size of the epsilon curve."""
@@ -95,6 +117,16 @@ def epsilon_curve(spec: MechanismSpec, *, delta: float, grid: Sequence[int]) -> 
     return {n: amplify_spec(spec, n=n, delta=delta).epsilon_central for n in grid}
 
 
+def _reason_counter(
+    registry: CollectorRegistry, name: str, documentation: str, reasons: Sequence[str]
+) -> Counter:
+    """A counter labelled by ``reason``, every reason of the fixed list shown from 0."""
+    counter = Counter(name, documentation, ["reason"], registry=registry)
+    for reason in reasons:
+        counter.labels(reason=reason)
+    return counter
+
+
 class AggregatorMetrics:
     """The aggregator's metrics, registered in ``registry``."""
 
@@ -113,14 +145,43 @@ class AggregatorMetrics:
             f"{p}_reports", "Reports applied to the estimates.", registry=registry
         )
         self.batches = Counter(f"{p}_batches", "Batches applied.", registry=registry)
-        self.rejected = Counter(
-            f"{p}_batches_rejected",
-            "Batches rejected, by reason.",
-            ["reason"],
+        self.rejected = _reason_counter(
+            registry, f"{p}_batches_rejected", "Batches rejected, by reason.", REJECT_REASONS
+        )
+        self.rejected_reports = _reason_counter(
+            registry,
+            f"{p}_reports_rejected",
+            "Reports in rejected batches whose signature verified, by reason.",
+            [r for r in REJECT_REASONS if r not in ("bad_length", "bad_signature")],
+        )
+        self.unacknowledged = _reason_counter(
+            registry,
+            f"{p}_batches_unacknowledged",
+            "Batches left without a PUBACK (redelivered by the broker), by reason.",
+            UNACKED_REASONS,
+        )
+        self.min_batch = Gauge(
+            f"{p}_min_batch",
+            "Smallest batch applied; smaller ones are rejected (below_min_batch).",
             registry=registry,
         )
-        for reason in REJECT_REASONS:
-            self.rejected.labels(reason=reason)
+        self.retention_rounds = Gauge(
+            f"{p}_retention_rounds",
+            "Rounds whose applied batch ids are kept to reject replays.",
+            registry=registry,
+        )
+        self.retained_batch_ids = Gauge(
+            f"{p}_batch_ids_retained",
+            "Applied batch ids in memory and in the checkpoint (those of the retained rounds).",
+            registry=registry,
+        )
+        self.oldest_round = Gauge(
+            f"{p}_oldest_retained_round",
+            "Oldest round still accepted; older batches are rejected as stale_round "
+            "(NaN before the first batch).",
+            registry=registry,
+        )
+        self.oldest_round.set(np.nan)
         self.duplicates = Counter(
             f"{p}_batches_duplicate",
             "Batches ignored because their batch_id was already applied (redeliveries).",
@@ -207,6 +268,10 @@ class AggregatorMetrics:
     def set_batch_size(self, *, smallest: int | None, latest: int | None) -> None:
         for name, value in (("smallest", smallest), ("latest", latest)):
             self.batch_size.labels(batch=name).set(np.nan if value is None else value)
+
+    def set_retention(self, *, retained_ids: int, oldest_round: int | None) -> None:
+        self.retained_batch_ids.set(retained_ids)
+        self.oldest_round.set(np.nan if oldest_round is None else oldest_round)
 
     def set_epsilon_curve(self, curve: dict[int, float]) -> None:
         """Export a curve from :func:`epsilon_curve` (at most :data:`MAX_CURVE_POINTS`)."""

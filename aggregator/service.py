@@ -1,29 +1,43 @@
-"""The aggregator service: shuffled batches in, streaming estimates and metrics out.
+"""The aggregator service: signed, shuffled batches in, streaming estimates and metrics out.
 
-:class:`Aggregator` subscribes (QoS 1) to ``coco/v1/<deployment>/batches``, checks every
-batch (wire format, fingerprint of the spec in force, ``z < t``, seeds, non-empty; the codec
-checks that the length matches the count) and folds the valid ones into an
-:class:`~aggregator.estimators.AggregateState`. Rejections are counted by reason and never
-stop the service. The certified central epsilon is computed with
-:func:`~aggregator.accountant.amplify_spec` for the smallest batch seen (the guarantee every
-report has) and for the latest batch, cached per batch size.
+:class:`Aggregator` subscribes (QoS 1) to ``coco/v1/<deployment>/batches``. Every message is
+opened with :class:`~edge.batch_auth.BatchVerifier` under the one trusted shuffler key
+(:attr:`AggregatorConfig.batch_public_key`) *before* anything in it is read; then the batch
+is checked (wire format, fingerprint of the spec in force, not empty, at least
+``min_batch`` reports, a round inside the retained horizon and not beyond it by the
+clock, a ``batch_id`` not applied before, ``z < t``, seeds) and only then folded into an
+:class:`~aggregator.estimators.AggregateState`. Nothing unverified is ever applied: a
+batch of one record, a forged batch or a batch re-sent under a new id cannot move the
+estimates or ``epsilon_central``. Rejections are counted by reason
+(``coco_aggregator_batches_rejected_total{reason}``, a fixed set of labels:
+:data:`~aggregator.metrics.REJECT_REASONS`) and never stop the service. The certified
+central epsilon is computed with :func:`~aggregator.accountant.amplify_spec` for the
+smallest batch applied (the guarantee every report has) and for the latest one.
 
 The aggregator is trusted with nothing beyond what it receives: it sees only shuffled,
-locally randomised reports, never a device id. Its duty is accounting: every batch counted
-exactly once, none lost.
+locally randomised reports, never a device id, and logs none.
 
 Exactly once, across crashes
 ----------------------------
-Each batch carries a random 16-byte ``batch_id``. The service keeps the ids it has applied
-(the most recent ``seen_capacity`` of them) and ignores a batch whose id it knows, counting
-it in ``coco_aggregator_batches_duplicate_total``. The ids are written in the *same*
-checkpoint file as the sums they went into, atomically (temporary file, ``fsync``,
-``os.replace``), so a checkpoint never holds a batch's reports without its id or the other
-way round.
+Each batch carries a random 16-byte ``batch_id`` and its round (Unix time divided by the
+announced ``round_seconds``, :mod:`edge.rounds`), both covered by the shuffler's signature.
+The service remembers the ids it has applied *per round*, for the newest
+``retention_rounds`` rounds it has applied a batch of (the retained horizon: rounds
+``newest - retention_rounds + 1`` to ``newest``). A batch whose id it knows is ignored
+(``coco_aggregator_batches_duplicate_total``); a batch of a round below the horizon is
+rejected as ``stale_round``, since its id may have been forgotten. Every replay the broker
+can deliver is therefore refused, and the memory (and checkpoint) holds only the ids of
+``retention_rounds`` rounds of traffic, however long the service runs.
 
-Delivery is MQTT QoS 1 over a **persistent session** (MQTT 5, a fixed client id,
-``clean_start=False`` and a session expiry interval) with **manual acknowledgement**: the
-PUBACK of a batch is sent only after a checkpoint containing it is on disk. Hence:
+The ids are written in the *same* checkpoint file as the sums they went into, atomically
+(temporary file, ``fsync``, ``os.replace``), so a checkpoint never holds a batch's reports
+without its id or the other way round. The checkpoint is serialised and written in a
+thread, off the event loop; its size is bounded by the retained window, not by age.
+
+Delivery is MQTT QoS 1 over a **persistent session** (MQTT 5, a client id derived from the
+account, ``clean_start=False`` and a session expiry interval) with **manual
+acknowledgement**: the PUBACK of a batch is sent only after a checkpoint containing it is
+on disk. Hence:
 
 * crash after apply, before the checkpoint: the batch is neither in the checkpoint nor
   acknowledged; on restart the service resumes from the older checkpoint and the broker
@@ -40,6 +54,38 @@ service checkpoints when ``max_unacked`` batches are waiting for their PUBACK, a
 every ``checkpoint_interval`` seconds and on shutdown. Without a checkpoint path batches
 are acknowledged as soon as they are applied (at-most-once across a crash).
 
+One writer per deployment
+-------------------------
+Two aggregators applying the same batches would count them twice. Two guards:
+
+* the checkpoint is locked (``fcntl.flock`` on ``<checkpoint>.lock``, held while the
+  service runs): a second service with the same checkpoint refuses to start
+  (:class:`~aggregator.checkpoint.CheckpointLockedError`);
+* the MQTT client id is the account's (``username``, else ``coco-aggregator-<deployment>``),
+  so a second service of the account takes over the one persistent session; the first one
+  then stops with :class:`SessionTakenOverError` instead of reconnecting and fighting for
+  it. It knows from a DISCONNECT with MQTT 5 reason ``0x8E`` (*Session taken over*) where
+  the broker sends one, and from a **lease** where it does not (Mosquitto 2.0 only closes
+  the socket): each run claims the retained topic ``coco/v1/<deployment>/aggregator/lease``
+  with a random instance token on its first connection and applies no batch before its own
+  claim comes back; on a reconnection it applies nothing before the retained claim shows
+  its token again. Another instance's claim means the session was taken over. A broker
+  that refuses the lease topic (an ACL without it) leaves only the ``0x8E`` signal, with a
+  warning. Batches applied after the last checkpoint of a service that stops this way are
+  neither checkpointed nor acknowledged: the broker redelivers them to the new holder, so
+  the two checkpoints never hold the same batch (beyond a checkpoint written in the instant
+  of the takeover, before its PUBACKs went out).
+
+Shutdown
+--------
+On shutdown the service writes a final checkpoint, sends the PUBACKs it covers and logs at
+INFO what this run applied, ignored and rejected (by reason) and how many batches were left
+unacknowledged (by reason: ``connection_lost``, ``unprocessed``, ``checkpoint_failed``,
+``taken_over``; the broker redelivers those to the session,
+``coco_aggregator_batches_unacknowledged_total``). Rejections and duplicates are logged
+too, but only the 1st, 2nd, 4th, 8th... of each kind per run, so a flood of forged or
+replayed batches cannot flood the log; the counters hold the exact numbers.
+
 What a broker cannot give back is out of scope: a Mosquitto restarted without persistence
 forgets sessions and queued batches (run it with ``persistence true`` in production); the
 service reconnects with exponential backoff and resubscribes either way.
@@ -54,9 +100,9 @@ import logging
 import math
 import os
 import random
+import secrets
 import ssl
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,8 +117,18 @@ from prometheus_client import CollectorRegistry
 
 from aggregator.accountant import amplify_spec
 from aggregator.batch_codec import decode_batch_arrays
+from aggregator.checkpoint import (
+    CHECKPOINT_VERSION,
+    Checkpoint,
+    CheckpointError,
+    Counters,
+    load_checkpoint,
+    lock_checkpoint,
+    write_checkpoint,
+)
 from aggregator.estimators import AggregateState
 from aggregator.metrics import (
+    UNACKED_REASONS,
     AggregatorMetrics,
     MetricsServer,
     epsilon_curve,
@@ -80,25 +136,33 @@ from aggregator.metrics import (
 )
 from edge import mqtt_url, topics
 from edge.announce import decode_announcement
+from edge.batch_auth import BatchAuthError, BatchVerifier
 from edge.codec import CodecError
 from edge.errors import CocoError, ReportError, SpecError
+from edge.rounds import ClockError, check_round_seconds, current_round
 from edge.spec import MechanismSpec
 
 logger = logging.getLogger(__name__)
 
-CHECKPOINT_VERSION = 1
 DEFAULT_METRICS_DIMS = 16
 MAX_METRICS_DIMS = 1024
+DEFAULT_RETENTION_ROUNDS = 1440
+"""Rounds whose batch ids are kept: one day at the default 60-second round."""
+LEASE_WAIT = 2.0
+"""Seconds a reconnected service waits for the retained lease before claiming it anew."""
+SESSION_TAKEN_OVER = 0x8E
+"""MQTT 5 reason code of a DISCONNECT sent because another client connected with our id."""
 
 
-class CheckpointError(CocoError):
-    """A checkpoint that cannot be read, or that belongs to another spec."""
+class SessionTakenOverError(CocoError):
+    """The broker handed this service's MQTT session to another client with the same id."""
 
 
 class _RejectedError(Exception):
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, reports: int = 0) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.reports = reports
 
 
 def mqtt_connection(
@@ -123,15 +187,60 @@ def mqtt_connection(
     return kwargs
 
 
+def lease_topic(deployment: str) -> str:
+    """``coco/v1/<deployment>/aggregator/lease``: the retained claim of the aggregator that
+    holds the deployment's session (module docs, *One writer per deployment*)."""
+    return f"{topics.PROTOCOL}/{topics.check_name('deployment', deployment)}/aggregator/lease"
+
+
+def resolve_batch_public_key(configured: str | None, announced: str | None) -> str:
+    """The shuffler key to trust: the configured one, else the announced one.
+
+    :class:`CocoError` (one line) when neither is given, or when both are and differ: a
+    pinned key that disagrees with the announcement means one of them is wrong, and
+    guessing which would let a forger choose.
+    """
+    if configured is not None and announced is not None and configured != announced:
+        raise CocoError(
+            f"the configured batch public key ({configured}) differs from the announced "
+            f"batch_public_key ({announced}); refusing to start"
+        )
+    key = configured if configured is not None else announced
+    if key is None:
+        raise CocoError(
+            "no batch public key: give --batch-public-key (the shuffler's Ed25519 public key, "
+            "64 hex digits or a file holding them) or announce batch_public_key"
+        )
+    return key
+
+
 @dataclass(frozen=True, kw_only=True)
 class AggregatorConfig:
     """Everything the service needs; ``metrics_dims`` is a count (the first ``k``
-    dimensions) or an explicit list, at most :data:`MAX_METRICS_DIMS` of them."""
+    dimensions) or an explicit list, at most :data:`MAX_METRICS_DIMS` of them.
+
+    ``batch_public_key`` and ``min_batch`` are required: the service applies no batch it
+    cannot verify, and none below ``min_batch``.
+    """
 
     broker: str
     deployment: str
     spec: MechanismSpec
     delta: float
+    batch_public_key: str | None = None
+    """The shuffler's Ed25519 public key, 64 lowercase hex digits (:mod:`edge.batch_auth`):
+    the only key whose batches are applied (:func:`resolve_batch_public_key`)."""
+    min_batch: int | None = None
+    """The announced ``min_batch``: smaller batches are rejected (``below_min_batch``); also
+    the first point of ``coco_aggregator_epsilon_central_curve``."""
+    retention_rounds: int = DEFAULT_RETENTION_ROUNDS
+    """Rounds whose applied batch ids are kept (module docs): a batch older than the newest
+    round applied minus ``retention_rounds - 1`` is rejected as ``stale_round``."""
+    round_seconds: int | None = None
+    """The announced round length. When known (and the clock is set), a batch of a round
+    more than ``retention_rounds`` ahead of this clock's round is rejected as
+    ``future_round``: one such batch would otherwise move the horizon past every honest
+    round. ``None`` (``--spec`` without ``--round-seconds``) skips that check."""
     checkpoint: Path | None = None
     checkpoint_interval: float = 10.0
     metrics_dims: int | Sequence[int] = DEFAULT_METRICS_DIMS
@@ -139,13 +248,18 @@ class AggregatorConfig:
     http_port: int | None = 9108
     """``None`` disables the HTTP endpoint; ``0`` picks a free port."""
     client_id: str | None = None
-    """MQTT client id of the persistent session; default ``coco-aggregator-<deployment>``."""
+    """MQTT client id of the persistent session; default ``username`` when given, else
+    ``coco-aggregator-<deployment>``."""
     session_expiry: int = 7 * 24 * 3600
     mqtt_version: Literal["5", "3.1.1"] = "5"
     """MQTT 3.1.1 is for brokers without MQTT 5 (the demo's embedded amqtt): the persistent
-    session is then ``clean_session=False`` with no expiry interval."""
+    session is then ``clean_session=False`` with no expiry interval, and a session taken
+    over cannot be told from a lost connection."""
+    lease_timeout: float = 10.0
+    """Seconds after which a service whose lease claim never comes back (a broker that
+    grants the subscription but drops the claim, e.g. an ``acl_file`` without the topic)
+    applies batches without the lease, with a warning (module docs)."""
     max_unacked: int = 10
-    seen_capacity: int = 100_000
     confidence: float = 0.95
     reconnect_min: float = 0.1
     reconnect_max: float = 10.0
@@ -153,9 +267,6 @@ class AggregatorConfig:
     password: str | None = field(default=None, repr=False)
     ca_file: str | None = None
     """CA bundle that verifies an ``mqtts://`` broker (default: the system's)."""
-    min_batch: int | None = None
-    """The announced ``min_batch``: first point of ``coco_aggregator_epsilon_central_curve``
-    (:func:`~aggregator.metrics.epsilon_curve_grid`); ``None`` starts the curve at 100."""
     epsilon_target: float | None = None
     """Exported as ``coco_aggregator_epsilon_target`` for dashboards; ``None`` exports
     nothing (no target line is drawn). It changes nothing in the service's behaviour."""
@@ -166,19 +277,18 @@ class AggregatorConfig:
         topics.check_name("deployment", self.deployment)
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+        self._check_batch_rules()
         if not self.checkpoint_interval > 0:
             raise ValueError(f"checkpoint_interval must be > 0, got {self.checkpoint_interval}")
+        if not self.lease_timeout > 0:
+            raise ValueError(f"lease_timeout must be > 0, got {self.lease_timeout}")
         if self.max_unacked < 1:
             raise ValueError(f"max_unacked must be >= 1, got {self.max_unacked}")
-        if self.seen_capacity < 1:
-            raise ValueError(f"seen_capacity must be >= 1, got {self.seen_capacity}")
         if not 0 < self.reconnect_min <= self.reconnect_max:
             raise ValueError(
                 f"need 0 < reconnect_min <= reconnect_max, got {self.reconnect_min}, "
                 f"{self.reconnect_max}"
             )
-        if self.min_batch is not None and self.min_batch < 1:
-            raise ValueError(f"min_batch must be >= 1, got {self.min_batch}")
         if self.epsilon_target is not None and not (
             math.isfinite(self.epsilon_target) and self.epsilon_target > 0
         ):
@@ -195,9 +305,32 @@ class AggregatorConfig:
             raise ValueError(f"at most {MAX_METRICS_DIMS} metrics_dims, got {len(dims)}")
         object.__setattr__(self, "exported_dims", dims)
 
+    def _check_batch_rules(self) -> None:
+        if self.batch_public_key is None:
+            raise ValueError(
+                "batch_public_key is required: the shuffler's Ed25519 public key "
+                "(--batch-public-key, or batch_public_key in the announcement)"
+            )
+        BatchVerifier(self.batch_public_key, self.deployment)  # CocoError if malformed
+        if self.min_batch is None:
+            raise ValueError("min_batch is required: the announced one, or --min-batch")
+        if self.min_batch < 1:
+            raise ValueError(f"min_batch must be >= 1, got {self.min_batch}")
+        if self.retention_rounds < 1:
+            raise ValueError(f"retention_rounds must be >= 1, got {self.retention_rounds}")
+        if self.round_seconds is not None:
+            check_round_seconds(self.round_seconds)
+
     @property
     def mqtt_client_id(self) -> str:
-        return self.client_id or f"coco-aggregator-{self.deployment}"
+        return self.client_id or self.username or f"coco-aggregator-{self.deployment}"
+
+    @property
+    def lock_path(self) -> Path | None:
+        """``<checkpoint>.lock``, the single-writer lock (``None`` without a checkpoint)."""
+        if self.checkpoint is None:
+            return None
+        return self.checkpoint.with_name(self.checkpoint.name + ".lock")
 
 
 def estimates_document(
@@ -226,32 +359,17 @@ def estimates_document(
     }
 
 
-def read_checkpoint(path: Path) -> dict[str, Any]:
-    """The parsed checkpoint at ``path`` (:class:`CheckpointError` if unreadable)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
-    if not isinstance(data, dict) or data.get("version") != CHECKPOINT_VERSION:
-        raise CheckpointError(f"{path} is not a version-{CHECKPOINT_VERSION} checkpoint")
-    return data
-
-
 def snapshot_from_checkpoint(path: Path, *, confidence: float = 0.95) -> dict[str, Any]:
     """Offline ``/estimates`` document of a checkpoint file."""
-    data = read_checkpoint(path)
-    try:
-        state = AggregateState.from_dict(data["state"])
-        return estimates_document(
-            state,
-            delta=float(data["delta"]),
-            smallest_batch=data["smallest_batch"],
-            latest_batch=data["latest_batch"],
-            confidence=confidence,
-            extra={"checkpoint": str(path), "counters": data["counters"]},
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"checkpoint {path} is malformed: {exc}") from exc
+    checkpoint = load_checkpoint(path)
+    return estimates_document(
+        checkpoint.state,
+        delta=checkpoint.delta,
+        smallest_batch=checkpoint.smallest_batch,
+        latest_batch=checkpoint.latest_batch,
+        confidence=confidence,
+        extra={"checkpoint": str(path), "counters": checkpoint.counters.to_dict()},
+    )
 
 
 async def fetch_announcement(
@@ -285,24 +403,38 @@ async def fetch_announcement(
     raise SpecError("the broker closed the announcement subscription")  # pragma: no cover
 
 
-@dataclass
-class _Counters:
-    reports: int = 0
-    batches: int = 0
-    duplicates: int = 0
-    rejected: dict[str, int] = field(default_factory=dict)
+def _session_taken_over(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is the broker's DISCONNECT 0x8E."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        rc = getattr(current, "rc", None)
+        if rc is not None and getattr(rc, "value", rc) == SESSION_TAKEN_OVER:
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
 
 
 class Aggregator:
     """Async context manager around the service; ``await run()`` until cancelled.
 
-    Entering loads the checkpoint (if any) and starts the HTTP endpoint; leaving writes a
-    final checkpoint and stops it. Reusable, not re-entrant.
+    Entering takes the checkpoint's lock, loads the checkpoint (if any) and starts the HTTP
+    endpoint; leaving writes a final checkpoint, logs the shutdown counts, stops the
+    endpoint and releases the lock. Reusable, not re-entrant.
     """
 
     def __init__(self, config: AggregatorConfig, *, registry: CollectorRegistry | None = None):
+        assert config.batch_public_key is not None
+        assert config.min_batch is not None
         self.config = config
         self.spec = config.spec
+        self.min_batch: int = config.min_batch
+        self.verifier = BatchVerifier(config.batch_public_key, config.deployment)
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = AggregatorMetrics(
             self.registry,
@@ -311,23 +443,36 @@ class Aggregator:
             epsilon_target=config.epsilon_target,
         )
         self.metrics.delta.set(config.delta)
+        self.metrics.min_batch.set(self.min_batch)
+        self.metrics.retention_rounds.set(config.retention_rounds)
         self.state = AggregateState(self.spec)
-        self.counters = _Counters()
+        self.counters = Counters()
         self.smallest_batch: int | None = None
         self.latest_batch: int | None = None
         self.last_batch_timestamp: float | None = None
+        self.newest_round: int | None = None
+        """The newest round of an applied batch: the retained horizon ends there."""
         self.subscribed = asyncio.Event()
         """Set while subscribed to the batches topic (for tests and health checks)."""
         self.connections = 0
-        self._seen: OrderedDict[bytes, None] = OrderedDict()
+        self._seen: dict[bytes, int] = {}
+        """Applied batch id -> its round, for the retained rounds only."""
+        self._rounds: dict[int, list[bytes]] = {}
         self._eps_cache: dict[int, float] = {}
         self._pending: list[tuple[paho.Client, int, int]] = []
         self._dirty = False
         self._last_checkpoint = time.monotonic()
         self._checkpoint_lock = asyncio.Lock()
         self._entered = False
+        self._lock_fd: int | None = None
+        self._run_start = Counters()
         self._http: MetricsServer | None = None
         self._document: dict[str, Any] = {}
+        self._instance = secrets.token_hex(8)
+        """This run's claim on the lease topic."""
+        self._lease_fallback: asyncio.Task[None] | None = None
+        self._lease_refused_logged = False
+        self._abandoned = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -335,9 +480,14 @@ class Aggregator:
         if self._entered:
             raise RuntimeError("the Aggregator is reusable, but not re-entrant")
         self._entered = True
+        self._abandoned = False
         try:
-            if self.config.checkpoint is not None and self.config.checkpoint.exists():
-                self._restore(read_checkpoint(self.config.checkpoint))
+            path, lock = self.config.checkpoint, self.config.lock_path
+            if path is not None and lock is not None:
+                self._lock_fd = lock_checkpoint(lock, path)
+                if path.exists():
+                    self._restore(await asyncio.to_thread(load_checkpoint, path))
+            self._run_start = self.counters.copy()
             self._publish_estimates()
             if self.config.http_port is not None:
                 self._http = MetricsServer(
@@ -348,6 +498,7 @@ class Aggregator:
                 )
                 self._http.start()
         except BaseException:
+            self._release_lock()
             self._entered = False
             raise
         return self
@@ -359,12 +510,56 @@ class Aggregator:
         tb: TracebackType | None,
     ) -> None:
         try:
-            await asyncio.shield(self.checkpoint())
+            if self._abandoned:
+                logger.info(
+                    "no final checkpoint: the batches applied since the last one are "
+                    "redelivered to the session's new holder"
+                )
+                self._count_unacknowledged("taken_over", len(self._pending))
+                self._pending.clear()
+            else:
+                await asyncio.shield(self.checkpoint())
+            if self._pending:
+                self._count_unacknowledged("checkpoint_failed", len(self._pending))
+                self._pending.clear()
+            self._log_shutdown()
         finally:
             if self._http is not None:
                 self._http.stop()
                 self._http = None
+            self._release_lock()
             self._entered = False
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+    def _log_shutdown(self) -> None:
+        """This run's counts at INFO: what was applied, ignored, rejected, unacknowledged."""
+        now, start = self.counters, self._run_start
+
+        def since(current: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+            delta = {k: v - before.get(k, 0) for k, v in current.items()}
+            return {k: v for k, v in sorted(delta.items()) if v}
+
+        rejected = since(now.rejected, start.rejected)
+        rejected_reports = since(now.rejected_reports, start.rejected_reports)
+        unacked = since(now.unacknowledged, start.unacknowledged)
+        logger.info(
+            "stopping: this run applied %d batches (%d reports) and ignored %d duplicates; "
+            "rejected %d batches %s holding %d verified reports %s; left %d batches "
+            "unacknowledged %s, which the broker redelivers to the session",
+            now.batches - start.batches,
+            now.reports - start.reports,
+            now.duplicates - start.duplicates,
+            sum(rejected.values()),
+            rejected,
+            sum(rejected_reports.values()),
+            rejected_reports,
+            sum(unacked.values()),
+            unacked,
+        )
 
     @property
     def http_port(self) -> int | None:
@@ -374,18 +569,42 @@ class Aggregator:
         """The current ``/estimates`` document."""
         return self._document
 
+    @property
+    def retained_batch_ids(self) -> int:
+        """Batch ids in memory (those of the retained rounds)."""
+        return len(self._seen)
+
+    @property
+    def oldest_retained_round(self) -> int | None:
+        """The oldest round still accepted; ``None`` before the first batch."""
+        if self.newest_round is None:
+            return None
+        return max(0, self.newest_round - self.config.retention_rounds + 1)
+
     async def run(self) -> None:
-        """Consume batches (reconnecting as needed) and checkpoint, until cancelled."""
+        """Consume batches (reconnecting as needed) and checkpoint, until cancelled.
+
+        Raises :class:`SessionTakenOverError` when another client takes over the session.
+        """
         if not self._entered:
             raise RuntimeError("use 'async with Aggregator(config) as agg: await agg.run()'")
-        async with asyncio.TaskGroup() as tasks:
-            tasks.create_task(self._mqtt_loop(), name="coco-aggregator-mqtt")
-            tasks.create_task(self._checkpoint_loop(), name="coco-aggregator-checkpoint")
-            tasks.create_task(self._export_epsilon_curve(), name="coco-aggregator-eps-curve")
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self._mqtt_loop(), name="coco-aggregator-mqtt")
+                tasks.create_task(self._checkpoint_loop(), name="coco-aggregator-checkpoint")
+                tasks.create_task(self._export_epsilon_curve(), name="coco-aggregator-eps-curve")
+        except BaseExceptionGroup as group:
+            coco = group.subgroup(CocoError)
+            if coco is not None and len(group.exceptions) == len(coco.exceptions):
+                first = coco.exceptions[0]
+                while isinstance(first, BaseExceptionGroup):
+                    first = first.exceptions[0]
+                raise first from None
+            raise
 
     async def _export_epsilon_curve(self) -> None:
         """Compute the certified epsilon curve once, in a thread (about 0.5 s in all)."""
-        grid = epsilon_curve_grid(self.config.min_batch)
+        grid = epsilon_curve_grid(self.min_batch)
         try:
             curve = await asyncio.to_thread(
                 epsilon_curve, self.spec, delta=self.config.delta, grid=grid
@@ -430,35 +649,181 @@ class Aggregator:
         client._client.manual_ack_set(True)
         return client
 
+    def _taken_over(self, how: str) -> SessionTakenOverError:
+        # Batches applied since the last checkpoint are not acknowledged: the broker
+        # redelivers them to the session's new holder, so they must not be in our
+        # checkpoint either (the two checkpoints stay disjoint).
+        self._abandoned = True
+        return SessionTakenOverError(
+            f"another client took over this aggregator's MQTT session "
+            f"({self.config.mqtt_client_id}; {how}): another aggregator of deployment "
+            f"{self.config.deployment} is running; stopping instead of fighting for it"
+        )
+
+    async def _claim_lease(self, client: aiomqtt.Client, *, first: bool) -> bool:
+        """Subscribe to the lease topic and, on the first connection of this run, claim it.
+
+        Returns whether the lease is in use (``False`` where the broker refuses the topic,
+        or over MQTT 3.1.1: then only a DISCONNECT 0x8E can tell a takeover)."""
+        if self.config.mqtt_version != "5":
+            return False
+        lease = lease_topic(self.config.deployment)
+        granted = await client.subscribe(lease, qos=1)
+        codes = granted if isinstance(granted, list) else []
+        if any(getattr(code, "value", code) >= 0x80 for code in codes):
+            if not self._lease_refused_logged:
+                self._lease_refused_logged = True
+                logger.warning(
+                    "the broker refuses the lease topic %s; a takeover of this session is "
+                    "detected only from a DISCONNECT with reason 0x8E",
+                    lease,
+                )
+            return False
+        if first:
+            await self._publish_lease(client)
+        else:
+            # Wait for the retained lease (module docs); claim it if there is none.
+            self._lease_fallback = asyncio.create_task(
+                self._claim_lease_later(client), name="coco-aggregator-lease"
+            )
+        return True
+
+    async def _publish_lease(self, client: aiomqtt.Client) -> None:
+        claim = json.dumps(
+            {"instance": self._instance, "client_id": self.config.mqtt_client_id},
+            separators=(",", ":"),
+        )
+        await client.publish(lease_topic(self.config.deployment), claim, qos=1, retain=True)
+
+    async def _claim_lease_later(self, client: aiomqtt.Client) -> None:
+        await asyncio.sleep(LEASE_WAIT)
+        with contextlib.suppress(aiomqtt.MqttError):
+            await self._publish_lease(client)
+
+    def _lease_verdict(self, message: aiomqtt.Message, *, first: bool, confirmed: bool) -> bool:
+        """Whether ``message`` (on the lease topic) confirms our lease; raises
+        :class:`SessionTakenOverError` if it shows another instance holding it.
+
+        The broker delivers the claims in the order it receives them, so on the first
+        connection of a run anything before our own claim is older than it (a previous
+        holder's, or one left in the session) and is ignored; after it, or on a
+        reconnection, another instance's claim means it took over."""
+        try:
+            payload = message.payload
+            text = bytes(payload).decode() if isinstance(payload, bytes | bytearray) else ""
+            instance = json.loads(text).get("instance") if text else None
+        except (ValueError, AttributeError):
+            instance = None
+        if instance == self._instance:
+            return True
+        if first and not confirmed:
+            return False
+        raise self._taken_over("its lease is held by another instance")
+
+    async def _consume(
+        self,
+        client: aiomqtt.Client,
+        held: list[aiomqtt.Message],
+        *,
+        first: bool,
+        confirmed: bool,
+    ) -> None:
+        """Apply the batches of one connection; none before the lease is confirmed (they
+        wait in ``held``, unacknowledged)."""
+        lease = lease_topic(self.config.deployment)
+        paho_client = client._client
+        messages = client.messages
+        deadline = time.monotonic() + self.config.lease_timeout
+        while True:
+            if confirmed:
+                message = await anext(messages)
+            else:
+                try:
+                    message = await asyncio.wait_for(
+                        anext(messages), max(0.0, deadline - time.monotonic())
+                    )
+                except TimeoutError:
+                    logger.warning(
+                        "no claim on %s came back within %g s; applying batches without the "
+                        "lease (only a DISCONNECT 0x8E can now show a takeover)",
+                        lease,
+                        self.config.lease_timeout,
+                    )
+                    confirmed = True
+                    for waiting in held:
+                        await self._on_message(paho_client, waiting)
+                    held.clear()
+                    continue
+            if message.topic.matches(lease):
+                if message.qos > 0:
+                    paho_client.ack(message.mid, message.qos)
+                if self._lease_verdict(message, first=first, confirmed=confirmed):
+                    confirmed = True
+                    for waiting in held:
+                        await self._on_message(paho_client, waiting)
+                    held.clear()
+            elif confirmed:
+                await self._on_message(paho_client, message)
+            else:
+                held.append(message)
+
     async def _mqtt_loop(self) -> None:
         delay = self.config.reconnect_min
         topic = topics.batches_topic(self.config.deployment)
+        client_id = self.config.mqtt_client_id
         while True:
             client = self._client()
             paho_client = client._client
+            held: list[aiomqtt.Message] = []
             try:
                 async with client:
+                    first = self.connections == 0
+                    confirmed = not await self._claim_lease(client, first=first)
                     await client.subscribe(topic, qos=1)
                     self.connections += 1
-                    self.subscribed.set()
-                    logger.info("subscribed to %s at %s", topic, self.config.broker)
+                    self._set_subscribed(True)
+                    logger.info(
+                        "subscribed to %s at %s as %s", topic, self.config.broker, client_id
+                    )
                     delay = self.config.reconnect_min
                     try:
-                        async for message in client.messages:
-                            await self._on_message(paho_client, message)
+                        await self._consume(client, held, first=first, confirmed=confirmed)
                     except asyncio.CancelledError:
                         # Shutdown: checkpoint and send the PUBACKs while still connected.
+                        self._count_unacknowledged("unprocessed", len(client.messages) + len(held))
                         await asyncio.shield(self.checkpoint())
                         raise
             except aiomqtt.MqttError as exc:
+                if _session_taken_over(exc):
+                    raise self._taken_over("the broker said so, reason 0x8E") from None
                 logger.warning("broker connection lost (%s); reconnecting in %.2f s", exc, delay)
             finally:
-                self.subscribed.clear()
+                self._set_subscribed(False)
+                if self._lease_fallback is not None:
+                    self._lease_fallback.cancel()
+                    self._lease_fallback = None
                 # PUBACKs cannot cross connections; the broker redelivers those batches and
                 # the seen ids turn them into acknowledged duplicates.
-                self._pending = [p for p in self._pending if p[0] is not paho_client]
+                lost = [p for p in self._pending if p[0] is paho_client]
+                if lost:
+                    reason = "taken_over" if self._abandoned else "connection_lost"
+                    self._count_unacknowledged(reason, len(lost))
+                    self._pending = [p for p in self._pending if p[0] is not paho_client]
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
             delay = min(2 * delay, self.config.reconnect_max)
+
+    def _count_unacknowledged(self, reason: str, count: int) -> None:
+        assert reason in UNACKED_REASONS
+        if count <= 0:
+            return
+        unacked = self.counters.unacknowledged
+        unacked[reason] = unacked.get(reason, 0) + count
+        self.metrics.unacknowledged.labels(reason=reason).inc(count)
+        self._dirty = True
+        self._publish_counters()
+        logger.info(
+            "%d batches left unacknowledged (%s); the broker redelivers them", count, reason
+        )
 
     async def _on_message(self, paho_client: paho.Client, message: aiomqtt.Message) -> None:
         payload = message.payload
@@ -472,25 +837,32 @@ class Aggregator:
             await self.checkpoint()
 
     async def handle_batch(self, payload: bytes) -> str:
-        """Check and apply one batch; ``"applied"``, ``"duplicate"`` or the reject reason."""
+        """Verify, check and apply one sealed batch (``batch || signature``); returns
+        ``"applied"``, ``"duplicate"`` or the reject reason."""
         try:
-            batch_id, partial = await self._check(payload)
+            batch = await self._check(payload)
         except _RejectedError as rejected:
-            reason = rejected.reason
-            self.counters.rejected[reason] = self.counters.rejected.get(reason, 0) + 1
-            self.metrics.rejected.labels(reason=reason).inc()
-            self._dirty = True
-            logger.warning("rejected a batch: %s", reason)
-            return reason
-        if partial is None or batch_id in self._seen:
+            self._reject(rejected)
+            return rejected.reason
+        if batch is None or batch[0] in self._seen:
             self.counters.duplicates += 1
             self.metrics.duplicates.inc()
             self._dirty = True
-            logger.info("ignored a redelivered batch %s", batch_id.hex())
+            self._publish_counters()
+            if _is_power_of_two(self.counters.duplicates - self._run_start.duplicates):
+                logger.info(
+                    "ignored a redelivered batch (%d so far this run; "
+                    "coco_aggregator_batches_duplicate_total)",
+                    self.counters.duplicates - self._run_start.duplicates,
+                )
             return "duplicate"
+        batch_id, round_, partial = batch
+        if self._stale(round_):  # the horizon cannot move during _check; cheap to be sure
+            self._reject(_RejectedError("stale_round", partial.n))
+            return "stale_round"
         # From here to the end, no await: the sums and the id change together.
         self.state.merge(partial)
-        self._remember(batch_id)
+        self._remember(batch_id, round_)
         size = partial.n
         self.counters.reports += size
         self.counters.batches += 1
@@ -506,28 +878,86 @@ class Aggregator:
         self._publish_estimates()
         return "applied"
 
-    async def _check(self, payload: bytes) -> tuple[bytes, AggregateState | None]:
+    def _reject(self, rejected: _RejectedError) -> None:
+        reason = rejected.reason
+        count = self.counters.rejected.get(reason, 0) + 1
+        self.counters.rejected[reason] = count
+        self.metrics.rejected.labels(reason=reason).inc()
+        if rejected.reports:
+            reports = self.counters.rejected_reports
+            reports[reason] = reports.get(reason, 0) + rejected.reports
+            self.metrics.rejected_reports.labels(reason=reason).inc(rejected.reports)
+        self._dirty = True
+        self._publish_counters()
+        if _is_power_of_two(count - self._run_start.rejected.get(reason, 0)):
+            # 1st, 2nd, 4th, 8th... of a reason this run: a flood cannot flood the log
+            logger.warning(
+                "rejected a batch: %s (%d so far; coco_aggregator_batches_rejected_total)",
+                reason,
+                count,
+            )
+
+    def _stale(self, round_: int) -> bool:
+        oldest = self.oldest_retained_round
+        return oldest is not None and round_ < oldest
+
+    def _future(self, round_: int) -> bool:
+        round_seconds = self.config.round_seconds
+        if round_seconds is None:
+            return False
         try:
-            fingerprint, _round, batch_id, seeds, z = decode_batch_arrays(payload)
+            now = current_round(round_seconds)
+        except ClockError:  # a clock that is not set cannot judge
+            return False
+        return round_ > now + self.config.retention_rounds
+
+    async def _check(self, payload: bytes) -> tuple[bytes, int, AggregateState] | None:
+        """``(batch_id, round, partial sums)`` of a batch to apply, ``None`` for one already
+        applied; :class:`_RejectedError` otherwise. The signature comes first: nothing of an
+        unverified message is read."""
+        try:
+            inner = self.verifier.open(payload)
+        except BatchAuthError as exc:
+            raise _RejectedError(exc.reason) from None
+        try:
+            fingerprint, round_, batch_id, seeds, z = decode_batch_arrays(inner)
         except CodecError as exc:
             raise _RejectedError(exc.reason) from None
+        size = int(seeds.size)
         if fingerprint != self.spec.fingerprint_int:
-            raise _RejectedError("fingerprint_mismatch")
-        if seeds.size == 0:
+            raise _RejectedError("fingerprint_mismatch", size)
+        if size == 0:
             raise _RejectedError("empty")
+        if size < self.min_batch:
+            raise _RejectedError("below_min_batch", size)
+        if self._stale(round_):
+            raise _RejectedError("stale_round", size)
+        if self._future(round_):
+            raise _RejectedError("future_round", size)
         if batch_id in self._seen:
-            return batch_id, None
+            return None
         partial = AggregateState(self.spec)
         try:
             await asyncio.to_thread(partial.add, seeds, z)  # numpy releases the GIL
         except ReportError as exc:
-            raise _RejectedError(exc.reason) from None
-        return batch_id, partial
+            raise _RejectedError(exc.reason, size) from None
+        return batch_id, round_, partial
 
-    def _remember(self, batch_id: bytes) -> None:
-        self._seen[batch_id] = None
-        while len(self._seen) > self.config.seen_capacity:
-            self._seen.popitem(last=False)
+    def _remember(self, batch_id: bytes, round_: int) -> None:
+        self._seen[batch_id] = round_
+        self._rounds.setdefault(round_, []).append(batch_id)
+        if self.newest_round is None or round_ > self.newest_round:
+            self.newest_round = round_
+            self._evict()
+
+    def _evict(self) -> None:
+        """Forget the ids of rounds below the horizon (those batches are now stale)."""
+        oldest = self.oldest_retained_round
+        if oldest is None:
+            return
+        for round_ in [r for r in self._rounds if r < oldest]:
+            for batch_id in self._rounds.pop(round_):
+                self._seen.pop(batch_id, None)
 
     def _epsilon(self, n: int | None) -> float | None:
         if n is None:
@@ -539,6 +969,33 @@ class Aggregator:
                 self.spec, n=n, delta=self.config.delta
             ).epsilon_central
         return self._eps_cache[n]
+
+    def _set_subscribed(self, subscribed: bool) -> None:
+        if subscribed:
+            self.subscribed.set()
+        else:
+            self.subscribed.clear()
+        self._document = {**self._document, "subscribed": subscribed}
+
+    def _publish_counters(self) -> None:
+        """Replace the counters of ``/estimates`` (a new dict: the HTTP thread reads the old
+        one whole) and the retention gauges, after any change, so both endpoints agree."""
+        self.metrics.set_retention(
+            retained_ids=len(self._seen), oldest_round=self.oldest_retained_round
+        )
+        self._document = {
+            **self._document,
+            "counters": self.counters.to_dict(),
+            "retention": self._retention_dict(),
+        }
+
+    def _retention_dict(self) -> dict[str, Any]:
+        return {
+            "rounds": self.config.retention_rounds,
+            "newest_round": self.newest_round,
+            "oldest_round": self.oldest_retained_round,
+            "batch_ids": len(self._seen),
+        }
 
     def _publish_estimates(self) -> None:
         estimates = self.state.estimate(confidence=self.config.confidence)
@@ -555,10 +1012,12 @@ class Aggregator:
             "epsilon_local": self.spec.epsilon,
             "epsilon_central": {"smallest": eps_small, "latest": eps_latest},
             "batch_size": {"smallest": self.smallest_batch, "latest": self.latest_batch},
+            "min_batch": self.min_batch,
             "delta": self.config.delta,
-            "counters": self._counters_dict(),
             "last_batch_timestamp": self.last_batch_timestamp,
+            "subscribed": self.subscribed.is_set(),
         }
+        self._publish_counters()
 
     def _flush_acks(self, pending: list[tuple[paho.Client, int, int]]) -> None:
         for paho_client, mid, qos in pending:
@@ -568,24 +1027,18 @@ class Aggregator:
 
     # -- checkpoints -----------------------------------------------------------------------
 
-    def _counters_dict(self) -> dict[str, Any]:
-        c = self.counters
-        return {
-            "reports": c.reports,
-            "batches": c.batches,
-            "duplicates": c.duplicates,
-            "rejected": dict(sorted(c.rejected.items())),
-        }
-
-    def _checkpoint_dict(self) -> dict[str, Any]:
+    def _checkpoint_snapshot(self) -> dict[str, Any]:
+        """Copies of everything a checkpoint holds, taken with no await (O(d) for the sums,
+        O(retained ids) for the ids; serialised later, in a thread)."""
         return {
             "version": CHECKPOINT_VERSION,
             "fingerprint": self.spec.fingerprint,
             "deployment": self.config.deployment,
             "delta": self.config.delta,
-            "state": self.state.to_dict(),
-            "seen": [batch_id.hex() for batch_id in self._seen],
-            "counters": self._counters_dict(),
+            "state": self.state.copy(),
+            "batch_rounds": {r: tuple(ids) for r, ids in self._rounds.items()},
+            "retention_rounds": self.config.retention_rounds,
+            "counters": self.counters.to_dict(),
             "smallest_batch": self.smallest_batch,
             "latest_batch": self.latest_batch,
             "last_batch_timestamp": self.last_batch_timestamp,
@@ -596,6 +1049,8 @@ class Aggregator:
         """Write the checkpoint (if configured and anything changed), then send the PUBACKs
         of the batches it covers."""
         async with self._checkpoint_lock:
+            if self._abandoned:
+                return
             path = self.config.checkpoint
             pending = list(self._pending)
             if path is None:
@@ -603,9 +1058,9 @@ class Aggregator:
                 return
             if self._dirty:
                 # Snapshot and pending list are taken together, with no await in between.
-                text = json.dumps(self._checkpoint_dict(), separators=(",", ":"))
+                snapshot = self._checkpoint_snapshot()
                 self._dirty = False
-                write = asyncio.ensure_future(asyncio.to_thread(_write_atomically, path, text))
+                write = asyncio.ensure_future(asyncio.to_thread(write_checkpoint, path, snapshot))
                 try:
                     await asyncio.shield(write)
                 except asyncio.CancelledError:
@@ -616,13 +1071,13 @@ class Aggregator:
                     if write.exception() is not None:
                         self._dirty = True
                     raise
-                except OSError:
+                except (OSError, ValueError):
                     self._dirty = True
                     logger.exception(
                         "cannot write checkpoint %s; batches stay unacknowledged", path
                     )
                     return
-                logger.debug("checkpoint written: n=%d", self.state.n)
+                logger.debug("checkpoint written: n=%d", snapshot["counters"]["reports"])
             self._last_checkpoint = time.monotonic()
             self._flush_acks(pending)
 
@@ -633,59 +1088,50 @@ class Aggregator:
             if time.monotonic() - self._last_checkpoint >= interval:
                 await self.checkpoint()
 
-    def _restore(self, data: dict[str, Any]) -> None:
-        path = self.config.checkpoint
-        if data.get("fingerprint") != self.spec.fingerprint:
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        path = checkpoint.path
+        if checkpoint.fingerprint != self.spec.fingerprint:
             raise CheckpointError(
-                f"checkpoint {path} is for spec {data.get('fingerprint')}, not "
+                f"checkpoint {path} is for spec {checkpoint.fingerprint}, not "
                 f"{self.spec.fingerprint}; move it away or run with its spec"
             )
-        try:
-            state = AggregateState.from_dict(data["state"])
-            if state.spec.canonical() != self.spec.canonical():
-                raise CheckpointError(f"checkpoint {path} state is for another spec")
-            seen = [bytes.fromhex(h) for h in data["seen"]]
-            counters = data["counters"]
-            restored = _Counters(
-                reports=int(counters["reports"]),
-                batches=int(counters["batches"]),
-                duplicates=int(counters["duplicates"]),
-                rejected={str(k): int(v) for k, v in counters["rejected"].items()},
-            )
-            smallest, latest = data["smallest_batch"], data["latest_batch"]
-            last = data["last_batch_timestamp"]
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CheckpointError(f"checkpoint {path} is malformed: {exc}") from exc
-        self.state = state
-        self._seen = OrderedDict.fromkeys(seen[-self.config.seen_capacity :])
+        if checkpoint.state.spec.canonical() != self.spec.canonical():
+            raise CheckpointError(f"checkpoint {path}: field 'state' is for another spec")
+        self.state = checkpoint.state
+        self._seen.clear()
+        self._rounds.clear()
+        self.newest_round = None
+        for round_, ids in sorted(checkpoint.batch_rounds.items()):
+            for batch_id in ids:
+                self._remember(batch_id, round_)
+        restored = checkpoint.counters
         self.counters = restored
-        self.smallest_batch = None if smallest is None else int(smallest)
-        self.latest_batch = None if latest is None else int(latest)
-        self.last_batch_timestamp = None if last is None else float(last)
+        self.smallest_batch = checkpoint.smallest_batch
+        self.latest_batch = checkpoint.latest_batch
+        self.last_batch_timestamp = checkpoint.last_batch_timestamp
         self.metrics.reports.inc(restored.reports)
         self.metrics.batches.inc(restored.batches)
         self.metrics.duplicates.inc(restored.duplicates)
         for reason, count in restored.rejected.items():
             self.metrics.rejected.labels(reason=reason).inc(count)
+        for reason, count in restored.rejected_reports.items():
+            self.metrics.rejected_reports.labels(reason=reason).inc(count)
+        for reason, count in restored.unacknowledged.items():
+            self.metrics.unacknowledged.labels(reason=reason).inc(count)
         if self.last_batch_timestamp is not None:
             self.metrics.last_batch.set(self.last_batch_timestamp)
-        logger.info("resumed from %s: n=%d, %d batches", path, state.n, restored.batches)
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):  # make the rename durable where directories open
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if checkpoint.version == 1:
+            self._dirty = True  # rewrite it as the current version
+            logger.info("checkpoint %s is version 1: its unsigned batch ids are dropped", path)
+        logger.info(
+            "resumed from %s: n=%d, %d batches, %d batch ids of rounds %s..%s",
+            path,
+            self.state.n,
+            restored.batches,
+            len(self._seen),
+            self.oldest_retained_round,
+            self.newest_round,
+        )
 
 
 async def run_aggregator(

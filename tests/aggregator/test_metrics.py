@@ -21,11 +21,13 @@ from aggregator.metrics import (
 )
 from aggregator.service import Aggregator, AggregatorConfig
 from edge import MechanismSpec
+from edge.batch_auth import BatchSigner
 from tests.asyncutil import run, wait_until
 from tests.conftest import Broker
 
 SPEC = MechanismSpec(mechanism="coco", d=12, s=2, epsilon=2.0)
 DELTA = 1e-6
+KEY = BatchSigner.generate("t").public_key_hex
 
 
 @pytest.mark.parametrize("min_batch", [1, 2, 7, 50, 100, 1000, 2500, 10**7, 10**8])
@@ -109,6 +111,8 @@ def test_invalid_target_is_refused(target: float) -> None:
             deployment="t",
             spec=SPEC,
             delta=DELTA,
+            min_batch=10,
+            batch_public_key=KEY,
             epsilon_target=target,
         )
 
@@ -124,6 +128,7 @@ def test_service_exports_curve_and_target(mosquitto: Broker) -> None:
         delta=DELTA,
         http_port=None,
         min_batch=50_000,  # a short grid keeps the test quick
+        batch_public_key=KEY,
         epsilon_target=0.25,
         client_id=f"agg-metrics-{mosquitto.port}",
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -21,22 +22,29 @@ from typing import Any
 import aiomqtt
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
 from aggregator.accountant import amplify_spec
 from aggregator.batch_codec import encode_batch_arrays
+from aggregator.checkpoint import CheckpointError
 from aggregator.estimators import AggregateState
-from aggregator.service import Aggregator, AggregatorConfig, CheckpointError
+from aggregator.metrics import REJECT_REASONS
+from aggregator.service import Aggregator, AggregatorConfig
 from edge import LocalMechanism, MechanismSpec
+from edge.batch_auth import BatchSigner
 from edge.topics import batches_topic
-from tests.conftest import Broker, free_port
+from tests.conftest import MOSQUITTO, Broker, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 SPEC = MechanismSpec(mechanism="coco", d=12, s=2, epsilon=2.0)
 DEPLOYMENT = "test"
 DELTA = 1e-6
+MIN_BATCH = 50
+SHUFFLER_KEY = Ed25519PrivateKey.generate()
+SIGNER = BatchSigner(SHUFFLER_KEY, DEPLOYMENT)
 ROOT = Path(__file__).resolve().parents[2]
 
 Reports = tuple[NDArray[np.uint32], NDArray[np.int64]]
@@ -49,9 +57,24 @@ def reports(n: int, seed: int, spec: MechanismSpec = SPEC) -> Reports:
     return LocalMechanism.from_spec(spec).randomise_sparse(keys, signs, rng)
 
 
-def batch(rep: Reports, batch_id: int, *, fingerprint: int | None = None) -> bytes:
+def raw_batch(
+    rep: Reports, batch_id: int, *, fingerprint: int | None = None, round_: int = 1
+) -> bytes:
+    """An unsealed batch (what the shuffler signs)."""
     fp = SPEC.fingerprint_int if fingerprint is None else fingerprint
-    return encode_batch_arrays(fp, 1, batch_id.to_bytes(16, "big"), rep[0], rep[1])
+    return encode_batch_arrays(fp, round_, batch_id.to_bytes(16, "big"), rep[0], rep[1])
+
+
+def batch(
+    rep: Reports,
+    batch_id: int,
+    *,
+    fingerprint: int | None = None,
+    round_: int = 1,
+    signer: BatchSigner = SIGNER,
+) -> bytes:
+    """A batch sealed by ``signer`` (by default the shuffler key the tests trust)."""
+    return signer.seal(raw_batch(rep, batch_id, fingerprint=fingerprint, round_=round_))
 
 
 def offline(*reps: Reports) -> AggregateState:
@@ -67,6 +90,8 @@ def config(broker: Broker, tmp_path: Path | None, **kwargs: Any) -> AggregatorCo
         "deployment": DEPLOYMENT,
         "spec": SPEC,
         "delta": DELTA,
+        "min_batch": MIN_BATCH,
+        "batch_public_key": SIGNER.public_key_hex,
         "checkpoint": None if tmp_path is None else tmp_path / "ckpt.json",
         "checkpoint_interval": 0.2,
         "http_port": 0,
@@ -119,26 +144,65 @@ def assert_same_estimates(agg: Aggregator, expected: AggregateState) -> None:
     assert agg.state.estimate().to_dict() == expected.estimate().to_dict()
 
 
-def test_estimates_metrics_rejections_and_endpoint(mosquitto: Broker) -> None:
-    registry = CollectorRegistry()
-    r1, r2, r3 = reports(300, 1), reports(120, 2), reports(200, 3)
-    bad_z = (r1[0][:5], np.full(5, SPEC.t, dtype=np.int64))
-    payloads = [
+HOSTILE_REJECTED = {
+    "bad_length": 1,
+    "bad_signature": 4,
+    "bad_count": 1,
+    "fingerprint_mismatch": 1,
+    "z_out_of_range": 1,
+    "below_min_batch": 1,
+    "empty": 1,
+}
+"""What :func:`with_hostile_batches` adds to the rejection counters, by reason."""
+
+
+def with_hostile_batches(r1: Reports, r2: Reports, r3: Reports) -> list[bytes]:
+    """Three good batches (ids 1, 4, 5), a redelivery of batch 1 and one batch per rejection
+    of :data:`HOSTILE_REJECTED`."""
+    bad_z = (r1[0][:60], np.full(60, SPEC.t, dtype=np.int64))
+    other_key = BatchSigner.generate(DEPLOYMENT)
+    other_deployment = BatchSigner(SHUFFLER_KEY, "other")
+    return [
         batch(r1, 1),
-        b"\x01\x02garbage",  # bad_length (shorter than a header)
-        batch(r3, 6)[:-1],  # bad_count (length does not match the count)
+        b"\x01\x02garbage",  # bad_length (shorter than a header and a signature)
+        raw_batch(r2, 7),  # bad_signature: not sealed at all
+        other_deployment.seal(raw_batch(r2, 11)),  # bad_signature: the trusted key, but
+        # sealed for another deployment
+        batch(r2, 8, signer=other_key),  # bad_signature: sealed by a key nobody trusts
+        batch(r3, 6)[:-1],  # bad_signature: a byte cut from a sealed batch
+        SIGNER.seal(raw_batch(r3, 6)[:-1]),  # bad_count (length does not match the count)
         batch(r2, 2, fingerprint=SPEC.fingerprint_int ^ 1),  # fingerprint_mismatch
         batch(bad_z, 3),  # z_out_of_range
+        batch((r1[0][:1], r1[1][:1]), 9),  # below_min_batch: one record
+        batch((r1[0][:0], r1[1][:0]), 10),  # empty
         batch(r2, 4),
         batch(r1, 1),  # redelivery of batch 1
         batch(r3, 5),
     ]
+
+
+def assert_hostile_rejections(registry: CollectorRegistry) -> None:
+    value = registry.get_sample_value
+    for reason in REJECT_REASONS:
+        got = value("coco_aggregator_batches_rejected_total", {"reason": reason})
+        assert got == HOSTILE_REJECTED.get(reason, 0), reason
+    # reports are counted in verified batches only
+    assert value("coco_aggregator_reports_rejected_total", {"reason": "z_out_of_range"}) == 60
+    assert value("coco_aggregator_reports_rejected_total", {"reason": "below_min_batch"}) == 1
+    assert value("coco_aggregator_reports_rejected_total", {"reason": "bad_signature"}) is None
+
+
+def test_estimates_metrics_rejections_and_endpoint(mosquitto: Broker) -> None:
+    registry = CollectorRegistry()
+    r1, r2, r3 = reports(300, 1), reports(120, 2), reports(200, 3)
+    payloads = with_hostile_batches(r1, r2, r3)
     expected = offline(r1, r2, r3)
     fetched: dict[str, Any] = {}
 
     async def body(agg: Aggregator) -> None:
         await publish(mosquitto, *payloads)
         await until(lambda: agg.counters.batches == 3 and agg.counters.duplicates == 1)
+        await until(lambda: sum(agg.counters.rejected.values()) == 10)
         url = f"http://127.0.0.1:{agg.http_port}"
 
         def get(path: str) -> bytes:
@@ -156,9 +220,7 @@ def test_estimates_metrics_rejections_and_endpoint(mosquitto: Broker) -> None:
     assert value("coco_aggregator_reports_total") == expected.n == 620
     assert value("coco_aggregator_batches_total") == 3
     assert value("coco_aggregator_batches_duplicate_total") == 1
-    for reason in ("bad_length", "bad_count", "fingerprint_mismatch", "z_out_of_range"):
-        assert value("coco_aggregator_batches_rejected_total", {"reason": reason}) == 1
-    assert value("coco_aggregator_batches_rejected_total", {"reason": "bad_version"}) == 0
+    assert_hostile_rejections(registry)
     assert value("coco_aggregator_n") == 620
     assert value("coco_aggregator_delta") == DELTA
     assert value("coco_aggregator_epsilon_local") == SPEC.epsilon
@@ -184,7 +246,33 @@ def test_estimates_metrics_rejections_and_endpoint(mosquitto: Broker) -> None:
     assert document["estimates"] == expected.estimate().to_dict()
     assert document["epsilon_central"] == {"smallest": smallest, "latest": latest}
     assert document["delta"] == DELTA
+    assert document["min_batch"] == MIN_BATCH
+    assert document["counters"]["rejected"] == dict(sorted(HOSTILE_REJECTED.items()))
+    assert document["counters"]["duplicates"] == 1
     assert 'coco_aggregator_batches_rejected_total{reason="bad_count"} 1.0' in fetched["metrics"]
+
+
+def test_shutdown_tells_what_this_run_applied_and_rejected(
+    mosquitto: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="aggregator.service")
+    r1, r2, r3 = reports(300, 1), reports(120, 2), reports(200, 3)
+
+    async def body(agg: Aggregator) -> None:
+        await publish(mosquitto, *with_hostile_batches(r1, r2, r3))
+        await until(lambda: agg.counters.batches == 3 and agg.counters.duplicates == 1)
+        await until(lambda: sum(agg.counters.rejected.values()) == 10)
+
+    run(with_aggregator(config(mosquitto, tmp_path), body))
+    summary = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopping")]
+    rejected = dict(sorted(HOSTILE_REJECTED.items()))
+    assert summary == [
+        "stopping: this run applied 3 batches (620 reports) and ignored 1 duplicates; "
+        f"rejected 10 batches {rejected} holding 181 verified reports "
+        "{'below_min_batch': 1, 'fingerprint_mismatch': 120, 'z_out_of_range': 60}; "
+        "left 0 batches unacknowledged {}, which the broker redelivers to the session"
+    ]
+    assert all(r.levelno == logging.INFO for r in caplog.records if r.getMessage() in summary)
 
 
 def test_metrics_dims_are_bounded(mosquitto: Broker) -> None:
@@ -210,7 +298,9 @@ def test_checkpoint_restart_counts_each_batch_once(mosquitto: Broker, tmp_path: 
     run(with_aggregator(config(mosquitto, tmp_path), first))
     saved = json.loads((tmp_path / "ckpt.json").read_text())
     assert saved["state"]["n"] == 210
-    assert len(saved["seen"]) == 2
+    assert saved["batch_rounds"] == {
+        "1": [(100).to_bytes(16, "big").hex(), (101).to_bytes(16, "big").hex()]
+    }
 
     # Published while the service is down: queued in its persistent session.
     run(publish(mosquitto, batch(rs[2], 102), batch(rs[0], 100)))
@@ -270,6 +360,7 @@ cfg = AggregatorConfig(
     broker=a["broker"], deployment=a["deployment"], spec=MechanismSpec.from_dict(a["spec"]),
     delta=a["delta"], checkpoint=Path(a["checkpoint"]), checkpoint_interval=3600,
     max_unacked=1000, http_port=a["port"], client_id=a["client_id"],
+    min_batch=a["min_batch"], batch_public_key=a["key"],
 )
 asyncio.run(run_aggregator(cfg))
 """
@@ -296,6 +387,8 @@ def test_crash_between_apply_and_checkpoint(mosquitto: Broker, tmp_path: Path) -
         "checkpoint": str(cfg.checkpoint),
         "port": port,
         "client_id": cfg.mqtt_client_id,
+        "min_batch": MIN_BATCH,
+        "key": SIGNER.public_key_hex,
     }
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(args)], cwd=ROOT, env=env)
@@ -356,10 +449,10 @@ def test_checkpoint_of_another_spec_is_refused(mosquitto: Broker, tmp_path: Path
     (tmp_path / "ckpt.json").write_text(
         json.dumps(
             {
-                "version": 1,
+                "version": 2,
                 "fingerprint": other.fingerprint,
                 "state": state.to_dict(),
-                "seen": [],
+                "batch_rounds": {},
                 "counters": {"reports": 0, "batches": 0, "duplicates": 0, "rejected": {}},
                 "smallest_batch": None,
                 "latest_batch": None,
@@ -375,3 +468,30 @@ def test_checkpoint_of_another_spec_is_refused(mosquitto: Broker, tmp_path: Path
 
     with pytest.raises(CheckpointError, match=f"is for spec {other.fingerprint}"):
         run(enter())
+
+
+def test_a_broker_that_drops_the_lease_claim_delays_batches_only_until_lease_timeout(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Mosquitto's ``acl_file`` grants a SUBSCRIBE it will never deliver on and drops a
+    PUBLISH it forbids: the claim never comes back, and after ``lease_timeout`` the service
+    applies the batches it held, with a warning."""
+    if not Path(MOSQUITTO).exists():
+        pytest.skip("mosquitto is not installed")
+    acl = tmp_path / "acl"
+    acl.write_text(f"topic readwrite {batches_topic(DEPLOYMENT)}\n")
+    broker = Broker(tmp_path, free_port(), extra_config=f"acl_file {acl}\n")
+    broker.start()
+    caplog.set_level(logging.WARNING, logger="aggregator.service")
+    rep = reports(MIN_BATCH, 40)
+    try:
+
+        async def body(agg: Aggregator) -> None:
+            await publish(broker, batch(rep, 1))
+            await until(lambda: agg.counters.batches == 1)
+
+        agg = run(with_aggregator(config(broker, None, lease_timeout=0.5), body))
+    finally:
+        broker.stop()
+    assert_same_estimates(agg, offline(rep))
+    assert any("applying batches without the lease" in r.getMessage() for r in caplog.records)
