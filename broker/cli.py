@@ -129,6 +129,13 @@ def shuffler(
             envvar="COCO_MAX_SKEW", help="Seconds of device clock error accepted either way."
         ),
     ] = 5.0,
+    late_seconds: Annotated[
+        float,
+        typer.Option(
+            envvar="COCO_LATE_SECONDS",
+            help="Accept a round's reports this long after it ends (queued while down).",
+        ),
+    ] = 600.0,
     state_dir: Annotated[
         Path | None,
         typer.Option(
@@ -213,6 +220,7 @@ def shuffler(
             flush_interval=flush_interval,
             round_seconds=round_seconds,
             max_skew=max_skew,
+            late_seconds=late_seconds,
             state_dir=state_dir or Path("coco-state") / deployment / "shuffler",
             signing_key=signing_key,
             fsync=fsync,

@@ -18,17 +18,23 @@ gives a short list of effects that rebuilds the current state, to compact the lo
 Rounds (docs/protocol.md, "Rounds")
 -----------------------------------
 Round ``r`` is Unix time ``[r L, (r + 1) L)`` with ``L = round_seconds`` from the
-announcement. With ``S = max_skew`` seconds of tolerated clock error, at time ``now`` the
-core accepts exactly the rounds
+announcement. With ``S = max_skew`` seconds of tolerated clock error and ``G =
+late_seconds`` of tolerated delivery delay, at time ``now`` the core accepts exactly the
+rounds
 
-    floor((now - S) / L)  <=  r  <=  floor((now + S) / L),   and  r > closed_through,
+    floor((now - S - G) / L)  <=  r  <=  floor((now + S) / L),   and  r > closed_through,
 
 and rejects the others as ``round_too_old`` / ``round_in_future`` without changing any
-state: no report, however hostile its round number, opens, closes or evicts a round. Round
-``r`` *closes* once ``now - S >= (r + 1) L``. Its duplicate tokens are then forgotten, which
-is safe because no report of a closed round is accepted again: ``closed_through`` only
-grows and is part of the durable state, so a restart, or a clock stepped backwards, cannot
-reopen a round.
+state: no report, however hostile its round number, opens, closes or evicts a round.
+
+Round ``r`` *ends* once ``now - S >= (r + 1) L``: its pool is released (below). A report of
+an ended round that arrives within ``G`` (queued at the broker while the shuffler was away,
+a device that retried for a while) is still accepted, into a fresh pool of that round,
+released or carried at the next tick. Round ``r`` is *closed* once ``now - S - G >= (r + 1)
+L``: its duplicate tokens are forgotten, which is safe because no report of a closed round
+is accepted again: ``closed_through`` only grows and is part of the durable state, so a
+restart, or a clock stepped backwards, cannot reopen a round. The tokens kept are those of
+about ``(2 S + G) / L + 2`` rounds.
 
 Release
 -------
@@ -94,6 +100,7 @@ class CoreConfig:
     release_size: int | None = None
     round_policy: RoundPolicy = "carry"
     max_skew: float = 5.0
+    late_seconds: float = 0.0
     max_reports_per_round: int = 1_000_000
     max_outbox_batches: int = 1_000
 
@@ -119,8 +126,10 @@ class CoreConfig:
             )
         if self.round_policy not in ("carry", "drop"):
             raise ValueError(f"round_policy must be 'carry' or 'drop', got {self.round_policy!r}")
-        if not (math.isfinite(self.max_skew) and self.max_skew >= 0):
-            raise ValueError(f"max_skew must be a finite number >= 0, got {self.max_skew}")
+        for name in ("max_skew", "late_seconds"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value}")
         if self.max_reports_per_round < self.min_batch:
             raise ValueError(
                 f"max_reports_per_round must be >= min_batch, got {self.max_reports_per_round}"
@@ -318,10 +327,16 @@ class ShufflerCore:
         return {round_: len(pool) for round_, pool in self._pools.items()}
 
     def open_rounds(self, now: float) -> tuple[int, int]:
-        """``(lowest, highest)`` round accepted at ``now`` (before ``closed_through``)."""
-        length, skew = self.config.round_seconds, self.config.max_skew
-        lowest = max(math.floor((now - skew) / length), self._closed_through + 1)
-        return lowest, math.floor((now + skew) / length)
+        """``(lowest, highest)`` round accepted at ``now`` (late rounds included)."""
+        cfg = self.config
+        lowest = math.floor((now - cfg.max_skew - cfg.late_seconds) / cfg.round_seconds)
+        return max(lowest, self._closed_through + 1), math.floor(
+            (now + cfg.max_skew) / cfg.round_seconds
+        )
+
+    def first_unended(self, now: float) -> int:
+        """The oldest round that has not ended at ``now``: pools of older rounds are due."""
+        return math.floor((now - self.config.max_skew) / self.config.round_seconds)
 
     # --- decisions ----------------------------------------------------------------------
 
@@ -365,15 +380,16 @@ class ShufflerCore:
 
     def tick(self, now: float, maker: BatchMaker) -> list[Effect]:
         """The effects of time passing: close rounds, then release, carry or drop the pools
-        of closed rounds, oldest first. A small pool is carried into the earliest open
-        round, which this tick never releases. Effects must be applied in order
+        of ended rounds, oldest first. A small pool is carried into the oldest round that
+        has not ended, which this tick never releases. Effects must be applied in order
         (:meth:`apply`) before the next call. While the outbox is full, pools wait."""
         lowest, _ = self.open_rounds(now)
         effects: list[Effect] = []
         if lowest - 1 > self._closed_through:
             effects.append(Closed(lowest - 1))
+        target = max(self.first_unended(now), self._closed_through + 1, lowest)
         queued = len(self._outbox)
-        for round_ in sorted(r for r in self._pools if r < lowest):
+        for round_ in sorted(r for r in self._pools if r < target):
             if len(self._pools[round_]) >= self.config.min_batch:
                 release = self._release(round_, maker, queued)
                 if release is None:
@@ -381,7 +397,7 @@ class ShufflerCore:
                 effects.append(release)
                 queued += len(release.messages)
             elif self.config.round_policy == "carry":
-                effects.append(Carried(round_, lowest))
+                effects.append(Carried(round_, target))
             else:
                 effects.append(Dropped(round_, "small_round"))
         return effects

@@ -155,6 +155,9 @@ class ShufflerConfig:
     min_batch: int
     round_seconds: int
     max_skew: float = 5.0
+    late_seconds: float = 600.0
+    """Reports of an ended round still accepted this long (queued while the shuffler was
+    down); their duplicate tokens are kept as long (:mod:`broker.core`, "Rounds")."""
     max_batch: int = 10_000
     release_size: int | None = None
     round_policy: RoundPolicy = "carry"
@@ -219,6 +222,7 @@ class ShufflerConfig:
             release_size=self.release_size,
             round_policy=self.round_policy,
             max_skew=self.max_skew,
+            late_seconds=self.late_seconds,
             max_reports_per_round=self.max_reports_per_round,
             max_outbox_batches=self.max_outbox_batches,
         )

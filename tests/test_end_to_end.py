@@ -30,7 +30,9 @@ from aggregator.service import Aggregator, AggregatorConfig
 from broker.metrics import DROP_REASONS, REJECT_REASONS
 from broker.shuffler import Shuffler, ShufflerConfig
 from edge import LocalMechanism, MechanismSpec
+from edge.batch_auth import SIGNATURE_SIZE, BatchSigner
 from edge.codec import decode_batch
+from edge.rounds import current_round
 from edge.topics import batches_topic, ingress_topic
 from sim.demo import DemoConfig, DemoRun, run_pipeline
 from tests import asyncutil
@@ -131,7 +133,7 @@ def test_devices_to_aggregator(mosquitto: Broker, caplog: pytest.LogCaptureFixtu
     assert payloads
     records: list[tuple[int, int]] = []
     for payload in payloads:
-        fingerprint, _round, _id, seeds, zs = decode_batch(payload)
+        fingerprint, _round, _id, seeds, zs = decode_batch(payload[:-SIGNATURE_SIZE])
         assert fingerprint == spec.fingerprint_int
         assert len(seeds) >= config.min_batch
         records += zip(seeds, zs, strict=True)
@@ -152,7 +154,7 @@ def test_devices_to_aggregator(mosquitto: Broker, caplog: pytest.LogCaptureFixtu
         assert device not in log_text
 
     # the certified epsilon_central of the smallest batch is `coco privacy`'s for that n
-    smallest = min(len(decode_batch(p)[3]) for p in payloads)
+    smallest = min(len(decode_batch(p[:-SIGNATURE_SIZE])[3]) for p in payloads)
     assert result["batch_size_smallest"] == smallest
     row = privacy_rows(
         mechanism=PrivacyMechanism.coco,
@@ -175,7 +177,8 @@ MOSQUITTO_PUB = shutil.which("mosquitto_pub") or "/usr/bin/mosquitto_pub"
 @pytest.mark.skipif(not Path(MOSQUITTO_PUB).exists(), reason="mosquitto_pub is not installed")
 def test_a_device_built_from_the_protocol_document(mosquitto: Broker, tmp_path: Path) -> None:
     spec = MechanismSpec(mechanism="collision", d=8, s=2, epsilon=1.0)
-    dep, min_batch, round_ = "protocol-test", 6, 42
+    dep, min_batch = "protocol-test", 6
+    round_ = current_round(3600)  # docs/protocol.md, "Rounds": floor(unix_time / round_seconds)
     mech = LocalMechanism.from_spec(spec)
     rng = np.random.default_rng(5)
     hand_built: list[tuple[int, int]] = []
@@ -192,6 +195,8 @@ def test_a_device_built_from_the_protocol_document(mosquitto: Broker, tmp_path: 
         files.append((f"hand-made-{i}", path))
         hand_built.append((seed, z))
 
+    signer = BatchSigner.generate(dep)
+
     async def scenario() -> tuple[Aggregator, CollectorRegistry]:
         shuffler_reg = CollectorRegistry()
         shuffler = Shuffler(
@@ -200,14 +205,23 @@ def test_a_device_built_from_the_protocol_document(mosquitto: Broker, tmp_path: 
                 deployment=dep,
                 spec=spec,
                 min_batch=min_batch,
+                release_size=min_batch,  # released when full, not when the hour ends
+                round_seconds=3600,
                 flush_interval=0.2,
                 drain_timeout=5.0,
+                signer=signer,
             ),
             registry=shuffler_reg,
         )
         aggregator = Aggregator(
             AggregatorConfig(
-                broker=mosquitto.url, deployment=dep, spec=spec, delta=1e-6, http_port=None
+                broker=mosquitto.url,
+                deployment=dep,
+                spec=spec,
+                delta=1e-6,
+                http_port=None,
+                batch_public_key=signer.public_key_hex,
+                min_batch=min_batch,
             ),
         )
         async with aggregator, shuffler:

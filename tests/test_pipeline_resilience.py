@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import aiomqtt
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from prometheus_client import CollectorRegistry
@@ -32,6 +33,7 @@ from aggregator.service import Aggregator, AggregatorConfig
 from broker.metrics import DROP_REASONS, REJECT_REASONS
 from broker.shuffler import Shuffler, ShufflerConfig
 from edge import MechanismSpec
+from edge.batch_auth import SIGNATURE_SIZE, BatchSigner
 from edge.codec import decode_batch
 from edge.ledger import BudgetLedger
 from edge.publisher import DevicePublisher, PublisherConfig
@@ -138,7 +140,8 @@ class BatchRecorder:
                     self.subscribed.set()
                     async for message in client.messages:
                         assert isinstance(message.payload, bytes)
-                        fingerprint, _round, batch_id, seeds, zs = decode_batch(message.payload)
+                        batch = message.payload[:-SIGNATURE_SIZE]
+                        fingerprint, _round, batch_id, seeds, zs = decode_batch(batch)
                         assert fingerprint == SPEC.fingerprint_int
                         assert len(seeds) >= MIN_BATCH
                         self.batches[batch_id] = (seeds, zs)
@@ -157,12 +160,19 @@ class BatchRecorder:
         return state
 
 
+SIGNER_KEY = Ed25519PrivateKey.generate()
+
+
 def shuffler_config(broker: Broker, deployment: str, reconnect: float = 0.1) -> ShufflerConfig:
     return ShufflerConfig(
         broker=broker.url,
         deployment=deployment,
         spec=SPEC,
         min_batch=MIN_BATCH,
+        round_seconds=1,
+        max_skew=0.5,
+        late_seconds=60.0,
+        signer=BatchSigner(SIGNER_KEY, deployment),
         flush_interval=0.2,
         drain_timeout=10.0,
         publish_timeout=5.0,
@@ -181,6 +191,9 @@ def aggregator_config(
         deployment=deployment,
         spec=SPEC,
         delta=1e-6,
+        batch_public_key=BatchSigner(SIGNER_KEY, deployment).public_key_hex,
+        min_batch=MIN_BATCH,
+        round_seconds=1,
         http_port=None,
         checkpoint=checkpoint,
         checkpoint_interval=0.3,

@@ -186,12 +186,15 @@ events = st.lists(
     events=events,
     policy=st.sampled_from(["carry", "drop"]),
     release_size=st.sampled_from([None, 4]),
+    late=st.sampled_from([0.0, 15.0]),
 )
 def test_invariants_over_random_event_sequences(
-    events: list[tuple[object, ...]], policy: str, release_size: int | None
+    events: list[tuple[object, ...]], policy: str, release_size: int | None, late: float
 ) -> None:
     # skew 4 s of 10 s rounds: two rounds are often open at once (the boundary cases)
-    h = Harness(config(round_policy=policy, release_size=release_size, max_skew=4.0))
+    h = Harness(
+        config(round_policy=policy, release_size=release_size, max_skew=4.0, late_seconds=late)
+    )
     now = T0
     serial = 0
     for event in events:
@@ -225,7 +228,7 @@ def test_invariants_over_random_event_sequences(
                 h.restart(compact=bool(compact))
         h.conserved()
     # in the end every round closes: nothing stays buffered but a carried remnant
-    for _ in range(2):
+    for _ in range(3):
         now += 3 * L
         h.tick(now)
         h.conserved()
@@ -249,6 +252,28 @@ def test_round_window_and_hostile_rounds_change_nothing() -> None:
     assert h.send(T0 + 8.5, 3, current + 1, 1) is None
     # near the start, the previous one is still open (a device clock 2 s behind)
     assert h.send(T0 + L + 1, 4, current, 1) is None
+
+
+def test_late_reports_of_an_ended_round_within_late_seconds() -> None:
+    """A report queued while the shuffler was away still counts, once, within the late
+    window; after it, its round is closed for good."""
+    h = Harness(config(min_batch=3, max_skew=2.0, late_seconds=30.0))
+    r = int(T0 // L)
+    for device in range(3):
+        assert h.send(T0 + 1, device, r, 1) is None
+    h.tick(T0 + L + 2)
+    assert len(h.batches) == 1  # round r ended and was released
+    late = T0 + L + 20
+    for device in range(3, 6):
+        assert h.send(late, device, r, 1) is None
+    assert h.send(late, 0, r, 2) == "duplicate_in_round"  # its tokens are kept
+    h.tick(late)
+    assert len(h.batches) == 2  # the late reports leave as a batch of round r
+    assert decode_batch(h.batches[1])[1] == r
+    h.tick(T0 + L + 2 + 30)
+    assert h.core.closed_through == r
+    assert h.send(T0 + L + 2 + 30, 9, r, 1) == "round_too_old"
+    h.conserved()
 
 
 def test_reports_of_other_specs_and_out_of_range_z_are_rejected() -> None:
@@ -345,3 +370,5 @@ def test_config_refuses_unsafe_sizes() -> None:
         config(round_seconds=0)
     with pytest.raises(ValueError, match="max_skew"):
         config(max_skew=float("nan"))
+    with pytest.raises(ValueError, match="late_seconds"):
+        config(late_seconds=-1.0)
