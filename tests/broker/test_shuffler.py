@@ -184,7 +184,7 @@ def test_rejects_by_reason_releases_whole_signed_rounds_and_conserves(
                 ("bad-2", b"\x09" + report(r, 1)[1:]),
                 ("bad-3", report(r, 1, fingerprint=FP ^ 1)),
                 ("bad-4", report(r, 1, z=SPEC.t)),
-                ("bad-5", report(r - 5, 1)),
+                ("bad-5", report(r - 400, 1)),  # ended 800 s ago: past late_seconds
                 ("bad-6", report(r + 5, 1)),
                 ("bad-7", report(0xFFFFFFFF, 1)),
                 ("x" * 65, report(r, 1)),
