@@ -190,7 +190,7 @@ def mqtt_connection(
 def lease_topic(deployment: str) -> str:
     """``coco/v1/<deployment>/aggregator/lease``: the retained claim of the aggregator that
     holds the deployment's session (module docs, *One writer per deployment*)."""
-    return f"{topics.PROTOCOL}/{topics.check_name('deployment', deployment)}/aggregator/lease"
+    return topics.lease_topic(deployment)
 
 
 def resolve_batch_public_key(configured: str | None, announced: str | None) -> str:

@@ -5,6 +5,7 @@
     coco/v1/<deployment>/spec                 retained JSON spec announcement (QoS 1)
     coco/v1/<deployment>/ingress/<device-id>  one 16-byte report per message (QoS 1)
     coco/v1/<deployment>/batches              shuffled batches (QoS 1)
+    coco/v1/<deployment>/aggregator/lease     retained claim of the one aggregator
 
 Deployment and device names are single topic levels: non-empty, no ``/``, ``+``, ``#`` or
 NUL, at most 64 characters. Device ids appear only in ingress topics, which only the
@@ -45,3 +46,8 @@ def ingress_filter(deployment: str) -> str:
 
 def batches_topic(deployment: str) -> str:
     return f"{PROTOCOL}/{check_name('deployment', deployment)}/batches"
+
+
+def lease_topic(deployment: str) -> str:
+    """The aggregator's retained lease (one writer per deployment)."""
+    return f"{PROTOCOL}/{check_name('deployment', deployment)}/aggregator/lease"

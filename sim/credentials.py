@@ -25,7 +25,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from edge.topics import batches_topic, check_name, ingress_filter, ingress_topic, spec_topic
+from edge.topics import (
+    batches_topic,
+    check_name,
+    ingress_filter,
+    ingress_topic,
+    lease_topic,
+    spec_topic,
+)
 
 DEFAULT_PREFIX = "dev-"
 
@@ -222,6 +229,7 @@ def _read(topic: str) -> list[dict[str, Any]]:
 def service_roles(deployment: str) -> dict[str, list[dict[str, Any]]]:
     """The ACLs of each service account of ``deployment`` (docs/deployment.md says why)."""
     spec, batches = spec_topic(deployment), batches_topic(deployment)
+    lease = lease_topic(deployment)
     return {
         # The only account that sees who sent what; it releases only shuffled batches.
         "shuffler": [
@@ -229,8 +237,14 @@ def service_roles(deployment: str) -> dict[str, list[dict[str, Any]]]:
             _allow("publishClientSend", batches),
             *_read(spec),
         ],
-        # Never an ingress topic: the aggregator must not see a sender.
-        "aggregator": [*_read(batches), *_read(spec)],
+        # Never an ingress topic: the aggregator must not see a sender. Its lease (the
+        # retained claim that keeps a second aggregator from double counting) is its own.
+        "aggregator": [
+            *_read(batches),
+            *_read(spec),
+            *_read(lease),
+            _allow("publishClientSend", lease),
+        ],
         # The only account that may set the retained spec, the deployment's privacy level.
         "announcer": [_allow("publishClientSend", spec), *_read(spec)],
     }

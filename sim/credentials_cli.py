@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from edge import CocoError
+from edge.batch_auth import load_or_create_signing_key, public_key_hex
 from sim.credentials import (
     DEFAULT_PREFIX,
     MOSQUITTO_DEFAULT_ITERATIONS,
@@ -39,6 +40,18 @@ def _parse_owner(option: str, owner: str | None) -> tuple[int, int] | None:
         return int(uid), int(gid if sep else uid)
     except ValueError:
         raise ValueError(f"{option} must be UID or UID:GID, got {owner!r}") from None
+
+
+def _write_service_passwords(directory: Path, secret: bytes, services: list[str]) -> None:
+    for name in services:
+        write_private_file(directory / name / "password", service_password(secret, name))
+
+
+def _write_batch_key(directory: Path) -> None:
+    key = load_or_create_signing_key(directory / "private" / "signing.key")
+    public = directory / "public" / "signing.pub"
+    public.parent.mkdir(parents=True, exist_ok=True)
+    public.write_text(public_key_hex(key) + "\n")
 
 
 def credentials(
@@ -91,6 +104,13 @@ def credentials(
     service_password_dir: Annotated[
         Path | None,
         typer.Option(help="Write each service's password to DIR/<service>/password."),
+    ] = None,
+    batch_key_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="The shuffler's Ed25519 batch key: DIR/private/signing.key (created if "
+            "absent, never overwritten) and DIR/public/signing.pub (announce and aggregator)."
+        ),
     ] = None,
     create_missing_secret: Annotated[
         bool,
@@ -149,9 +169,9 @@ def credentials(
         for path, text, owner in outputs:
             write_private_file(path, text, owner=owner)
         if service_password_dir is not None:
-            for name in services:
-                path = service_password_dir / name / "password"
-                write_private_file(path, service_password(secret, name))
+            _write_service_passwords(service_password_dir, secret, services)
+        if batch_key_dir is not None:
+            _write_batch_key(batch_key_dir)
     except (CocoError, ValueError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -162,5 +182,6 @@ def credentials(
         "devices": len(names),
         "services": services,
         "service_password_dir": None if service_password_dir is None else str(service_password_dir),
+        "batch_key_dir": None if batch_key_dir is None else str(batch_key_dir),
     }
     typer.echo(json.dumps(summary))

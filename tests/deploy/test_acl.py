@@ -42,7 +42,7 @@ from edge.batch_auth import SIGNATURE_SIZE
 from edge.codec import decode_batch, encode_report
 from edge.rounds import current_round
 from edge.spec import MechanismSpec
-from edge.topics import batches_topic, ingress_filter, ingress_topic, spec_topic
+from edge.topics import batches_topic, ingress_filter, ingress_topic, lease_topic, spec_topic
 from sim.cli import app
 from sim.credentials import SERVICE_ACCOUNTS, device_id, device_password, service_password
 from tests.asyncutil import run, value, wait_until
@@ -184,6 +184,7 @@ def test_the_configuration_grants_what_the_roles_say(tmp_path: Path) -> None:
     assert sends == {(ingress_topic(DEP, d), f"device:{d}") for d in DEVICES} | {
         (batches_topic(DEP), "shuffler"),
         (spec_topic(DEP), "announcer"),
+        (lease_topic(DEP), "aggregator"),
     }
     assert all(acl["allow"] for acls in roles.values() for acl in acls)
 
@@ -389,6 +390,11 @@ def test_devices_and_the_aggregator_may_not_subscribe_to_reports_nor_devices_to_
             for topic in (ingress_filter(DEP), ingress_topic(DEP, bob), "#"):
                 assert await aggregator.subscribe(topic) == [NOT_AUTHORIZED], topic
             assert await aggregator.subscribe(batches_topic(DEP)) == [GRANTED_QOS_1]
+            # The aggregator's lease is its own: no device reads or forges it.
+            assert await aggregator.subscribe(lease_topic(DEP)) == [GRANTED_QOS_1]
+            assert await device.subscribe(lease_topic(DEP)) == [NOT_AUTHORIZED]
+            assert await device.publish(lease_topic(DEP), b"forged") == NOT_AUTHORIZED
+            assert await bridge.publish(lease_topic(DEP), b"forged") == NOT_AUTHORIZED
 
             assert await sender.publish(ingress_topic(DEP, bob), report(5)) in ACCEPTED
             assert await device.publish(ingress_topic(DEP, alice), report(6)) in ACCEPTED

@@ -261,10 +261,14 @@ def test_every_credential_file_read_is_written_by_the_credentials_service(
         assert p["username"] in accounts, name
         volume, inside = volume_location(service, str(p["password_file"]))
         assert (volume, inside) == (password_dir[0], password_dir[1] / p["username"] / "password")
+        own = str(password_dir[1] / p["username"])
+        # the batch key: its private half for the shuffler alone, the public one to the rest
+        key_half = "batch-key/private" if name == "shuffler" else "batch-key/public"
         for mount in service["volumes"]:
             if mount["source"] == password_dir[0]:
-                assert mount["volume"]["subpath"] == str(password_dir[1] / p["username"])
+                assert mount["volume"]["subpath"] in {own, key_half}, name
                 assert mount.get("read_only") is True
+    assert str(params["batch_key_dir"]) == "/credentials/batch-key"
 
     # Only the simulated fleet holds the deployment secret, and it simulates the devices
     # the broker's accounts were written for.

@@ -18,6 +18,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from typer.testing import CliRunner
 
 from edge import CocoError
+from edge.batch_auth import load_or_create_signing_key, public_key_hex
 from sim.cli import app
 from sim.credentials import (
     create_secret,
@@ -214,6 +215,22 @@ def test_coco_credentials_writes_passwd_and_service_passwords(tmp_path: Path) ->
     )
     assert shown.exit_code == 0
     assert shown.output.strip() == device_password(secret, "dev-000002")
+
+
+def test_coco_credentials_writes_the_batch_key_once(tmp_path: Path) -> None:
+    """The shuffler's private key (0600, never overwritten) and its public half apart."""
+    secret_file, keys = tmp_path / "secret", tmp_path / "batch-key"
+    args = ["credentials", "--secret-file", str(secret_file), "--create-secret"]
+    args += ["--passwd-out", str(tmp_path / "passwd"), "--batch-key-dir", str(keys)]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    private, public = keys / "private" / "signing.key", keys / "public" / "signing.pub"
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    key = load_or_create_signing_key(private)
+    assert public.read_text().strip() == public_key_hex(key)
+    first = private.read_bytes()
+    assert CliRunner().invoke(app, args).exit_code == 0
+    assert private.read_bytes() == first
+    assert private.read_text() not in public.read_text()
 
 
 def test_coco_credentials_errors_are_clear(tmp_path: Path) -> None:
