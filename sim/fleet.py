@@ -433,7 +433,9 @@ class Fleet:
     early (the current round's outstanding PUBACKs get ``drain_timeout`` seconds).
 
     ``registry`` receives the metrics (:class:`~sim.fleet_metrics.FleetMetrics`);
-    ``on_report`` sees every report's topic and payload before it is published.
+    ``on_report`` sees every report's topic and payload before it is published;
+    ``on_acked`` gets ``(round, seed, z)`` of every report the broker acknowledged (QoS 1)
+    or that was sent (QoS 0), the device's promise that a pipeline must keep.
     """
 
     def __init__(
@@ -442,6 +444,7 @@ class Fleet:
         *,
         registry: CollectorRegistry | None = None,
         on_report: ReportHook | None = None,
+        on_acked: Callable[[int, int, int], None] | None = None,
     ) -> None:
         self.config = config
         self.spec = config.spec
@@ -457,6 +460,7 @@ class Fleet:
         self.ids = [device_id(i, config.prefix) for i in range(config.devices)]
         self.topics = [ingress_topic(config.deployment, dev) for dev in self.ids]
         self._on_report = on_report
+        self._on_acked = on_acked
         self._mechanism = LocalMechanism.from_spec(config.spec)
         self._data_rngs = self.model.device_generators()
         self._rand_rngs = [
@@ -712,20 +716,6 @@ class Fleet:
         start = time.monotonic()
         self._outstanding = 0
         self._settled.clear()
-        truth = self.truth
-
-        def outcome(conn: _Connection, keys: list[int], signs: list[int]) -> _Done:
-            def done(reason: str | None) -> None:
-                self._count(reason)
-                if reason is None:
-                    truth.add(round_, keys, signs)
-                self._outstanding -= 1
-                if self._outstanding == 0:
-                    self._settled.set()
-                conn.acked()
-
-            return done
-
         for i, (keys, signs, seed, z) in enumerate(reports):
             due = begin + cfg.round_spread * i / n
             if cfg.round_spread > 0 and not await self._sleep_until(due):
@@ -740,7 +730,8 @@ class Fleet:
                 self._on_report(self.topics[i], payload)
             self._outstanding += 1
             self._settled.clear()
-            conn.publish(self.topics[i], payload, cfg.qos, outcome(conn, keys, signs))
+            done = self._outcome(conn, round_, keys, signs, (seed, z))
+            conn.publish(self.topics[i], payload, cfg.qos, done)
             if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                 await asyncio.sleep(0)
         if self._outstanding > 0:
@@ -758,6 +749,29 @@ class Fleet:
                 round_,
             )
         self.metrics.set_truth(self.truth)
+
+    def _outcome(
+        self,
+        conn: _Connection,
+        round_: int,
+        keys: list[int],
+        signs: list[int],
+        report: tuple[int, int],
+    ) -> _Done:
+        """The callback that settles one report: counts, truth, ``on_acked``, the window."""
+
+        def done(reason: str | None) -> None:
+            self._count(reason)
+            if reason is None:
+                self.truth.add(round_, keys, signs)
+                if self._on_acked is not None:
+                    self._on_acked(round_, *report)
+            self._outstanding -= 1
+            if self._outstanding == 0:
+                self._settled.set()
+            conn.acked()
+
+        return done
 
     async def _await_settled(self) -> None:
         """Until every report of the round is acknowledged or failed (the sweeper fails

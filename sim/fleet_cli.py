@@ -10,9 +10,10 @@ import secrets
 import signal
 import sys
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TextIO
 
 import aiomqtt
 import typer
@@ -167,6 +168,17 @@ def _announced_spec(
     return spec, int(announcement["round_seconds"])
 
 
+def _acked_writer(out: TextIO | None) -> Callable[[int, int, int], None] | None:
+    """``--acked-log``: one line ``round seed z`` per acknowledged report."""
+    if out is None:
+        return None
+
+    def write(round_: int, seed: int, z: int) -> None:
+        out.write(f"{round_} {seed} {z}\n")
+
+    return write
+
+
 def fleet(
     deployment: DeploymentOption,
     broker: BrokerOption = DEFAULT_BROKER,
@@ -240,6 +252,13 @@ def fleet(
         Path | None,
         typer.Option(help="Write the SIMULATION-ONLY ground truth (JSON) here."),
     ] = None,
+    acked_log: Annotated[
+        Path | None,
+        typer.Option(
+            help="SIMULATION-ONLY: append 'round seed z' of every acknowledged report here "
+            "(no device id), to reconcile with what the pipeline released."
+        ),
+    ] = None,
     metrics_port: Annotated[
         int | None, typer.Option(envvar="COCO_METRICS_PORT", help="Serve /metrics here.")
     ] = None,
@@ -304,7 +323,8 @@ def fleet(
             metrics_dims=metrics_dims,
         )
         registry = CollectorRegistry()
-        sim = Fleet(config, registry=registry)
+        acked_file = None if acked_log is None else acked_log.open("w", encoding="ascii")
+        sim = Fleet(config, registry=registry, on_acked=_acked_writer(acked_file))
         server = None
         if metrics_port is not None:
             server, _ = start_http_server(metrics_port, addr=metrics_host, registry=registry)
@@ -313,6 +333,8 @@ def fleet(
         finally:
             if server is not None:
                 server.shutdown()
+            if acked_file is not None:
+                acked_file.close()
         if ground_truth is not None:
             ground_truth.write_text(json.dumps(sim.ground_truth(), indent=1) + "\n")
     except (CocoError, ValueError, OSError, TimeoutError, aiomqtt.MqttError) as exc:

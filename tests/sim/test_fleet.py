@@ -367,6 +367,8 @@ def test_cli_reads_the_announcement_and_stops_gracefully_on_sigint(
             "--json",
             "--ground-truth",
             str(truth_path),
+            "--acked-log",
+            str(tmp_path / "acked.txt"),
             "--metrics-port",
             str(port),
             "--metrics-host",
@@ -418,6 +420,11 @@ def test_cli_reads_the_announcement_and_stops_gracefully_on_sigint(
     rounds = [x["round"] for x in truth["rounds"]]
     assert rounds == sorted(set(rounds))
     assert rounds[0] == summary["first_round"]
+    # --acked-log: one line per acknowledged report, no device id
+    acked = [line.split() for line in (tmp_path / "acked.txt").read_text().splitlines()]
+    assert len(acked) == summary["reports_published"]
+    assert {int(r) for r, _, _ in acked} == set(rounds)
+    assert all(0 <= int(z) < SENSORS.t for _, _, z in acked)
 
 
 def test_cli_errors_are_one_line_without_a_traceback(mosquitto: Broker, tmp_path: Path) -> None:
