@@ -29,12 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiomqtt
 import pytest
 
 from aggregator.metrics import epsilon_curve_grid
-from edge.announce import encode_announcement
-from edge.topics import spec_topic
+from edge.batch_auth import load_or_create_signing_key, public_key_hex
 from tests.asyncutil import run, wait_until
 from tests.conftest import Broker, free_port
 from tests.deploy.test_dashboard import (
@@ -204,29 +202,25 @@ def poll(predicate: Any, timeout: float, processes: Processes, interval: float =
         raise AssertionError(f"{exc}\n{processes.logs()}") from None
 
 
-def announce_short_rounds(mosquitto: Broker, broker: list[str]) -> None:
+def announce_short_rounds(broker: list[str], public_key: str) -> None:
     """Retain ``coco announce``'s announcement with 1 s rounds (the fleet runs many rounds
-    in a few seconds)."""
-    dry_run = subprocess.run(
-        [COCO, "announce", *broker, *ANNOUNCEMENT, "--dry-run"],
+    in a few seconds) and the shuffler's batch key (the aggregator trusts it from there)."""
+    subprocess.run(
+        [
+            COCO,
+            "announce",
+            *broker,
+            *ANNOUNCEMENT,
+            "--round-seconds",
+            "1",
+            "--batch-public-key",
+            public_key,
+        ],
         check=True,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    announced = json.loads(dry_run.stdout)
-    payload = encode_announcement(
-        announced["spec"],
-        min_batch=announced["min_batch"],
-        delta=announced["delta"],
-        round_seconds=1,
-    )
-
-    async def retain() -> None:
-        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
-            await client.publish(spec_topic(DEPLOYMENT), payload, qos=1, retain=True)
-
-    run(retain(), timeout=30)
 
 
 def test_every_dashboard_query_returns_data(
@@ -236,12 +230,17 @@ def test_every_dashboard_query_returns_data(
     ports = {job: free_port() for job in JOBS}
     prometheus_port = free_port()
     broker = ["--broker", mosquitto.url, "--deployment", DEPLOYMENT]
-    announce_short_rounds(mosquitto, broker)
+    signing_key = tmp_path / "shuffler" / "signing.key"
+    announce_short_rounds(broker, public_key_hex(load_or_create_signing_key(signing_key)))
     processes.start(
         "shuffler",
         COCO,
         "shuffler",
         *broker,
+        "--state-dir",
+        str(tmp_path / "shuffler"),
+        "--signing-key",
+        str(signing_key),
         "--metrics-port",
         str(ports["shuffler"]),
         "--flush-interval",
