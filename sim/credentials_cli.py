@@ -42,6 +42,14 @@ def _parse_owner(option: str, owner: str | None) -> tuple[int, int] | None:
         raise ValueError(f"{option} must be UID or UID:GID, got {owner!r}") from None
 
 
+def _secret(path: Path, *, create: bool) -> bytes:
+    if create and not path.exists():
+        secret = create_secret(path)
+        typer.echo(f"created a new deployment secret in {path}", err=True)
+        return secret
+    return read_secret(path)
+
+
 def _write_service_passwords(directory: Path, secret: bytes, services: list[str]) -> None:
     for name in services:
         write_private_file(directory / name / "password", service_password(secret, name))
@@ -56,12 +64,12 @@ def _write_batch_key(directory: Path) -> None:
 
 def credentials(
     secret_file: Annotated[
-        Path,
+        Path | None,
         typer.Option(
             envvar="COCO_CREDENTIALS_SECRET_FILE",
             help="The deployment secret every password is derived from.",
         ),
-    ],
+    ] = None,
     devices: Annotated[
         int, typer.Option(help="Numbered devices <prefix>000000 ... (simulated fleets).")
     ] = 0,
@@ -131,13 +139,17 @@ def credentials(
 ) -> None:
     """Derive the MQTT credentials of a deployment from its secret and write the broker's
     dynamic-security configuration and/or password file (Mosquitto 2, PBKDF2-SHA512) and
-    the services' password files."""
+    the services' password files; and/or the shuffler's batch key (no secret needed)."""
     try:
-        if create_missing_secret and not secret_file.exists():
-            secret = create_secret(secret_file)
-            typer.echo(f"created a new deployment secret in {secret_file}", err=True)
-        else:
-            secret = read_secret(secret_file)
+        if secret_file is None or (
+            batch_key_dir is not None and passwd_out is None and dynsec_out is None
+        ):
+            if batch_key_dir is None:
+                raise ValueError("--secret-file is required (every password derives from it)")
+            _write_batch_key(batch_key_dir)  # only the batch key: no secret involved
+            typer.echo(json.dumps({"batch_key_dir": str(batch_key_dir)}))
+            return
+        secret = _secret(secret_file, create=create_missing_secret)
         services = list(service or [])
         if show_password is not None:
             derive = service_password if show_password in services else device_password

@@ -231,6 +231,13 @@ def test_coco_credentials_writes_the_batch_key_once(tmp_path: Path) -> None:
     assert CliRunner().invoke(app, args).exit_code == 0
     assert private.read_bytes() == first
     assert private.read_text() not in public.read_text()
+    # the batch key alone needs no secret (the README's pipeline by hand)
+    alone = CliRunner().invoke(app, ["credentials", "--batch-key-dir", str(keys)])
+    assert alone.exit_code == 0, alone.output
+    assert private.read_bytes() == first
+    none = CliRunner().invoke(app, ["credentials", "--passwd-out", str(tmp_path / "p")])
+    assert none.exit_code == 1
+    assert "--secret-file is required" in none.output
 
 
 def test_coco_credentials_errors_are_clear(tmp_path: Path) -> None:
