@@ -173,7 +173,6 @@ def shuffler(
     announcement_timeout: Annotated[float, typer.Option(help="Seconds to wait for it.")] = 10.0,
 ) -> None:
     """Shuffle each round's ingress reports into signed batches of at least --min-batch."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         password = resolve_password(password, password_file)
         announced: int | None = None

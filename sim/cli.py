@@ -38,12 +38,24 @@ app.add_typer(experiment_app, name="experiment")
 app.command("fleet")(fleet)
 
 
+_SERVICES = frozenset({"shuffler", "aggregator"})
+"""Commands that run a service: their lifecycle (connected, subscribed, released, stopped)
+is logged at INFO by default; every other command logs warnings only."""
+
+
 @app.callback()
 def _root(
+    ctx: typer.Context,
     log_level: Annotated[
-        str, typer.Option(envvar="COCO_LOG_LEVEL", help="Logging level (debug, info, ...).")
-    ] = "warning",
+        str | None,
+        typer.Option(
+            envvar="COCO_LOG_LEVEL",
+            help="Logging level (debug, info, ...; default: info for services, else warning).",
+        ),
+    ] = None,
 ) -> None:
+    if log_level is None:
+        log_level = "info" if ctx.invoked_subcommand in _SERVICES else "warning"
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
