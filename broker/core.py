@@ -58,11 +58,12 @@ Invariants (property-tested in tests/broker/test_core.py)
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from edge.codec import encode_batch
+from edge.codec import encode_batch_header
 from edge.rounds import check_round_seconds
 
 __all__ = [
@@ -81,6 +82,7 @@ __all__ = [
 ]
 
 RoundPolicy = Literal["carry", "drop"]
+_RECORD = struct.Struct(">IH")  # one batch record: seed u32, z u16 (edge/codec.py)
 MAX_BATCH_LIMIT = 40_000
 """Largest ``max_batch``: a sealed batch of 40,000 records is 240,094 bytes, under the
 shipped broker's ``max_packet_size`` of 256 KiB (deploy/mosquitto/mosquitto.conf)."""
@@ -359,14 +361,11 @@ class ShufflerCore:
                 return "round_full"
         return None
 
-    def accept(
-        self, now: float, token: bytes, report: tuple[int, int, int, int, int]
-    ) -> Accepted | str:
-        """The :class:`Accepted` effect of a decoded report ``(version, fingerprint, round,
-        seed, z)`` (:func:`edge.codec.decode_report`) of the sender whose keyed token is
-        ``token``, not yet applied; or the reason it is rejected. Rejection changes
-        nothing."""
-        _, fingerprint, round_, seed, z = report
+    def accept(self, now: float, token: bytes, report: tuple[int, int, int, int]) -> Accepted | str:
+        """The :class:`Accepted` effect of a decoded report ``(fingerprint, round, seed,
+        z)`` of the sender whose keyed token is ``token``, not yet applied; or the reason it
+        is rejected. Rejection changes nothing."""
+        fingerprint, round_, seed, z = report
         reason = self.check(now, fingerprint, round_, z, token)
         if reason is not None:
             return reason
@@ -375,8 +374,10 @@ class ShufflerCore:
     def due_early(self, round_: int) -> bool:
         """Whether the pool of ``round_`` has reached ``release_size`` (release it now)."""
         size = self.config.release_size
+        if size is None:
+            return False
         pool = self._pools.get(round_)
-        return size is not None and pool is not None and len(pool) >= size
+        return pool is not None and len(pool) >= size
 
     def tick(self, now: float, maker: BatchMaker) -> list[Effect]:
         """The effects of time passing: close rounds, then release, carry or drop the pools
@@ -437,17 +438,29 @@ class ShufflerCore:
             part = order[k * n // slices : (k + 1) * n // slices]
             if len(part) < self.config.min_batch:
                 raise AssertionError("a slice below min_batch")  # max_batch >= 2 min_batch
-            batch = encode_batch(
-                self.config.fingerprint,
-                round_,
-                maker.new_batch_id(),
-                [pool.seeds[i] for i in part],
-                [pool.zs[i] for i in part],
+            header = encode_batch_header(
+                self.config.fingerprint, round_, maker.new_batch_id(), len(part)
             )
+            seeds, zs = pool.seeds, pool.zs
+            # seeds and z were range-checked when their reports were decoded
+            batch = header + b"".join([_RECORD.pack(seeds[i], zs[i]) for i in part])
             messages.append(maker.seal(batch))
         return Released(round_, tuple(messages))
 
     # --- state changes ------------------------------------------------------------------
+
+    def apply_accepted(self, effect: Accepted) -> bool:
+        """:meth:`apply` of an :class:`Accepted` (the per-report hot path, without the
+        dispatch); returns ``True`` if it replaced a carried report of the same device
+        (counted as dropped, ``carry_superseded``)."""
+        seen = self._seen.get(effect.round)
+        if seen is None:
+            seen = self._seen[effect.round] = set()
+        seen.add(effect.token)
+        if self._pool(effect.round).add(effect.token, effect.seed, effect.z):
+            return True
+        self._buffered += 1
+        return False
 
     def apply(self, effect: Effect) -> Applied:  # noqa: PLR0912  # one case per effect type
         """Fold one effect into the state (live, or replaying the log)."""

@@ -58,6 +58,7 @@ import math
 import random
 import secrets
 import ssl
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,7 +90,7 @@ from broker.metrics import ShufflerMetrics
 from broker.store import EffectLog, StateDir, token_of
 from edge import mqtt_url
 from edge.batch_auth import BatchSigner
-from edge.codec import CodecError, decode_report
+from edge.codec import KIND_REPORT, REPORT_SIZE, VERSION, CodecError, decode_report
 from edge.rounds import check_round_seconds
 from edge.spec import MechanismSpec
 from edge.topics import MAX_NAME, batches_topic, check_name, ingress_filter
@@ -105,6 +106,7 @@ INGEST_MAX_PACKET = 512
 _GMQTT_NO_AUTO_RECONNECT = -2
 _GMQTT_KEEPALIVE = 60
 _SESSION_TAKEN_OVER = 0x8E
+_REPORT = struct.Struct(">2xIIIH")  # (version, kind,) fingerprint, round, seed, z
 _QUICK_LOSS_SECONDS = 2.0
 _QUICK_LOSSES = 3
 """A subscribed session lost within 2 s, three times in a row, means another client keeps
@@ -711,26 +713,22 @@ class Shuffler:
         if reason is not None:
             self.metrics.reject(reason)
             return
-        self.metrics.reports_received.inc()
-        self.metrics.reports_accepted.inc()
+        live = self.metrics.live
+        live.received += 1
+        live.accepted += 1
 
     def _accept(self, topic: object, payload: object, *, retain: bool) -> str | None:
         """Log and pool the report and return ``None``, or return the rejection reason."""
-        if not isinstance(topic, str) or not topic.startswith(self._ingress_prefix):
-            return "bad_topic"
-        device = topic[len(self._ingress_prefix) :]
-        if not device or "/" in device:
-            return "bad_topic"
-        if len(device) > MAX_NAME:
-            return "bad_device_id"
+        reason = self._topic_reason(topic)
+        if reason is not None:
+            return reason
         if retain:
             return "retained"  # a retained report would be replayed on every subscription
-        if not isinstance(payload, bytes | bytearray):
-            return "bad_length"
-        try:
-            report = decode_report(payload)
-        except CodecError as exc:
-            return exc.reason
+        report = self._decode(payload)
+        if isinstance(report, str):
+            return report
+        assert isinstance(topic, str)  # checked by _topic_reason
+        device = topic[len(self._ingress_prefix) :]
         token = token_of(self._token_key, device)
         del device  # the id is not needed past this point
         effect = self.core.accept(time.time(), token, report)
@@ -742,12 +740,37 @@ class Shuffler:
         except OSError as exc:
             self._fail(exc)
             raise  # unacknowledged: the broker redelivers it to the session
-        self.core.apply(effect)
+        if self.core.apply_accepted(effect):
+            self.metrics.drop("carry_superseded", 1)  # it replaced a carried report
         if self.core.due_early(effect.round):
             release = self.core.release_early(effect.round, self._maker())
             if release is not None:
                 self._commit([release])
         return None
+
+    def _topic_reason(self, topic: object) -> str | None:
+        """``None`` for an ingress topic with a valid device id, else the reason."""
+        if not isinstance(topic, str) or not topic.startswith(self._ingress_prefix):
+            return "bad_topic"
+        device = topic[len(self._ingress_prefix) :]
+        if not device or "/" in device:
+            return "bad_topic"
+        if len(device) > MAX_NAME:
+            return "bad_device_id"
+        return None
+
+    @staticmethod
+    def _decode(payload: object) -> tuple[int, int, int, int] | str:
+        """``(fingerprint, round, seed, z)`` of a valid report, else the codec's reason."""
+        if not isinstance(payload, bytes | bytearray):
+            return "bad_length"
+        if len(payload) == REPORT_SIZE and payload[0] == VERSION and payload[1] == KIND_REPORT:
+            fields: tuple[int, int, int, int] = _REPORT.unpack(payload)  # the common case
+            return fields
+        try:
+            return decode_report(payload)[1:]  # raises with the codec's reason
+        except CodecError as exc:
+            return exc.reason
 
     # --- publishing (aiomqtt) -----------------------------------------------------------
 

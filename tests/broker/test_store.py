@@ -21,7 +21,15 @@ from broker.core import (
     Released,
     Seen,
 )
-from broker.store import EffectLog, StateDir, StoreError, decode_effects, encode_effect, token_of
+from broker.store import (
+    EffectLog,
+    StateDir,
+    StoreError,
+    decode_effects,
+    encode_accepted,
+    encode_effect,
+    token_of,
+)
 
 TOKEN = bytes(range(16))
 EFFECTS: list[Effect] = [
@@ -40,6 +48,8 @@ EFFECTS: list[Effect] = [
 def test_every_effect_round_trips() -> None:
     data = b"".join(encode_effect(e) for e in EFFECTS)
     assert decode_effects(data) == (EFFECTS, len(data))
+    for effect in (Accepted(0, TOKEN, 0, 0), Accepted(0xFFFFFFFF, TOKEN, 0xFFFFFFFF, 65535)):
+        assert encode_accepted(effect) == encode_effect(effect)  # the hot path, same bytes
 
 
 def test_a_record_cut_short_at_the_end_is_discarded_and_truncated(tmp_path: Path) -> None:
