@@ -252,7 +252,12 @@ def _ack_after_handling(
         handle(topic, packet, properties)
         handler._send_puback(mid)
 
+    def handle_qos_0(_client: object, topic: str, packet: object, _qos: int, props: object) -> int:
+        handle(topic, packet, props)  # QoS 0: nothing to acknowledge
+        return 0
+
     handler._handle_qos_1_publish_packet = handle_qos_1
+    client.on_message = handle_qos_0
 
 
 class _IngestError(Exception):

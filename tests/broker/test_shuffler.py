@@ -442,6 +442,28 @@ def test_oversized_messages_never_reach_the_shuffler(mosquitto: Broker) -> None:
     assert value(registry, "coco_shuffler_reports_received_total") == 10
 
 
+def test_qos_0_reports_are_accepted_too(mosquitto: Broker) -> None:
+    registry = CollectorRegistry()
+
+    async def scenario() -> None:
+        async with running(config(mosquitto, round_seconds=60), registry) as shuffler:
+            r = current_round(60)
+            prefix = ingress_topic(DEP, "x")[:-1]
+            async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+                for i in range(5):
+                    await client.publish(f"{prefix}q0-{i}", report(r, i), qos=0)
+                await client.publish(f"{prefix}q0-bad", b"\x01\x01short", qos=0)
+            await wait_until(lambda: shuffler.buffered == 5)
+            await wait_until(
+                lambda: (
+                    value(registry, "coco_shuffler_reports_rejected_total", reason="bad_length")
+                    == 1
+                )
+            )
+
+    run(scenario())
+
+
 def test_reconnects_after_broker_restart(mosquitto: Broker) -> None:
     registry = CollectorRegistry()
     cfg = config(mosquitto, min_batch=3, round_seconds=60)
