@@ -67,6 +67,7 @@ IDLE = 3.0
 AGGREGATOR_IDLE = 30.0  # batches may wait behind the whole ingress backlog (see README)
 MOSQUITTO = "/usr/sbin/mosquitto"
 ROUND_SECONDS = 3600
+KEY_ENV = "COCO_BENCH_SIGNING_KEY"  # the shufflers' batch key, made by orchestrate()
 CLIENTS = ("aiomqtt", "aiomqtt-v5", "paho", "gmqtt")
 
 
@@ -262,7 +263,7 @@ async def _run_shuffler(
     extra: dict[str, Any] = {} if mqtt == "default" else {"mqtt_version": mqtt}
     if state != "memory":
         extra["state_dir"] = Path(state)
-        extra["signing_key"] = Path(state).parent / "signing.key"
+    extra["signing_key"] = Path(os.environ[KEY_ENV])
     config = ShufflerConfig(
         broker=f"mqtt://127.0.0.1:{port}",
         deployment=DEPLOYMENT,
@@ -321,12 +322,15 @@ async def _run_shuffler(
 
 async def _run_aggregator(port: int, expected: int, timeout: float) -> None:
     from aggregator.service import Aggregator, AggregatorConfig  # noqa: PLC0415
+    from edge.batch_auth import load_or_create_signing_key, public_key_hex  # noqa: PLC0415
 
     config = AggregatorConfig(
         broker=f"mqtt://127.0.0.1:{port}",
         deployment=DEPLOYMENT,
         spec=SPEC,
         delta=1e-8,
+        batch_public_key=public_key_hex(load_or_create_signing_key(Path(os.environ[KEY_ENV]))),
+        min_batch=1_000,
         http_port=None,
         client_id=f"bench-aggregator-{os.getpid()}",
         session_expiry=0,
@@ -691,6 +695,7 @@ def orchestrate(args: argparse.Namespace) -> None:
     n = args.messages
     runs: dict[int, list[dict[str, dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory() as tmp, own_mosquitto(Path(tmp)) as port:
+        os.environ[KEY_ENV] = str(Path(tmp) / "signing.key")  # children inherit it
         print(f"own mosquitto on 127.0.0.1:{port}; {n:,} messages of as many devices")
         lines = Path(tmp) / "lines.txt"
         lines.write_bytes(b"".join(b"%016d\n" % i for i in range(n)))

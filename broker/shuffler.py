@@ -89,7 +89,7 @@ from broker.core import (
 from broker.metrics import ShufflerMetrics
 from broker.store import EffectLog, StateDir, token_of
 from edge import mqtt_url
-from edge.batch_auth import BatchSigner
+from edge.batch_auth import BatchSigner, load_or_create_signing_key
 from edge.codec import KIND_REPORT, REPORT_SIZE, VERSION, CodecError, decode_report
 from edge.rounds import check_round_seconds
 from edge.spec import MechanismSpec
@@ -370,7 +370,13 @@ class Shuffler:
         self.core = ShufflerCore(cfg.core_config())
         if cfg.state_dir is None:
             self._token_key = secrets.token_bytes(32)  # a fresh key per run
-            self.signer = cfg.signer or BatchSigner.generate(cfg.deployment)
+            if cfg.signer is not None:
+                self.signer = cfg.signer
+            elif cfg.signing_key is not None:
+                key = load_or_create_signing_key(cfg.signing_key)
+                self.signer = BatchSigner(key, cfg.deployment)
+            else:
+                self.signer = BatchSigner.generate(cfg.deployment)
             return
         self._state = StateDir(cfg.state_dir).__enter__()
         self._token_key = self._state.token_key()
