@@ -1,0 +1,44 @@
+"""The shuffle privacy accountant: pure maths, one module per concept.
+
+* :mod:`~aggregator.accountant.clone`: the generic stronger-clone bound (any eps0-LDP
+  randomiser; ``epsilon_central_generic``);
+* :mod:`~aggregator.accountant.blanket`: the certified mechanism-specific privacy-blanket
+  bound for CoCo and Collision (``epsilon_central``);
+* :mod:`~aggregator.accountant.composition`: a device's central epsilon over many batches
+  (``epsilon_total``);
+* :mod:`~aggregator.accountant.closed_forms`: EFMRTT19 and FMT21, for comparison;
+* :mod:`~aggregator.accountant.record`: the per-batch record the service, CLI and demo use.
+
+No I/O, asyncio or logging here.
+"""
+
+from aggregator.accountant.blanket import (
+    BlanketPair,
+    blanket_delta,
+    blanket_epsilon,
+    blanket_pair_for_spec,
+)
+from aggregator.accountant.clone import (
+    delta_for,
+    epsilon_central,
+    generic_clone_probability,
+    hockey_stick,
+)
+from aggregator.accountant.closed_forms import efmrtt19, fmt21
+from aggregator.accountant.record import Amplification, amplify, amplify_spec
+
+__all__ = [
+    "Amplification",
+    "BlanketPair",
+    "amplify",
+    "amplify_spec",
+    "blanket_delta",
+    "blanket_epsilon",
+    "blanket_pair_for_spec",
+    "delta_for",
+    "efmrtt19",
+    "epsilon_central",
+    "fmt21",
+    "generic_clone_probability",
+    "hockey_stick",
+]
