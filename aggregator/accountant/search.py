@@ -63,7 +63,10 @@ def search_epsilon(
             if f1 != f2:
                 proposal = x2 - f2 * (x2 - x1) / (f2 - f1)
         elif len(points) == 1:
-            proposal = points[0][0] * (0.98 if hi_moved else 1.02)
+            # A good guess is usually within tol of the root: probe 0.4 tol beyond it (the
+            # offset below), which closes the bracket if it was; otherwise the secant
+            # through two close points is a derivative estimate.
+            proposal = points[0][0]
         slow = len(widths) >= 4 and widths[-1] > 0.5 * widths[-4]
         if slow or not lo <= proposal <= hi:  # also catches nan
             x = 0.5 * (lo + hi)

@@ -177,7 +177,8 @@ def _reference_rows() -> list[dict[str, str]]:
 
 def test_reference_amplification_blanket_tsv() -> None:
     """Within 0.2% of the reference and never below it (the reference is rounded to 7
-    significant digits and searched to a relative 1e-7: 1e-6 relative covers both)."""
+    significant digits and searched to a relative 1e-7: 1e-6 relative covers both; ours
+    is the upper end of a bracket, so it can only be above)."""
     rows = _reference_rows()
     assert len(rows) == 32
     for row in rows:
@@ -187,7 +188,8 @@ def test_reference_amplification_blanket_tsv() -> None:
         ref = float(row["eps_c_blanket"])
         assert ref * (1 - 1e-6) <= ours <= ref * 1.002, row
         assert ours >= float(row["eps_c_lower"]), row
-        assert ours <= float(row["eps_c_generic"]) * (1 + 1e-6), row
+        # equal to generic for binary RR: the default search precision is 1e-5 relative
+        assert ours <= float(row["eps_c_generic"]) * (1 + 2e-5), row
         tight = t >= (3 * s if row["mechanism"] == "collision" else 4 * s)
         if tight:  # the construction applies: the lower bound is within 0.2%
             assert ours <= float(row["eps_c_lower"]) * 1.002, row

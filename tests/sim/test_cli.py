@@ -120,8 +120,9 @@ def test_collision_s1_t2_is_binary_randomised_response() -> None:
     )
     assert isinstance(rr, dict)
     # design note, section 5: for binary randomised response the blanket bound is the generic
-    # one (both searches stop within their relative tolerances, 1e-7 and 1e-9 / eps)
-    assert rr["epsilon_central"] == pytest.approx(rr["epsilon_central_generic"], rel=3e-7)
+    # one (both searches stop within their tolerances: 1e-5 relative and 1e-9 absolute)
+    assert rr["epsilon_central"] == pytest.approx(rr["epsilon_central_generic"], rel=2e-5)
+    assert rr["epsilon_central"] >= rr["epsilon_central_generic"] * (1 - 1e-6)
 
 
 @pytest.mark.parametrize(
