@@ -25,6 +25,7 @@ from aggregator.accountant.clone import (
     hockey_stick,
 )
 from aggregator.accountant.closed_forms import efmrtt19, fmt21
+from aggregator.accountant.composition import blanket_pld, epsilon_total, epsilon_total_batches
 from aggregator.accountant.record import Amplification, amplify, amplify_spec
 
 __all__ = [
@@ -35,9 +36,12 @@ __all__ = [
     "blanket_delta",
     "blanket_epsilon",
     "blanket_pair_for_spec",
+    "blanket_pld",
     "delta_for",
     "efmrtt19",
     "epsilon_central",
+    "epsilon_total",
+    "epsilon_total_batches",
     "fmt21",
     "generic_clone_probability",
     "hockey_stick",
