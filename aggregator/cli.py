@@ -16,7 +16,12 @@ from typing import Annotated, Any
 
 import typer
 
-from aggregator.accountant import amplify, amplify_spec
+from aggregator.accountant import (
+    amplify,
+    amplify_spec,
+    blanket_pair_for_spec,
+    epsilon_total,
+)
 from edge import CocoError, MechanismSpec, SpecError
 from edge.announce import load_spec_file
 from edge.cli_options import (
@@ -47,14 +52,20 @@ def privacy_rows(
     s: int | None = None,
     t: int | None = None,
     d: int | None = None,
+    rounds: int | None = None,
 ) -> list[dict[str, Any]]:
     """One JSON-ready row per ``n`` (the JSON contract of ``coco privacy --json``).
 
     Every row carries ``epsilon_central`` (certified; the mechanism-specific blanket bound for
     CoCo and Collision, the stronger-clone bound for ``generic``), ``epsilon_central_generic``,
-    ``delta`` and ``n``.
+    ``delta`` and ``n``; with ``rounds`` also ``rounds`` and ``epsilon_total``, the composed
+    central epsilon of a device present in ``rounds`` batches of ``n`` (CoCo and Collision).
     """
+    if rounds is not None and rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {rounds}")
     if mechanism is PrivacyMechanism.generic:
+        if rounds is not None:
+            raise ValueError("--rounds needs --mechanism coco or collision (the blanket pair)")
         rows = []
         for n in ns:
             row = amplify(n=n, delta=delta, epsilon0=epsilon).to_dict()
@@ -71,8 +82,9 @@ def privacy_rows(
         epsilon=epsilon,
         t=t,  # type: ignore[arg-type]  # None selects the default t
     )
-    return [
-        {
+    rows = []
+    for n in ns:
+        row: dict[str, Any] = {
             "mechanism": spec.mechanism,
             "epsilon_local": spec.epsilon,
             "epsilon_local_effective": spec.epsilon_effective,
@@ -81,8 +93,12 @@ def privacy_rows(
             "d": d,
             **amplify_spec(spec, n=n, delta=delta).to_dict(),
         }
-        for n in ns
-    ]
+        if rounds is not None:
+            pair = blanket_pair_for_spec(spec, n=n)
+            row["rounds"] = rounds
+            row["epsilon_total"] = epsilon_total(pair, rounds=rounds, delta=delta)
+        rows.append(row)
+    return rows
 
 
 def _fmt(value: float | None) -> str:
@@ -99,6 +115,13 @@ def privacy(
         int | None, typer.Option(help="Output domain size (default: MSE-optimal).")
     ] = None,
     d: Annotated[int | None, typer.Option(help="Dimension (chooses the default t).")] = None,
+    rounds: Annotated[
+        int | None,
+        typer.Option(
+            help="Batches a device reports in: also print epsilon_total, the composed central "
+            "epsilon over that many batches of n (coco, collision)."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Central (epsilon, delta) of n shuffled reports: certified bounds.
@@ -108,7 +131,9 @@ def privacy(
     the closed forms of Erlingsson et al. 2019 and Feldman et al. 2021 are shown beside it.
     """
     try:
-        rows = privacy_rows(mechanism=mechanism, epsilon=epsilon, ns=n, delta=delta, s=s, t=t, d=d)
+        rows = privacy_rows(
+            mechanism=mechanism, epsilon=epsilon, ns=n, delta=delta, s=s, t=t, d=d, rounds=rounds
+        )
     except (CocoError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -117,14 +142,17 @@ def privacy(
         return
     head = rows[0]
     typer.echo(f"{head['mechanism']}: epsilon_local={epsilon:g}, t={head['t']}, delta={delta:g}")
+    total = f"  {'epsilon_total (' + str(rounds) + ' rounds)':>26}" if rounds is not None else ""
     typer.echo(
         f"{'n':>12}  {'epsilon_central':>16}  {'generic':>12}  {'EFMRTT19':>10}  {'FMT21':>10}"
+        + total
     )
     for row in rows:
         typer.echo(
             f"{row['n']:>12}  {row['epsilon_central']:>16.6g}  "
             f"{row['epsilon_central_generic']:>12.6g}  "
             f"{_fmt(row['efmrtt19']):>10}  {_fmt(row['fmt21']):>10}"
+            + (f"  {row['epsilon_total']:>26.6g}" if rounds is not None else "")
         )
 
 

@@ -16,6 +16,7 @@ from aggregator.accountant import (
     blanket_epsilon,
     blanket_pair_for_spec,
     epsilon_central,
+    epsilon_total,
     generic_clone_probability,
 )
 from edge import MechanismSpec
@@ -125,9 +126,69 @@ def test_collision_s1_t2_is_binary_randomised_response() -> None:
     assert rr["epsilon_central"] >= rr["epsilon_central_generic"] * (1 - 1e-6)
 
 
+def test_privacy_rounds_json_contract_and_monotone() -> None:
+    base = "privacy --mechanism collision --epsilon 1 --s 4 --d 64 --n 2000 --n 20000 --delta 1e-6"
+    totals = []
+    for rounds in (1, 10, 100):
+        out = run_json(*base.split(), "--rounds", str(rounds))
+        assert isinstance(out, list)
+        for row in out:
+            for key in ("epsilon_central", "epsilon_central_generic", "delta", "n", "rounds"):
+                assert key in row
+            assert row["rounds"] == rounds
+            # one batch: the PLD is pessimistic; eps_c is searched to 1e-5 relative
+            assert row["epsilon_central"] <= row["epsilon_total"] * (1 + 2e-5)
+        assert out[0]["epsilon_total"] > out[1]["epsilon_total"]  # falls with n
+        totals.append(out[0]["epsilon_total"])
+    assert totals == sorted(totals)  # grows with the rounds
+    spec = MechanismSpec(mechanism="collision", d=64, s=4, epsilon=1.0)
+    assert totals[1] == epsilon_total(blanket_pair_for_spec(spec, n=2000), rounds=10, delta=1e-6)
+    plain = run_json(*base.split())
+    assert isinstance(plain, list)
+    assert "epsilon_total" not in plain[0]
+    assert "rounds" not in plain[0]
+    text = runner.invoke(app, [*base.split(), "--rounds", "10"])
+    assert text.exit_code == 0
+    assert "epsilon_total (10 rounds)" in text.output
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        (
+            [
+                "--mechanism",
+                "generic",
+                "--epsilon",
+                "1",
+                "--n",
+                "10",
+                "--delta",
+                "1e-6",
+                "--rounds",
+                "3",
+            ],
+            "--rounds needs --mechanism coco or collision",
+        ),
+        (
+            [
+                "--mechanism",
+                "coco",
+                "--epsilon",
+                "1",
+                "--s",
+                "1",
+                "--t",
+                "4",
+                "--n",
+                "10",
+                "--delta",
+                "1e-6",
+                "--rounds",
+                "0",
+            ],
+            "--rounds must be >= 1",
+        ),
         (
             ["--mechanism", "coco", "--epsilon", "1", "--n", "10", "--delta", "1e-6"],
             "--s is required",
