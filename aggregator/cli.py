@@ -66,11 +66,15 @@ def privacy_rows(
     if mechanism is PrivacyMechanism.generic:
         if rounds is not None:
             raise ValueError("--rounds needs --mechanism coco or collision (the blanket pair)")
-        rows = []
-        for n in ns:
-            row = amplify(n=n, delta=delta, epsilon0=epsilon).to_dict()
-            rows.append({"mechanism": "generic", "epsilon_local": epsilon, "t": None, **row})
-        return rows
+        return [
+            {
+                "mechanism": "generic",
+                "epsilon_local": epsilon,
+                "t": None,
+                **amplify(n=n, delta=delta, epsilon0=epsilon).to_dict(),
+            }
+            for n in ns
+        ]
     if s is None:
         raise ValueError(f"--s is required for --mechanism {mechanism.value}")
     if t is None and d is None:
