@@ -6,6 +6,8 @@ n^-1.1)) it prints the certified mechanism-specific ``epsilon_central`` (the pri
 bound, :func:`aggregator.accountant.blanket_epsilon`) and the generic stronger-clone value
 (``epsilon_central_generic``), each with min / median / max wall seconds over R runs.
 Issue 11's targets: the blanket bound at n = 10^6 in at most 0.5 s, at n = 10^8 in at most 5 s.
+Then ``epsilon_total`` (:func:`aggregator.accountant.epsilon_total`) for 1,000 rounds of
+n = 10^6 at delta = 1e-6, target at most 10 s.
 """
 
 from __future__ import annotations
@@ -23,12 +25,14 @@ from aggregator.accountant import (
     blanket_epsilon,
     blanket_pair_for_spec,
     epsilon_central,
+    epsilon_total,
     generic_clone_probability,
 )
 from edge.spec import MechanismSpec
 
 SIZES = (10**4, 10**5, 10**6, 10**7, 10**8)
 TARGETS = {10**6: 0.5, 10**8: 5.0}
+ROUNDS, ROUNDS_N, ROUNDS_TARGET = 1_000, 10**6, 10.0
 
 
 def timed(compute: Callable[[], float], repeats: int) -> tuple[float, list[float]]:
@@ -85,6 +89,16 @@ def main() -> None:
             f"{n:>11,} {delta:>9.2e} {blanket:>14.8g} {span(tb):>22} {generic:>14.8g} "
             f"{span(tg):>22} {1 - blanket / generic:>7.1%} {verdict:>7}"
         )
+    pair = blanket_pair_for_spec(spec, n=ROUNDS_N)
+    total, tt = timed(
+        lambda: epsilon_total(pair, rounds=ROUNDS, delta=1e-6), max(1, args.repeats // 2)
+    )
+    verdict = "ok" if statistics.median(tt) <= ROUNDS_TARGET else "SLOW"
+    print(
+        f"\nepsilon_total, {ROUNDS:,} rounds of n = {ROUNDS_N:,}, delta = 1e-6: {total:.6g} "
+        f"in {min(tt):.3f}/{statistics.median(tt):.3f}/{max(tt):.3f} s "
+        f"(target {ROUNDS_TARGET:g} s: {verdict})"
+    )
 
 
 if __name__ == "__main__":
