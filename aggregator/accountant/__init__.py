@@ -6,6 +6,8 @@
   bound for CoCo and Collision (``epsilon_central``);
 * :mod:`~aggregator.accountant.composition`: a device's central epsilon over many batches
   (``epsilon_total``);
+* :mod:`~aggregator.accountant.calibration`: the local budget that meets a central target
+  over a horizon (``coco privacy calibrate``);
 * :mod:`~aggregator.accountant.closed_forms`: EFMRTT19 and FMT21, for comparison;
 * :mod:`~aggregator.accountant.record`: the per-batch record the service, CLI and demo use.
 
@@ -18,6 +20,7 @@ from aggregator.accountant.blanket import (
     blanket_epsilon,
     blanket_pair_for_spec,
 )
+from aggregator.accountant.calibration import CalibrationTarget, Plan, calibrate
 from aggregator.accountant.clone import (
     delta_for,
     epsilon_central,
@@ -31,12 +34,15 @@ from aggregator.accountant.record import Amplification, amplify, amplify_spec
 __all__ = [
     "Amplification",
     "BlanketPair",
+    "CalibrationTarget",
+    "Plan",
     "amplify",
     "amplify_spec",
     "blanket_delta",
     "blanket_epsilon",
     "blanket_pair_for_spec",
     "blanket_pld",
+    "calibrate",
     "delta_for",
     "efmrtt19",
     "epsilon_central",
