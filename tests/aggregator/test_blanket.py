@@ -15,12 +15,10 @@ divergence of k-RR, Collision and CoCo is in test_shuffle_brute_force.py):
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import itertools
 import math
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,13 +36,7 @@ from aggregator.accountant import (
 )
 from edge import MechanismSpec
 from sim.experiments.tightness import WorstCase, epsilon_at, exact_divergences
-
-REFERENCE_TSV = (
-    Path(__file__).resolve().parents[2].parent
-    / "shared"
-    / "reference"
-    / "amplification-blanket.tsv"
-)
+from tests.aggregator.reference import reference_rows
 
 
 def direct_delta(pair: BlanketPair, epsilon: float) -> float:
@@ -168,18 +160,11 @@ def test_lower_bound_construction_is_below_and_within_0_2_percent(s: int, epsilo
     assert lower <= upper <= lower * 1.002
 
 
-def _reference_rows() -> list[dict[str, str]]:
-    if not REFERENCE_TSV.exists():
-        pytest.skip(f"reference file {REFERENCE_TSV} not found")
-    with REFERENCE_TSV.open() as fh:
-        return list(csv.DictReader(fh, delimiter="\t"))
-
-
 def test_reference_amplification_blanket_tsv() -> None:
     """Within 0.2% of the reference and never below it (the reference is rounded to 7
     significant digits and searched to a relative 1e-7: 1e-6 relative covers both; ours
     is the upper end of a bracket, so it can only be above)."""
-    rows = _reference_rows()
+    rows = reference_rows("amplification-blanket.tsv")
     assert len(rows) == 32
     for row in rows:
         s, t, n = int(row["s"]), int(row["t"]), int(row["n"])

@@ -9,10 +9,8 @@ certified delta curve and composed by dp_accounting. Plus the reference file
 
 from __future__ import annotations
 
-import csv
 import math
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 
@@ -23,10 +21,7 @@ from aggregator.accountant import (
     epsilon_total,
     epsilon_total_batches,
 )
-
-REFERENCE_TSV = (
-    Path(__file__).resolve().parents[2].parent / "shared" / "reference" / "composition-blanket.tsv"
-)
+from tests.aggregator.reference import reference_rows
 
 
 def exact_loss_pmf(pair: BlanketPair) -> dict[float, float]:
@@ -111,17 +106,10 @@ def test_single_batch_pld_is_pessimistic_for_the_curve() -> None:
     assert single <= epsilon_total(pair, rounds=1, delta=1e-6) <= single * 1.02
 
 
-def _reference_rows() -> list[dict[str, str]]:
-    if not REFERENCE_TSV.exists():
-        pytest.skip(f"reference file {REFERENCE_TSV} not found")
-    with REFERENCE_TSV.open() as fh:
-        return list(csv.DictReader(fh, delimiter="\t"))
-
-
 def test_reference_composition_blanket_tsv() -> None:
     """Within 1% of the reference (dp_accounting on the exact counts, 1e-4 rounding up; ours
     is connect-the-dots on a grid of 1/20 of a standard deviation: both pessimistic)."""
-    rows = _reference_rows()
+    rows = reference_rows("composition-blanket.tsv")
     assert len(rows) == 6
     for row in rows:
         pair = BlanketPair(
