@@ -176,8 +176,9 @@ def test_reference_amplification_blanket_tsv() -> None:
         # equal to generic for binary RR: the default search precision is 1e-5 relative
         assert ours <= float(row["eps_c_generic"]) * (1 + 2e-5), row
         tight = t >= (3 * s if row["mechanism"] == "collision" else 4 * s)
-        if tight:  # the construction applies: the lower bound is within 0.2%
-            assert ours <= float(row["eps_c_lower"]) * 1.002, row
+        if tight:  # the construction applies: the lower bound is within 0.2% at n = 1e3,
+            # and at n = 1e5 within 1e-5 plus the search's 1e-5 relative precision
+            assert ours <= float(row["eps_c_lower"]) * (1.002 if n < 10**5 else 1 + 2e-5), row
 
 
 @pytest.mark.parametrize(("s", "t"), [(1, 3), (4, 17), (3, 5)])
