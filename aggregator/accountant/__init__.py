@@ -17,6 +17,7 @@ No I/O, asyncio or logging here.
 from aggregator.accountant.blanket import (
     BlanketPair,
     blanket_delta,
+    blanket_delta_curve,
     blanket_epsilon,
     blanket_pair_for_spec,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "amplify",
     "amplify_spec",
     "blanket_delta",
+    "blanket_delta_curve",
     "blanket_epsilon",
     "blanket_pair_for_spec",
     "blanket_pld",

@@ -57,7 +57,11 @@ Numerical certificate (every item is *added* to the result)
 * Special functions: scipy's Boost binomial pmf/cdf/sf, each given a relative error budget
   ``1e-10`` (measured below ``1e-11``; the test-suite re-checks against exact arithmetic).
   A group's value is a signed combination of such values; ``3e-10`` times the sum of the
-  absolute values of its terms is added (products of two values carry ``2 eps + eps^2``).
+  absolute values of its terms is added (products of two values carry ``2 eps + eps^2``;
+  the margin over that also covers the binary64 rounding of the combination). The class
+  probabilities ``a, b, q0`` are computed in binary64 (a few ulps); their effect on the
+  binomial pmfs, about ``z sqrt(n) u`` relative at ``z`` standard deviations, is far inside
+  the same budget for every ``n`` below ``10^12``.
 * Rounding of ``tau``: the group formula with a wrong ``k`` is a tangent of the convex
   ``tau -> E(N1 - tau)_+`` at a neighbouring kink, which has slope at most 1; the run
   boundaries are computed from ``tau`` to within ``eta = 64 u (K + hi0 + 2)``
@@ -74,6 +78,7 @@ at which the certified ``delta(eps)`` was evaluated and found ``<= delta``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -88,8 +93,10 @@ from edge.spec import MechanismSpec
 __all__ = [
     "BlanketPair",
     "blanket_delta",
+    "blanket_delta_curve",
     "blanket_epsilon",
     "blanket_pair_for_spec",
+    "tail_for",
 ]
 
 FloatArray = NDArray[np.float64]
@@ -301,11 +308,12 @@ class _Engine:
         c_end, c_prev = _boundary_cdfs(end, offsets, m, lo0 - 1.0, m0, q0)
         d_end, d_prev = _boundary_cdfs(end - 1.0, offsets, m1, lo0 - 2.0, m1[offsets], q0)
         prob = (c_end - c_prev) + ((end >= m * q0).astype(np.float64) - (prev >= m * q0))
-        prob_mag = np.abs(c_end) + np.abs(c_prev)
+        # magnitudes for the error budget; |prob| also covers the rounding of 1 - small
+        prob_mag = np.abs(c_end) + np.abs(c_prev) + np.abs(prob)
         scale = m * q0
         above = (end - 1.0 >= m1 * q0).astype(np.float64) - (prev - 1.0 >= m1 * q0)
         mass = scale * ((d_end - d_prev) + above)
-        mass_mag = scale * (np.abs(d_end) + np.abs(d_prev))
+        mass_mag = scale * (np.abs(d_end) + np.abs(d_prev)) + np.abs(mass)
         head = 0.25 * kk * np.asarray(stats.binom.pmf(k - 1.0, kk - 1.0, 0.5))
         s_k = np.asarray(stats.binom.sf(k - 1.0, kk, 0.5))
         lin = (0.5 * kk - t0) * s_k
@@ -315,10 +323,21 @@ class _Engine:
         return float(np.dot(self.pk[which], value + err))
 
 
-def _tail_for(delta: float, p: float) -> float:
+def tail_for(delta: float, p: float) -> float:
     """Window tail mass so that the added ``4 p tail`` is a ``1e-7`` fraction of delta (it
     moves epsilon by about ``1e-9`` relative, far inside the search's precision)."""
     return min(DEFAULT_TAIL * 1e4, 1e-7 * delta / (4.0 * p))
+
+
+def blanket_delta_curve(
+    pair: BlanketPair, *, tail: float = DEFAULT_TAIL
+) -> Callable[[float], float]:
+    """``eps -> blanket_delta(pair, epsilon=eps, tail=tail)`` with the eps-independent work
+    (windows, the pmf of ``K``) done once: for evaluating the certified curve at many eps."""
+    tail = check_real("tail", tail)
+    if not 0 < tail < 0.5:
+        raise ValueError(f"tail must be in (0, 0.5), got {tail}")
+    return _Engine(pair, tail).divergence
 
 
 def blanket_delta(pair: BlanketPair, *, epsilon: float, tail: float = DEFAULT_TAIL) -> float:
@@ -333,12 +352,8 @@ def blanket_delta(pair: BlanketPair, *, epsilon: float, tail: float = DEFAULT_TA
     epsilon = check_real("epsilon", epsilon)
     if epsilon < 0:
         raise ValueError(f"epsilon must be >= 0, got {epsilon}")
-    tail = check_real("tail", tail)
-    if not 0 < tail < 0.5:
-        raise ValueError(f"tail must be in (0, 0.5), got {tail}")
-    if epsilon >= pair.epsilon0:
-        return 0.0
-    return _Engine(pair, tail).divergence(epsilon)
+    curve = blanket_delta_curve(pair, tail=tail)
+    return 0.0 if epsilon >= pair.epsilon0 else curve(epsilon)
 
 
 def blanket_epsilon(pair: BlanketPair, *, delta: float, rtol: float = 1e-5) -> float:
@@ -357,7 +372,7 @@ def blanket_epsilon(pair: BlanketPair, *, delta: float, rtol: float = 1e-5) -> f
         raise ValueError(f"rtol must be in (0, 1), got {rtol}")
     if pair.exp_epsilon0 == 1.0:
         return 0.0  # P = Q
-    engine = _Engine(pair, _tail_for(delta, pair.exp_epsilon0))
+    engine = _Engine(pair, tail_for(delta, pair.exp_epsilon0))
     eps0 = pair.epsilon0
     guess = gaussian_guess(n=pair.n, epsilon0=eps0, alpha=pair.hot, delta=delta)
     tol = rtol * (guess if guess > 0 else eps0)

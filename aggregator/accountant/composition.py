@@ -39,7 +39,7 @@ import numpy as np
 from dp_accounting.pld import pld_pmf, privacy_loss_distribution
 
 from aggregator.accountant._checks import check_delta, check_n, check_real
-from aggregator.accountant.blanket import BlanketPair, _Engine, _tail_for
+from aggregator.accountant.blanket import BlanketPair, blanket_delta_curve, tail_for
 
 __all__ = ["blanket_pld", "epsilon_total", "epsilon_total_batches", "grid_spacing"]
 
@@ -74,10 +74,10 @@ def blanket_pld(
     h = grid_spacing(pair) if spacing is None else check_real("spacing", spacing)
     if not h > 0:
         raise ValueError(f"spacing must be > 0, got {h}")
-    engine = _Engine(pair, _tail_for(delta_floor, pair.exp_epsilon0))
-    deltas = [min(1.0, engine.divergence(0.0))]
+    curve = blanket_delta_curve(pair, tail=tail_for(delta_floor, pair.exp_epsilon0))
+    deltas = [min(1.0, curve(0.0))]
     while deltas[-1] > delta_floor and (len(deltas) - 1) * h < eps0:
-        deltas.append(engine.divergence(len(deltas) * h))
+        deltas.append(curve(len(deltas) * h))
     upper = np.minimum.accumulate(np.asarray(deltas))  # the true curve is non-increasing
     eps = h * np.arange(upper.size)
     lower = -np.expm1(-eps[:0:-1]) + np.exp(-eps[:0:-1]) * upper[:0:-1]  # eps_j < 0
