@@ -33,13 +33,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import numpy as np
-from dp_accounting.pld import pld_pmf, privacy_loss_distribution
 
 from aggregator.accountant._checks import check_delta, check_n, check_real
 from aggregator.accountant.blanket import BlanketPair, blanket_delta_curve, tail_for
+
+if TYPE_CHECKING:  # dp_accounting is imported on first use: it costs ~0.3 s at start-up
+    from dp_accounting.pld import privacy_loss_distribution
 
 __all__ = ["blanket_pld", "epsilon_total", "epsilon_total_batches", "grid_spacing"]
 
@@ -67,6 +69,8 @@ def blanket_pld(
     (that delta becomes the PLD's infinity mass). ``spacing`` defaults to
     :func:`grid_spacing`; PLDs composed together must share it.
     """
+    from dp_accounting.pld import pld_pmf, privacy_loss_distribution  # noqa: PLC0415
+
     delta_floor = check_delta(delta_floor)
     eps0 = pair.epsilon0
     if eps0 == 0.0:
