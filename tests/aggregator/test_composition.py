@@ -21,6 +21,7 @@ from aggregator.accountant import (
     epsilon_total,
     epsilon_total_batches,
 )
+from aggregator.accountant.composition import _cached_pld
 from tests.aggregator.reference import reference_rows
 
 
@@ -154,3 +155,17 @@ def test_validation() -> None:
         epsilon_total(pair, rounds=3, delta=0.0)
     with pytest.raises(ValueError, match="pairs must not be empty"):
         epsilon_total_batches(pairs=[], delta=1e-6)
+
+
+def test_adding_a_batch_reuses_the_cached_plds() -> None:
+    """A service adding one batch at a time pays for a PLD only for a new batch size."""
+    p = math.exp(1.0)
+    sizes = [700, 900, 700, 900, 700]
+    pairs = [BlanketPair(n=n, exp_epsilon0=p, s=2, t=8) for n in sizes]
+    first = epsilon_total_batches(pairs=pairs, delta=1e-6)
+    before = _cached_pld.cache_info()
+    again = epsilon_total_batches(pairs=[*pairs, pairs[0]], delta=1e-6)  # 6 batches: same floor
+    after = _cached_pld.cache_info()
+    assert after.misses == before.misses
+    assert after.hits == before.hits + 2
+    assert again >= first
