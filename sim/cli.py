@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from aggregator.cli import aggregator_app, privacy
+from aggregator.cli import aggregator_app, privacy_app
 from broker.announce_cli import announce
 from broker.cli import shuffler
 from edge import CocoError, MechanismSpec
@@ -28,7 +28,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command("privacy")(privacy)
+app.add_typer(privacy_app, name="privacy")
 app.add_typer(aggregator_app, name="aggregator")
 app.command("shuffler")(shuffler)
 app.command("device")(device)

@@ -5,23 +5,26 @@ figure's ``t* = floor(s e^eps0 + 2s - 1)`` (caption of Figure "shuffle"), and
 ``delta = n^-1.1`` (the paper fixes ``delta = O(1/n)`` without a value; ``n^-1.1`` is the
 delta of the reference table ``shared/reference/amplification.tsv`` for these ``n``):
 
+* ``eps_c_blanket``: the privacy-blanket bound for Collision
+  (:func:`aggregator.accountant.blanket_epsilon`): **certified**, mechanism-specific, what the
+  product reports as ``epsilon_central``;
 * ``eps_c_generic``: the stronger-clone bound with the generic clone probability
-  ``1/(e^eps0 + 1)`` (:func:`aggregator.accountant.amplify`): **certified**, what the product
-  reports. It depends on neither ``s`` nor ``t``;
-* ``eps_c_mechanism``: the paper's Theorem "Amplification Upper Bounds" with the
-  mechanism-specific clone probability ``s / (s e^eps0 + t - s)`` (ERRATA item 4).
-  **Not certified**: the stronger-clone lemma fails below the generic clone probability
-  (docs/privacy-model.md; :mod:`sim.experiments.tightness` shows the paper's own lower-bound
-  construction exceeding it). It depends on ``s`` and ``t`` only through that probability,
-  not on ``d``;
+  ``1/(e^eps0 + 1)`` (:func:`aggregator.accountant.amplify`): **certified**, reported as
+  ``epsilon_central_generic``. It depends on neither ``s`` nor ``t``;
+* ``eps_c_mechanism`` (column ``eps_c_mechanism_uncertified``): the paper's Theorem
+  "Amplification Upper Bounds" with the mechanism-specific clone probability
+  ``s / (s e^eps0 + t - s)`` (ERRATA item 4). **Invalid, not an upper bound**: the
+  stronger-clone lemma fails below the generic clone probability (docs/privacy-model.md;
+  :mod:`sim.experiments.tightness` shows the paper's own lower-bound construction exceeding
+  it). It depends on ``s`` and ``t`` only through that probability, not on ``d``;
 * the closed forms EFMRTT19 and FMT21 where their regimes allow (``None`` -> empty cell).
 
 Outputs: ``amplification.csv`` (every value), ``amplification.png`` (the figure:
 ``log2(eps0 / epsilon_c)``, one panel per ``(n, s)``) and ``amplification_summary.md`` (the
 savings table quoted by docs/results.md).
 
-The paper's figure also shows privacy-blanket and clone-reduction curves; they are not
-implemented in this code base and are left out.
+The paper's figure also shows Balle et al.'s generic privacy-blanket and clone-reduction
+curves; they are not implemented in this code base and are left out.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aggregator.accountant import amplify
+from aggregator.accountant import BlanketPair, amplify, blanket_epsilon, epsilon_central
 from edge.theory import paper_t
 
 __all__ = [
@@ -65,6 +68,7 @@ COLUMNS: tuple[str, ...] = (
     "epsilon0",
     "clone_probability_generic",
     "clone_probability_mechanism",
+    "eps_c_blanket",
     "eps_c_generic",
     "eps_c_mechanism_uncertified",
     "eps_c_efmrtt19",
@@ -72,6 +76,7 @@ COLUMNS: tuple[str, ...] = (
     "ratio_generic",
     "ratio_mechanism_uncertified",
     "saving_mechanism_vs_generic",
+    "saving_blanket_vs_generic",
 )
 
 
@@ -89,7 +94,9 @@ def delta_for_n(n: int) -> float:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class AmplificationRow:
-    """One point of the figure. ``saving`` is ``1 - eps_c_mechanism / eps_c_generic``."""
+    """One point of the figure. ``saving`` is ``1 - eps_c_mechanism / eps_c_generic`` (the
+    paper's invalid claim), ``saving_blanket`` the certified
+    ``1 - eps_c_blanket / eps_c_generic``."""
 
     n: int
     s: int
@@ -98,6 +105,7 @@ class AmplificationRow:
     epsilon0: float
     clone_generic: float
     clone_mechanism: float
+    eps_c_blanket: float
     eps_c_generic: float
     eps_c_mechanism: float
     efmrtt19: float | None
@@ -106,6 +114,10 @@ class AmplificationRow:
     @property
     def saving(self) -> float:
         return 1.0 - self.eps_c_mechanism / self.eps_c_generic
+
+    @property
+    def saving_blanket(self) -> float:
+        return 1.0 - self.eps_c_blanket / self.eps_c_generic
 
     def values(self) -> list[int | float | None]:
         return [
@@ -116,6 +128,7 @@ class AmplificationRow:
             self.epsilon0,
             self.clone_generic,
             self.clone_mechanism,
+            self.eps_c_blanket,
             self.eps_c_generic,
             self.eps_c_mechanism,
             self.efmrtt19,
@@ -123,6 +136,7 @@ class AmplificationRow:
             self.epsilon0 / self.eps_c_generic,
             self.epsilon0 / self.eps_c_mechanism,
             self.saving,
+            self.saving_blanket,
         ]
 
 
@@ -130,9 +144,10 @@ def compute_row(*, n: int, s: int, epsilon0: float, delta: float) -> Amplificati
     """All bounds for one ``(n, s, eps0)`` with the figure's ``t*``."""
     t = paper_t("collision", s=s, exp_eps=math.exp(epsilon0))
     alpha = s / (s * math.exp(epsilon0) + t - s)  # ERRATA item 4; <= 1/(e^eps0+1) as t* >= 2s
-    record = amplify(n=n, delta=delta, epsilon0=epsilon0, mechanism_clone_probability=alpha)
-    if record.epsilon_central_mechanism is None or record.mechanism_clone_probability is None:
-        raise RuntimeError("amplify() dropped the mechanism-specific clone probability")
+    record = amplify(n=n, delta=delta, epsilon0=epsilon0)
+    # The paper's pair, kept for the comparison only: NOT an upper bound (docs/privacy-model.md).
+    invalid = epsilon_central(n=n, delta=delta, epsilon0=epsilon0, clone_probability=alpha)
+    pair = BlanketPair(n=n, exp_epsilon0=math.exp(epsilon0), s=s, t=t)
     return AmplificationRow(
         n=n,
         s=s,
@@ -140,9 +155,10 @@ def compute_row(*, n: int, s: int, epsilon0: float, delta: float) -> Amplificati
         delta=delta,
         epsilon0=epsilon0,
         clone_generic=record.clone_probability,
-        clone_mechanism=record.mechanism_clone_probability,
-        eps_c_generic=record.epsilon_central,
-        eps_c_mechanism=record.epsilon_central_mechanism,
+        clone_mechanism=alpha,
+        eps_c_blanket=blanket_epsilon(pair, delta=delta),
+        eps_c_generic=record.epsilon_central_generic,
+        eps_c_mechanism=invalid,
         efmrtt19=record.efmrtt19,
         fmt21=record.fmt21,
     )
@@ -210,7 +226,15 @@ def write_plot(rows: Sequence[AmplificationRow], path: Path) -> Path:
                 log_ratio([r.eps_c_mechanism for r in sel]),
                 "--",
                 color="tab:red",
-                label="mechanism-specific stronger clone (paper; UNCERTIFIED)",
+                label="mechanism-specific stronger clone (paper; INVALID)",
+            )
+            ax.plot(
+                e0,
+                log_ratio([r.eps_c_blanket for r in sel]),
+                "-",
+                color="tab:purple",
+                lw=2,
+                label="privacy blanket, mechanism-specific (certified; reported)",
             )
             ax.plot(
                 e0,
@@ -218,7 +242,7 @@ def write_plot(rows: Sequence[AmplificationRow], path: Path) -> Path:
                 "-",
                 color="tab:blue",
                 lw=2,
-                label="generic stronger clone (certified; reported)",
+                label="generic stronger clone (certified; epsilon_central_generic)",
             )
             ax.plot(e0, log_ratio([r.fmt21 for r in sel]), ":", color="tab:green", label="FMT21")
             ax.plot(
@@ -245,9 +269,11 @@ def write_plot(rows: Sequence[AmplificationRow], path: Path) -> Path:
 def write_summary(rows: Sequence[AmplificationRow], path: Path) -> Path:
     """Markdown table of the mechanism-specific formula's saving against the certified bound."""
     lines = [
-        "| n | s | delta | eps0 range | saving of the (uncertified) formula: min | median "
-        "| max | eps_c generic at eps0 = 1 | eps_c mechanism at eps0 = 1 |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| n | s | delta | eps0 range | saving of the (invalid) formula: min | median "
+        "| max | certified blanket saving: min | median | max "
+        "| eps_c generic at eps0 = 1 | eps_c blanket at eps0 = 1 "
+        "| eps_c mechanism (invalid) at eps0 = 1 |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for n in sorted({r.n for r in rows}):
         for s in sorted({r.s for r in rows}):
@@ -255,14 +281,18 @@ def write_summary(rows: Sequence[AmplificationRow], path: Path) -> Path:
             if not sel:
                 continue
             sav = np.array([r.saving for r in sel])
+            bsav = np.array([r.saving_blanket for r in sel])
             at1 = [r for r in sel if r.epsilon0 == 1.0]
             g1 = f"{at1[0].eps_c_generic:.4g}" if at1 else ""
             m1 = f"{at1[0].eps_c_mechanism:.4g}" if at1 else ""
+            b1 = f"{at1[0].eps_c_blanket:.4g}" if at1 else ""
             lo, hi = min(r.epsilon0 for r in sel), max(r.epsilon0 for r in sel)
             lines.append(
                 f"| {n:.0e} | {s} | {sel[0].delta:.3g} | {lo:g}-{hi:g} ({len(sel)} points) "
                 f"| {100 * sav.min():.1f}% | {100 * float(np.median(sav)):.1f}% "
-                f"| {100 * sav.max():.1f}% | {g1} | {m1} |"
+                f"| {100 * sav.max():.1f}% | {100 * bsav.min():.1f}% "
+                f"| {100 * float(np.median(bsav)):.1f}% | {100 * bsav.max():.1f}% "
+                f"| {g1} | {b1} | {m1} |"
             )
     best_closed = [
         (r, min(x for x in (r.fmt21, r.efmrtt19) if x is not None))

@@ -76,9 +76,10 @@ def amplification(
 ) -> None:
     """Amplification comparison (the paper's Figure "shuffle"): eps0 / epsilon_c vs eps0.
 
-    Certified generic stronger clone, the paper's mechanism-specific bound (uncertified) and
-    the EFMRTT19 / FMT21 closed forms for n in {1e4, 1e5} and s in {4, 64}. Deterministic:
-    ``--seed`` is accepted for symmetry with the other experiments and unused.
+    Certified privacy-blanket bound (reported) and generic stronger clone, the paper's
+    mechanism-specific bound (invalid) and the EFMRTT19 / FMT21 closed forms for n in
+    {1e4, 1e5} and s in {4, 64}. Deterministic: ``--seed`` is accepted for symmetry with the
+    other experiments and unused.
     """
     del seed  # no randomness
     t0 = time.monotonic()

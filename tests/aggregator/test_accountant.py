@@ -1,4 +1,4 @@
-"""Tests of the stronger-clone shuffle accountant (aggregator/accountant.py).
+"""Tests of the generic stronger-clone bound (aggregator/accountant/clone.py) and the record.
 
 Independent second computations used here:
 
@@ -576,37 +576,33 @@ def test_fmt21_regime_and_value() -> None:
 
 
 def test_amplify_record_and_json() -> None:
-    record = amplify(n=10_000, delta=1e-6, epsilon0=0.5, mechanism_clone_probability=0.2)
+    record = amplify(n=10_000, delta=1e-6, epsilon0=0.5)
     assert isinstance(record, Amplification)
     generic = generic_clone_probability(0.5)
-    # The reported (certified) value always uses the generic clone probability.
+    # Without a mechanism only the generic stronger-clone bound applies.
     assert record.clone_probability == generic
+    assert record.bound == "stronger-clone"
+    assert record.mechanism == "generic"
     assert record.epsilon_central == epsilon_central(
         n=10_000, delta=1e-6, epsilon0=0.5, clone_probability=generic
     )
-    assert record.epsilon_central_mechanism == epsilon_central(
-        n=10_000, delta=1e-6, epsilon0=0.5, clone_probability=0.2
-    )
-    assert record.epsilon_central_mechanism is not None
-    assert record.epsilon_central_mechanism < record.epsilon_central
+    assert record.epsilon_central_generic == record.epsilon_central
     assert record.efmrtt19 == efmrtt19(epsilon0=0.5, n=10_000, delta=1e-6)
     assert record.fmt21 == fmt21(epsilon0=0.5, n=10_000, delta=1e-6)
     data = record.to_dict()
     assert json.loads(json.dumps(data)) == data
     assert {f.name for f in dataclasses.fields(Amplification)} <= set(data)
     assert data["certified"] is True
-    assert data["epsilon_central_mechanism_certified"] is False
+    assert "epsilon_central_mechanism" not in data  # the paper's invalid pair is gone
     with pytest.raises(dataclasses.FrozenInstanceError):
         record.n = 3  # type: ignore[misc]
-    outside = amplify(n=1000, delta=1e-6, epsilon0=3.0, mechanism_clone_probability=0.01)
+    outside = amplify(n=1000, delta=1e-6, epsilon0=3.0)
     assert outside.to_dict()["efmrtt19"] is None
     assert outside.to_dict()["fmt21"] is None
-    plain = amplify(n=500, delta=1e-5, epsilon0=1.0)
-    assert plain.epsilon_central_mechanism is None
-    same = amplify(
-        n=500, delta=1e-5, epsilon0=1.0, mechanism_clone_probability=generic_clone_probability(1)
-    )
-    assert same.epsilon_central == same.epsilon_central_mechanism == plain.epsilon_central
+    with pytest.raises(ValueError, match="bound must be"):
+        dataclasses.replace(record, bound="paper")
+    with pytest.raises(ValueError, match="epsilon_central must be in"):
+        dataclasses.replace(record, epsilon_central=0.6)
 
 
 # --------------------------------------------------------------------------------------------

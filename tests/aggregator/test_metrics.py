@@ -63,7 +63,7 @@ def test_curve_is_the_certified_bound_and_falls_with_n() -> None:
     curve = epsilon_curve(SPEC, delta=DELTA, grid=grid)
     assert list(curve) == list(grid)
     for n, epsilon in curve.items():
-        # the certified stronger-clone bound, never the mechanism-specific number
+        # the certified mechanism-specific (blanket) bound, never the paper's invalid number
         assert epsilon == amplify_spec(SPEC, n=n, delta=DELTA).epsilon_central
         assert 0 < epsilon <= SPEC.epsilon_effective
     values = list(curve.values())

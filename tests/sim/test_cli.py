@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from aggregator.accountant import amplify_spec, epsilon_central, generic_clone_probability
+from aggregator.accountant import (
+    amplify_spec,
+    blanket_epsilon,
+    blanket_pair_for_spec,
+    epsilon_central,
+    epsilon_total,
+    generic_clone_probability,
+)
 from edge import MechanismSpec
 from sim.cli import app
 
@@ -48,8 +55,8 @@ def test_privacy_json_has_the_documented_keys_and_the_certified_value() -> None:
         "n",
         "delta",
         "epsilon_central",
+        "epsilon_central_generic",
         "clone_probability",
-        "epsilon_central_mechanism",
         "efmrtt19",
         "fmt21",
     ):
@@ -57,15 +64,19 @@ def test_privacy_json_has_the_documented_keys_and_the_certified_value() -> None:
     spec = MechanismSpec(mechanism="coco", d=128, s=8, epsilon=1.0)
     assert out["t"] == spec.t
     assert out["certified"] is True
-    assert out["epsilon_central_mechanism_certified"] is False
+    assert "epsilon_central_mechanism" not in out  # the paper's invalid pair is not reported
+    assert out["bound"] == "blanket"
     assert out["epsilon_central"] == amplify_spec(spec, n=10_000, delta=1e-6).epsilon_central
-    assert out["epsilon_central"] == epsilon_central(
+    assert out["epsilon_central"] == blanket_epsilon(
+        blanket_pair_for_spec(spec, n=10_000), delta=1e-6
+    )
+    assert out["epsilon_central_generic"] == epsilon_central(
         n=10_000,
         delta=1e-6,
         epsilon0=spec.epsilon_effective,
         clone_probability=generic_clone_probability(spec.epsilon_effective),
     )
-    assert out["epsilon_central_mechanism"] < out["epsilon_central"] < 1.0
+    assert out["epsilon_central"] < out["epsilon_central_generic"] < 1.0
 
 
 def test_privacy_curve_is_a_list_falling_with_n() -> None:
@@ -109,12 +120,75 @@ def test_collision_s1_t2_is_binary_randomised_response() -> None:
         "1e-6",
     )
     assert isinstance(rr, dict)
-    assert rr["epsilon_central_mechanism"] == pytest.approx(rr["epsilon_central"], rel=1e-9)
+    # design note, section 5: for binary randomised response the blanket bound is the generic
+    # one (both searches stop within their tolerances: 1e-5 relative and 1e-9 absolute)
+    assert rr["epsilon_central"] == pytest.approx(rr["epsilon_central_generic"], rel=2e-5)
+    assert rr["epsilon_central"] >= rr["epsilon_central_generic"] * (1 - 1e-6)
+
+
+def test_privacy_rounds_json_contract_and_monotone() -> None:
+    base = "privacy --mechanism collision --epsilon 1 --s 4 --d 64 --n 2000 --n 20000 --delta 1e-6"
+    totals = []
+    for rounds in (1, 10, 100):
+        out = run_json(*base.split(), "--rounds", str(rounds))
+        assert isinstance(out, list)
+        for row in out:
+            for key in ("epsilon_central", "epsilon_central_generic", "delta", "n", "rounds"):
+                assert key in row
+            assert row["rounds"] == rounds
+            # one batch: the PLD is pessimistic; eps_c is searched to 1e-5 relative
+            assert row["epsilon_central"] <= row["epsilon_total"] * (1 + 2e-5)
+        assert out[0]["epsilon_total"] > out[1]["epsilon_total"]  # falls with n
+        totals.append(out[0]["epsilon_total"])
+    assert totals == sorted(totals)  # grows with the rounds
+    spec = MechanismSpec(mechanism="collision", d=64, s=4, epsilon=1.0)
+    assert totals[1] == epsilon_total(blanket_pair_for_spec(spec, n=2000), rounds=10, delta=1e-6)
+    plain = run_json(*base.split())
+    assert isinstance(plain, list)
+    assert "epsilon_total" not in plain[0]
+    assert "rounds" not in plain[0]
+    text = runner.invoke(app, [*base.split(), "--rounds", "10"])
+    assert text.exit_code == 0
+    assert "epsilon_total (10 rounds)" in text.output
 
 
 @pytest.mark.parametrize(
     ("args", "message"),
     [
+        (
+            [
+                "--mechanism",
+                "generic",
+                "--epsilon",
+                "1",
+                "--n",
+                "10",
+                "--delta",
+                "1e-6",
+                "--rounds",
+                "3",
+            ],
+            "--rounds needs --mechanism coco or collision",
+        ),
+        (
+            [
+                "--mechanism",
+                "coco",
+                "--epsilon",
+                "1",
+                "--s",
+                "1",
+                "--t",
+                "4",
+                "--n",
+                "10",
+                "--delta",
+                "1e-6",
+                "--rounds",
+                "0",
+            ],
+            "--rounds must be >= 1",
+        ),
         (
             ["--mechanism", "coco", "--epsilon", "1", "--n", "10", "--delta", "1e-6"],
             "--s is required",

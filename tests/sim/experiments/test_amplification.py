@@ -66,6 +66,9 @@ def test_mechanism_row_uses_the_figure_t_and_the_clone_probability(s: int, eps0:
     # a smaller clone probability gives a smaller (uncertified) epsilon
     assert 0 < row.eps_c_mechanism < row.eps_c_generic < eps0
     assert row.saving == pytest.approx(1 - row.eps_c_mechanism / row.eps_c_generic)
+    # the certified blanket bound sits between the paper's (invalid) pair and the generic one
+    assert row.eps_c_mechanism <= row.eps_c_blanket <= row.eps_c_generic
+    assert row.saving_blanket == pytest.approx(1 - row.eps_c_blanket / row.eps_c_generic)
 
 
 def test_grids() -> None:

@@ -221,13 +221,19 @@ def test_run_writes_csv_pngs_and_summary(tmp_path: Path) -> None:
         "setting",
         "epsilon",
         "delta_certified_generic",
+        "delta_certified_blanket",
         "delta_mechanism_uncertified",
         "divergence_view_exact",
         "mc_view_lower",
         "certified_holds",
+        "blanket_holds",
     ):
         assert key in rows[0]
     assert all(r["certified_holds"] == "True" for r in rows)
+    assert all(r["blanket_holds"] == "True" for r in rows)
+    for r in rows:  # the blanket bound is the tighter certified one, above the paper's delta
+        assert float(r["delta_certified_blanket"]) <= float(r["delta_certified_generic"])
+        assert float(r["delta_certified_blanket"]) >= float(r["delta_mechanism_uncertified"])
     assert all(math.isfinite(float(r["mc_view_estimate"])) for r in rows)
     for png in paths[1:3]:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,4 +1,4 @@
-"""Central privacy of n shuffled eps0-LDP reports: the stronger-clone accountant.
+"""Central privacy of n shuffled eps0-LDP reports: the generic stronger-clone bound.
 
 What is certified
 -----------------
@@ -104,29 +104,27 @@ Numerical certification
 the upper end of the final bracket, a value at which the bound was evaluated and is
 ``<= delta``.
 
-Closed forms for comparison: :func:`efmrtt19` (Erlingsson et al., SODA 2019) and
-:func:`fmt21` (Feldman, McMillan, Talwar, FOCS 2021).
+This is the *generic* bound of the accountant (``epsilon_central_generic``); the bound the
+product reports for CoCo and Collision is the mechanism-specific blanket bound of
+:mod:`aggregator.accountant.blanket`. Closed forms for comparison are in
+:mod:`aggregator.accountant.closed_forms`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Final
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import special, stats
+from scipy import stats
 
-from edge.spec import MechanismSpec
+from aggregator.accountant._checks import check_delta, check_epsilon0, check_n, check_real
+from aggregator.accountant.search import gaussian_guess, search_epsilon
 
 __all__ = [
-    "Amplification",
-    "amplify",
     "delta_for",
-    "efmrtt19",
     "epsilon_central",
-    "fmt21",
     "generic_clone_probability",
     "hockey_stick",
 ]
@@ -148,38 +146,17 @@ FloatArray = NDArray[np.float64]
 
 
 # --------------------------------------------------------------------------------------------
-# validation
+# clone probabilities
 
 
-def _check_real(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
-    value = float(value)
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-    return value
+def generic_clone_probability(epsilon0: float) -> float:
+    """Clone probability ``1 / (e^eps0 + 1)`` of an arbitrary eps0-LDP randomiser.
 
-
-def _check_n(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int | np.integer):
-        raise TypeError(f"n must be an integer, got {n!r}")
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    return int(n)
-
-
-def _check_epsilon0(epsilon0: float) -> float:
-    epsilon0 = _check_real("epsilon0", epsilon0)
-    if epsilon0 < 0:
-        raise ValueError(f"epsilon0 must be >= 0, got {epsilon0}")
-    return epsilon0
-
-
-def _check_delta(delta: float) -> float:
-    delta = _check_real("delta", delta)
-    if not 0 < delta <= 1:
-        raise ValueError(f"delta must be in (0, 1], got {delta}")
-    return delta
+    ERRATA item 4: the paper quotes the total-variation parameter ``(e^eps0 - 1)/(e^eps0 + 1)``;
+    the clone probability of the stronger clone theorem is that divided by ``e^eps0 - 1``.
+    """
+    epsilon0 = check_epsilon0(epsilon0)
+    return 1.0 / (math.exp(epsilon0) + 1.0)
 
 
 def _check_alpha(clone_probability: float, epsilon0: float) -> float:
@@ -190,7 +167,7 @@ def _check_alpha(clone_probability: float, epsilon0: float) -> float:
     every eps0-LDP randomiser. Anything larger is almost certainly a total-variation parameter
     ``beta`` passed by mistake, and is rejected.
     """
-    alpha = _check_real("clone_probability", clone_probability)
+    alpha = check_real("clone_probability", clone_probability)
     alpha_max = generic_clone_probability(epsilon0)
     if alpha < 0:
         raise ValueError(f"clone_probability must be >= 0, got {alpha}")
@@ -201,20 +178,6 @@ def _check_alpha(clone_probability: float, epsilon0: float) -> float:
             "the clone probability beta / (e^epsilon0 - 1) (ERRATA item 4)"
         )
     return min(alpha, alpha_max)
-
-
-# --------------------------------------------------------------------------------------------
-# clone probabilities
-
-
-def generic_clone_probability(epsilon0: float) -> float:
-    """Clone probability ``1 / (e^eps0 + 1)`` of an arbitrary eps0-LDP randomiser.
-
-    ERRATA item 4: the paper quotes the total-variation parameter ``(e^eps0 - 1)/(e^eps0 + 1)``;
-    the clone probability of the stronger clone theorem is that divided by ``e^eps0 - 1``.
-    """
-    epsilon0 = _check_epsilon0(epsilon0)
-    return 1.0 / (math.exp(epsilon0) + 1.0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -337,11 +300,11 @@ def hockey_stick(epsilon: float, *, n: int, epsilon0: float, clone_probability: 
     Raises ``ValueError`` unless ``epsilon >= 0``, ``n >= 1``, ``epsilon0 >= 0`` and
     ``0 <= clone_probability <= 1/(e^epsilon0 + 1)``.
     """
-    epsilon = _check_real("epsilon", epsilon)
+    epsilon = check_real("epsilon", epsilon)
     if epsilon < 0:
         raise ValueError(f"epsilon must be >= 0, got {epsilon}")
-    n = _check_n(n)
-    epsilon0 = _check_epsilon0(epsilon0)
+    n = check_n(n)
+    epsilon0 = check_epsilon0(epsilon0)
     alpha = _check_alpha(clone_probability, epsilon0)
     if epsilon >= epsilon0:
         return 0.0
@@ -352,82 +315,6 @@ def delta_for(*, epsilon: float, n: int, epsilon0: float, clone_probability: flo
     """The delta certified at ``epsilon``: :func:`hockey_stick` (the inverse of
     :func:`epsilon_central`)."""
     return hockey_stick(epsilon, n=n, epsilon0=epsilon0, clone_probability=clone_probability)
-
-
-def _gaussian_guess(*, n: int, epsilon0: float, alpha: float, delta: float) -> float:
-    """Heuristic starting point for the search (not part of the certificate).
-
-    For large n the privacy loss of the pair is close to Gaussian: conditionally on
-    ``M = m ~ 2 alpha n`` it is ``~ 4 (e^eps0 - 1) alpha (X - m/2) / m`` with
-    ``Var X ~ m/4``, i.e. mu-GDP with ``mu = (e^eps0 - 1) sqrt(2 alpha / n)``. Solve the GDP
-    hockey-stick ``Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2) = delta`` by bisection.
-    """
-    mu = math.expm1(epsilon0) * math.sqrt(2.0 * alpha / n)
-
-    def gdp_delta(eps: float) -> float:
-        a = float(special.ndtr(-eps / mu + 0.5 * mu))
-        b = float(special.ndtr(-eps / mu - 0.5 * mu))
-        return a - math.exp(eps) * b
-
-    lo, hi = 0.0, epsilon0
-    if not (mu > 0 and math.isfinite(mu)) or gdp_delta(hi) > delta:
-        return 0.5 * epsilon0
-    if gdp_delta(0.0) <= delta:
-        return 0.0
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if gdp_delta(mid) > delta:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
-def _search_epsilon(pair: _StrongerClonePair, delta: float, tol: float) -> float:
-    """Smallest eps in [0, eps0] with ``pair.divergence(eps) <= delta``, to within ``tol``.
-
-    Keeps a bracket ``[lo, hi]`` with ``D(hi) <= delta`` (``D(eps0) = 0``) and ``D(lo) > delta``
-    (``lo = 0`` is never evaluated: it is only the lower end of the search range). Probes
-    follow a secant on ``f = log D - log delta`` through the two latest finite evaluations,
-    started from :func:`_gaussian_guess`, offset by ``0.4 tol`` towards the side of the root
-    that has not just moved (so a converged estimate closes the bracket in one probe), kept
-    ``tol/4`` inside the bracket, and replaced by bisection when the secant is undefined,
-    leaves the bracket, or the bracket has not halved over three probes (so at most about
-    ``4 log2(eps0 / tol)`` probes). Only evaluated points become ``hi``, so the returned
-    upper end is certified; ``eps = 0`` is returned only after evaluating ``D(0) <= delta``.
-    """
-    log_delta = math.log(delta)
-    lo, hi = 0.0, pair.epsilon0
-    points: list[tuple[float, float]] = []  # finite (eps, f) evaluations, latest last
-    widths: list[float] = []
-    x = _gaussian_guess(n=pair.n, epsilon0=pair.epsilon0, alpha=pair.alpha, delta=delta)
-    if x == 0.0 and pair.divergence(0.0) <= delta:
-        return 0.0  # no amplification needed; probing towards 0 would only be slow
-    while hi - lo > tol:
-        x = min(max(x, lo + 0.25 * tol), hi - 0.25 * tol)
-        d = pair.divergence(x)
-        f = math.log(d) - log_delta if d > 0 else -math.inf
-        hi_moved = d <= delta
-        if hi_moved:
-            hi = x
-        else:
-            lo = x
-        if math.isfinite(f):
-            points.append((x, f))
-        widths.append(hi - lo)
-        proposal = math.nan
-        if len(points) >= 2:
-            (x1, f1), (x2, f2) = points[-2], points[-1]
-            if f1 != f2:
-                proposal = x2 - f2 * (x2 - x1) / (f2 - f1)
-        elif len(points) == 1:
-            proposal = points[0][0] * (0.98 if hi_moved else 1.02)
-        slow = len(widths) >= 4 and widths[-1] > 0.5 * widths[-4]
-        if slow or not lo <= proposal <= hi:  # also catches nan
-            x = 0.5 * (lo + hi)
-        else:  # clamped into [lo + tol/4, hi - tol/4] at the top of the loop
-            x = proposal + (-0.4 * tol if hi_moved else 0.4 * tol)
-    return hi
 
 
 def epsilon_central(
@@ -448,153 +335,15 @@ def epsilon_central(
     mechanism; a smaller, mechanism-specific value (``s / (s e^eps0 + t - s)`` for Collision
     and CoCo) is outside the corrected stronger-clone theorem (see the module docstring).
     """
-    n = _check_n(n)
-    delta = _check_delta(delta)
-    epsilon0 = _check_epsilon0(epsilon0)
+    n = check_n(n)
+    delta = check_delta(delta)
+    epsilon0 = check_epsilon0(epsilon0)
     alpha = _check_alpha(clone_probability, epsilon0)
-    tol = _check_real("tol", tol)
+    tol = check_real("tol", tol)
     if tol <= 0:
         raise ValueError(f"tol must be > 0, got {tol}")
     pair = _StrongerClonePair(n=n, epsilon0=epsilon0, alpha=alpha)
     if pair.trivial:
         return 0.0  # P = Q
-    return _search_epsilon(pair, delta, tol)
-
-
-# --------------------------------------------------------------------------------------------
-# closed forms
-
-
-def efmrtt19(*, epsilon0: float, n: int, delta: float) -> float | None:
-    """Erlingsson et al. (SODA 2019) closed form ``eps0 sqrt(144 log(1/delta) / n)``.
-
-    The constants hold only in that theorem's regime, encoded as in the reference
-    implementation of Balle et al. ("The Privacy Blanket of the Shuffle Model", 2019,
-    ``shuffleddp.amplification_bounds.Erlingsson``): ``eps0 <= 1/2``, ``n >= 1000``,
-    ``delta <= 1/100``, and the result must not exceed ``eps0`` (no amplification claimed
-    beyond the local guarantee). Returns ``None`` outside it; this reproduces exactly the NA
-    entries of ``shared/reference/amplification.tsv``.
-    """
-    epsilon0 = _check_epsilon0(epsilon0)
-    n = _check_n(n)
-    delta = _check_delta(delta)
-    if not (0 < epsilon0 <= 0.5 and n >= 1000 and delta <= 0.01):
-        return None
-    eps = epsilon0 * math.sqrt(144.0 * math.log(1.0 / delta) / n)
-    return eps if eps <= epsilon0 else None
-
-
-def fmt21(*, epsilon0: float, n: int, delta: float) -> float | None:
-    """Feldman, McMillan, Talwar (FOCS 2021) closed form for eps0-LDP reports.
-
-    ``log(1 + (e^eps0 - 1)/(e^eps0 + 1) (8 sqrt(e^eps0 log(4/delta)) / sqrt(n) + 8 e^eps0 / n))``,
-    valid for ``eps0 <= log(n / (16 log(2/delta)))``; ``None`` outside that range (which also
-    covers ``n <= 16 log(2/delta)``).
-    """
-    epsilon0 = _check_epsilon0(epsilon0)
-    n = _check_n(n)
-    delta = _check_delta(delta)
-    threshold = n / (16.0 * math.log(2.0 / delta))
-    if threshold <= 0 or epsilon0 > math.log(threshold):
-        return None
-    p = math.exp(epsilon0)
-    inner = 8.0 * math.sqrt(p * math.log(4.0 / delta)) / math.sqrt(n) + 8.0 * p / n
-    return math.log1p(math.tanh(0.5 * epsilon0) * inner)
-
-
-# --------------------------------------------------------------------------------------------
-# summary record
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Amplification:
-    """Central privacy of one shuffled batch of ``n`` reports, at ``delta``.
-
-    ``epsilon_central`` is the certified bound: the stronger-clone reduction with the
-    generic clone probability ``1/(e^eps0 + 1)`` (``clone_probability``), valid for every
-    eps0-LDP randomiser. It is the only number here to report as the privacy level.
-
-    For comparison only:
-
-    * ``epsilon_central_mechanism`` is the paper's Theorem "Amplification Upper Bounds" with
-      the mechanism-specific clone probability ``mechanism_clone_probability`` (ERRATA item
-      4). It is NOT certified: the stronger-clone lemma it rests on fails below the generic
-      clone probability (FMT23 erratum; counterexamples in the test-suite, module docs);
-    * ``efmrtt19`` and ``fmt21`` are the closed forms, ``None`` outside their regimes.
-    """
-
-    n: int
-    delta: float
-    epsilon0: float
-    clone_probability: float
-    epsilon_central: float
-    mechanism_clone_probability: float | None
-    epsilon_central_mechanism: float | None
-    efmrtt19: float | None
-    fmt21: float | None
-
-    def to_dict(self) -> dict[str, int | float | bool | None]:
-        """JSON-ready values (``None`` where a bound does not apply)."""
-        return {
-            "n": self.n,
-            "delta": self.delta,
-            "epsilon0": self.epsilon0,
-            "clone_probability": self.clone_probability,
-            "epsilon_central": self.epsilon_central,
-            "certified": True,
-            "mechanism_clone_probability": self.mechanism_clone_probability,
-            "epsilon_central_mechanism": self.epsilon_central_mechanism,
-            "epsilon_central_mechanism_certified": False,
-            "efmrtt19": self.efmrtt19,
-            "fmt21": self.fmt21,
-        }
-
-
-def amplify(
-    *,
-    n: int,
-    delta: float,
-    epsilon0: float,
-    mechanism_clone_probability: float | None = None,
-) -> Amplification:
-    """The :class:`Amplification` record for one batch of ``n`` shuffled reports.
-
-    ``epsilon_central`` always uses the generic clone probability; a
-    ``mechanism_clone_probability`` adds the paper's (uncertified) mechanism-specific value.
-    """
-    n = _check_n(n)
-    delta = _check_delta(delta)
-    epsilon0 = _check_epsilon0(epsilon0)
-    generic = generic_clone_probability(epsilon0)
-    eps_c = epsilon_central(n=n, delta=delta, epsilon0=epsilon0, clone_probability=generic)
-    eps_m: float | None = None
-    alpha: float | None = None
-    if mechanism_clone_probability is not None:
-        alpha = _check_alpha(mechanism_clone_probability, epsilon0)
-        eps_m = (
-            eps_c
-            if alpha == generic
-            else epsilon_central(n=n, delta=delta, epsilon0=epsilon0, clone_probability=alpha)
-        )
-    return Amplification(
-        n=n,
-        delta=delta,
-        epsilon0=epsilon0,
-        clone_probability=generic,
-        epsilon_central=eps_c,
-        mechanism_clone_probability=alpha,
-        epsilon_central_mechanism=eps_m,
-        efmrtt19=efmrtt19(epsilon0=epsilon0, n=n, delta=delta),
-        fmt21=fmt21(epsilon0=epsilon0, n=n, delta=delta),
-    )
-
-
-def amplify_spec(spec: MechanismSpec, *, n: int, delta: float) -> Amplification:
-    """:func:`amplify` for a deployment: ``epsilon0`` is the realised local level
-    ``ln(E/U) <= spec.epsilon`` and the comparison uses ``spec.clone_probability``."""
-    return amplify(
-        n=n,
-        delta=delta,
-        epsilon0=spec.epsilon_effective,
-        mechanism_clone_probability=spec.clone_probability,
-    )
+    guess = gaussian_guess(n=n, epsilon0=epsilon0, alpha=alpha, delta=delta)
+    return search_epsilon(pair.divergence, epsilon0=epsilon0, delta=delta, tol=tol, guess=guess)

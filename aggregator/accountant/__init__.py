@@ -1,0 +1,56 @@
+"""The shuffle privacy accountant: pure maths, one module per concept.
+
+* :mod:`~aggregator.accountant.clone`: the generic stronger-clone bound (any eps0-LDP
+  randomiser; ``epsilon_central_generic``);
+* :mod:`~aggregator.accountant.blanket`: the certified mechanism-specific privacy-blanket
+  bound for CoCo and Collision (``epsilon_central``);
+* :mod:`~aggregator.accountant.composition`: a device's central epsilon over many batches
+  (``epsilon_total``);
+* :mod:`~aggregator.accountant.calibration`: the local budget that meets a central target
+  over a horizon (``coco privacy calibrate``);
+* :mod:`~aggregator.accountant.closed_forms`: EFMRTT19 and FMT21, for comparison;
+* :mod:`~aggregator.accountant.record`: the per-batch record the service, CLI and demo use.
+
+No I/O, asyncio or logging here.
+"""
+
+from aggregator.accountant.blanket import (
+    BlanketPair,
+    blanket_delta,
+    blanket_delta_curve,
+    blanket_epsilon,
+    blanket_pair_for_spec,
+)
+from aggregator.accountant.calibration import CalibrationTarget, Plan, calibrate
+from aggregator.accountant.clone import (
+    delta_for,
+    epsilon_central,
+    generic_clone_probability,
+    hockey_stick,
+)
+from aggregator.accountant.closed_forms import efmrtt19, fmt21
+from aggregator.accountant.composition import blanket_pld, epsilon_total, epsilon_total_batches
+from aggregator.accountant.record import Amplification, amplify, amplify_spec
+
+__all__ = [
+    "Amplification",
+    "BlanketPair",
+    "CalibrationTarget",
+    "Plan",
+    "amplify",
+    "amplify_spec",
+    "blanket_delta",
+    "blanket_delta_curve",
+    "blanket_epsilon",
+    "blanket_pair_for_spec",
+    "blanket_pld",
+    "calibrate",
+    "delta_for",
+    "efmrtt19",
+    "epsilon_central",
+    "epsilon_total",
+    "epsilon_total_batches",
+    "fmt21",
+    "generic_clone_probability",
+    "hockey_stick",
+]

@@ -1,0 +1,379 @@
+"""Certified mechanism-specific central privacy of n shuffled CoCo / Collision reports.
+
+The privacy-blanket bound of ``shared/design/blanket-amplification.md`` (proof outline in
+``docs/privacy-model.md``). It is what the product reports as ``epsilon_central``.
+
+What is certified, and why
+--------------------------
+``p = e^eps0`` (the realised ``E/U`` of a deployment), ``Omega = s p + t - s``. Every report
+``(h, z)`` of CoCo (``t >= 2s``) and Collision (every ``t > s``) satisfies
+
+    (P)  1/Omega <= P(z | x, h) <= p/Omega    for every input x, seed h and bucket z.
+
+So each report is, with probability ``gamma = t/Omega``, uniform (a *blanket* report), and
+the blanket lemma of Balle, Bell, Gascon and Nissim (CRYPTO 2019) reduces the shuffled
+mechanism to a sum of i.i.d. terms; a convex-order argument shows that disjoint,
+collision-free hot sets are the worst case for every pair of inputs, every hash family and
+every order of CoCo's overwrites (design note, sections 1-4). The result is a *dominating
+pair* on class counts ``c = (N1, N2, N0, NR) ~ Multinomial(n; a, a, b, r)``:
+
+    P(c) = Mult(c) (p N1 + N2 + c0 N0) / n,     Q(c) = Mult(c) (N1 + p N2 + c0 N0) / n,
+
+with, for ``t >= 2s`` (CoCo, Collision, k-ary randomised response as ``s = 1, t = k``),
+``a = s/Omega``, ``b = (t - 2s)/Omega``, ``c0 = 1``, and for Collision with ``s < t < 2s``
+(hot sets must overlap; design note, end of section 4) ``a = (t - s)/Omega``,
+``b = (2s - t)/Omega``, ``c0 = p`` (class 0 is then "hot for both inputs"). In both cases
+``r = s (p - 1)/Omega`` and ``p a + a + c0 b = 1``. For every ``E = e^eps > 0``
+
+    H_E(S(R(D)) || S(R(D'))) <= H_E(P || Q)
+        = (1/n) E[((p - E) N1 + (1 - p E) N2 - c0 (E - 1) N0)_+]   (design note, section 5)
+
+in both directions (``Q`` is ``P`` with classes 1 and 2 swapped, so the two directions of
+the pair are equal). The paper's pair merges classes 0 and R (an observed neutral report
+is then wrongly treated as carrying nothing) and is *not* an upper bound.
+
+Computing ``H_E(P || Q)`` (design note, section 6)
+-------------------------------------------------
+``K = N1 + N2 ~ Bin(n, 2a)``; given ``K``, ``N1 ~ Bin(K, 1/2)`` and independently
+``N0 ~ Bin(n - K, q0)``, ``q0 = b / (1 - 2a)``. The integrand is
+``(p - 1)(1 + E)(N1 - tau)_+`` with ``tau = tau0(K) + tau1 N0``,
+``tau0 = K (p E - 1) / ((p - 1)(1 + E))``, ``tau1 = c0 (E - 1) / ((p - 1)(1 + E))``, and for
+``k = floor(tau) + 1``
+
+    E[(N1 - tau)_+ | K] = (K/4) b(k - 1; K - 1, 1/2) + (K/2 - tau) Pr[N1 >= k].
+
+``k`` is constant over runs of ``N0``; over such a run ``[i, j]`` the sum is
+``P_g ((K/4) b + (K/2 - tau0) S_k) - tau1 S_k M_g`` with ``P_g = Pr[i <= N0 <= j]`` and
+``M_g = E[N0; i <= N0 <= j] = (n - K) q0 Pr[i - 1 <= Bin(n - K - 1, q0) <= j - 1]``, each a
+difference of two binomial cdf values (or sf values above the mean, so nothing is computed
+as ``1 - x``).
+
+Numerical certificate (every item is *added* to the result)
+-----------------------------------------------------------
+* Truncation: only ``K`` in a window of ``Bin(n, 2a)`` and, for each ``K``, ``N0`` in a
+  window of ``Bin(n - K, q0)`` are summed. On the rest, ``(P - E Q)_+ <= P <= p Mult``, so
+  ``p`` times the skipped multinomial mass (exact, from binomial cdf/sf values) is added.
+  ``K = 0`` contributes exactly 0 and is skipped for free.
+* Special functions: scipy's Boost binomial pmf/cdf/sf, each given a relative error budget
+  ``1e-10`` (measured below ``1e-11``; the test-suite re-checks against exact arithmetic).
+  A group's value is a signed combination of such values; ``3e-10`` times the sum of the
+  absolute values of its terms is added (products of two values carry ``2 eps + eps^2``;
+  the margin over that also covers the binary64 rounding of the combination). The class
+  probabilities ``a, b, q0`` are computed in binary64 (a few ulps); their effect on the
+  binomial pmfs, about ``z sqrt(n) u`` relative at ``z`` standard deviations, is far inside
+  the same budget for every ``n`` below ``10^12``.
+* Rounding of ``tau``: the group formula with a wrong ``k`` is a tangent of the convex
+  ``tau -> E(N1 - tau)_+`` at a neighbouring kink, which has slope at most 1; the run
+  boundaries are computed from ``tau`` to within ``eta = 64 u (K + hi0 + 2)``
+  (``u = 2^-53``), so ``2 eta`` per unit of probability is added.
+* Each group value is clipped at 0 from below (the true one is non-negative), and the total
+  is multiplied by ``1 + 1e-9`` for the remaining few-ulp products and the summation.
+* ``eps >= eps0`` gives exactly 0: the likelihood ratio of the pair is at most ``p``.
+
+:func:`blanket_epsilon` inverts the bound with the bracketing search of
+:mod:`aggregator.accountant.search` and returns the upper end of a verified bracket: a value
+at which the certified ``delta(eps)`` was evaluated and found ``<= delta``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import special, stats
+
+from aggregator.accountant._checks import check_delta, check_n, check_real
+from aggregator.accountant.search import gaussian_guess, search_epsilon
+from edge.spec import MechanismSpec
+
+__all__ = [
+    "BlanketPair",
+    "blanket_delta",
+    "blanket_delta_curve",
+    "blanket_epsilon",
+    "blanket_pair_for_spec",
+    "tail_for",
+]
+
+FloatArray = NDArray[np.float64]
+
+_SPECIAL_REL_ERR: Final = 1e-10
+"""Relative error budget of one Boost binomial pmf / cdf / sf value."""
+_UNIT_ROUNDOFF: Final = 2.0**-53
+_REL_SLACK: Final = 1e-9
+"""Final relative slack for summation and the few-ulp arithmetic not budgeted elsewhere."""
+DEFAULT_TAIL: Final = 1e-20
+"""Default mass of each side of a truncation window (``p`` times it is added back)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BlanketPair:
+    """The blanket dominating pair of ``n`` shuffled CoCo / Collision reports.
+
+    ``exp_epsilon0`` is ``p = e^eps0`` (for a deployment the realised ``E/U``, see
+    :func:`blanket_pair_for_spec`), ``s`` the non-zeros per vector and ``t`` the output
+    domain size; k-ary randomised response is ``s = 1, t = k``. Certified for Collision with
+    any ``t > s`` and for CoCo with ``t >= 2s`` (its only admissible values): both satisfy
+    property (P) of the module docstring. The class probabilities ``a, b, r`` and the
+    neutral weight ``c0`` are the module docstring's.
+    """
+
+    n: int
+    exp_epsilon0: float
+    s: int
+    t: int
+
+    def __post_init__(self) -> None:
+        check_n(self.n)
+        p = check_real("exp_epsilon0", self.exp_epsilon0)
+        if p < 1.0:
+            raise ValueError(f"exp_epsilon0 must be >= 1, got {p}")
+        for name in ("s", "t"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an integer, got {value!r}")
+        if self.s < 1:
+            raise ValueError(f"s must be >= 1, got {self.s}")
+        if self.t <= self.s:
+            raise ValueError(f"t must be > s={self.s}, got {self.t}")
+
+    @property
+    def epsilon0(self) -> float:
+        """``ln p``."""
+        return math.log(self.exp_epsilon0)
+
+    @property
+    def omega(self) -> float:
+        """``Omega = s p + t - s``."""
+        return self.s * self.exp_epsilon0 + (self.t - self.s)
+
+    @property
+    def hot(self) -> float:
+        """``a``: probability of each of classes 1 and 2 (hot for one input only)."""
+        return min(self.s, self.t - self.s) / self.omega
+
+    @property
+    def neutral(self) -> float:
+        """``b``: probability of class 0 (neutral if ``t >= 2s``, hot for both otherwise)."""
+        return abs(self.t - 2 * self.s) / self.omega
+
+    @property
+    def neutral_weight(self) -> float:
+        """``c0``: 1 for ``t >= 2s``, ``p`` for ``t < 2s``."""
+        return 1.0 if self.t >= 2 * self.s else self.exp_epsilon0
+
+    def likelihood_ratio_terms(
+        self, n1: FloatArray, n2: FloatArray, n0: FloatArray
+    ) -> tuple[FloatArray, FloatArray]:
+        """``(p N1 + N2 + c0 N0, N1 + p N2 + c0 N0)``: ``P/Mult`` and ``Q/Mult`` times n."""
+        p, c0 = self.exp_epsilon0, self.neutral_weight
+        return p * n1 + n2 + c0 * n0, n1 + p * n2 + c0 * n0
+
+
+def blanket_pair_for_spec(spec: MechanismSpec, *, n: int) -> BlanketPair:
+    """The pair of a deployment: ``p`` is the realised ``E/U <= e^epsilon`` (exact in
+    binary), so the bound holds for the weights the devices actually use."""
+    return BlanketPair(n=n, exp_epsilon0=spec.exp_epsilon, s=spec.s, t=spec.t)
+
+
+def _lower_cdf(x: FloatArray, m: FloatArray, q: float) -> FloatArray:
+    """``Pr[Bin(m, q) <= x] - [x >= m q]``: the cdf below the mean, minus the sf above it.
+
+    Differences of these values give window probabilities without forming ``1 - small``;
+    their absolute values are the magnitudes the error budget multiplies.
+    """
+    out = np.empty_like(x)
+    below = x < m * q
+    out[below] = stats.binom.cdf(x[below], m[below], q)
+    out[~below] = -stats.binom.sf(x[~below], m[~below], q)
+    return out
+
+
+def _boundary_cdfs(  # noqa: PLR0917 (private helper; call sites read positionally)
+    end: FloatArray,
+    offsets: NDArray[np.int64],
+    m: FloatArray,
+    first_prev: FloatArray,
+    first_m: FloatArray,
+    q: float,
+) -> tuple[FloatArray, FloatArray]:
+    """:func:`_lower_cdf` at every run's end and at its previous boundary.
+
+    Runs are stored K by K; a run's previous boundary is the end of the run before it, except
+    for the first run of each K (at ``offsets``), whose previous boundary is ``first_prev``.
+    """
+    c_end = _lower_cdf(end, m, q)
+    c_prev = np.empty_like(c_end)
+    c_prev[1:] = c_end[:-1]
+    c_prev[offsets] = _lower_cdf(first_prev, first_m, q)
+    return c_end, c_prev
+
+
+class _Engine:
+    """Eps-independent parts of ``H_E(P || Q)`` for one pair (windows and ``K``'s pmf)."""
+
+    def __init__(self, pair: BlanketPair, tail: float) -> None:
+        self.pair = pair
+        n, p = pair.n, pair.exp_epsilon0
+        self.trivial = p == 1.0  # then P = Q
+        q1 = 2.0 * pair.hot
+        self.q0 = pair.neutral / (1.0 - q1) if pair.neutral > 0 else 0.0
+        k_lo = max(1, int(stats.binom.ppf(tail, n, q1)))
+        # Boost's isf is unreliable for tiny tails; use the mirrored ppf instead.
+        k_hi = min(n, n - int(stats.binom.ppf(tail, n, 1.0 - q1)) + 1)
+        ks = np.arange(k_lo, k_hi + 1, dtype=np.float64)
+        self.k = ks
+        self.pk = np.asarray(stats.binom.pmf(ks, n, q1)) * (1.0 + _SPECIAL_REL_ERR)
+        # K = 0 contributes exactly 0, so nothing is skipped below a window starting at 1.
+        skipped = float(stats.binom.cdf(k_lo - 1, n, q1)) if k_lo > 1 else 0.0
+        skipped += float(stats.binom.sf(k_hi, n, q1))
+        m0 = n - ks
+        self.m0 = m0
+        if self.q0 > 0.0:
+            z = 0.5 - float(special.ndtri(tail))
+            mean = m0 * self.q0
+            sd = np.sqrt(mean * (1.0 - self.q0))
+            self.lo0 = np.maximum(0.0, np.floor(mean - z * sd - 1.0))
+            self.hi0 = np.minimum(m0, np.ceil(mean + z * sd + z * z))
+            outside = np.asarray(stats.binom.cdf(self.lo0 - 1.0, m0, self.q0)) + np.asarray(
+                stats.binom.sf(self.hi0, m0, self.q0)
+            )
+            skipped += float(np.dot(self.pk, outside)) * (1.0 + _SPECIAL_REL_ERR)
+        else:
+            self.lo0 = np.zeros_like(ks)
+            self.hi0 = np.zeros_like(ks)
+        self.skipped = p * skipped * (1.0 + _SPECIAL_REL_ERR) * (1.0 + 4 * _UNIT_ROUNDOFF)
+        # Rounding of tau (module docstring): 2 eta per unit of probability.
+        eta = 64.0 * _UNIT_ROUNDOFF * (ks + self.hi0 + 2.0)
+        self.tau_budget = 2.0 * float(np.dot(self.pk, eta))
+
+    def divergence(self, epsilon: float) -> float:
+        """Certified upper bound on ``H_{e^eps}(P || Q) = H_{e^eps}(Q || P)``."""
+        pair = self.pair
+        if self.trivial or epsilon >= pair.epsilon0:
+            return 0.0  # likelihood ratio <= p <= e^eps
+        p, c0, n = pair.exp_epsilon0, pair.neutral_weight, pair.n
+        big_e = math.exp(epsilon)
+        coef = (p - 1.0) * (1.0 + big_e)
+        tau1 = c0 * math.expm1(epsilon) / coef
+        ks, m0, lo0, hi0 = self.k, self.m0, self.lo0, self.hi0
+        tau0 = ks * ((p * big_e - 1.0) / coef)
+        if self.q0 == 0.0 or tau1 == 0.0:
+            # One run per K: N0 does not move the threshold (or is always 0).
+            kk = np.clip(np.floor(tau0) + 1.0, 0.0, ks + 1.0)
+            head = 0.25 * ks * np.asarray(stats.binom.pmf(kk - 1.0, ks - 1.0, 0.5))
+            s_k = np.asarray(stats.binom.sf(kk - 1.0, ks, 0.5))
+            lin = (0.5 * ks - tau0) * s_k
+            value = np.maximum(head + lin, 0.0)
+            err = 3.0 * _SPECIAL_REL_ERR * (head + np.abs(lin))
+            inside = float(np.dot(self.pk, value + err))
+        else:
+            inside = self._grouped(tau0=tau0, tau1=tau1, ks=ks, m0=m0, lo0=lo0, hi0=hi0)
+        total = (coef / n) * (inside + self.tau_budget) + self.skipped
+        return min(total * (1.0 + _REL_SLACK), 1.0)
+
+    def _grouped(
+        self,
+        *,
+        tau0: FloatArray,
+        tau1: float,
+        ks: FloatArray,
+        m0: FloatArray,
+        lo0: FloatArray,
+        hi0: FloatArray,
+    ) -> float:
+        """``sum_K Pr[K] E[(N1 - tau)_+ ; N0 in window]`` by runs of constant ``k``."""
+        q0 = self.q0
+        k_first = np.clip(np.floor(tau0 + tau1 * lo0) + 1.0, 0.0, ks + 1.0)
+        k_last = np.clip(np.floor(tau0 + tau1 * hi0) + 1.0, 0.0, ks + 1.0)
+        counts = (k_last - k_first).astype(np.int64) + 1
+        offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        which = np.repeat(np.arange(ks.size), counts)
+        k = k_first[which] + (np.arange(which.size) - offsets[which])
+        kk, t0, m, lo, hi = ks[which], tau0[which], m0[which], lo0[which], hi0[which]
+        # Run of k: N0 in [previous end + 1, end], end = ceil((k - tau0)/tau1) - 1 (the last run
+        # ends at hi0, the first starts at lo0). Adjacent runs share their boundary, so each
+        # cdf value is computed once.
+        end = np.where(k == k_last[which], hi, np.ceil((k - t0) / tau1) - 1.0)
+        end = np.clip(end, lo - 1.0, hi)
+        prev = np.empty_like(end)
+        prev[1:] = end[:-1]
+        prev[offsets] = lo0 - 1.0
+        empty = end <= prev
+        m1 = np.maximum(m - 1.0, 0.0)
+        c_end, c_prev = _boundary_cdfs(end, offsets, m, lo0 - 1.0, m0, q0)
+        d_end, d_prev = _boundary_cdfs(end - 1.0, offsets, m1, lo0 - 2.0, m1[offsets], q0)
+        prob = (c_end - c_prev) + ((end >= m * q0).astype(np.float64) - (prev >= m * q0))
+        # magnitudes for the error budget; |prob| also covers the rounding of 1 - small
+        prob_mag = np.abs(c_end) + np.abs(c_prev) + np.abs(prob)
+        scale = m * q0
+        above = (end - 1.0 >= m1 * q0).astype(np.float64) - (prev - 1.0 >= m1 * q0)
+        mass = scale * ((d_end - d_prev) + above)
+        mass_mag = scale * (np.abs(d_end) + np.abs(d_prev)) + np.abs(mass)
+        head = 0.25 * kk * np.asarray(stats.binom.pmf(k - 1.0, kk - 1.0, 0.5))
+        s_k = np.asarray(stats.binom.sf(k - 1.0, kk, 0.5))
+        lin = (0.5 * kk - t0) * s_k
+        value = prob * (head + lin) - tau1 * s_k * mass
+        value = np.where(empty, 0.0, np.maximum(value, 0.0))
+        err = 3.0 * _SPECIAL_REL_ERR * (prob_mag * (head + np.abs(lin)) + tau1 * s_k * mass_mag)
+        return float(np.dot(self.pk[which], value + err))
+
+
+def tail_for(delta: float, p: float) -> float:
+    """Window tail mass so that the added ``4 p tail`` is a ``1e-7`` fraction of delta (it
+    moves epsilon by about ``1e-9`` relative, far inside the search's precision)."""
+    return min(DEFAULT_TAIL * 1e4, 1e-7 * delta / (4.0 * p))
+
+
+def blanket_delta_curve(
+    pair: BlanketPair, *, tail: float = DEFAULT_TAIL
+) -> Callable[[float], float]:
+    """``eps -> blanket_delta(pair, epsilon=eps, tail=tail)`` with the eps-independent work
+    (windows, the pmf of ``K``) done once: for evaluating the certified curve at many eps."""
+    tail = check_real("tail", tail)
+    if not 0 < tail < 0.5:
+        raise ValueError(f"tail must be in (0, 0.5), got {tail}")
+    return _Engine(pair, tail).divergence
+
+
+def blanket_delta(pair: BlanketPair, *, epsilon: float, tail: float = DEFAULT_TAIL) -> float:
+    """Certified upper bound on the shuffled mechanism's ``delta`` at ``epsilon``.
+
+    ``max(H_{e^eps}(S(R(D)) || S(R(D'))), H_{e^eps}(S(R(D')) || S(R(D))))`` over all
+    neighbouring datasets is at most the returned value (module docstring for the proof
+    and the numerical certificate). ``tail`` is the mass of each side of the truncation
+    windows (``p`` times the skipped mass is added, so it only trades speed for tightness).
+    Exactly 0 for ``epsilon >= eps0``.
+    """
+    epsilon = check_real("epsilon", epsilon)
+    if epsilon < 0:
+        raise ValueError(f"epsilon must be >= 0, got {epsilon}")
+    curve = blanket_delta_curve(pair, tail=tail)
+    return 0.0 if epsilon >= pair.epsilon0 else curve(epsilon)
+
+
+def blanket_epsilon(pair: BlanketPair, *, delta: float, rtol: float = 1e-5) -> float:
+    """Certified central epsilon of the shuffled mechanism at ``delta``.
+
+    The smallest ``eps`` in ``[0, eps0]`` with ``blanket_delta(eps) <= delta``, returned as
+    the upper end of a final bracket of relative width about ``rtol``: the certified bound
+    was evaluated there and found ``<= delta``. Never above ``eps0`` (where the bound is
+    exactly 0). The Gaussian first guess is usually within ``rtol / 2``, so the default
+    ``rtol = 1e-5`` (five significant digits, more than any report prints) costs two
+    evaluations of the bound.
+    """
+    delta = check_delta(delta)
+    rtol = check_real("rtol", rtol)
+    if not 0 < rtol < 1:
+        raise ValueError(f"rtol must be in (0, 1), got {rtol}")
+    if pair.exp_epsilon0 == 1.0:
+        return 0.0  # P = Q
+    engine = _Engine(pair, tail_for(delta, pair.exp_epsilon0))
+    eps0 = pair.epsilon0
+    guess = gaussian_guess(n=pair.n, epsilon0=eps0, alpha=pair.hot, delta=delta)
+    tol = rtol * (guess if guess > 0 else eps0)
+    return search_epsilon(engine.divergence, epsilon0=eps0, delta=delta, tol=tol, guess=guess)
