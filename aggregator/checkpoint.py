@@ -92,6 +92,10 @@ class Checkpoint:
     counters: Counters
     smallest_batch: int | None
     latest_batch: int | None
+    batch_sizes: dict[int, int]
+    """Batches applied by size (the history ``epsilon_total`` composes). A checkpoint
+    without it (written before it existed) counts every batch as one of the smallest size:
+    the largest per-batch epsilon, so the composition stays an upper bound."""
     last_batch_timestamp: float | None
 
 
@@ -162,6 +166,22 @@ def _parse_batch_rounds(fields: _Fields) -> dict[int, list[bytes]]:
     return rounds
 
 
+def _parse_batch_sizes(fields: _Fields, smallest: int | None, batches: int) -> dict[int, int]:
+    raw = fields.data.get("batch_sizes")
+    if raw is None:  # written before the field existed: pessimistic (see Checkpoint)
+        return {smallest: batches} if smallest is not None and batches else {}
+    sizes: dict[int, int] = {}
+    for key, count in fields.counts("batch_sizes", raw).items():
+        if not key.isdigit() or int(key) < 1:
+            raise fields.error(f"batch_sizes.{key}", "must be keyed by a batch size >= 1")
+        sizes[int(key)] = count
+    if sum(sizes.values()) != batches:
+        raise fields.error(
+            "batch_sizes", f"counts {sum(sizes.values())} batches, counters.batches {batches}"
+        )
+    return sizes
+
+
 def load_checkpoint(path: Path) -> Checkpoint:
     """The checked checkpoint at ``path``; :class:`CheckpointError` (one line, naming the
     file and, for a bad field, the field) otherwise."""
@@ -206,6 +226,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
             "counters.unacknowledged", raw_counters.get("unacknowledged", {})
         ),
     )
+    smallest = fields.optional_count("smallest_batch")
     last = fields.get("last_batch_timestamp")
     if last is not None and (isinstance(last, bool) or not isinstance(last, int | float)):
         raise fields.error("last_batch_timestamp", f"must be a number, got {_short(last)}")
@@ -217,8 +238,9 @@ def load_checkpoint(path: Path) -> Checkpoint:
         state=state,
         batch_rounds={} if version == 1 else _parse_batch_rounds(fields),
         counters=counters,
-        smallest_batch=fields.optional_count("smallest_batch"),
+        smallest_batch=smallest,
         latest_batch=fields.optional_count("latest_batch"),
+        batch_sizes=_parse_batch_sizes(fields, smallest, counters.batches),
         last_batch_timestamp=None if last is None else float(last),
     )
 

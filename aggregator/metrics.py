@@ -217,6 +217,19 @@ class AggregatorMetrics:
             ["batch"],
             registry=registry,
         )
+        self.epsilon_central_generic = Gauge(
+            f"{p}_epsilon_central_generic",
+            "Central epsilon of a shuffled batch by the generic stronger-clone bound (certified, "
+            "looser than epsilon_central), for comparison.",
+            ["batch"],
+            registry=registry,
+        )
+        self.epsilon_total = Gauge(
+            f"{p}_epsilon_total",
+            "Composed central epsilon (at delta) of a device present in every batch applied "
+            "so far (pessimistic PLD composition of the per-batch certified bounds).",
+            registry=registry,
+        )
         self.epsilon_curve = Gauge(
             f"{p}_epsilon_central_curve",
             "Certified central epsilon of a batch of n reports under the spec in force "
@@ -264,6 +277,14 @@ class AggregatorMetrics:
     def set_epsilon(self, *, smallest: float | None, latest: float | None) -> None:
         for name, value in (("smallest", smallest), ("latest", latest)):
             self.epsilon_central.labels(batch=name).set(np.nan if value is None else value)
+
+    def set_epsilon_generic(self, *, smallest: float | None, latest: float | None) -> None:
+        for name, value in (("smallest", smallest), ("latest", latest)):
+            gauge = self.epsilon_central_generic.labels(batch=name)
+            gauge.set(np.nan if value is None else value)
+
+    def set_epsilon_total(self, value: float | None) -> None:
+        self.epsilon_total.set(np.nan if value is None else value)
 
     def set_batch_size(self, *, smallest: int | None, latest: int | None) -> None:
         for name, value in (("smallest", smallest), ("latest", latest)):

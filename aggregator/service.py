@@ -115,7 +115,6 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from prometheus_client import CollectorRegistry
 
-from aggregator.accountant import amplify_spec
 from aggregator.batch_codec import decode_batch_arrays
 from aggregator.checkpoint import (
     CHECKPOINT_VERSION,
@@ -134,6 +133,7 @@ from aggregator.metrics import (
     epsilon_curve,
     epsilon_curve_grid,
 )
+from aggregator.privacy_ledger import PrivacyLedger, PrivacyLevel
 from edge import mqtt_url, topics
 from edge.announce import decode_announcement
 from edge.batch_auth import BatchAuthError, BatchVerifier
@@ -337,23 +337,22 @@ def estimates_document(
     state: AggregateState,
     *,
     delta: float,
-    smallest_batch: int | None,
+    batch_sizes: dict[int, int],
     latest_batch: int | None,
     confidence: float = 0.95,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``/estimates`` JSON (also ``coco aggregator snapshot --checkpoint``)."""
-
-    def eps(n: int | None) -> float | None:
-        return None if n is None else amplify_spec(state.spec, n=n, delta=delta).epsilon_central
-
+    """The offline ``/estimates`` JSON of a checkpoint (``coco aggregator snapshot``)."""
+    ledger = PrivacyLedger(state.spec, delta=delta)
+    ledger.restore(batch_sizes, latest_batch)
+    level = ledger.compute(ledger.snapshot())
     return {
         "spec": state.spec.to_dict(),
         "n": state.n,
         "estimates": state.estimate(confidence=confidence).to_dict(),
         "epsilon_local": state.spec.epsilon,
-        "epsilon_central": {"smallest": eps(smallest_batch), "latest": eps(latest_batch)},
-        "batch_size": {"smallest": smallest_batch, "latest": latest_batch},
+        **level.to_dict(),
+        "batch_size": {"smallest": ledger.smallest, "latest": latest_batch},
         "delta": delta,
         **(extra or {}),
     }
@@ -365,7 +364,7 @@ def snapshot_from_checkpoint(path: Path, *, confidence: float = 0.95) -> dict[st
     return estimates_document(
         checkpoint.state,
         delta=checkpoint.delta,
-        smallest_batch=checkpoint.smallest_batch,
+        batch_sizes=checkpoint.batch_sizes,
         latest_batch=checkpoint.latest_batch,
         confidence=confidence,
         extra={"checkpoint": str(path), "counters": checkpoint.counters.to_dict()},
@@ -458,7 +457,14 @@ class Aggregator:
         self._seen: dict[bytes, int] = {}
         """Applied batch id -> its round, for the retained rounds only."""
         self._rounds: dict[int, list[bytes]] = {}
-        self._eps_cache: dict[int, float] = {}
+        self.ledger = PrivacyLedger(self.spec, delta=config.delta)
+        self._privacy = PrivacyLevel(
+            epsilon_central={"smallest": None, "latest": None},
+            epsilon_central_generic={"smallest": None, "latest": None},
+            epsilon_total=None,
+            batches=0,
+        )
+        self._privacy_dirty = asyncio.Event()
         self._pending: list[tuple[paho.Client, int, int]] = []
         self._dirty = False
         self._last_checkpoint = time.monotonic()
@@ -593,6 +599,7 @@ class Aggregator:
                 tasks.create_task(self._mqtt_loop(), name="coco-aggregator-mqtt")
                 tasks.create_task(self._checkpoint_loop(), name="coco-aggregator-checkpoint")
                 tasks.create_task(self._export_epsilon_curve(), name="coco-aggregator-eps-curve")
+                tasks.create_task(self._privacy_loop(), name="coco-aggregator-privacy")
         except BaseExceptionGroup as group:
             coco = group.subgroup(CocoError)
             if coco is not None and len(group.exceptions) == len(coco.exceptions):
@@ -613,8 +620,24 @@ class Aggregator:
             logger.exception("cannot compute the epsilon_central curve; not exported")
             return
         self.metrics.set_epsilon_curve(curve)
-        for n, epsilon in curve.items():  # same function, same values: share the cache
-            self._eps_cache.setdefault(n, epsilon)
+
+    async def _privacy_loop(self) -> None:
+        """Recompute the central privacy level after batches were applied, in a worker
+        thread (a new batch size costs up to about a second), never on the event loop."""
+        self._privacy_dirty.set()  # a restored checkpoint has a history to account for
+        while True:
+            await self._privacy_dirty.wait()
+            self._privacy_dirty.clear()
+            snapshot = self.ledger.snapshot()
+            try:
+                level = await asyncio.to_thread(self.ledger.compute, snapshot)
+            except (ArithmeticError, ValueError):  # accounting must not stop the service
+                logger.exception("cannot compute the central privacy level; retrying later")
+                await asyncio.sleep(5.0)
+                self._privacy_dirty.set()
+                continue
+            self._privacy = level
+            self._publish_privacy()
 
     # -- MQTT ------------------------------------------------------------------------------
 
@@ -874,6 +897,8 @@ class Aggregator:
         self.latest_batch = size
         self.last_batch_timestamp = time.time()
         self.metrics.last_batch.set(self.last_batch_timestamp)
+        self.ledger.record(size)
+        self._privacy_dirty.set()
         self._dirty = True
         self._publish_estimates()
         return "applied"
@@ -959,17 +984,6 @@ class Aggregator:
             for batch_id in self._rounds.pop(round_):
                 self._seen.pop(batch_id, None)
 
-    def _epsilon(self, n: int | None) -> float | None:
-        if n is None:
-            return None
-        if n not in self._eps_cache:
-            if len(self._eps_cache) > 4096:
-                self._eps_cache.clear()
-            self._eps_cache[n] = amplify_spec(
-                self.spec, n=n, delta=self.config.delta
-            ).epsilon_central
-        return self._eps_cache[n]
-
     def _set_subscribed(self, subscribed: bool) -> None:
         if subscribed:
             self.subscribed.set()
@@ -997,12 +1011,23 @@ class Aggregator:
             "batch_ids": len(self._seen),
         }
 
+    @property
+    def privacy(self) -> PrivacyLevel:
+        """The central privacy level last computed (its ``batches`` says how many batches
+        it covers; it trails the applied batches by one computation)."""
+        return self._privacy
+
+    def _publish_privacy(self) -> None:
+        """Export the latest :class:`PrivacyLevel` (metrics and ``/estimates``)."""
+        level = self._privacy
+        self.metrics.set_epsilon(**level.epsilon_central)
+        self.metrics.set_epsilon_generic(**level.epsilon_central_generic)
+        self.metrics.set_epsilon_total(level.epsilon_total)
+        self._document = {**self._document, **level.to_dict()}
+
     def _publish_estimates(self) -> None:
         estimates = self.state.estimate(confidence=self.config.confidence)
         self.metrics.set_estimates(estimates)
-        eps_small = self._epsilon(self.smallest_batch)
-        eps_latest = self._epsilon(self.latest_batch)
-        self.metrics.set_epsilon(smallest=eps_small, latest=eps_latest)
         self.metrics.set_batch_size(smallest=self.smallest_batch, latest=self.latest_batch)
         self._document = {
             "deployment": self.config.deployment,
@@ -1010,7 +1035,7 @@ class Aggregator:
             "n": self.state.n,
             "estimates": estimates.to_dict(),
             "epsilon_local": self.spec.epsilon,
-            "epsilon_central": {"smallest": eps_small, "latest": eps_latest},
+            **self._privacy.to_dict(),
             "batch_size": {"smallest": self.smallest_batch, "latest": self.latest_batch},
             "min_batch": self.min_batch,
             "delta": self.config.delta,
@@ -1041,6 +1066,7 @@ class Aggregator:
             "counters": self.counters.to_dict(),
             "smallest_batch": self.smallest_batch,
             "latest_batch": self.latest_batch,
+            "batch_sizes": {str(n): count for n, count in self.ledger.sizes.items()},
             "last_batch_timestamp": self.last_batch_timestamp,
             "written_at": time.time(),
         }
@@ -1108,6 +1134,7 @@ class Aggregator:
         self.counters = restored
         self.smallest_batch = checkpoint.smallest_batch
         self.latest_batch = checkpoint.latest_batch
+        self.ledger.restore(checkpoint.batch_sizes, checkpoint.latest_batch)
         self.last_batch_timestamp = checkpoint.last_batch_timestamp
         self.metrics.reports.inc(restored.reports)
         self.metrics.batches.inc(restored.batches)

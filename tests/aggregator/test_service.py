@@ -203,6 +203,7 @@ def test_estimates_metrics_rejections_and_endpoint(mosquitto: Broker) -> None:
         await publish(mosquitto, *payloads)
         await until(lambda: agg.counters.batches == 3 and agg.counters.duplicates == 1)
         await until(lambda: sum(agg.counters.rejected.values()) == 10)
+        await until(lambda: agg.privacy.batches == 3)  # accounted off the event loop
         url = f"http://127.0.0.1:{agg.http_port}"
 
         def get(path: str) -> bytes:
@@ -297,6 +298,7 @@ def test_checkpoint_restart_counts_each_batch_once(mosquitto: Broker, tmp_path: 
 
     run(with_aggregator(config(mosquitto, tmp_path), first))
     saved = json.loads((tmp_path / "ckpt.json").read_text())
+    assert saved["batch_sizes"] == {"100": 1, "110": 1}  # epsilon_total's history
     assert saved["state"]["n"] == 210
     assert saved["batch_rounds"] == {
         "1": [(100).to_bytes(16, "big").hex(), (101).to_bytes(16, "big").hex()]
@@ -310,6 +312,7 @@ def test_checkpoint_restart_counts_each_batch_once(mosquitto: Broker, tmp_path: 
         await until(lambda: agg.counters.batches == 3 and agg.counters.duplicates >= 1)
         await publish(mosquitto, batch(rs[3], 103), batch(rs[1], 101))
         await until(lambda: agg.counters.batches == 4 and agg.counters.duplicates >= 2)
+        await until(lambda: agg.privacy.batches == 4)  # the restored history included
 
     registry = CollectorRegistry()
     agg = run(with_aggregator(config(mosquitto, tmp_path), second, registry))
@@ -322,6 +325,7 @@ def test_checkpoint_restart_counts_each_batch_once(mosquitto: Broker, tmp_path: 
         == smallest
     )
     saved = json.loads((tmp_path / "ckpt.json").read_text())
+    assert saved["batch_sizes"] == {"100": 1, "110": 1, "120": 1, "130": 1}
     assert saved["state"] == offline(*rs[:4]).to_dict()
     assert saved["counters"]["batches"] == 4
 

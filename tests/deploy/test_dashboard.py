@@ -159,6 +159,7 @@ def test_every_metric_named_in_a_query_exists() -> None:
     aggregator = AggregatorMetrics(registry, spec=SPEC, dims=(0,), epsilon_target=1.0)
     aggregator.set_estimates(AggregateState(SPEC).estimate())  # labelled series appear on use
     aggregator.set_epsilon(smallest=None, latest=None)
+    aggregator.set_epsilon_generic(smallest=None, latest=None)
     aggregator.set_batch_size(smallest=None, latest=None)
     aggregator.set_epsilon_curve({100: 1.0})
     ShufflerMetrics(registry)
@@ -176,6 +177,7 @@ def test_epsilon_panels_use_only_certified_metrics() -> None:
     assert any("coco_aggregator_epsilon_central_curve" in e for e in exprs)
     assert any('coco_aggregator_epsilon_central{batch="smallest"}' in e for e in exprs)
     assert any("coco_aggregator_epsilon_target" in e for e in exprs)
+    assert any("coco_aggregator_epsilon_total" in e for e in exprs)  # privacy over time
     assert not any("mechanism" in e for e in exprs)
 
 

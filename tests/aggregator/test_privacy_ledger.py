@@ -1,0 +1,90 @@
+"""The aggregator's privacy ledger: per-batch and composed central epsilon of the batches
+applied, and the pessimistic reading of a checkpoint written before the history was kept."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from aggregator.accountant import amplify_spec, blanket_pair_for_spec, epsilon_total_batches
+from aggregator.checkpoint import CheckpointError, load_checkpoint
+from aggregator.privacy_ledger import PrivacyLedger
+from edge.spec import MechanismSpec
+
+SPEC = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
+DELTA = 1e-6
+
+
+def test_levels_are_the_accountant_s_for_the_batches_recorded() -> None:
+    ledger = PrivacyLedger(SPEC, delta=DELTA)
+    empty = ledger.compute(ledger.snapshot())
+    assert empty.epsilon_total is None
+    assert empty.epsilon_central == {"smallest": None, "latest": None}
+    for size in (1000, 500, 1000, 2000):
+        ledger.record(size)
+    level = ledger.compute(ledger.snapshot())
+    assert level.batches == 4
+    small, latest = amplify_spec(SPEC, n=500, delta=DELTA), amplify_spec(SPEC, n=2000, delta=DELTA)
+    assert level.epsilon_central == {
+        "smallest": small.epsilon_central,
+        "latest": latest.epsilon_central,
+    }
+    assert level.epsilon_central_generic == {
+        "smallest": small.epsilon_central_generic,
+        "latest": latest.epsilon_central_generic,
+    }
+    pairs = [blanket_pair_for_spec(SPEC, n=n) for n in (500, 1000, 1000, 2000)]
+    assert level.epsilon_total == epsilon_total_batches(pairs=pairs, delta=DELTA)
+    # composing more batches never lowers the total; one batch costs its own epsilon at most
+    assert level.epsilon_total is not None
+    assert level.epsilon_total >= small.epsilon_central
+    ledger.record(2000)
+    more = ledger.compute(ledger.snapshot())
+    assert more.epsilon_total is not None
+    assert more.epsilon_total >= level.epsilon_total
+    assert set(more.to_dict()) == {
+        "epsilon_central",
+        "epsilon_central_generic",
+        "epsilon_total",
+        "batches_accounted",
+    }
+
+
+def _checkpoint(tmp_path: Path, **fields: object) -> Path:
+    """A minimal valid version-2 checkpoint of 3 applied batches, with ``fields`` replaced."""
+    from aggregator.estimators import AggregateState  # noqa: PLC0415
+
+    state = AggregateState(SPEC)
+    doc: dict[str, object] = {
+        "version": 2,
+        "fingerprint": SPEC.fingerprint,
+        "deployment": "dep",
+        "delta": DELTA,
+        "state": state.to_dict(),
+        "batch_rounds": {},
+        "retention_rounds": 10,
+        "counters": {"reports": 0, "batches": 3, "duplicates": 0, "rejected": {}},
+        "smallest_batch": 100,
+        "latest_batch": 300,
+        "last_batch_timestamp": None,
+        **fields,
+    }
+    path = tmp_path / "ckpt.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_checkpoint_without_history_counts_every_batch_as_the_smallest(tmp_path: Path) -> None:
+    checkpoint = load_checkpoint(_checkpoint(tmp_path))
+    assert checkpoint.batch_sizes == {100: 3}  # the largest per-batch epsilon: an upper bound
+    recorded = load_checkpoint(_checkpoint(tmp_path, batch_sizes={"100": 1, "300": 2}))
+    assert recorded.batch_sizes == {100: 1, 300: 2}
+    for bad, field in (
+        ({"100": 1}, "batch_sizes"),  # counts 1 batch, counters say 3
+        ({"x": 3}, "batch_sizes.x"),
+        ({"100": -3}, "batch_sizes.100"),
+    ):
+        with pytest.raises(CheckpointError, match=field):
+            load_checkpoint(_checkpoint(tmp_path, batch_sizes=bad))
