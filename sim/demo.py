@@ -601,6 +601,7 @@ def _result(
     truth = fleet.truth_sum / max(sent, 1)
     smallest = aggregator.smallest_batch
     eps_central = None if smallest is None else amplify_spec(spec, n=smallest, delta=config.delta)
+    privacy = aggregator.ledger.compute(aggregator.ledger.snapshot())
     channels = [
         {
             "name": ch.name,
@@ -637,7 +638,12 @@ def _result(
         "epsilon_local": spec.epsilon,
         "epsilon_local_effective": spec.epsilon_effective,
         "epsilon_central": None if eps_central is None else eps_central.epsilon_central,
+        "epsilon_central_generic": (
+            None if eps_central is None else eps_central.epsilon_central_generic
+        ),
         "epsilon_central_certified": True,
+        "epsilon_total": privacy.epsilon_total,
+        "epsilon_total_batches": privacy.batches,
         "delta": config.delta,
         "mse_mean": mse,
         "mse_mean_theory": mse_theory,
@@ -672,7 +678,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"{ch['name']:<12} {ch['unit']:<6} {est:>12.4g} {half:>11.3g} {truth:>12.4g} "
             f"{est - truth:>10.3g}"
         )
-    eps_c = result["epsilon_central"]
+    eps_c, eps_t = result["epsilon_central"], result["epsilon_total"]
     lines += [
         "",
         f"reports: sent {result['reports_sent']}, aggregated {result['reports_aggregated']}, "
@@ -685,6 +691,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"closed form {result['mse_mean_theory']:.4g}",
         f"epsilon_local {result['epsilon_local']:g}  epsilon_central (certified, smallest "
         f"batch) {'n/a' if eps_c is None else f'{eps_c:.4g}'}  delta {result['delta']:g}",
+        f"epsilon_total (a device in all {result['epsilon_total_batches']} batches) "
+        f"{'n/a' if eps_t is None else f'{eps_t:.4g}'}",
         f"throughput: {result['throughput_reports_per_s'] or 0:.0f} reports/s published",
     ]
     return "\n".join(lines)
