@@ -306,7 +306,6 @@ def test_sensor_pipeline_recovers_physical_means() -> None:
     state = AggregateState(m.spec)
     state.add(*m.randomise_sparse(keys, signs, rng))
     est = state.estimate()
-    mean, se = enc.decode_mean(est.mean, est.mean_se)
-    # The encoding adds at most s/d to a report's variance, small beside the mechanism's
-    # (here about 12 at f = s/d), so K_MANY mechanism standard errors still bound the error.
+    mean, se = enc.decode_mean(est.mean, est.mean_se, n=n)
+    # The SE includes the encoding's variance (docs/maths.md, "Sensor means").
     assert np.all(np.abs(mean - readings.mean(axis=0)) <= K_MANY * se)
