@@ -98,7 +98,7 @@ def simulate(
 
     --model sparse: random s-sparse ternary vectors; the error beside its closed form.
 
-    --model sensors: trial k reads round k of a fleet of n devices; coverage of the fleet means.
+    --model sensors: trial k reads hour k mod 24 of a fleet of n devices; coverage of its means.
 
     --json with sensors: per trial and channel the estimate, ci95_halfwidth and truth.
     """

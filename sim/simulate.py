@@ -98,15 +98,21 @@ def simulate(spec: MechanismSpec, *, n: int, seed: int, trials: int = 1) -> Simu
 Z95 = NormalDist().inv_cdf(0.975)
 """Normal quantile of a two-sided 95% interval (1.95996...)."""
 
+ROUNDS = 24
+"""Rounds of the sensor fleet the trials cycle through (a day of hourly rounds)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class SensorSimulationResult:
-    """Estimates of a sensor fleet's channel means over ``trials`` rounds of ``n`` devices.
+    """Estimates of a sensor fleet's channel means over ``trials`` trials of ``n`` devices.
 
-    Trial ``k`` reads round ``k`` of ``SensorFleet(n_devices=n, channels=d, seed=seed)``; each
-    device sends one report. ``estimate[k][j]`` is the decoded mean of channel ``j``,
-    ``ci95_halfwidth[k][j]`` the half-width of its 95% interval (:meth:`SensorEncoder.
-    decode_mean`), ``truth[k][j]`` the fleet's exact mean of the readings (simulation only).
+    Trial ``k`` reads round ``k mod 24`` (:data:`ROUNDS`: a day of hourly rounds, before the
+    devices' drift takes them far from their first readings) of
+    ``SensorFleet(n_devices=n, channels=d, seed=seed)``; each device sends one report,
+    encoded and randomised afresh. ``estimate[k, j]`` is the decoded mean of channel ``j``,
+    ``ci95_halfwidth[k, j]`` the half-width of its 95% interval
+    (:meth:`~edge.encoders.SensorEncoder.decode_mean`), ``truth[k, j]`` the fleet's exact
+    mean of the readings (simulation only).
     """
 
     mechanism: str
@@ -175,7 +181,7 @@ def simulate_sensors(
     spec: MechanismSpec, *, n: int, seed: int, trials: int = 1
 ) -> SensorSimulationResult:
     """Sensor readings -> :class:`~edge.encoders.SensorEncoder` -> ``spec``'s mechanism ->
-    decoded means with 95% intervals, for ``trials`` rounds of a fleet of ``n`` devices with
+    decoded means with 95% intervals, for ``trials`` trials of a fleet of ``n`` devices with
     ``spec.d`` channels (5..8) each keeping ``spec.s`` of them (class docs)."""
     if n < 1 or trials < 1:
         raise ValueError(f"need n >= 1 and trials >= 1, got n={n}, trials={trials}")
@@ -187,16 +193,23 @@ def simulate_sensors(
     estimate = np.empty((trials, spec.d))
     halfwidth = np.empty((trials, spec.d))
     truth = np.empty((trials, spec.d))
-    for k in range(trials):
-        readings = fleet.readings(k)
-        state = AggregateState(spec)
-        for lo in range(0, n, CHUNK):
-            keys, signs = encoder.encode_batch(readings[lo : lo + CHUNK], rng)
-            state.add(*mech.randomise_sparse(keys, signs, rng))
-        est = state.estimate()
-        estimate[k], se = encoder.decode_mean(est.mean, est.mean_se, n=n)
-        halfwidth[k] = Z95 * se
-        truth[k] = readings.mean(axis=0)
+    per_block = max(1, CHUNK // n)  # small fleets: several trials per vectorised pass
+    for first in range(0, trials, per_block):
+        block = range(first, min(trials, first + per_block))
+        rows = np.concatenate([fleet.readings(k % ROUNDS) for k in block])
+        states = [AggregateState(spec) for _ in block]
+        for lo in range(0, rows.shape[0], CHUNK):
+            hi = min(rows.shape[0], lo + CHUNK)
+            keys, signs = encoder.encode_batch(rows[lo:hi], rng)
+            seeds, z = mech.randomise_sparse(keys, signs, rng)
+            for i in range(lo // n, (hi - 1) // n + 1):  # the trials these rows belong to
+                a, b = max(lo, i * n) - lo, min(hi, (i + 1) * n) - lo
+                states[i].add(seeds[a:b], z[a:b])
+        for i, k in enumerate(block):
+            est = states[i].estimate()
+            estimate[k], se = encoder.decode_mean(est.mean, est.mean_se, n=n)
+            halfwidth[k] = Z95 * se
+            truth[k] = rows[i * n : (i + 1) * n].mean(axis=0)
     return SensorSimulationResult(
         mechanism=spec.mechanism,
         d=spec.d,

@@ -207,7 +207,7 @@ def test_simulate_sensors_json_gives_each_trial_and_channel() -> None:
         for ch in trial["channels"]:
             assert {"estimate", "ci95_halfwidth", "truth"} <= set(ch)
             assert ch["ci95_halfwidth"] > 0
-    # The truth is the fleet's exact mean of round k's readings (simulation only).
+    # The truth is the fleet's exact mean of round k's readings (simulation only; k < 24).
     fleet = SensorFleet(n_devices=500, channels=6, seed=2)
     for k, trial in enumerate(out["per_trial"]):
         truth = [ch["truth"] for ch in trial["channels"]]
