@@ -190,9 +190,20 @@ class AggregateState:
         state.n, state.sum_u, state.sum_v = n, sum_u, sum_v
         return state
 
-    def estimate(self, *, confidence: float = 0.95, projection: bool = False) -> Estimates:
+    def estimate(
+        self,
+        *,
+        confidence: float = 0.95,
+        projection: bool = False,
+        signs_from_values: bool = False,
+    ) -> Estimates:
         """Current estimates (see :func:`estimate`)."""
-        return estimate(self, confidence=confidence, projection=projection)
+        return estimate(
+            self,
+            confidence=confidence,
+            projection=projection,
+            signs_from_values=signs_from_values,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,7 +216,7 @@ class Estimates:
     the true value with probability ``confidence`` (normal approximation; docs/estimates.md):
     ``mean`` and ``freq`` are ``+-`` the halfwidth around the raw estimate, ``cond_mean``'s is
     Fieller's, within ``[-1, 1]`` and defined even where ``cond_mean`` is not (NaN only when
-    it is empty). The intervals always come from the raw, unbiased estimates, so they hold
+    it is empty), for the mean of the signs or, with ``signs_from_values``, of the values. The intervals always come from the raw, unbiased estimates, so they hold
     with ``projected`` too; the projected point estimates are biased and have no standard
     error (``*_se`` are NaN then). ``cond_mean_se`` is the delta method's, for information
     only: ``cond_mean +- z cond_mean_se`` is not a calibrated interval. With ``n == 0``
@@ -316,9 +327,19 @@ def fieller_interval(
 
 
 def estimate(
-    state: AggregateState, *, confidence: float = 0.95, projection: bool = False
+    state: AggregateState,
+    *,
+    confidence: float = 0.95,
+    projection: bool = False,
+    signs_from_values: bool = False,
 ) -> Estimates:
     """Unbiased estimates, closed-form standard errors and intervals from ``state``.
+
+    ``signs_from_values=True``: the non-zero ``x_j`` are signs drawn from values in
+    ``[-1, 1]`` with ``E[sign] = value`` (the key-value and sensor encoders), and the
+    conditional-mean interval is for the holders' mean *value* ``theta``, not the mean of
+    their signs: the sign draw adds ``1 - value^2`` per holder, at most ``f (1 - theta^2) / n``
+    in all (Jensen), to Fieller's variance (docs/maths.md, "Intervals").
 
     ``projection=True`` applies the paper's post-processing: the item frequencies
     ``(f + m)/2`` and ``(f - m)/2`` of the ``2d`` elements, divided by ``s``, are projected onto
@@ -346,12 +367,14 @@ def estimate(
     var_freq = mo.freq_variance(f_plug) / n
     cov = mo.mean_freq_covariance(m_plug) / n
     mean_se, freq_se = np.sqrt(var_mean), np.sqrt(var_freq)
+    # Sign noise f (1 - theta^2) / n: a constant in V(theta) and -f/n in its theta^2 term.
+    sign_noise = f_plug / n if signs_from_values else np.zeros(d)
     cond_lo, cond_hi = fieller_interval(
         mean,
         freq,
-        var_mean=var_mean,
+        var_mean=var_mean + sign_noise,
         var_freq=var_freq,
-        cov_unit=mo.mean_freq_covariance(f_plug) / n,
+        cov_unit=mo.mean_freq_covariance(f_plug) / n + sign_noise / 2,
         z=z,
     )
     intervals = {

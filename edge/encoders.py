@@ -157,7 +157,9 @@ class KeyValueEncoder:
     Real keys are ``[0, d)``; dummy keys ``[d, d + s)`` pad vectors with fewer than ``s``
     keys, so the mechanism runs on :attr:`mechanism_d` ``= d + s`` dimensions. Values in
     ``[-1, 1]`` become signs (+1 with probability ``(1 + value)/2``). The aggregate's ``freq[j]``
-    estimates the share of devices holding key ``j`` and ``cond_mean[j]`` their mean value.
+    estimates the share of devices holding key ``j`` and ``cond_mean[j]`` their mean value;
+    its interval covers that mean value with ``estimate(..., signs_from_values=True)``
+    (docs/estimates.md).
     Vectors with more than ``s`` keys are subsampled (``sample_overflow=True``, which weights
     such a device's keys by ``s/k`` in the frequencies) or rejected.
     """
