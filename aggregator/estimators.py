@@ -216,11 +216,12 @@ class Estimates:
     the true value with probability ``confidence`` (normal approximation; docs/estimates.md):
     ``mean`` and ``freq`` are ``+-`` the halfwidth around the raw estimate, ``cond_mean``'s is
     Fieller's, within ``[-1, 1]`` and defined even where ``cond_mean`` is not (NaN only when
-    it is empty), for the mean of the signs or, with ``signs_from_values``, of the values. The intervals always come from the raw, unbiased estimates, so they hold
-    with ``projected`` too; the projected point estimates are biased and have no standard
-    error (``*_se`` are NaN then). ``cond_mean_se`` is the delta method's, for information
-    only: ``cond_mean +- z cond_mean_se`` is not a calibrated interval. With ``n == 0``
-    every value is NaN.
+    it is empty), for the mean of the signs or, with ``signs_from_values``, of the values.
+    The intervals always come from the raw, unbiased estimates, so they hold with
+    ``projected`` too; the projected point estimates are biased and have no standard error
+    (``*_se`` are NaN then). ``cond_mean_se`` is the delta method's, for information only:
+    ``cond_mean +- z cond_mean_se`` is not a calibrated interval. With ``n == 0`` every value
+    is NaN.
     """
 
     n: int

@@ -53,6 +53,20 @@ class SimulationResult:
         return asdict(self)
 
 
+def _setting(spec: MechanismSpec, *, n: int, trials: int, seed: int) -> dict[str, Any]:
+    """The fields every simulation result starts with."""
+    return {
+        "mechanism": spec.mechanism,
+        "d": spec.d,
+        "s": spec.s,
+        "epsilon": spec.epsilon,
+        "t": spec.t,
+        "n": n,
+        "trials": trials,
+        "seed": seed,
+    }
+
+
 def simulate(spec: MechanismSpec, *, n: int, seed: int, trials: int = 1) -> SimulationResult:
     """Run the paper's synthetic experiment for ``spec`` (keys uniform, signs +1/-1)."""
     if n < 1 or trials < 1:
@@ -78,14 +92,7 @@ def simulate(spec: MechanismSpec, *, n: int, seed: int, trials: int = 1) -> Simu
         max_err.append(float(np.max(np.abs(err_mean))))
     moments = spec.moments
     return SimulationResult(
-        mechanism=spec.mechanism,
-        d=spec.d,
-        s=spec.s,
-        epsilon=spec.epsilon,
-        t=spec.t,
-        n=n,
-        trials=trials,
-        seed=seed,
+        **_setting(spec, n=n, trials=trials, seed=seed),
         mse_mean=float(np.mean(sq_mean)),
         mse_mean_theory=moments.mean_mse(spec.d, spec.s) / n,
         mse_freq=float(np.mean(sq_freq)),
@@ -211,14 +218,7 @@ def simulate_sensors(
             halfwidth[k] = Z95 * se
             truth[k] = rows[i * n : (i + 1) * n].mean(axis=0)
     return SensorSimulationResult(
-        mechanism=spec.mechanism,
-        d=spec.d,
-        s=spec.s,
-        epsilon=spec.epsilon,
-        t=spec.t,
-        n=n,
-        trials=trials,
-        seed=seed,
+        **_setting(spec, n=n, trials=trials, seed=seed),
         channels=fleet.names,
         units=tuple(ch.unit for ch in fleet.channel_specs),
         estimate=estimate,
