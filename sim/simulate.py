@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from statistics import NormalDist
 from typing import Any
 
@@ -26,13 +26,8 @@ CHUNK = 100_000
 
 
 @dataclass(frozen=True, kw_only=True)
-class SimulationResult:
-    """Errors of the estimates over ``trials`` independent runs of ``n`` reports each.
-
-    ``mse_*`` is the sum over dimensions of the squared error, averaged over trials;
-    ``*_theory`` its closed form (:mod:`edge.theory`); ``max_abs_error_mean`` the largest
-    absolute error of a mean estimate over dimensions, averaged over trials.
-    """
+class _Setting:
+    """What every simulation result starts with: the spec's parameters and the run's size."""
 
     mechanism: str
     d: int
@@ -42,6 +37,34 @@ class SimulationResult:
     n: int
     trials: int
     seed: int
+
+    @staticmethod
+    def of(spec: MechanismSpec, *, n: int, trials: int, seed: int) -> dict[str, Any]:
+        """The setting's fields of a run of ``spec`` (keyword arguments of a result)."""
+        return {
+            "mechanism": spec.mechanism,
+            "d": spec.d,
+            "s": spec.s,
+            "epsilon": spec.epsilon,
+            "t": spec.t,
+            "n": n,
+            "trials": trials,
+            "seed": seed,
+        }
+
+    def setting(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(_Setting)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulationResult(_Setting):
+    """Errors of the estimates over ``trials`` independent runs of ``n`` reports each.
+
+    ``mse_*`` is the sum over dimensions of the squared error, averaged over trials;
+    ``*_theory`` its closed form (:mod:`edge.theory`); ``max_abs_error_mean`` the largest
+    absolute error of a mean estimate over dimensions, averaged over trials.
+    """
+
     mse_mean: float
     mse_mean_theory: float
     mse_freq: float
@@ -51,20 +74,6 @@ class SimulationResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _setting(spec: MechanismSpec, *, n: int, trials: int, seed: int) -> dict[str, Any]:
-    """The fields every simulation result starts with."""
-    return {
-        "mechanism": spec.mechanism,
-        "d": spec.d,
-        "s": spec.s,
-        "epsilon": spec.epsilon,
-        "t": spec.t,
-        "n": n,
-        "trials": trials,
-        "seed": seed,
-    }
 
 
 def simulate(spec: MechanismSpec, *, n: int, seed: int, trials: int = 1) -> SimulationResult:
@@ -92,7 +101,7 @@ def simulate(spec: MechanismSpec, *, n: int, seed: int, trials: int = 1) -> Simu
         max_err.append(float(np.max(np.abs(err_mean))))
     moments = spec.moments
     return SimulationResult(
-        **_setting(spec, n=n, trials=trials, seed=seed),
+        **_Setting.of(spec, n=n, trials=trials, seed=seed),
         mse_mean=float(np.mean(sq_mean)),
         mse_mean_theory=moments.mean_mse(spec.d, spec.s) / n,
         mse_freq=float(np.mean(sq_freq)),
@@ -110,7 +119,7 @@ ROUNDS = 24
 
 
 @dataclass(frozen=True, kw_only=True)
-class SensorSimulationResult:
+class SensorSimulationResult(_Setting):
     """Estimates of a sensor fleet's channel means over ``trials`` trials of ``n`` devices.
 
     Trial ``k`` reads round ``k mod 24`` (:data:`ROUNDS`: a day of hourly rounds, before the
@@ -122,14 +131,6 @@ class SensorSimulationResult:
     mean of the readings (simulation only).
     """
 
-    mechanism: str
-    d: int
-    s: int
-    epsilon: float
-    t: int
-    n: int
-    trials: int
-    seed: int
     channels: tuple[str, ...]
     units: tuple[str, ...]
     estimate: NDArray[np.float64]
@@ -153,14 +154,7 @@ class SensorSimulationResult:
         named = list(zip(self.channels, self.units, strict=True))
         return {
             "model": "sensors",
-            "mechanism": self.mechanism,
-            "d": self.d,
-            "s": self.s,
-            "epsilon": self.epsilon,
-            "t": self.t,
-            "n": self.n,
-            "trials": self.trials,
-            "seed": self.seed,
+            **self.setting(),
             "coverage": {
                 name: float(c) for name, c in zip(self.channels, self.coverage, strict=True)
             },
@@ -218,7 +212,7 @@ def simulate_sensors(
             halfwidth[k] = Z95 * se
             truth[k] = rows[i * n : (i + 1) * n].mean(axis=0)
     return SensorSimulationResult(
-        **_setting(spec, n=n, trials=trials, seed=seed),
+        **_Setting.of(spec, n=n, trials=trials, seed=seed),
         channels=fleet.names,
         units=tuple(ch.unit for ch in fleet.channel_specs),
         estimate=estimate,
