@@ -16,7 +16,7 @@ if every interval covered exactly 95%, at most ``FAMILY_ERROR = 1e-3`` (Bonferro
 ``K = Phi^-1(1 - FAMILY_ERROR / (2 CHECKS)) = 4.15``. With 4,000 trials one standard error
 is 0.0034, so a check accepts 0.936..0.964 and rejects the old sensor intervals (0.53 to
 0.86 at epsilon 8, asserted below). The normal approximation of the intervals themselves
-moves their coverage by at most 0.003 at these sizes (measured on 24,000 intervals per
+moves their coverage by up to about 0.003 at these sizes (measured on 24,000 intervals per
 setting), well inside the tolerance.
 """
 
