@@ -12,9 +12,12 @@ moments of :mod:`edge.theory`:
 
 Each report's estimate of ``x_j`` is unbiased with a variance that depends only on whether
 ``x_j`` is zero, so ``Var(m_j) = (f_j V_nz + (1 - f_j) V_z) / n``; the standard errors plug in
-the estimated ``f_j`` (clipped to ``[0, 1]``). The conditional mean's error bar is the delta
-method's (asymptotic). Optional post-processing projects the item frequencies onto the
-simplex, as in the paper's experiments.
+the estimated ``f_j`` (clipped to ``[0, 1]``). Intervals: ``+- z SE`` for means and
+frequencies; for the conditional mean, Fieller's set (the ``theta`` in ``[-1, 1]`` that a
+z-test of ``m_j - theta f_j = 0`` accepts), defined even where ``f_j <= 0``; the delta
+method's ``cond_mean_se`` is kept for information only. Optional post-processing projects the
+item frequencies onto the simplex, as in the paper's experiments; projected estimates have no
+standard errors and keep the raw estimates' intervals (docs/estimates.md).
 """
 
 from __future__ import annotations
@@ -187,18 +190,38 @@ class AggregateState:
         state.n, state.sum_u, state.sum_v = n, sum_u, sum_v
         return state
 
-    def estimate(self, *, confidence: float = 0.95, projection: bool = False) -> Estimates:
+    def estimate(
+        self,
+        *,
+        confidence: float = 0.95,
+        projection: bool = False,
+        signs_from_values: bool = False,
+    ) -> Estimates:
         """Current estimates (see :func:`estimate`)."""
-        return estimate(self, confidence=confidence, projection=projection)
+        return estimate(
+            self,
+            confidence=confidence,
+            projection=projection,
+            signs_from_values=signs_from_values,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
 class Estimates:
-    """Per-dimension estimates with standard errors and ``confidence`` intervals.
+    """Per-dimension estimates, standard errors and ``confidence`` intervals.
 
     ``mean[j]`` estimates the average of ``x_j`` over reports, ``freq[j]`` the share of
-    reports with ``x_j != 0``, ``cond_mean[j]`` the average of ``x_j`` over those reports.
-    With ``n == 0`` every value is NaN.
+    reports with ``x_j != 0``, ``cond_mean[j]`` the average of ``x_j`` over those reports
+    (NaN where the estimated ``freq[j] <= 0``). ``*_lo``/``*_hi`` bound intervals that hold
+    the true value with probability ``confidence`` (normal approximation; docs/estimates.md):
+    ``mean`` and ``freq`` are ``+-`` the halfwidth around the raw estimate, ``cond_mean``'s is
+    Fieller's, within ``[-1, 1]`` and defined even where ``cond_mean`` is not (NaN only when
+    it is empty), for the mean of the signs or, with ``signs_from_values``, of the values.
+    The intervals always come from the raw, unbiased estimates, so they hold with
+    ``projected`` too; the projected point estimates are biased and have no standard error
+    (``*_se`` are NaN then). ``cond_mean_se`` is the delta method's, for information only:
+    ``cond_mean +- z cond_mean_se`` is not a calibrated interval. With ``n == 0`` every value
+    is NaN.
     """
 
     n: int
@@ -206,53 +229,126 @@ class Estimates:
     projected: bool
     mean: F64
     mean_se: F64
+    mean_lo: F64
+    mean_hi: F64
     freq: F64
     freq_se: F64
+    freq_lo: F64
+    freq_hi: F64
     cond_mean: F64
     cond_mean_se: F64
+    cond_mean_lo: F64
+    cond_mean_hi: F64
 
     @property
     def z_score(self) -> float:
-        return NormalDist().inv_cdf(0.5 + self.confidence / 2)
+        return z_score(self.confidence)
 
     @property
     def mean_halfwidth(self) -> F64:
-        return self.z_score * self.mean_se
+        """Half the width of the mean's interval (also when ``projected``)."""
+        half: F64 = (self.mean_hi - self.mean_lo) / 2
+        return half
 
     @property
     def freq_halfwidth(self) -> F64:
-        return self.z_score * self.freq_se
+        """Half the width of the frequency's interval (also when ``projected``)."""
+        half: F64 = (self.freq_hi - self.freq_lo) / 2
+        return half
 
     def to_dict(self) -> dict[str, Any]:
         def arr(a: F64) -> list[float | None]:
             return [None if not np.isfinite(x) else float(x) for x in a]
 
-        return {
+        out: dict[str, Any] = {
             "n": self.n,
             "confidence": self.confidence,
             "projected": self.projected,
-            "mean": arr(self.mean),
-            "mean_se": arr(self.mean_se),
-            "freq": arr(self.freq),
-            "freq_se": arr(self.freq_se),
-            "cond_mean": arr(self.cond_mean),
-            "cond_mean_se": arr(self.cond_mean_se),
         }
+        for name in _ARRAY_FIELDS:
+            out[name] = arr(getattr(self, name))
+        return out
+
+
+_ARRAY_FIELDS = (
+    "mean",
+    "mean_se",
+    "mean_lo",
+    "mean_hi",
+    "freq",
+    "freq_se",
+    "freq_lo",
+    "freq_hi",
+    "cond_mean",
+    "cond_mean_se",
+    "cond_mean_lo",
+    "cond_mean_hi",
+)
+"""The per-dimension arrays of :class:`Estimates`, in the order of ``to_dict``."""
+
+
+def z_score(confidence: float) -> float:
+    """Two-sided normal quantile of ``confidence`` (1.95996... for 0.95)."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def fieller_interval(
+    mean: F64, freq: F64, *, var_mean: F64, var_freq: F64, cov_unit: F64, z: float
+) -> tuple[F64, F64]:
+    """Hull of Fieller's confidence set for ``theta = mean / freq`` within ``[-1, 1]``.
+
+    At the true ``theta`` the raw estimates satisfy ``E[mean - theta freq] = 0``, with
+    variance ``V(theta) = var_mean + theta^2 (var_freq - 2 cov_unit)`` (the covariance of the
+    estimates is ``theta * cov_unit`` there, :meth:`ReportMoments.mean_freq_covariance`).
+    The set ``{theta in [-1, 1]: (mean - theta freq)^2 <= z^2 V(theta)}`` inverts that
+    test: a quadratic inequality ``A theta^2 - 2 B theta + C <= 0``. Its hull's ends are
+    among ``-1``, ``1`` and the real roots in between; an empty set gives NaN.
+    """
+    a = freq**2 - z**2 * (var_freq - 2 * cov_unit)
+    b = mean * freq
+    c = mean**2 - z**2 * var_mean
+    disc = np.maximum(b**2 - a * c, 0.0)
+    real = b**2 - a * c >= 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = b + np.where(b >= 0, 1.0, -1.0) * np.sqrt(disc)  # stable roots q/a and c/q
+        roots = np.stack([q / a, c / q])
+    ends = np.array([-1.0, 1.0])[:, None] * np.ones_like(mean)
+    g = a * ends**2 - 2 * b * ends + c
+    inside = real & np.isfinite(roots) & (np.abs(roots) <= 1.0)
+    cand = np.concatenate([ends, roots])
+    ok = np.concatenate([g <= 0, inside])
+    lo: F64 = np.where(ok, cand, np.inf).min(axis=0)
+    hi: F64 = np.where(ok, cand, -np.inf).max(axis=0)
+    empty = ~ok.any(axis=0)
+    lo[empty] = np.nan
+    hi[empty] = np.nan
+    return lo, hi
 
 
 def estimate(
-    state: AggregateState, *, confidence: float = 0.95, projection: bool = False
+    state: AggregateState,
+    *,
+    confidence: float = 0.95,
+    projection: bool = False,
+    signs_from_values: bool = False,
 ) -> Estimates:
-    """Unbiased estimates and closed-form standard errors from ``state`` (module docs).
+    """Unbiased estimates, closed-form standard errors and intervals from ``state``.
+
+    ``signs_from_values=True``: the non-zero ``x_j`` are signs drawn from values in
+    ``[-1, 1]`` with ``E[sign] = value`` (the key-value and sensor encoders), and the
+    conditional-mean interval is for the holders' mean *value* ``theta``, not the mean of
+    their signs: the sign draw adds ``1 - value^2`` per holder, at most ``f (1 - theta^2) / n``
+    in all (Jensen), to Fieller's variance (docs/maths.md, "Intervals").
 
     ``projection=True`` applies the paper's post-processing: the item frequencies
     ``(f + m)/2`` and ``(f - m)/2`` of the ``2d`` elements, divided by ``s``, are projected onto
     the probability simplex (each report holds exactly ``s`` elements). This lowers the total
-    squared error but makes the estimates biased; the standard errors stay those of the
-    unprojected estimators.
+    squared error but makes the estimates biased, with no closed-form standard error: the
+    ``*_se`` are NaN and the intervals stay those of the raw estimates (:class:`Estimates`).
     """
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    z = z_score(confidence)
     spec, n = state.spec, state.n
     d = spec.d
     if n == 0:
@@ -261,12 +357,7 @@ def estimate(
             n=0,
             confidence=confidence,
             projected=projection,
-            mean=nan,
-            mean_se=nan,
-            freq=nan,
-            freq_se=nan,
-            cond_mean=nan,
-            cond_mean_se=nan,
+            **dict.fromkeys(_ARRAY_FIELDS, nan),
         )
     mo = spec.moments
     mean = state.sum_u / (n * mo.d_mean)
@@ -276,6 +367,25 @@ def estimate(
     var_mean = mo.mean_variance(f_plug) / n
     var_freq = mo.freq_variance(f_plug) / n
     cov = mo.mean_freq_covariance(m_plug) / n
+    mean_se, freq_se = np.sqrt(var_mean), np.sqrt(var_freq)
+    # Sign noise f (1 - theta^2) / n: a constant in V(theta) and -f/n in its theta^2 term.
+    sign_noise = f_plug / n if signs_from_values else np.zeros(d)
+    cond_lo, cond_hi = fieller_interval(
+        mean,
+        freq,
+        var_mean=var_mean + sign_noise,
+        var_freq=var_freq,
+        cov_unit=mo.mean_freq_covariance(f_plug) / n + sign_noise / 2,
+        z=z,
+    )
+    intervals = {
+        "mean_lo": mean - z * mean_se,
+        "mean_hi": mean + z * mean_se,
+        "freq_lo": freq - z * freq_se,
+        "freq_hi": freq + z * freq_se,
+        "cond_mean_lo": cond_lo,
+        "cond_mean_hi": cond_hi,
+    }
     if projection:
         items = np.concatenate([(freq + mean) / 2, (freq - mean) / 2]) / spec.s
         proj = project_to_simplex(items) * spec.s
@@ -289,14 +399,17 @@ def estimate(
     bad = ~(freq > 0)
     cond[bad] = np.nan
     cond_se[bad] = np.nan
+    if projection:
+        mean_se, freq_se, cond_se = (np.full(d, np.nan) for _ in range(3))
     return Estimates(
         n=n,
         confidence=confidence,
         projected=projection,
         mean=mean,
-        mean_se=np.sqrt(var_mean),
+        mean_se=mean_se,
         freq=freq,
-        freq_se=np.sqrt(var_freq),
+        freq_se=freq_se,
         cond_mean=cond,
         cond_mean_se=cond_se,
+        **intervals,
     )

@@ -47,7 +47,8 @@ class SensorEncoder:
     An encoded vector keeps ``s`` channels drawn uniformly without replacement, each with
     sign +1 with probability ``(1 + v_j)/2``, so ``E[x_j] = (s/d) v_j`` (unbiased after the
     known scale ``d/s``; ERRATA item 6). :meth:`decode_mean` maps an estimated mean of the
-    ternary vectors back to physical units.
+    ternary vectors back to physical units, with a standard error that adds the encoding's
+    own variance to the mechanism's.
     """
 
     lo: tuple[float, ...]
@@ -123,13 +124,30 @@ class SensorEncoder:
         signs = np.where(rng.random(chosen.shape) < (1.0 + chosen) / 2.0, 1, -1).astype(np.int8)
         return keys, signs
 
-    def decode_mean(self, mean: ArrayLike, se: ArrayLike) -> tuple[F64, F64]:
-        """Estimated means (and standard errors) of the ternary vectors -> physical units."""
+    def decode_mean(self, mean: ArrayLike, se: ArrayLike, *, n: int) -> tuple[F64, F64]:
+        """Estimated means of the ternary vectors of ``n`` reports, with the aggregator's
+        standard errors -> fleet means of the readings in physical units, with standard
+        errors that include the encoding's variance (docs/maths.md, "Sensor means").
+
+        The aggregator's ``se`` covers the mechanism's noise around the mean of the encoded
+        vectors; the encoding adds ``Var(x_ij | v_i) = s/d - (s/d)^2 v_ij^2`` per report.
+        Scaled by ``d/s`` and bounded with ``mean_i v_ij^2 >= vbar_j^2`` (Jensen), the
+        variance of the estimated ``vbar_j`` is ``(d/s)^2 se^2 + (d/s - vbar_j^2) / n``,
+        with ``vbar_j`` the estimate clipped to ``[-1, 1]``: exact when every device reads the
+        same value, above it by the spread of ``v_j`` over the fleet otherwise. ``n = 0``
+        gives NaN.
+        """
+        if n < 0:
+            raise InputError(f"n must be >= 0, got {n}")
         half = (np.array(self.hi) - np.array(self.lo)) / 2.0
         centre = np.array(self.lo) + half
-        m = np.asarray(mean, dtype=np.float64)
-        e = np.asarray(se, dtype=np.float64)
-        return centre + half * self.scale * m, half * self.scale * e
+        v = self.scale * np.asarray(mean, dtype=np.float64)
+        e = self.scale * np.asarray(se, dtype=np.float64)
+        if n == 0:
+            nan = np.full(np.broadcast(v, e, half).shape, np.nan)
+            return nan, nan.copy()
+        encoding = (self.scale - np.clip(v, -1.0, 1.0) ** 2) / n
+        return centre + half * v, half * np.sqrt(e**2 + encoding)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,7 +157,9 @@ class KeyValueEncoder:
     Real keys are ``[0, d)``; dummy keys ``[d, d + s)`` pad vectors with fewer than ``s``
     keys, so the mechanism runs on :attr:`mechanism_d` ``= d + s`` dimensions. Values in
     ``[-1, 1]`` become signs (+1 with probability ``(1 + value)/2``). The aggregate's ``freq[j]``
-    estimates the share of devices holding key ``j`` and ``cond_mean[j]`` their mean value.
+    estimates the share of devices holding key ``j`` and ``cond_mean[j]`` their mean value;
+    its interval covers that mean value with ``estimate(..., signs_from_values=True)``
+    (docs/estimates.md).
     Vectors with more than ``s`` keys are subsampled (``sample_overflow=True``, which weights
     such a device's keys by ``s/k`` in the frequencies) or rejected.
     """

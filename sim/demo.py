@@ -597,7 +597,7 @@ def _result(
     xbar = fleet.total / max(sent, 1)
     mse = float(np.sum((est.mean - xbar) ** 2)) if n else math.nan
     mse_theory = spec.moments.mean_mse(spec.d, spec.s) / n if n else math.nan
-    value, se = encoder.decode_mean(est.mean, est.mean_se)
+    value, se = encoder.decode_mean(est.mean, est.mean_se, n=n)
     truth = fleet.truth_sum / max(sent, 1)
     smallest = aggregator.smallest_batch
     eps_central = None if smallest is None else amplify_spec(spec, n=smallest, delta=config.delta)

@@ -14,7 +14,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from aggregator.estimators import AggregateState, estimate
+from aggregator.estimators import AggregateState, estimate, fieller_interval
 from aggregator.projection import project_to_simplex
 from edge import CoCo, Collision, LocalMechanism, MechanismSpec, ReportError, device
 from edge.encoders import KeyValueEncoder, SensorEncoder
@@ -306,7 +306,83 @@ def test_sensor_pipeline_recovers_physical_means() -> None:
     state = AggregateState(m.spec)
     state.add(*m.randomise_sparse(keys, signs, rng))
     est = state.estimate()
-    mean, se = enc.decode_mean(est.mean, est.mean_se)
-    # The encoding adds at most s/d to a report's variance, small beside the mechanism's
-    # (here about 12 at f = s/d), so K_MANY mechanism standard errors still bound the error.
+    mean, se = enc.decode_mean(est.mean, est.mean_se, n=n)
+    # The SE includes the encoding's variance (docs/maths.md, "Sensor means").
     assert np.all(np.abs(mean - readings.mean(axis=0)) <= K_MANY * se)
+
+
+def test_fieller_interval_is_the_hull_of_the_accepted_thetas() -> None:
+    """Against brute force: the thetas of a fine grid of [-1, 1] that the z-test accepts."""
+    rng = np.random.default_rng(11)
+    k = 400
+    mean = rng.normal(0, 0.3, k)
+    freq = rng.normal(0.2, 0.3, k)
+    var_mean = rng.uniform(0.001, 0.2, k)
+    var_freq = rng.uniform(0.001, 0.2, k)
+    cov_unit = rng.uniform(-0.5, 0.5, k) * np.sqrt(var_mean * var_freq)
+    z = 1.96
+    lo, hi = fieller_interval(
+        mean, freq, var_mean=var_mean, var_freq=var_freq, cov_unit=cov_unit, z=z
+    )
+    theta = np.linspace(-1, 1, 40_001)[:, None]
+    accepted = (mean - theta * freq) ** 2 <= z**2 * (
+        var_mean + theta**2 * (var_freq - 2 * cov_unit)
+    )
+    some = accepted.any(axis=0)
+    assert np.array_equal(np.isnan(lo), ~some)
+    assert np.isnan(hi[~some]).all()
+    first = theta[np.argmax(accepted, axis=0), 0]
+    last = theta[len(theta) - 1 - np.argmax(accepted[::-1], axis=0), 0]
+    step = 2 / 40_000
+    assert np.all(np.abs(lo[some] - first[some]) <= step)
+    assert np.all(np.abs(hi[some] - last[some]) <= step)
+    # The draws reach every shape: empty, all of [-1, 1], bounded, two pieces.
+    gaps = (accepted[:-1] & ~accepted[1:]).sum(axis=0)
+    assert (~some).any()
+    assert ((lo == -1) & (hi == 1)).any()
+    assert ((lo > -1) & (hi < 1)).any()
+    assert (gaps[some & (hi == 1)] >= 1).any()
+
+
+def test_conditional_intervals_exist_where_the_conditional_mean_does_not() -> None:
+    """A dimension no report holds has freq near 0: cond_mean is often undefined (NaN), its
+    interval is not, and it is [-1, 1] or inside it."""
+    m = Collision(d=8, s=2, epsilon=0.5)
+    rng = np.random.default_rng(12)
+    keys = np.tile([0, 1], (2000, 1))
+    signs = np.tile([1, -1], (2000, 1)).astype(np.int8)
+    state = AggregateState(m.spec)
+    state.add(*m.randomise_sparse(keys, signs, rng))
+    est = state.estimate()
+    assert np.isnan(est.cond_mean[2:]).any()
+    finite = np.isfinite(est.cond_mean_lo)
+    assert finite[2:].any()
+    assert np.all(est.cond_mean_lo[finite] >= -1)
+    assert np.all(est.cond_mean_hi[finite] <= 1)
+    assert np.all(est.cond_mean_lo[finite] <= est.cond_mean_hi[finite])
+
+
+def test_projected_estimates_have_no_standard_errors_and_keep_the_raw_intervals() -> None:
+    m = CoCo(d=16, s=2, epsilon=1.0)
+    _, _, seeds, z = reports(m, 3000, seed=13)
+    state = AggregateState(m.spec)
+    state.add(seeds, z)
+    raw, proj = estimate(state), estimate(state, projection=True)
+    assert not raw.projected
+    assert proj.projected
+    for name in ("mean_se", "freq_se", "cond_mean_se"):
+        assert np.isnan(getattr(proj, name)).all()
+        assert np.isfinite(getattr(raw, name)).any()
+    for name in ("mean_lo", "mean_hi", "freq_lo", "freq_hi", "cond_mean_lo", "cond_mean_hi"):
+        assert np.array_equal(getattr(proj, name), getattr(raw, name), equal_nan=True)
+    assert np.allclose(raw.mean_halfwidth, raw.z_score * raw.mean_se)
+    assert np.allclose(raw.mean_lo + raw.mean_halfwidth, raw.mean)
+    assert np.allclose(raw.freq_halfwidth, raw.z_score * raw.freq_se)
+    doc = proj.to_dict()
+    assert doc["mean_se"] == [None] * 16
+    assert set(doc) == {
+        "n", "confidence", "projected",
+        "mean", "mean_se", "mean_lo", "mean_hi",
+        "freq", "freq_se", "freq_lo", "freq_hi",
+        "cond_mean", "cond_mean_se", "cond_mean_lo", "cond_mean_hi",
+    }  # fmt: skip

@@ -21,6 +21,7 @@ from aggregator.accountant import (
 )
 from edge import MechanismSpec
 from sim.cli import app
+from sim.sensors import SensorFleet
 
 runner = CliRunner()
 
@@ -264,6 +265,40 @@ def test_simulate_rejects_bad_parameters() -> None:
     )
     assert result.exit_code == 1
     assert "s must be in [1, d=4], got 8" in result.output
+
+
+SENSORS = "simulate --model sensors --mechanism coco --d 6 --s 2 --epsilon 4 --n 500 --seed 2"
+
+
+def test_simulate_sensors_json_gives_each_trial_and_channel() -> None:
+    out = run_json(*SENSORS.split(), "--trials", "3")
+    assert isinstance(out, dict)
+    assert (out["model"], out["d"], out["s"], out["n"], out["trials"]) == ("sensors", 6, 2, 500, 3)
+    assert len(out["per_trial"]) == 3
+    names = [ch["name"] for ch in out["per_trial"][0]["channels"]]
+    assert names == list(out["coverage"]) == list(SensorFleet(n_devices=1).names)
+    for trial in out["per_trial"]:
+        for ch in trial["channels"]:
+            assert {"estimate", "ci95_halfwidth", "truth"} <= set(ch)
+            assert ch["ci95_halfwidth"] > 0
+    # The truth is the fleet's exact mean of round k's readings (simulation only; k < 24).
+    fleet = SensorFleet(n_devices=500, channels=6, seed=2)
+    for k, trial in enumerate(out["per_trial"]):
+        truth = [ch["truth"] for ch in trial["channels"]]
+        assert truth == pytest.approx(fleet.ground_truth_mean(k).tolist())
+    again = run_json(*SENSORS.split(), "--trials", "3")
+    assert isinstance(again, dict)
+    assert again["per_trial"] == out["per_trial"]  # the seed makes the run reproducible
+    table = runner.invoke(app, SENSORS.split())
+    assert table.exit_code == 0, table.output
+    assert "coverage" in table.output
+    assert "temperature" in table.output
+
+
+def test_simulate_sensors_needs_five_to_eight_channels() -> None:
+    result = runner.invoke(app, [*SENSORS.replace("--d 6", "--d 4").split()])
+    assert result.exit_code == 1
+    assert "channels must be in [5, 8], got 4" in result.output
 
 
 def test_installed_console_script_runs() -> None:

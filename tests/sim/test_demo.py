@@ -51,10 +51,11 @@ def test_encoder_round_trip_of_the_truth() -> None:
     keys, signs = encoder.encode_batch(x, np.random.default_rng(0))
     mean = np.zeros(6)
     np.add.at(mean, keys.ravel(), signs.ravel().astype(float))
-    value, _ = encoder.decode_mean(mean / x.shape[0], np.zeros(6))
+    value, se = encoder.decode_mean(mean / x.shape[0], np.zeros(6), n=x.shape[0])
     half = (np.array(fleet.ranges[1]) - np.array(fleet.ranges[0])) / 2
-    # sign noise: SE of one channel mean <= half / sqrt(n); allow 5 SE
-    assert np.all(np.abs(value - x.mean(axis=0)) <= 5 * half / np.sqrt(x.shape[0]))
+    # No mechanism: the standard error is the sign noise's alone, at most half / sqrt(n).
+    assert np.all(se <= half / np.sqrt(x.shape[0]))
+    assert np.all(np.abs(value - x.mean(axis=0)) <= 5 * se)
 
 
 @pytest.mark.integration
