@@ -682,8 +682,9 @@ def format_table(result: dict[str, Any]) -> str:
     lines += [
         "",
         f"reports: sent {result['reports_sent']}, aggregated {result['reports_aggregated']}, "
-        f"rejected {result['reports_rejected']}, dropped {result['reports_dropped']} "
-        f"{result['reports_dropped_by_reason'] or ''}, buffered {result['reports_buffered']}, "
+        f"rejected {result['reports_rejected']}, dropped {result['reports_dropped']}"
+        f"{' ' + str(result['reports_dropped_by_reason']) if result['reports_dropped'] else ''}, "
+        f"buffered {result['reports_buffered']}, "
         f"unaccounted {result['reports_unaccounted']}",
         f"batches: {result['batches']} (smallest {result['batch_size_smallest']}, "
         f"min_batch {result['min_batch']})",
