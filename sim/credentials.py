@@ -182,6 +182,8 @@ DEVICE_ROLE = "device"
 """The role every device shares: read the deployment's spec."""
 
 _SUBSTITUTED_LEVELS = ("%c", "%u")
+_BOUND_SERVICES = frozenset({"announcer"})
+"""Service accounts bound to their name as client id, like devices."""
 _RESERVED_CLIENT_IDS = frozenset(
     name + suffix for name in SERVICE_ACCOUNTS for suffix in ("", "-out")
 )
@@ -294,7 +296,9 @@ def dynsec_config(
         if name not in roles_of_services:
             known = ", ".join(roles_of_services)
             raise ValueError(f"no role for service account {name!r} (known: {known})")
-        client(name, password, [name], bound=False)
+        # The announcer connects once, as itself; the shuffler (two connections) and the
+        # aggregator (its session and a separate read of the spec) use several ids.
+        client(name, password, [name], bound=name in _BOUND_SERVICES)
         roles.append({"rolename": name, "acls": roles_of_services[name]})
     for name, password in devices:
         if name in _SUBSTITUTED_LEVELS:

@@ -302,6 +302,13 @@ def test_dynsec_config_refuses_ambiguous_accounts() -> None:
         dynsec_config("fleet", [("shuffler-out", "a")], [("shuffler", "b")])
     bound = {c["username"]: c.get("clientid") for c in ok["clients"]}
     assert bound == {"shuffler": None, "dev-1": "dev-1"}
+    services = [("shuffler", "b"), ("aggregator", "c"), ("announcer", "d")]
+    full = dynsec_config("fleet", [], services)
+    assert {c["username"]: c.get("clientid") for c in full["clients"]} == {
+        "shuffler": None,
+        "aggregator": None,
+        "announcer": "announcer",
+    }
     with pytest.raises(ValueError, match="no role for service account 'gateway'"):
         dynsec_config("fleet", [], [("gateway", "a")])
     for pattern in ("%u", "%c"):  # Mosquitto 2.1 would substitute it in the device's ACL
