@@ -115,14 +115,26 @@ class FleetError(CocoError):
     """The fleet cannot run (file-descriptor limit, bad configuration)."""
 
 
-def next_round(now: float, round_seconds: int, offset: float, after: int | None = None) -> int:
+def next_round(
+    now: float,
+    round_seconds: int,
+    offset: float,
+    after: int | None = None,
+    *,
+    join_current: bool = True,
+) -> int:
     """The wall-clock round a fleet ready at Unix time ``now`` publishes in next.
 
     After ``after`` (the round it last published in, if any): the round in progress if the
     fleet is ready no later than ``max(offset, L / 2)`` seconds after it started, otherwise
-    the next one. Raises :class:`~edge.rounds.ClockError` for a clock that is not set.
+    the next one. Without ``join_current`` the first round (``after`` None) is always the
+    next one: a run started right after another one never reuses the round that one ended
+    in (its reports would all be duplicates). Raises :class:`~edge.rounds.ClockError` for a
+    clock that is not set.
     """
     round_ = current_round(round_seconds, now)
+    if after is None and not join_current:
+        return round_ + 1
     if after is not None and round_ <= after:
         return after + 1
     late = now - round_start(round_, round_seconds) > max(offset, round_seconds / 2)
@@ -143,6 +155,10 @@ class FleetConfig:
     """Consecutive wall-clock rounds to publish in; 0 runs until :meth:`Fleet.stop`."""
     round_offset: float = 0.0
     """Seconds after a round starts before the fleet publishes in it."""
+    join_current_round: bool = False
+    """Publish the first round in the round in progress (when early enough in it) instead of
+    waiting for the next: faster to start, but a run right after another one would repeat
+    that run's last round, whose reports the shuffler rejects as duplicates."""
     round_spread: float = 0.0
     """Seconds over which a round's reports are spread (0 = as fast as possible);
     ``round_offset + round_spread`` must be below ``round_seconds``."""
@@ -535,7 +551,13 @@ class Fleet:
             while not self.stopping and (cfg.rounds == 0 or index < cfg.rounds):
                 if index:
                     await self._reconnect_missing()
-                round_ = next_round(time.time(), cfg.round_seconds, cfg.round_offset, previous)
+                round_ = next_round(
+                    time.time(),
+                    cfg.round_seconds,
+                    cfg.round_offset,
+                    previous,
+                    join_current=cfg.join_current_round,
+                )
                 if previous is not None and round_ > previous + 1:
                     skipped = round_ - previous - 1
                     self.stats.rounds_skipped += skipped

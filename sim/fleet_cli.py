@@ -168,6 +168,19 @@ def _announced_spec(
     return spec, int(announcement["round_seconds"])
 
 
+def _fail_if_nothing_acknowledged(summary: dict[str, Any]) -> None:
+    """A run that got no report acknowledged failed, whatever else it printed (exit 1)."""
+    if summary["reports_published"] or summary.get("interrupted"):
+        return
+    failures = {k: v for k, v in summary["publish_failures"].items() if v}
+    typer.echo(
+        f"error: the broker acknowledged no report (failures: {failures or 'none'}; "
+        f"connected {summary['connected']} of {summary['devices']} devices)",
+        err=True,
+    )
+    raise typer.Exit(1)
+
+
 def _acked_writer(out: TextIO | None) -> Callable[[int, int, int], None] | None:
     """``--acked-log``: one line ``round seed z`` per acknowledged report."""
     if out is None:
@@ -206,6 +219,13 @@ def fleet(
             help="Seconds over which a round's reports are spread (0 = as fast as possible)."
         ),
     ] = 0.0,
+    join_current_round: Annotated[
+        bool,
+        typer.Option(
+            help="Start in the round in progress instead of the next (a rerun may then "
+            "repeat the previous run's last round: duplicates)."
+        ),
+    ] = False,
     ramp_up: Annotated[
         float, typer.Option(help="New connections per second (0 = as fast as possible).")
     ] = 0.0,
@@ -308,6 +328,7 @@ def fleet(
             round_seconds=length,
             round_offset=round_offset,
             round_spread=round_spread,
+            join_current_round=join_current_round,
             ramp_up=ramp_up,
             qos=qos_level,
             mode=mode.value,
@@ -340,7 +361,5 @@ def fleet(
     except (CocoError, ValueError, OSError, TimeoutError, aiomqtt.MqttError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    if as_json:
-        typer.echo(json.dumps(summary, indent=1))
-    else:
-        typer.echo(format_summary(summary))
+    typer.echo(json.dumps(summary, indent=1) if as_json else format_summary(summary))
+    _fail_if_nothing_acknowledged(summary)

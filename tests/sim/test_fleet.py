@@ -492,6 +492,9 @@ def test_next_round_joins_the_round_in_progress_only_in_its_first_half() -> None
     assert next_round(T0 + 60 + 1, 60, 0.0, after=r) == r + 1
     with pytest.raises(ValueError, match="not set"):
         next_round(12.0, 60, 0.0)  # a clock that is not set: ClockError
+    # The fleet's default: a first round is never the one in progress (a rerun would repeat it)
+    assert next_round(T0 + 1, 60, 0.0, join_current=False) == r + 1
+    assert next_round(T0 + 5, 60, 0.0, after=r, join_current=False) == r + 1
 
 
 def test_round_options_are_checked() -> None:
@@ -526,3 +529,37 @@ def test_each_own_connection_uses_its_device_id_as_client_id(
     summary = run(shared.run(), 60)
     assert summary["reports_published"] == 0
     assert summary["publish_failures"]["not_authorized"] == n
+
+
+def test_cli_fails_when_the_broker_acknowledged_no_report(
+    mosquitto_client_id_acl: Broker, tmp_path: Path
+) -> None:
+    """Every publish refused (shared connections under a client-id ACL): one error line
+    naming the failures, and exit status 1, not a summary that looks like success."""
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(SENSORS.to_dict()))
+    result = CliRunner().invoke(
+        app,
+        [
+            "fleet",
+            "--broker",
+            mosquitto_client_id_acl.url,
+            "--deployment",
+            "fleet-test",
+            "--spec",
+            str(spec_file),
+            "--round-seconds",
+            "1",
+            "--devices",
+            "10",
+            "--mode",
+            "multiplexed",
+            "--connections",
+            "2",
+            "--no-progress",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 1, result.output
+    assert "error: the broker acknowledged no report" in result.output
+    assert "not_authorized" in result.output
