@@ -264,8 +264,8 @@ aggregator_app = typer.Typer(help="The streaming aggregator service.", no_args_i
 
 @aggregator_app.command("run")
 def aggregator_run(
+    deployment: DeploymentOption,
     broker: BrokerOption = DEFAULT_BROKER,
-    deployment: DeploymentOption = "default",
     spec: SpecFileOption = None,
     delta: Annotated[
         float | None,

@@ -1,12 +1,14 @@
-"""Command-line options shared by every service command (one declaration, one env var).
+"""Command-line options shared by every command (one declaration, one env var).
 
-The MQTT credentials of the services (``coco shuffler``, ``coco aggregator``, ``coco announce``)
-use ``COCO_MQTT_*`` variables; ``coco device`` keeps its own documented ``COCO_USERNAME``,
-``COCO_PASSWORD`` and ``COCO_CA_FILE``.
+The MQTT credentials of every command (``coco device``, ``coco fleet``, ``coco shuffler``,
+``coco aggregator``, ``coco announce``) use the ``COCO_MQTT_*`` variables. The names
+``coco device`` used before (``COCO_USERNAME``, ``COCO_PASSWORD``, ``COCO_CA_FILE``) are
+still read, with a deprecation warning (:func:`apply_deprecated_env`).
 """
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Annotated
 
@@ -50,6 +52,27 @@ CaFileOption = Annotated[
     str | None,
     typer.Option(envvar="COCO_MQTT_CA_FILE", help="CA bundle for mqtts:// (default: system)."),
 ]
+
+
+DEPRECATED_ENV = {
+    "COCO_USERNAME": "COCO_MQTT_USERNAME",
+    "COCO_PASSWORD": "COCO_MQTT_PASSWORD",
+    "COCO_CA_FILE": "COCO_MQTT_CA_FILE",
+}
+"""Old environment variable -> its current name."""
+
+
+def apply_deprecated_env(environ: MutableMapping[str, str]) -> list[str]:
+    """Copy each deprecated variable that is set to its current name (unless that one is
+    set too); returns one warning per variable used. The entry point calls it before the
+    options are read."""
+    warnings = []
+    for old, new in DEPRECATED_ENV.items():
+        if old in environ:
+            if new not in environ:
+                environ[new] = environ[old]
+            warnings.append(f"warning: {old} is deprecated, use {new}")
+    return warnings
 
 
 def resolve_password(password: str | None, password_file: Path | None) -> str | None:

@@ -34,7 +34,17 @@ from typing import Annotated, TextIO
 import typer
 
 from edge.announce import read_spec_file
-from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption, SpecFileOption
+from edge.cli_options import (
+    DEFAULT_BROKER,
+    BrokerOption,
+    CaFileOption,
+    DeploymentOption,
+    PasswordFileOption,
+    PasswordOption,
+    SpecFileOption,
+    UsernameOption,
+    resolve_password,
+)
 from edge.errors import CocoError, InputError
 from edge.ledger import BudgetLedger
 from edge.publisher import DevicePublisher, PublisherConfig
@@ -116,11 +126,10 @@ def device(
         float,
         typer.Option(hidden=True, help="Test only: seconds added to the clock."),
     ] = 0.0,
-    username: Annotated[str | None, typer.Option(envvar="COCO_USERNAME")] = None,
-    password: Annotated[str | None, typer.Option(envvar="COCO_PASSWORD")] = None,
-    ca_file: Annotated[
-        Path | None, typer.Option(envvar="COCO_CA_FILE", help="CA bundle for mqtts.")
-    ] = None,
+    username: UsernameOption = None,
+    password: PasswordOption = None,
+    password_file: PasswordFileOption = None,
+    ca_file: CaFileOption = None,
     cert_file: Annotated[Path | None, typer.Option(envvar="COCO_CERT_FILE")] = None,
     key_file: Annotated[Path | None, typer.Option(envvar="COCO_KEY_FILE")] = None,
     qos: Annotated[int, typer.Option(envvar="COCO_QOS", help="MQTT QoS of reports.")] = 1,
@@ -132,8 +141,8 @@ def device(
         typer.Option(envvar="COCO_TIMEOUT", help="Seconds for connect, spec and each PUBACK."),
     ] = 10.0,
 ) -> None:
-    """Publish one eps-LDP report per CSV row of sensor readings (module doc of
-    edge.device_cli)."""
+    """Publish one eps-LDP report per CSV row of sensor readings, in the current wall-clock
+    round, after charging the device's privacy-budget ledger."""
     lo_values = _floats("--lo", lo)
     hi_values = _floats("--hi", hi)
     published = refused = failed = 0
@@ -144,8 +153,8 @@ def device(
             deployment=deployment,
             device_id=device_id,
             username=username,
-            password=password,
-            ca_file=None if ca_file is None else str(ca_file),
+            password=resolve_password(password, password_file),
+            ca_file=ca_file,
             cert_file=None if cert_file is None else str(cert_file),
             key_file=None if key_file is None else str(key_file),
             qos=qos,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from enum import StrEnum
 from typing import Annotated
 
@@ -15,6 +16,7 @@ from aggregator.cli import aggregator_app, privacy_app
 from broker.announce_cli import announce
 from broker.cli import shuffler
 from edge import CocoError, MechanismSpec
+from edge.cli_options import apply_deprecated_env
 from edge.device_cli import device
 from sim.credentials_cli import credentials
 from sim.demo import DEFAULT_DEVICES, DemoConfig, DemoError, format_table, run_demo
@@ -56,6 +58,8 @@ def _root(
         ),
     ] = None,
 ) -> None:
+    for warning in apply_deprecated_env(os.environ):
+        typer.echo(warning, err=True)
     if log_level is None:
         log_level = "info" if ctx.invoked_subcommand in _SERVICES else "warning"
     logging.basicConfig(
@@ -155,7 +159,7 @@ def demo(
     devices: Annotated[
         int | None,
         typer.Option(
-            help=f"Simulated devices [default: {DEFAULT_DEVICES}; fewer on the embedded broker]."
+            help=f"Simulated devices ({DEFAULT_DEVICES} by default; fewer on the embedded broker)."
         ),
     ] = None,
     rounds: Annotated[int, typer.Option(help="Rounds (one report per device each).")] = 3,

@@ -20,6 +20,7 @@ from aggregator.accountant import (
     generic_clone_probability,
 )
 from edge import MechanismSpec
+from edge.cli_options import apply_deprecated_env
 from sim.cli import app
 from sim.sensors import SensorFleet
 
@@ -327,3 +328,27 @@ def test_installed_console_script_runs() -> None:
         timeout=120,
     )
     assert json.loads(proc.stdout)["mechanism"] == "generic"
+
+
+def test_old_credential_variables_still_work_with_a_warning() -> None:
+    """``COCO_USERNAME`` and friends (``coco device``'s old names) feed the shared
+    ``COCO_MQTT_*`` options, with one deprecation warning each; the new name wins."""
+    environ = {"COCO_USERNAME": "dev-1", "COCO_PASSWORD": "old", "COCO_MQTT_PASSWORD": "new"}
+    warnings = apply_deprecated_env(environ)
+    assert environ["COCO_MQTT_USERNAME"] == "dev-1"
+    assert environ["COCO_MQTT_PASSWORD"] == "new"
+    assert warnings == [
+        "warning: COCO_USERNAME is deprecated, use COCO_MQTT_USERNAME",
+        "warning: COCO_PASSWORD is deprecated, use COCO_MQTT_PASSWORD",
+    ]
+    assert apply_deprecated_env({"COCO_MQTT_USERNAME": "x"}) == []
+
+
+def test_help_texts_read_whole_at_80_columns() -> None:
+    """No help text loses words to the markup or the width (issue: 'Simulated devices .',
+    a docstring pointing at a module)."""
+    for command in (["device"], ["demo"], ["fleet"], ["shuffler"], ["aggregator", "run"]):
+        result = CliRunner().invoke(app, [*command, "--help"], terminal_width=80)
+        assert result.exit_code == 0, result.output
+        assert "module doc" not in result.output
+        assert " ." not in result.output.replace("...", ""), command
