@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import string
+import urllib.error
 import urllib.request
 from collections.abc import Coroutine
 from enum import StrEnum
@@ -482,8 +483,11 @@ def aggregator_snapshot(
             assert url is not None
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"--url must be http(s)://..., got {url!r}")
-            with urllib.request.urlopen(url, timeout=timeout) as response:
-                document = json.loads(response.read())
+            try:
+                with urllib.request.urlopen(url, timeout=timeout) as response:
+                    document = json.loads(response.read())
+            except urllib.error.URLError as exc:  # the reason alone, naming the URL
+                raise CocoError(f"cannot read {url}: {exc.reason}") from None
     except (CocoError, OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

@@ -72,7 +72,10 @@ def publish_retained(
 
     client.on_connect = on_connect
     client.on_publish = on_publish
-    client.connect(host, port, keepalive=30)
+    try:
+        client.connect(host, port, keepalive=30)
+    except OSError as exc:
+        raise CocoError(f"cannot connect to the broker at {url}: {exc}") from exc
     client.loop_start()
     try:
         info = client.publish(topic, payload, qos=1, retain=True)

@@ -49,21 +49,24 @@ async def read_announcement(
     """The retained spec announcement of ``deployment`` (``SpecError`` if invalid)."""
     host, port, tls = parse_broker_url(broker)
     tls_params = aiomqtt.TLSParameters(ca_certs=ca_file) if tls else None
-    async with aiomqtt.Client(
-        host, port, username=username, password=password, tls_params=tls_params
-    ) as client:
-        await client.subscribe(spec_topic(deployment), qos=1)
-        try:
-            async with asyncio.timeout(timeout):
-                async for message in client.messages:
-                    payload = message.payload
-                    if isinstance(payload, bytes | bytearray):
-                        return decode_announcement(bytes(payload))
-        except TimeoutError:
-            raise TimeoutError(
-                f"no announcement on {spec_topic(deployment)} within {timeout:g} s "
-                "(run coco announce, or pass --spec)"
-            ) from None
+    try:
+        async with aiomqtt.Client(
+            host, port, username=username, password=password, tls_params=tls_params
+        ) as client:
+            await client.subscribe(spec_topic(deployment), qos=1)
+            try:
+                async with asyncio.timeout(timeout):
+                    async for message in client.messages:
+                        payload = message.payload
+                        if isinstance(payload, bytes | bytearray):
+                            return decode_announcement(bytes(payload))
+            except TimeoutError:
+                raise TimeoutError(
+                    f"no announcement on {spec_topic(deployment)} within {timeout:g} s "
+                    "(run coco announce, or pass --spec)"
+                ) from None
+    except (OSError, aiomqtt.MqttError) as exc:
+        raise CocoError(f"cannot read the spec announcement from {broker}: {exc}") from exc
     raise TimeoutError  # pragma: no cover  # the iterator only ends by raising
 
 
