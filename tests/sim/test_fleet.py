@@ -446,7 +446,7 @@ def test_cli_errors_are_one_line_without_a_traceback(mosquitto: Broker, tmp_path
         ),
         (
             ["--deployment", "cli-err", "--broker", f"mqtt://127.0.0.1:{free_port()}"],
-            "reading the announcement from",
+            "cannot read the spec announcement from",
         ),
         (
             ["--deployment", "cli-err", "--spec", str(good)],
