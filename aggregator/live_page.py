@@ -100,9 +100,10 @@ svg text { font: 11px system-ui, sans-serif; fill: #57606a; }
  <td class="num" data-field="epsilon_central_generic.latest" data-value="null">-</td></tr>
 <tr><td class="left">epsilon_total (a device in every batch)</td>
  <td class="num" colspan="2" data-field="epsilon_total" data-value="null">-</td></tr>
-<tr><td class="left">batches accounted / epsilon_local</td>
- <td class="num" data-field="batches_accounted" data-value="null">-</td>
- <td class="num" data-field="epsilon_local" data-value="null">-</td></tr>
+<tr><td class="left">batches accounted in epsilon_total</td>
+ <td class="num" colspan="2" data-field="batches_accounted" data-value="null">-</td></tr>
+<tr><td class="left">epsilon_local (one report)</td>
+ <td class="num" colspan="2" data-field="epsilon_local" data-value="null">-</td></tr>
 </table>
 <svg id="eps-chart" width="640" height="190" role="img"
  aria-label="epsilon per batch and epsilon_total over time"></svg>
