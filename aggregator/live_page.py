@@ -9,7 +9,8 @@ HTTP handler sends it with a Content-Security-Policy that lets the page load not
 * the certified central epsilon of the smallest and the latest batch, the generic bound
   beside it, the composed ``epsilon_total``, and a time series of the latest batch's
   epsilon and of ``epsilon_total`` that the page keeps while it is open (one point per
-  change of ``batches_accounted``; ``/estimates`` holds no history);
+  change of ``batches_accounted``; ``/estimates`` holds no history; the chart's
+  ``data-points`` holds them as JSON ``[batches_accounted, latest, total]``);
 * each dimension's mean and frequency with its interval half-width, as a table and an SVG
   chart of the intervals (the first :data:`MAX_ROWS` dimensions).
 
@@ -240,6 +241,7 @@ function drawHistory() {
   const svg = document.getElementById("eps-chart");
   const W = 640, H = 190, left = 46, right = 16, top = 10, bottom = 28;
   svg.replaceChildren();
+  svg.dataset.points = JSON.stringify(history.map((p) => [p.batches, p.latest, p.total]));
   document.getElementById("points").textContent = String(history.length);
   const values = history.flatMap((p) => [p.latest, p.total]).filter(isNum);
   if (!values.length) {

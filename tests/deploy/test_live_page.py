@@ -8,6 +8,8 @@ DOM after the script ran. Every element with ``data-field`` carries the raw numb
 ``data-value``; the test compares those with ``/estimates`` (exactly where the page copies
 a value, within 1e-12 where it derives one: the interval half-width) and checks that the
 human-readable text renders the same number. A screenshot lands in the test's tmp dir.
+A second test serves a sequence of ``/estimates`` documents, one per read, and checks the
+epsilon time series the page keeps while it stays open.
 
 Chromium is installed by scripts/test in CI (``apt-get install chromium``); where it is
 missing the test is skipped, except under ``CI=true``, where it fails.
@@ -28,12 +30,17 @@ from statistics import NormalDist
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from aggregator.live_page import CONTENT_SECURITY_POLICY
-from aggregator.service import Aggregator
+from aggregator.estimators import AggregateState
+from aggregator.live_page import CONTENT_SECURITY_POLICY, POLL_SECONDS
+from aggregator.metrics import MetricsServer
+from aggregator.service import Aggregator, estimates_document
 from edge.batch_auth import BatchSigner
 from tests.aggregator.test_service import (
+    DELTA,
     DEPLOYMENT,
+    SPEC,
     batch,
     config,
     publish,
@@ -63,7 +70,7 @@ def chromium_binary() -> str:
     pytest.skip(message)
 
 
-def chromium(binary: str, profile: Path, *args: str) -> str:
+def chromium(binary: str, profile: Path, *args: str, budget_ms: int = VIRTUAL_TIME_MS) -> str:
     """Run headless Chromium with a throw-away profile; its stdout. ``--no-sandbox``: tests
     run as root in CI, where Chromium's sandbox refuses to start."""
     command = [
@@ -75,12 +82,29 @@ def chromium(binary: str, profile: Path, *args: str) -> str:
         "--disable-extensions",
         "--hide-scrollbars",
         f"--user-data-dir={profile}",
-        f"--virtual-time-budget={VIRTUAL_TIME_MS}",
+        f"--virtual-time-budget={budget_ms}",
         *args,
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout
+
+
+class _Attributes(HTMLParser):
+    """The attributes of the element with ``id``."""
+
+    def __init__(self, element_id: str) -> None:
+        super().__init__()
+        self.element_id = element_id
+        self.attributes: dict[str, str | None] = {}
+
+    def handle_starttag(
+        self,
+        tag: str,  # noqa: ARG002 (HTMLParser's signature; any element may hold the id)
+        attrs: list[tuple[str, str | None]],
+    ) -> None:
+        if dict(attrs).get("id") == self.element_id:
+            self.attributes = dict(attrs)
 
 
 class _Fields(HTMLParser):
@@ -250,3 +274,44 @@ def test_the_page_shows_what_estimates_holds(mosquitto: Broker, tmp_path: Path) 
     png = Path(seen["shot"]).read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
     assert len(png) > 20_000  # a rendered page, not a blank one
+
+
+def test_the_page_keeps_the_epsilon_history_while_open(tmp_path: Path) -> None:
+    """Three documents, as after the first, second and third batch (of 300, 120 and 200
+    reports), served one per read of /estimates, then the third again: the page's series
+    holds one point per batch, with each document's latest and total epsilon."""
+    binary = chromium_binary()
+    state = AggregateState(SPEC)
+    docs = []
+    sizes: dict[int, int] = {}
+    for size, seed in ((300, 1), (120, 2), (200, 3)):
+        state.add(*reports(size, seed))
+        sizes[size] = 1
+        docs.append(estimates_document(state, delta=DELTA, batch_sizes=sizes, latest_batch=size))
+    reads: list[int] = []
+
+    def next_document() -> dict[str, Any]:
+        reads.append(1)
+        return docs[min(len(reads), len(docs)) - 1]
+
+    server = MetricsServer(
+        host="127.0.0.1", port=0, registry=CollectorRegistry(), estimates=next_document
+    )
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/"
+        budget_ms = (len(docs) + 1) * POLL_SECONDS * 1000  # a read or more after the last
+        dom = chromium(binary, tmp_path / "profile", "--dump-dom", url, budget_ms=budget_ms)
+    finally:
+        server.stop()
+    assert len(reads) >= len(docs)
+    parser = _Attributes("eps-chart")
+    parser.feed(dom)
+    raw = parser.attributes.get("data-points")
+    assert raw is not None
+    expected = [
+        [doc["batches_accounted"], doc["epsilon_central"]["latest"], doc["epsilon_total"]]
+        for doc in docs
+    ]
+    assert [row[0] for row in expected] == [1, 2, 3]
+    assert json.loads(raw) == expected
