@@ -158,7 +158,7 @@ def demo(
         ),
     ] = False,
     port: Annotated[
-        int, typer.Option(help="Port of the live page with --serve [default: 0, a free one].")
+        int, typer.Option(help="Port of the live page with --serve (0: a free one).")
     ] = 0,
 ) -> None:
     """Run devices -> shuffler -> aggregator on this machine and compare the private
