@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
-import shutil
 import subprocess
 import urllib.request
 from html.parser import HTMLParser
@@ -51,6 +49,7 @@ from tests.aggregator.test_service import (
     with_aggregator,
 )
 from tests.conftest import Broker
+from tests.deploy.debian_tools import debian_binary
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -59,15 +58,8 @@ VIRTUAL_TIME_MS = 5000
 
 
 def chromium_binary() -> str:
-    """The Chromium executable (``$COCO_CHROMIUM``, else on the PATH); skip where it is
-    missing, fail under CI=true."""
-    binary = os.environ.get("COCO_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-    if Path(binary).exists():
-        return binary
-    message = "chromium is not installed (scripts/test installs it: apt-get install chromium)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true: {message}")
-    pytest.skip(message)
+    """The Chromium executable (``$COCO_CHROMIUM``, else on the PATH)."""
+    return debian_binary("chromium", env="COCO_CHROMIUM")
 
 
 def chromium(binary: str, profile: Path, *args: str, budget_ms: int = VIRTUAL_TIME_MS) -> str:
