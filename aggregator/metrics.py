@@ -22,7 +22,8 @@ coco_aggregator_reports_total`` (reports released but not applied yet). A histog
 time minus release time is not possible: a batch carries no release time (docs/protocol.md,
 section 10.3), and adding one would change the wire format.
 
-:class:`MetricsServer` serves, on one port, ``/metrics`` (Prometheus text format) and
+:class:`MetricsServer` serves, on one port, the live page at ``/``
+(:mod:`aggregator.live_page`), ``/metrics`` (Prometheus text format) and
 ``/estimates`` (JSON: spec, n, estimates, certified central epsilon for the smallest and the
 latest batch, delta, the counters and the retained horizon; the counters are replaced after
 every batch, rejected and duplicate ones included, so they never lag ``/metrics``). It is
@@ -46,6 +47,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from aggregator.accountant import amplify_spec
 from aggregator.estimators import Estimates
+from aggregator.live_page import CONTENT_SECURITY_POLICY, PAGE
 from edge.spec import MechanismSpec
 
 logger = logging.getLogger(__name__)
@@ -307,15 +309,27 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
+        headers: dict[str, str] = {}
         try:
-            if path == "/metrics":
+            if path == "/":
+                body = PAGE
+                content_type = "text/html; charset=utf-8"
+                headers = {
+                    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+                    "Cache-Control": "no-cache",
+                }
+            elif path == "/favicon.ico":
+                self.send_response(204)
+                self.end_headers()
+                return
+            elif path == "/metrics":
                 body = generate_latest(self.server.registry)
                 content_type = CONTENT_TYPE_LATEST
             elif path == "/estimates":
                 body = json.dumps(self.server.estimates()).encode()
                 content_type = "application/json"
             else:
-                self.send_error(404, "try /metrics or /estimates")
+                self.send_error(404, "try /, /metrics or /estimates")
                 return
         except Exception:  # a failing snapshot must not kill the server thread
             logger.exception("error serving %s", path)
@@ -324,6 +338,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
+        for name, value in headers.items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
 
@@ -346,7 +362,7 @@ class _Server(ThreadingHTTPServer):
 
 
 class MetricsServer:
-    """``/metrics`` and ``/estimates`` on ``host:port`` (``port=0`` picks a free port)."""
+    """``/``, ``/metrics`` and ``/estimates`` on ``host:port`` (``port=0`` picks a free port)."""
 
     def __init__(
         self,

@@ -6,6 +6,8 @@ import asyncio
 import json
 import logging
 import os
+import signal
+import time
 from enum import StrEnum
 from typing import Annotated
 
@@ -19,7 +21,15 @@ from edge import CocoError, MechanismSpec
 from edge.cli_options import apply_deprecated_env
 from edge.device_cli import device
 from sim.credentials_cli import credentials
-from sim.demo import DEFAULT_DEVICES, DemoConfig, DemoError, format_table, run_demo
+from sim.demo import (
+    DEFAULT_DEVICES,
+    DemoConfig,
+    DemoError,
+    format_table,
+    page_url,
+    run_pipeline,
+    serve_final_state,
+)
 from sim.experiments.cli import experiment_app
 from sim.fleet_cli import fleet
 from sim.simulate import SensorSimulationResult, simulate_sensors
@@ -189,6 +199,17 @@ def demo(
     ] = False,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 120.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    serve: Annotated[
+        bool,
+        typer.Option(
+            "--serve",
+            help="Serve the aggregator's live page (and /metrics, /estimates) on 127.0.0.1 "
+            "during the run, and keep it up afterwards until Ctrl-C.",
+        ),
+    ] = False,
+    port: Annotated[
+        int, typer.Option(help="Port of the live page with --serve (0: a free one).")
+    ] = 0,
 ) -> None:
     """Run devices -> shuffler -> aggregator on this machine and compare the private
     estimates with the (simulation-only) ground truth."""
@@ -207,15 +228,41 @@ def demo(
             broker=broker,
             embedded_broker=embedded_broker,
             timeout=timeout,
+            http_port=port if serve else None,
         )
-        result = asyncio.run(run_demo(config))
+        run = asyncio.run(run_pipeline(config))
     except (DemoError, CocoError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    if as_json:
-        typer.echo(json.dumps(result, indent=1))
+    typer.echo(json.dumps(run.result, indent=1) if as_json else format_table(run.result))
+    if not serve:
         return
-    typer.echo(format_table(result))
+    try:
+        server = serve_final_state(run)
+    except OSError as exc:
+        typer.echo(f"error: cannot serve the live page on 127.0.0.1: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"serving the final estimates at {page_url(server.port)} (Ctrl-C to stop)", err=True)
+    _wait_for_a_stop_signal()
+    server.stop()
+
+
+def _wait_for_a_stop_signal() -> None:
+    """Sleep until SIGINT (Ctrl-C) or SIGTERM, also where the shell started this process
+    with SIGINT ignored (in the background)."""
+
+    def stop(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def main() -> None:

@@ -22,7 +22,11 @@
 4. **Rounds.** Round ``k`` of the readings is published in the ``k``-th wall-clock round
    of ``round_seconds`` (2 s) from the start; the shuffler releases each round whole, as
    one signed batch, when the round closes.
-5. **Accounting.** The demo waits until the shuffler has received every report, stops it
+5. **Live page.** With ``http_port`` set (``coco demo --serve``) the aggregator serves its
+   live page, ``/metrics`` and ``/estimates`` on 127.0.0.1 during the run (``0``: a free
+   port); the URL is printed and kept in the result, and :func:`serve_final_state` serves
+   the final state on the same port after the run. Without it nothing listens.
+6. **Accounting.** The demo waits until the shuffler has received every report, stops it
    (drain: without a state directory it releases the open round's pool), waits until the
    aggregator has applied every released report, then stops the aggregator.
    ``reports_sent = reports_aggregated + reports_rejected + reports_dropped +
@@ -56,6 +60,7 @@ from prometheus_client import CollectorRegistry
 
 from aggregator.accountant import amplify_spec
 from aggregator.estimators import AggregateState
+from aggregator.metrics import MetricsServer
 from aggregator.service import Aggregator, AggregatorConfig
 from broker.core import MAX_BATCH_LIMIT
 from broker.metrics import DROP_REASONS, REJECT_REASONS
@@ -80,12 +85,15 @@ __all__ = [
     "find_mosquitto",
     "run_demo",
     "run_pipeline",
+    "serve_final_state",
 ]
 
 DEFAULT_DEVICES = 2000
 EMBEDDED_DEFAULT_DEVICES = 1000
 """Fleet size on the embedded broker when none was given: 3 rounds take a few seconds."""
 EMBEDDED_BROKER_KIND = "embedded amqtt (MQTT 3.1.1, fallback for small fleets)"
+HTTP_HOST = "127.0.0.1"
+"""Where the demo's aggregator serves its page (``http_port``): this machine only."""
 
 ReportSink = Callable[[str, int, int, int], None]
 """Called with ``(device_id, round, seed, z)`` for every report before it is published."""
@@ -126,6 +134,9 @@ class DemoConfig:
     flush_interval: float = 0.2
     release_size: int | None = None
     timeout: float = 60.0
+    http_port: int | None = None
+    """Serve the aggregator's live page, ``/metrics`` and ``/estimates`` on 127.0.0.1 at this
+    port during the run (``0``: a free one); ``None``: no HTTP server."""
     progress: bool = True
     deployment: str = field(default_factory=lambda: f"demo-{secrets.token_hex(4)}")
 
@@ -142,6 +153,8 @@ class DemoConfig:
             raise ValueError("connections and window must be >= 1")
         if not self.timeout > 0:
             raise ValueError(f"timeout must be > 0, got {self.timeout}")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ValueError(f"http_port must be in [0, 65535], got {self.http_port}")
         if self.broker is not None:
             parse_broker_url(self.broker)
 
@@ -159,6 +172,10 @@ class DemoRun:
     state: AggregateState
     shuffler_registry: CollectorRegistry
     aggregator_registry: CollectorRegistry
+    estimates: dict[str, Any] = field(default_factory=dict)
+    """The aggregator's final ``/estimates`` document."""
+    http_port: int | None = None
+    """The port the aggregator served on during the run (``None``: it did not serve)."""
 
 
 # -- the broker -----------------------------------------------------------------------------
@@ -438,7 +455,8 @@ def _services(
             batch_public_key=signer.public_key_hex,
             min_batch=config.min_batch,
             round_seconds=config.round_seconds,
-            http_port=None,
+            http_host=HTTP_HOST,
+            http_port=config.http_port,
             session_expiry=60,
             metrics_dims=spec.d,
         ),
@@ -496,8 +514,7 @@ async def _run(
             _progress(config.progress, status())
 
     start = time.monotonic()
-    publish_seconds = 0.0
-    unaccounted_wait = False
+    publish_seconds, unaccounted_wait = 0.0, False
     try:
         async with (
             asyncio.timeout(config.timeout),
@@ -505,6 +522,7 @@ async def _run(
             shuffler,
             _connections(url, config.connections) as clients,
         ):
+            http_port = _announce_page(config, aggregator)
             agg_task = asyncio.create_task(aggregator.run(), name="demo-aggregator")
             shuf_task = asyncio.create_task(shuffler.run(), name="demo-shuffler")
             progress_task = asyncio.create_task(reporter(), name="demo-progress")
@@ -531,7 +549,7 @@ async def _run(
                 shuffler.stop()
                 await asyncio.wait_for(shuf_task, 20)
                 released = int(_value(shuffler_registry, "coco_shuffler_reports_released_total"))
-                if not await _wait_until(lambda: aggregator.state.n >= released, 20):
+                if not await _all_applied(config, aggregator, released):
                     unaccounted_wait = True
                 await clients[0].publish(spec_topic(dep), b"", qos=1, retain=True)  # clear
             finally:
@@ -556,6 +574,7 @@ async def _run(
         broker_kind=broker_kind,
         url=url,
         publish_seconds=publish_seconds,
+        http_port=http_port,
     )
     result |= {"elapsed_seconds": time.monotonic() - start, "timed_out_waiting": unaccounted_wait}
     return DemoRun(
@@ -563,7 +582,58 @@ async def _run(
         state=aggregator.state,
         shuffler_registry=shuffler_registry,
         aggregator_registry=aggregator.registry,
+        estimates=aggregator.snapshot(),
+        http_port=http_port,
     )
+
+
+async def _all_applied(config: DemoConfig, aggregator: Aggregator, released: int) -> bool:
+    """Wait until the aggregator has applied ``released`` reports and, when it serves its
+    page, until its privacy level (computed in a worker thread) covers every batch, so that
+    the page and ``/metrics`` end on the final epsilon. ``False`` after a timeout."""
+    if not await _wait_until(lambda: aggregator.state.n >= released, 20):
+        return False
+    if config.http_port is None:
+        return True
+    return await _wait_until(lambda: aggregator.privacy.batches >= aggregator.counters.batches, 20)
+
+
+def _announce_page(config: DemoConfig, aggregator: Aggregator) -> int | None:
+    """The port of the aggregator's live page (printed), or ``None`` when it does not serve."""
+    port = aggregator.http_port
+    if port is not None:
+        _progress(config.progress, f"live page: {page_url(port)}")
+    return port
+
+
+def page_url(port: int) -> str:
+    """The live page of an aggregator serving on :data:`HTTP_HOST` at ``port``."""
+    return f"http://{HTTP_HOST}:{port}/"
+
+
+def serve_final_state(run: DemoRun) -> MetricsServer:
+    """A started server of the live page, ``/metrics`` and ``/estimates`` over the run's
+    final state, on the port the run served on (so an open page goes on polling), or on a
+    free port when that one was taken meanwhile or the run did not serve. ``stop()`` it."""
+    port = run.http_port or 0
+    try:
+        server = MetricsServer(
+            host=HTTP_HOST,
+            port=port,
+            registry=run.aggregator_registry,
+            estimates=lambda: run.estimates,
+        )
+    except OSError:
+        if port == 0:
+            raise
+        server = MetricsServer(
+            host=HTTP_HOST,
+            port=0,
+            registry=run.aggregator_registry,
+            estimates=lambda: run.estimates,
+        )
+    server.start()
+    return server
 
 
 def _result(
@@ -576,6 +646,7 @@ def _result(
     broker_kind: str,
     url: str,
     publish_seconds: float,
+    http_port: int | None,
 ) -> dict[str, Any]:
     rejected = {
         r: int(_value(registry, "coco_shuffler_reports_rejected_total", reason=r))
@@ -654,6 +725,7 @@ def _result(
         "channels": channels,
         "ground_truth_note": "simulation only: the exact fleet mean of the readings",
         "throughput_reports_per_s": sent / publish_seconds if publish_seconds > 0 else None,
+        **({} if http_port is None else {"url": page_url(http_port)}),
     }
 
 
@@ -695,5 +767,6 @@ def format_table(result: dict[str, Any]) -> str:
         f"epsilon_total (a device in all {result['epsilon_total_batches']} batches) "
         f"{'n/a' if eps_t is None else f'{eps_t:.4g}'}",
         f"throughput: {result['throughput_reports_per_s'] or 0:.0f} reports/s published",
+        *([f"live page: {result['url']}"] if result.get("url") else []),
     ]
     return "\n".join(lines)

@@ -1,21 +1,27 @@
 """The aggregator's dashboard metrics: the certified epsilon curve, the target, the service's
-export of both (real Mosquitto; no mocks)."""
+export of both (real Mosquitto; no mocks); the HTTP routes of the live page."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import math
+import re
+import urllib.error
+import urllib.request
 
 import pytest
 from prometheus_client import CollectorRegistry
 
 from aggregator.accountant import amplify_spec
+from aggregator.live_page import CONTENT_SECURITY_POLICY, PAGE
 from aggregator.metrics import (
     CURVE_DEFAULT_START,
     CURVE_MAX_N,
     MAX_CURVE_POINTS,
     AggregatorMetrics,
+    MetricsServer,
     epsilon_curve,
     epsilon_curve_grid,
 )
@@ -163,3 +169,34 @@ def test_service_exports_curve_and_target(mosquitto: Broker) -> None:
     nan = registry.get_sample_value("coco_aggregator_batch_size", {"batch": "smallest"})
     assert nan is not None
     assert math.isnan(nan)  # no batch applied yet
+
+
+def test_live_page_routes_and_a_page_that_loads_nothing_from_outside() -> None:
+    server = MetricsServer(
+        host="127.0.0.1", port=0, registry=CollectorRegistry(), estimates=lambda: {"n": 3}
+    )
+    server.start()
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        with urllib.request.urlopen(base + "/", timeout=5) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"] == "text/html; charset=utf-8"
+            assert response.headers["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
+            assert response.read() == PAGE
+        with urllib.request.urlopen(base + "/favicon.ico", timeout=5) as response:
+            assert response.status == 204
+        with urllib.request.urlopen(base + "/estimates?x=1", timeout=5) as response:
+            assert json.load(response) == {"n": 3}
+        with pytest.raises(urllib.error.HTTPError) as excinfo:
+            urllib.request.urlopen(base + "/nothing", timeout=5)
+        assert excinfo.value.code == 404
+        excinfo.value.close()
+    finally:
+        server.stop()
+    html = PAGE.decode()
+    # one document: no linked script, style, font or image; the one URL is the SVG namespace
+    assert not re.search(r"<(script|link|img|iframe)\b[^>]*\b(src|href)=", html)
+    assert re.findall(r"https?://[^\s\"']+", html) == ["http://www.w3.org/2000/svg"]
+    assert "@import" not in html
+    assert "url(" not in html
+    assert 'fetch("estimates"' in html

@@ -17,7 +17,6 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from aggregator.metrics import epsilon_curve_grid
 from edge.batch_auth import load_or_create_signing_key, public_key_hex
 from tests.asyncutil import run, wait_until
 from tests.conftest import Broker, free_port
+from tests.deploy.debian_tools import debian_binary
 from tests.deploy.test_dashboard import (
     GRAFANA_VARIABLES,
     PROMETHEUS_CONFIG,
@@ -67,17 +67,8 @@ DIM = "1"
 
 
 def prometheus_binary() -> str:
-    """The Prometheus executable (``$COCO_PROMETHEUS``, else on the PATH); skip where it is
-    missing, fail under CI=true."""
-    binary = (
-        os.environ.get("COCO_PROMETHEUS") or shutil.which("prometheus") or "/usr/bin/prometheus"
-    )
-    if Path(binary).exists():
-        return binary
-    message = "prometheus is not installed (scripts/test installs it: apt-get install prometheus)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true: {message}")
-    pytest.skip(message)
+    """The Prometheus executable (``$COCO_PROMETHEUS``, else on the PATH)."""
+    return debian_binary("prometheus", env="COCO_PROMETHEUS")
 
 
 def test_missing_prometheus_skips_or_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from aggregator.live_page import CONTENT_SECURITY_POLICY
 from sim.cli import app
 from sim.sensors import CHANNELS, SensorFleet
 from tests.conftest import Broker
@@ -82,6 +89,7 @@ def test_demo_json_against_the_fixture_broker(mosquitto: Broker) -> None:
     )
     assert doc["n"] == doc["reports_aggregated"] == 600
     assert doc["broker"].startswith("external")
+    assert "url" not in doc  # nothing served without --serve
     assert 0 < doc["epsilon_central"] < doc["epsilon_local"]
     # the achieved error is within a generous factor of its closed form (one run, d=6)
     assert 0 < doc["mse_mean"] < 5 * doc["mse_mean_theory"]
@@ -91,3 +99,44 @@ def test_demo_refuses_a_bad_broker_url() -> None:
     result = CliRunner().invoke(app, ["demo", "--broker", "http://x", "--json"])
     assert result.exit_code == 1
     assert "broker must be mqtt://host:port" in result.output
+
+
+def _get(url: str) -> tuple[bytes, str | None]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        body: bytes = response.read()
+        return body, response.headers.get("Content-Security-Policy")
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(90)
+def test_demo_serve_keeps_the_live_page_up_until_ctrl_c(mosquitto: Broker) -> None:
+    coco = str(Path(sys.executable).with_name("coco"))
+    command = [
+        coco, "demo", "--devices", "300", "--rounds", "2", "--min-batch", "100",
+        "--broker", mosquitto.url, "--timeout", "45", "--serve",
+    ]  # fmt: skip
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stderr is not None
+        progress = []
+        for line in proc.stderr:  # until the run is over and the final state is served
+            progress.append(line)
+            if line.startswith("serving the final estimates at "):
+                break
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/", progress[-1])
+        assert match is not None, "".join(progress)
+        url = match.group(0)
+        assert f"live page: {url}\n" in progress  # served during the run, on that port
+        estimates, _ = _get(url + "estimates")
+        page, policy = _get(url)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    doc = json.loads(estimates)
+    assert doc["n"] == doc["counters"]["reports"] == 600
+    assert doc["batches_accounted"] == doc["counters"]["batches"]
+    assert page.startswith(b"<!doctype html>")
+    assert policy == CONTENT_SECURITY_POLICY
+    assert stdout.rstrip().endswith(f"live page: {url}")  # the table's last line
+    assert "aggregated 600" in stdout

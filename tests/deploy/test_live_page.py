@@ -1,0 +1,309 @@
+"""The live page at ``/`` in a real headless browser, against a real aggregator.
+
+A real Mosquitto (tests/conftest.py) carries sealed batches to an
+:class:`~aggregator.service.Aggregator`; Debian's ``chromium`` then loads the page with
+``--headless=new --dump-dom`` under a virtual-time budget (the page's first read of
+``/estimates`` completes within it: virtual time waits for pending fetches) and prints the
+DOM after the script ran. Every element with ``data-field`` carries the raw number in
+``data-value``; the test compares those with ``/estimates`` (exactly where the page copies
+a value, within 1e-12 where it derives one: the interval half-width) and checks that the
+human-readable text renders the same number. A screenshot lands in the test's tmp dir.
+A second test serves a sequence of ``/estimates`` documents, one per read, and checks the
+epsilon time series the page keeps while it stays open.
+
+Chromium is installed by scripts/test in CI (``apt-get install chromium``); where it is
+missing the test is skipped, except under ``CI=true``, where it fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import subprocess
+import urllib.request
+from html.parser import HTMLParser
+from pathlib import Path
+from statistics import NormalDist
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from aggregator.estimators import AggregateState
+from aggregator.live_page import CONTENT_SECURITY_POLICY, POLL_SECONDS
+from aggregator.metrics import MetricsServer
+from aggregator.service import Aggregator, estimates_document
+from edge.batch_auth import BatchSigner
+from tests.aggregator.test_service import (
+    DELTA,
+    DEPLOYMENT,
+    SPEC,
+    batch,
+    config,
+    publish,
+    raw_batch,
+    reports,
+    run,
+    until,
+    with_aggregator,
+)
+from tests.conftest import Broker
+from tests.deploy.debian_tools import debian_binary
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+VIRTUAL_TIME_MS = 5000
+"""Virtual time the page runs before the DOM is dumped: two polls (one every 2 s)."""
+
+
+def chromium_binary() -> str:
+    """The Chromium executable (``$COCO_CHROMIUM``, else on the PATH)."""
+    return debian_binary("chromium", env="COCO_CHROMIUM")
+
+
+def chromium(binary: str, profile: Path, *args: str, budget_ms: int = VIRTUAL_TIME_MS) -> str:
+    """Run headless Chromium with a throw-away profile; its stdout. ``--no-sandbox``: tests
+    run as root in CI, where Chromium's sandbox refuses to start."""
+    command = [
+        binary,
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-extensions",
+        "--hide-scrollbars",
+        f"--user-data-dir={profile}",
+        f"--virtual-time-budget={budget_ms}",
+        *args,
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+class _Attributes(HTMLParser):
+    """The attributes of the element with ``id``."""
+
+    def __init__(self, element_id: str) -> None:
+        super().__init__()
+        self.element_id = element_id
+        self.attributes: dict[str, str | None] = {}
+
+    def handle_starttag(
+        self,
+        tag: str,  # noqa: ARG002 (HTMLParser's signature; any element may hold the id)
+        attrs: list[tuple[str, str | None]],
+    ) -> None:
+        if dict(attrs).get("id") == self.element_id:
+            self.attributes = dict(attrs)
+
+
+class _Fields(HTMLParser):
+    """``(data-field, data-dim) -> (data-value, text)`` of a dumped DOM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fields: dict[tuple[str, int | None], tuple[str | None, str]] = {}
+        self._open: list[tuple[str, tuple[str, int | None], str | None]] = []
+        self._text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        name = a.get("data-field")
+        if name is not None:
+            dim = a.get("data-dim")
+            key = (name, None if dim is None else int(dim))
+            self._open.append((tag, key, a.get("data-value")))
+            self._text = []
+
+    def handle_data(self, data: str) -> None:
+        self._text.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if self._open and self._open[-1][0] == tag:
+            _, key, value = self._open.pop()
+            assert key not in self.fields, f"{key} appears twice"
+            self.fields[key] = (value, "".join(self._text).strip())
+
+
+def page_fields(dom: str) -> dict[tuple[str, int | None], tuple[str | None, str]]:
+    parser = _Fields()
+    parser.feed(dom)
+    return parser.fields
+
+
+def number(raw: str | None) -> float | None:
+    assert raw is not None
+    return None if raw == "null" else float(raw)
+
+
+def assert_rendered(key: tuple[str, int | None], raw: str | None, text: str) -> None:
+    """The text is the value with 4 significant digits (integers in full), '-' for none."""
+    value = number(raw)
+    if value is None:
+        assert text == "-", key
+    elif value == int(value) and abs(value) < 1e15:
+        assert text == str(int(value)), key
+    else:
+        assert float(text) == pytest.approx(value, rel=5e-4), key
+
+
+def halfwidths(estimates: dict[str, Any], name: str) -> list[float | None]:
+    """What the page shows: ``(hi - lo) / 2`` where ``/estimates`` has bounds, else ``z SE``."""
+    lo, hi = estimates.get(f"{name}_lo"), estimates.get(f"{name}_hi")
+    if lo is not None and hi is not None:
+        pairs = zip(lo, hi, strict=True)
+        return [None if a is None or b is None else (b - a) / 2 for a, b in pairs]
+    z = NormalDist().inv_cdf(0.5 + estimates["confidence"] / 2)
+    return [None if se is None else z * se for se in estimates[f"{name}_se"]]
+
+
+def get(url: str) -> tuple[bytes, dict[str, str]]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        body: bytes = response.read()
+        return body, dict(response.headers)
+
+
+def assert_page_matches(
+    fields: dict[tuple[str, int | None], tuple[str | None, str]], doc: dict[str, Any]
+) -> None:
+    """The page's numbers are ``doc``'s: counts, privacy, every estimate and half-width."""
+    assert fields[("status", None)][1] == "live"
+    counters = doc["counters"]
+    expected: dict[str, Any] = {
+        "n": doc["n"],
+        "reports": counters["reports"],
+        "batches": counters["batches"],
+        "rejected": sum(counters["rejected"].values()),
+        "duplicates": counters["duplicates"],
+        "delta": doc["delta"],
+        "epsilon_local": doc["epsilon_local"],
+        "epsilon_total": doc["epsilon_total"],
+        "batches_accounted": doc["batches_accounted"],
+    }
+    for name in ("epsilon_central", "epsilon_central_generic", "batch_size"):
+        for which in ("smallest", "latest"):
+            expected[f"{name}.{which}"] = doc[name][which]
+    for name, value in expected.items():
+        raw, text = fields[(name, None)]
+        assert number(raw) == value, name  # the raw JSON number, exactly
+        assert_rendered((name, None), raw, text)
+
+    estimates = doc["estimates"]
+    d = len(estimates["mean"])
+    assert d == 12
+    widths = {name: halfwidths(estimates, name) for name in ("mean", "freq")}
+    for j in range(d):
+        for name in ("mean", "freq"):
+            raw, text = fields[(name, j)]
+            assert number(raw) == estimates[name][j], (name, j)
+            assert_rendered((name, j), raw, text)
+            raw, text = fields[(f"{name}_halfwidth", j)]
+            shown, want = number(raw), widths[name][j]
+            assert shown is not None
+            assert want is not None
+            assert math.isclose(shown, want, rel_tol=1e-12), (name, j)
+            assert_rendered((f"{name}_halfwidth", j), raw, text)
+    assert not any(key[1] is not None and key[1] >= d for key in fields)
+
+
+def test_the_page_shows_what_estimates_holds(mosquitto: Broker, tmp_path: Path) -> None:
+    binary = chromium_binary()
+    r1, r2, r3 = reports(300, 1), reports(120, 2), reports(200, 3)
+    outsider = BatchSigner.generate(DEPLOYMENT)
+    payloads = [
+        batch(r1, 1),
+        batch(r2, 2),
+        batch(r1, 1),  # a redelivery: a duplicate
+        raw_batch(r3, 7),  # not sealed: bad_signature
+        batch(r3, 8, signer=outsider),  # sealed by a key nobody trusts: bad_signature
+        batch(r3, 3),
+    ]
+    seen: dict[str, Any] = {}
+
+    async def body(agg: Aggregator) -> None:
+        await publish(mosquitto, *payloads)
+        await until(lambda: agg.counters.batches == 3 and agg.counters.duplicates == 1)
+        await until(lambda: sum(agg.counters.rejected.values()) == 2)
+        await until(lambda: agg.privacy.batches == 3)  # accounted off the event loop
+        url = f"http://127.0.0.1:{agg.http_port}/"
+        before, _ = await asyncio.to_thread(get, url + "estimates")
+        seen["html"], seen["headers"] = await asyncio.to_thread(get, url)
+        seen["dom"] = await asyncio.to_thread(
+            chromium, binary, tmp_path / "profile", "--dump-dom", url
+        )
+        shot = tmp_path / "live_page.png"
+        await asyncio.to_thread(
+            chromium,
+            binary,
+            tmp_path / "profile",
+            "--window-size=1000,1400",
+            f"--screenshot={shot}",
+            url,
+        )
+        after, _ = await asyncio.to_thread(get, url + "estimates")
+        assert before == after  # nothing changed while the browser looked
+        seen["doc"] = json.loads(after)
+        seen["shot"] = shot
+
+    run(with_aggregator(config(mosquitto, None), body))
+    doc: dict[str, Any] = seen["doc"]
+
+    # self-contained: its own origin only, no device anywhere
+    html: bytes = seen["html"]
+    assert seen["headers"]["Content-Security-Policy"] == CONTENT_SECURITY_POLICY
+    assert b"https://" not in html
+    assert html.count(b"http://") == html.count(b"http://www.w3.org/2000/svg") == 1
+    assert "device" not in json.dumps(doc)
+
+    counters = doc["counters"]
+    assert (doc["n"], counters["batches"], counters["duplicates"]) == (620, 3, 1)
+    assert counters["rejected"] == {"bad_signature": 2}
+    assert doc["epsilon_total"] > doc["epsilon_central"]["smallest"] > 0
+    assert_page_matches(page_fields(seen["dom"]), doc)
+
+    png = Path(seen["shot"]).read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert len(png) > 20_000  # a rendered page, not a blank one
+
+
+def test_the_page_keeps_the_epsilon_history_while_open(tmp_path: Path) -> None:
+    """Three documents, as after the first, second and third batch (of 300, 120 and 200
+    reports), served one per read of /estimates, then the third again: the page's series
+    holds one point per batch, with each document's latest and total epsilon."""
+    binary = chromium_binary()
+    state = AggregateState(SPEC)
+    docs = []
+    sizes: dict[int, int] = {}
+    for size, seed in ((300, 1), (120, 2), (200, 3)):
+        state.add(*reports(size, seed))
+        sizes[size] = 1
+        docs.append(estimates_document(state, delta=DELTA, batch_sizes=sizes, latest_batch=size))
+    reads: list[int] = []
+
+    def next_document() -> dict[str, Any]:
+        reads.append(1)
+        return docs[min(len(reads), len(docs)) - 1]
+
+    server = MetricsServer(
+        host="127.0.0.1", port=0, registry=CollectorRegistry(), estimates=next_document
+    )
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/"
+        budget_ms = (len(docs) + 1) * POLL_SECONDS * 1000  # a read or more after the last
+        dom = chromium(binary, tmp_path / "profile", "--dump-dom", url, budget_ms=budget_ms)
+    finally:
+        server.stop()
+    assert len(reads) >= len(docs)
+    parser = _Attributes("eps-chart")
+    parser.feed(dom)
+    raw = parser.attributes.get("data-points")
+    assert raw is not None
+    expected = [
+        [doc["batches_accounted"], doc["epsilon_central"]["latest"], doc["epsilon_total"]]
+        for doc in docs
+    ]
+    assert [row[0] for row in expected] == [1, 2, 3]
+    assert json.loads(raw) == expected
