@@ -316,11 +316,13 @@ class Stack:
         args += ["--max-skew", "0.5", "--late-seconds", "60", *self.auth("shuffler"), *extra]
         return Process(name, args, self.workdir)
 
-    def aggregator_process(self, name: str, checkpoint: Path, *extra: str) -> Process:
+    def aggregator_process(
+        self, name: str, checkpoint: Path, *, port: int | None = None
+    ) -> Process:
         args = ["aggregator", "run", "--deployment", DEP, "--broker", self.broker.url]
         args += ["--checkpoint", str(checkpoint), "--checkpoint-interval", "0.5"]
-        args += ["--metrics-port", str(self.aggregator_port), "--batch-public-key"]
-        args += [self.public_key, *self.auth("aggregator"), *extra]
+        args += ["--metrics-port", str(port or self.aggregator_port), "--batch-public-key"]
+        args += [self.public_key, *self.auth("aggregator")]
         return Process(name, args, self.workdir)
 
     def announce(self) -> None:
@@ -490,9 +492,15 @@ def settle(stack: Stack, shufflers: list[tuple[Process, int]]) -> int:
     return held
 
 
-def run_case(stack: Stack, case: str, fault: Fault) -> Outcome:
-    """The fleet's rounds with ``fault`` at a random moment once reports flow; then settle,
-    stop everything gracefully and read what the devices were told."""
+def run_case(
+    stack: Stack,
+    case: str,
+    fault: Fault,
+    finish: Callable[[Stack], int] | None = None,
+) -> Outcome:
+    """The fleet's rounds with ``fault`` at a random moment once reports flow; then settle
+    (``finish``: settle and stop the shufflers, return what they held), stop everything
+    gracefully and read what the devices were told."""
     rng = rng_for(case)
     acked_log = stack.workdir / "acked.log"
     fleet = stack.fleet(acked_log, seed=rng.randrange(2**31))
@@ -508,7 +516,10 @@ def run_case(stack: Stack, case: str, fault: Fault) -> Outcome:
     stdout, _ = fleet.proc.communicate(timeout=120)
     assert fleet.proc.returncode == 0, fleet.output()[-2000:]
     summary = dict(json.loads(stdout))
-    held = settle(stack, [(stack.shuffler, stack.shuffler_port)])
+    if finish is None:
+        held = settle(stack, [(stack.shuffler, stack.shuffler_port)])
+    else:
+        held = finish(stack)
     assert stack.aggregator.stop() == 0, stack.aggregator.output()[-2000:]
     return Outcome(read_acked(acked_log), summary, held)
 
@@ -621,3 +632,73 @@ def test_every_acknowledged_report_counts_once_across_a_broker_restart(tmp_path:
     with running_stack(tmp_path, shipped=True) as stack:
         outcome = run_case(stack, "broker-restart", restart_broker)
         reconcile(stack, outcome, cut_connections=True)
+
+
+def error_lines(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("error:")]
+
+
+def test_a_second_aggregator_or_shuffler_on_the_same_state_refuses_to_start(
+    tmp_path: Path,
+) -> None:
+    """Same checkpoint, same state directory: the second process exits 1 with one line
+    naming what is in use, and the first ones keep running."""
+    with running_stack(tmp_path) as stack:
+        aggregator = stack.aggregator_process("aggregator-2", stack.checkpoint, port=free_port())
+        aggregator.start()
+        assert aggregator.wait() == 1
+        errors = error_lines(aggregator.output())
+        assert len(errors) == 1, aggregator.output()
+        assert "in use by another aggregator" in errors[0]
+        assert str(stack.checkpoint) in errors[0]
+        shuffler = stack.shuffler_process("shuffler-2", stack.state_dir, port=free_port())
+        shuffler.start()
+        assert shuffler.wait() == 1
+        errors = error_lines(shuffler.output())
+        assert len(errors) == 1, shuffler.output()
+        assert str(stack.state_dir) in errors[0]
+        for output in (aggregator.output(), shuffler.output()):
+            assert "Traceback" not in output
+        assert stack.shuffler.alive()
+        assert stack.shuffler_ready()
+        assert stack.aggregator.alive()
+        assert stack.aggregator_ready()
+
+
+def test_two_shufflers_with_one_client_id_one_stops_and_counts_still_reconcile(
+    tmp_path: Path,
+) -> None:
+    """A second shuffler with its own state directory (and the same batch key) but the same
+    MQTT client id starts at a random moment of the run: the broker hands the session to the
+    newest connection, and one of the two stops with ``SessionTakenOverError`` (one line)
+    instead of fighting for it. Its reports stay in its state directory; resumed alone, as
+    an operator would after such an incident, it releases them, and every acknowledged
+    report is then released and aggregated exactly once."""
+    state_b = tmp_path / "shuffler-b-state"
+    state_b.mkdir(mode=0o700)
+    port_b = free_port()
+
+    with running_stack(tmp_path) as stack:
+        second = stack.shuffler_process("shuffler-b", state_b, port=port_b)
+        ports = {id(stack.shuffler): stack.shuffler_port, id(second): port_b}
+
+        def start_second(_stack: Stack, _rng: random.Random) -> None:
+            second.start()
+
+        def finish(stack: Stack) -> int:
+            both = (stack.shuffler, second)
+            wait_for("one shuffler to stop", lambda: not all(p.alive() for p in both), 60)
+            stopped = next(p for p in both if not p.alive())
+            survivor = next(p for p in both if p is not stopped)
+            assert stopped.wait() == 1
+            errors = error_lines(stopped.output())
+            assert len(errors) == 1, stopped.output()[-2000:]
+            assert "another client" in errors[0]
+            print(f"{stopped.name} stopped: {errors[0]}")
+            held = settle(stack, [(survivor, ports[id(survivor)])])
+            stopped.start()  # alone now: it releases what its state directory holds
+            wait_for("the resumed shuffler", lambda: stack.shuffler_ready(ports[id(stopped)]), 60)
+            return held + settle(stack, [(stopped, ports[id(stopped)])])
+
+        outcome = run_case(stack, "two-shufflers", start_second, finish)
+        reconcile(stack, outcome)
