@@ -85,6 +85,8 @@ DEVICES = 2000
 ROUNDS = 5
 ROUND_SECONDS = 2
 MIN_BATCH = 100
+MAX_BATCH = 250
+SPREAD_SECONDS = 1.5
 SECRET = b"fault suite deployment secret"
 TIMEOUT = 30.0
 SEED = int(os.environ.get("FAULT_SEED", str(random.SystemRandom().randrange(2**32))))
@@ -313,6 +315,7 @@ class Stack:
             str(self.state_dir / "signing.key"),
         ]
         args += ["--metrics-port", str(port or self.shuffler_port), "--flush-interval", "0.2"]
+        args += ["--max-batch", str(MAX_BATCH)]  # several batches a round, several in flight
         args += ["--max-skew", "0.5", "--late-seconds", "60", *self.auth("shuffler"), *extra]
         return Process(name, args, self.workdir)
 
@@ -362,6 +365,8 @@ class Stack:
     def fleet(self, acked_log: Path, seed: int) -> Process:
         args = ["fleet", "--deployment", DEP, "--broker", self.broker.url]
         args += ["--devices", str(DEVICES), "--rounds", str(ROUNDS), "--seed", str(seed)]
+        # Reports spread over most of each round, so that a fault always meets some in flight.
+        args += ["--round-spread", str(SPREAD_SECONDS)]
         args += ["--acked-log", str(acked_log), "--json", "--no-progress"]
         if self.shipped:
             secret = self.workdir / "secret"
@@ -558,8 +563,9 @@ def reconcile(stack: Stack, outcome: Outcome, *, cut_connections: bool = False) 
     print(
         f"acknowledged {sum(acked.values())}, released {recorder.count} in "
         f"{len(recorder.records)} batches ({recorder.deliveries} deliveries), "
-        f"aggregated {checkpoint.state.n}, held {outcome.held}, released unacknowledged "
-        f"{sum(extra.values())} of {outcome.unacknowledged} unacknowledged"
+        f"aggregated {checkpoint.state.n} (duplicates ignored: {checkpoint.counters.duplicates}, "
+        f"left unacknowledged: {checkpoint.counters.unacknowledged}), held {outcome.held}, "
+        f"released unacknowledged {sum(extra.values())} of {outcome.unacknowledged}"
     )
 
 
