@@ -34,7 +34,8 @@ signature verified with the shuffler's ``signing.pub``); the last shuffler's ``/
 Also: a second aggregator on the same checkpoint and a second shuffler on the same state
 directory refuse to start with a one-line error; two shufflers with their own state
 directories but one client id: one of them stops (``SessionTakenOverError``) and what was
-acknowledged still reconciles, counting the reports left in the stopped one's log.
+acknowledged still reconciles, counting the reports left in the stopped one's log; a
+report both of them logged in the moments of their fight is released twice (counted).
 """
 
 from __future__ import annotations
@@ -529,9 +530,12 @@ def run_case(
     return Outcome(read_acked(acked_log), summary, held)
 
 
-def reconcile(stack: Stack, outcome: Outcome, *, cut_connections: bool = False) -> None:
+def reconcile(
+    stack: Stack, outcome: Outcome, *, cut_connections: bool = False, two_shufflers: bool = False
+) -> None:
     """The three checks of the module docstring; ``cut_connections``: the fault broke the
-    devices' connections, so reports without a PUBACK may have been released."""
+    devices' connections, so reports without a PUBACK may have been released;
+    ``two_shufflers``: an acknowledged report may have been released twice (logged by both)."""
     recorder = stack.recorder
     assert recorder is not None
     assert not recorder.problems, recorder.problems[:3]
@@ -545,6 +549,9 @@ def reconcile(stack: Stack, outcome: Outcome, *, cut_connections: bool = False) 
     assert sum(missing.values()) == outcome.held, (sum(missing.values()), outcome.held)
     if cut_connections:
         assert sum(extra.values()) <= outcome.unacknowledged
+    elif two_shufflers:  # released twice, not made up: each one was acknowledged once
+        assert all(acked[record] > 0 for record in extra), extra
+        print(f"released twice by two shufflers: {sum(extra.values())}")
     else:
         assert not extra, sum(extra.values())
     # Nothing aggregated twice: the checkpoint holds each distinct released record once.
@@ -678,8 +685,13 @@ def test_two_shufflers_with_one_client_id_one_stops_and_counts_still_reconcile(
     MQTT client id starts at a random moment of the run: the broker hands the session to the
     newest connection, and one of the two stops with ``SessionTakenOverError`` (one line)
     instead of fighting for it. Its reports stay in its state directory; resumed alone, as
-    an operator would after such an incident, it releases them, and every acknowledged
-    report is then released and aggregated exactly once."""
+    an operator would after such an incident, it releases them: no acknowledged report is
+    lost, and the aggregator applies each released record once.
+
+    What is not exactly once: while the two take the session from each other, a report
+    that one of them logged, but whose PUBACK died with its connection, is redelivered to
+    the other and released by both (observed: 0 to a few of 10,000). Those are counted here,
+    not bounded: how many depends on the timing of the fight."""
     state_b = tmp_path / "shuffler-b-state"
     state_b.mkdir(mode=0o700)
     port_b = free_port()
@@ -707,4 +719,4 @@ def test_two_shufflers_with_one_client_id_one_stops_and_counts_still_reconcile(
             return held + settle(stack, [(stopped, ports[id(stopped)])])
 
         outcome = run_case(stack, "two-shufflers", start_second, finish)
-        reconcile(stack, outcome)
+        reconcile(stack, outcome, two_shufflers=True)
