@@ -13,7 +13,10 @@ a run's moments):
 * SIGTERM restarts of each;
 * a broker restart (SIGTERM, start again) of the shipped deploy/mosquitto/mosquitto.conf,
   adapted as tests/deploy/test_acl.py does (dynamic-security plugin, ``coco credentials``,
-  per-device accounts: ``coco fleet --credentials-secret-file``).
+  per-device accounts: ``coco fleet --credentials-secret-file``);
+* ``kill -9`` of that broker, with its autosave and with ``autosave_on_changes``: here
+  acknowledged reports can be lost (Mosquitto acknowledges before it saves), so the loss
+  is printed, and only "never counted twice" is asserted.
 
 Counts that live in a process die with it, so each case reconciles what can be observed
 from outside: the ``round seed z`` lines of the reports devices got a PUBACK for (the
