@@ -351,6 +351,21 @@ def test_a_restart_behind_a_backlog_keeps_its_lease(mosquitto: Broker, tmp_path:
     assert_same_estimates(agg, offline(*rs))
 
 
+def test_a_stop_before_the_lease_claim_came_back_stops(mosquitto: Broker) -> None:
+    """Cancelled while it waits for its own claim (right after it subscribed), the service
+    stops; it used to hang there for ever."""
+
+    async def scenario() -> None:
+        async with Aggregator(config(mosquitto, None)) as agg:
+            task = asyncio.create_task(agg.run())
+            await asyncio.wait_for(agg.subscribed.wait(), 10)
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=20)
+            assert done == {task}
+
+    run(scenario())
+
+
 def test_a_cancelled_checkpoint_finishes_its_write_before_releasing(
     mosquitto: Broker, tmp_path: Path
 ) -> None:
