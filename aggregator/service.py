@@ -723,14 +723,16 @@ class Aggregator:
         with contextlib.suppress(aiomqtt.MqttError):
             await self._publish_lease(client)
 
-    def _lease_verdict(self, message: aiomqtt.Message, *, first: bool, confirmed: bool) -> bool:
-        """Whether ``message`` (on the lease topic) confirms our lease; raises
-        :class:`SessionTakenOverError` if it shows another instance holding it.
+    def _lease_verdict(self, message: aiomqtt.Message, *, first: bool, own_seen: bool) -> bool:
+        """Whether ``message`` (on the lease topic) is our own claim; raises
+        :class:`SessionTakenOverError` if it shows another instance holding the lease.
 
         The broker delivers the claims in the order it receives them, so on the first
         connection of a run anything before our own claim is older than it (a previous
-        holder's, or one left in the session) and is ignored; after it, or on a
-        reconnection, another instance's claim means it took over."""
+        holder's, or one left in the session) and is ignored, even once ``lease_timeout``
+        has let batches through: behind a backlog of unacknowledged batches (the broker's
+        in-flight window) the retained claim of the run before a crash arrives late. After
+        our own claim, or on a reconnection, another instance's claim means it took over."""
         try:
             payload = message.payload
             text = bytes(payload).decode() if isinstance(payload, bytes | bytearray) else ""
@@ -739,7 +741,7 @@ class Aggregator:
             instance = None
         if instance == self._instance:
             return True
-        if first and not confirmed:
+        if first and not own_seen:
             return False
         raise self._taken_over("its lease is held by another instance")
 
@@ -757,14 +759,17 @@ class Aggregator:
         paho_client = client._client
         messages = client.messages
         deadline = time.monotonic() + self.config.lease_timeout
+        own_seen = False  # our claim came back on this connection
         while True:
             if confirmed:
                 message = await anext(messages)
             else:
                 try:
-                    message = await asyncio.wait_for(
-                        anext(messages), max(0.0, deadline - time.monotonic())
-                    )
+                    # Not asyncio.wait_for: cancelled here (a stop right after the start),
+                    # it never returned (Python 3.11, aiomqtt 2; tests/aggregator/
+                    # test_service.py, a stop before the lease claim came back).
+                    async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                        message = await anext(messages)
                 except TimeoutError:
                     logger.warning(
                         "no claim on %s came back within %g s; applying batches without the "
@@ -780,8 +785,8 @@ class Aggregator:
             if message.topic.matches(lease):
                 if message.qos > 0:
                     paho_client.ack(message.mid, message.qos)
-                if self._lease_verdict(message, first=first, confirmed=confirmed):
-                    confirmed = True
+                if self._lease_verdict(message, first=first, own_seen=own_seen):
+                    own_seen = confirmed = True
                     for waiting in held:
                         await self._on_message(paho_client, waiting)
                     held.clear()

@@ -45,13 +45,22 @@ async def read_announcement(
     username: str | None = None,
     password: str | None = None,
     ca_file: str | None = None,
+    client_id: str | None = None,
 ) -> dict[str, Any]:
-    """The retained spec announcement of ``deployment`` (``SpecError`` if invalid)."""
+    """The retained spec announcement of ``deployment`` (``SpecError`` if invalid).
+
+    ``client_id``: for an account bound to its client id (a device's, under the
+    dynamic-security plugin); default: a random one."""
     host, port, tls = parse_broker_url(broker)
     tls_params = aiomqtt.TLSParameters(ca_certs=ca_file) if tls else None
     try:
         async with aiomqtt.Client(
-            host, port, username=username, password=password, tls_params=tls_params
+            host,
+            port,
+            username=username,
+            password=password,
+            tls_params=tls_params,
+            identifier=client_id,
         ) as client:
             await client.subscribe(spec_topic(deployment), qos=1)
             try:

@@ -151,13 +151,20 @@ def _announced_spec(
     username: str | None,
     password: str | None,
     ca_file: str | None,
+    client_id: str | None = None,
 ) -> tuple[MechanismSpec, int]:
     """The retained announcement's spec and round_seconds, or a :class:`FleetError` that
     says what failed."""
     try:
         announcement = asyncio.run(
             read_announcement(
-                broker, deployment, timeout, username=username, password=password, ca_file=ca_file
+                broker,
+                deployment,
+                timeout,
+                username=username,
+                password=password,
+                ca_file=ca_file,
+                client_id=client_id,
             )
         )
     except TimeoutError as exc:  # read_announcement names the topic it waited on
@@ -309,12 +316,12 @@ def fleet(
             mechanism, file_seconds = read_spec_file(spec)
             length = _round_length(file_seconds, round_seconds, f"the spec file {spec}")
         else:
-            user, pw = username, password
-            if secret is not None:  # read the announcement as device 0 would
-                user = device_id(0, prefix)
+            user, pw, client_id = username, password, None
+            if secret is not None:  # read the announcement as device 0 would, with its id
+                user = client_id = device_id(0, prefix)
                 pw = device_password(secret, user)
             mechanism, announced = _announced_spec(
-                broker, deployment, announcement_timeout, user, pw, ca_file
+                broker, deployment, announcement_timeout, user, pw, ca_file, client_id
             )
             length = _round_length(announced, round_seconds, "the announcement")
         run_seed = secrets.randbits(32) if seed is None else seed

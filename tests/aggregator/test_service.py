@@ -330,6 +330,46 @@ def test_checkpoint_restart_counts_each_batch_once(mosquitto: Broker, tmp_path: 
     assert saved["counters"]["batches"] == 4
 
 
+def test_a_restart_behind_a_backlog_keeps_its_lease(mosquitto: Broker, tmp_path: Path) -> None:
+    """More batches queued in the session than the broker lets through unacknowledged
+    (Mosquitto's ``max_inflight_messages``, 20) hold back the lease claims: after
+    ``lease_timeout`` the service applies them, and the previous run's retained claim, which
+    arrives behind them, is older than its own: the service keeps running (it used to stop,
+    taking it for a takeover)."""
+    rs = [reports(MIN_BATCH, 60 + i) for i in range(32)]
+
+    async def first(agg: Aggregator) -> None:  # applies a batch: its claim came back
+        await publish(mosquitto, batch(rs[0], 200))
+        await until(lambda: agg.counters.batches == 1)
+
+    run(with_aggregator(config(mosquitto, tmp_path), first))
+    run(publish(mosquitto, *(batch(rs[i], 200 + i) for i in range(1, 31))))
+
+    async def body(agg: Aggregator) -> None:
+        await until(lambda: agg.counters.batches == 31, 20)
+        await publish(mosquitto, batch(rs[31], 231))  # behind both claims
+        await until(lambda: agg.counters.batches == 32)
+        assert agg.subscribed.is_set()
+
+    agg = run(with_aggregator(config(mosquitto, tmp_path, lease_timeout=0.5), body))
+    assert_same_estimates(agg, offline(*rs))
+
+
+def test_a_stop_before_the_lease_claim_came_back_stops(mosquitto: Broker) -> None:
+    """Cancelled while it waits for its own claim (right after it subscribed), the service
+    stops; it used to hang there for ever."""
+
+    async def scenario() -> None:
+        async with Aggregator(config(mosquitto, None)) as agg:
+            task = asyncio.create_task(agg.run())
+            await asyncio.wait_for(agg.subscribed.wait(), 10)
+            task.cancel()
+            done, _ = await asyncio.wait({task}, timeout=20)
+            assert done == {task}
+
+    run(scenario())
+
+
 def test_a_cancelled_checkpoint_finishes_its_write_before_releasing(
     mosquitto: Broker, tmp_path: Path
 ) -> None:
