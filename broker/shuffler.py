@@ -33,6 +33,9 @@ acknowledged, and the broker redelivers it to the session. Released batches are 
 the log before they are published and leave it when the broker acknowledges them; after a
 restart the unacknowledged ones are re-sent with the same bytes and ``batch_id``. A stop
 disconnects without unsubscribing, so the broker keeps queueing reports for the session.
+A report published at QoS 0 reaches the shuffler at QoS 0 (a broker never raises the
+publisher's QoS): it is validated, counted and pooled the same way, with no PUBACK to hold
+back, so a crash may lose it, as QoS 0 allows.
 
 Without a state directory (``state_dir=None``: tests, the in-process demo) nothing is
 persisted: at stop every pool of at least ``min_batch`` reports is released, smaller ones
@@ -566,6 +569,7 @@ class Shuffler:
         if cfg.username is not None:
             client.set_auth_credentials(cfg.username, cfg.password)
         _ack_after_handling(client, self._on_message)
+        client.on_message = self._on_unacknowledged_message
         return client
 
     def _gmqtt_ssl(self) -> ssl.SSLContext | bool:
@@ -697,6 +701,15 @@ class Shuffler:
                 await client.disconnect()
 
     # --- validation and pooling (synchronous: no await between check and update) ----------
+
+    def _on_unacknowledged_message(
+        self, _client: object, topic: object, payload: object, _qos: object, properties: object
+    ) -> int:
+        """A report delivered at QoS 0 (published so): handled like any other, with no
+        PUBACK to hold back. One that cannot be stored is lost, as QoS 0 allows."""
+        with contextlib.suppress(_IngestError, OSError):
+            self._on_message(topic, payload, properties)
+        return 0
 
     def _on_message(self, topic: object, payload: object, properties: object) -> None:
         retain = bool(properties.get("retain")) if isinstance(properties, dict) else False

@@ -490,3 +490,26 @@ def test_config_refuses_unsafe_sizes(mosquitto: Broker) -> None:
         config(mosquitto, round_seconds=0)
     assert config(mosquitto).ingest_client_id == f"coco-shuffler-{DEP}"
     assert config(mosquitto, username="svc").ingest_client_id == "svc"
+
+
+def test_qos_0_reports_are_handled_like_qos_1(mosquitto: Broker) -> None:
+    """A report published at QoS 0 arrives at QoS 0 (the broker downgrades to the
+    publisher's QoS): it is validated, counted and pooled like any other, not ignored."""
+    registry = CollectorRegistry()
+
+    async def scenario() -> None:
+        async with running(config(mosquitto, min_batch=2, round_seconds=60), registry) as shuffler:
+            r = current_round(60)
+            prefix = ingress_topic(DEP, "x")[:-1]
+            async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+                await client.publish(prefix + "a", report(r, 1), qos=0)
+                await client.publish(prefix + "a", report(r, 2), qos=0)  # duplicate
+                await client.publish(prefix + "b", report(r, 3)[:5], qos=0)  # bad length
+                await client.publish(prefix + "c", report(r, 4), qos=1)  # barrier
+            await wait_until(lambda: value(registry, "coco_shuffler_reports_received_total") == 4)
+            assert value(registry, "coco_shuffler_reports_accepted_total") == 2
+            for reason in ("duplicate_in_round", "bad_length"):
+                assert value(registry, "coco_shuffler_reports_rejected_total", reason=reason) == 1
+            check_conservation(registry, shuffler)
+
+    run(scenario())
