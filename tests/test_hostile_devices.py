@@ -157,10 +157,11 @@ class Pipeline:
     foreign: list[bytes] = field(default_factory=list)
     """Every message on the batch topic that the shuffler's key does not verify."""
     shuffler_registries: list[CollectorRegistry] = field(default_factory=list)
-    aggregator_registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    aggregator_registries: list[CollectorRegistry] = field(default_factory=list)
     shuffler: Shuffler | None = None
     shuffler_task: asyncio.Task[None] | None = None
     aggregator: Aggregator | None = None
+    aggregator_task: asyncio.Task[None] | None = None
     fleet: Fleet | None = None
     lost: list[str] = field(default_factory=list)
     """Client ids of fleet connections the broker closed."""
@@ -197,6 +198,8 @@ class Pipeline:
             min_batch=MIN_BATCH,
             round_seconds=ROUND_SECONDS,
             http_port=None,
+            checkpoint=self.workdir / "aggregator" / "checkpoint.json",
+            checkpoint_interval=0.5,
             session_expiry=300,
             lease_timeout=5.0,
             **self.credentials("aggregator"),  # type: ignore[arg-type]
@@ -235,6 +238,32 @@ class Pipeline:
         await asyncio.wait_for(self.shuffler_task, TIMEOUT)
         await self.shuffler.__aexit__(None, None, None)
         self.shuffler = self.shuffler_task = None
+
+    @property
+    def aggregator_registry(self) -> CollectorRegistry:
+        """The running (or last) aggregator's metrics: its counters continue from its
+        checkpoint, so the last incarnation's are the totals."""
+        return self.aggregator_registries[-1]
+
+    async def start_aggregator(self) -> Aggregator:
+        registry = CollectorRegistry()
+        self.aggregator_registries.append(registry)
+        aggregator = Aggregator(self.aggregator_config(), registry=registry)
+        await aggregator.__aenter__()
+        self.aggregator = aggregator
+        self.aggregator_task = asyncio.create_task(aggregator.run(), name="test-aggregator")
+        await asyncio.wait_for(aggregator.subscribed.wait(), TIMEOUT)
+        return aggregator
+
+    async def stop_aggregator(self) -> None:
+        """Stop gracefully: the final checkpoint, then the PUBACKs it covers."""
+        assert self.aggregator is not None
+        assert self.aggregator_task is not None
+        self.aggregator_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.aggregator_task
+        await self.aggregator.__aexit__(None, None, None)
+        self.aggregator_task = None
 
     def shuffled(self, name: str, **labels: str) -> float:
         """A shuffler metric summed over its incarnations (one registry each)."""
@@ -297,22 +326,19 @@ async def pipeline(broker: Broker, workdir: Path, *, accounts: bool) -> AsyncIte
     ready = asyncio.Event()
     recorder = asyncio.create_task(p.record(ready), name="test-recorder")
     await asyncio.wait_for(ready.wait(), TIMEOUT)
+    (workdir / "aggregator").mkdir()
     await p.start_shuffler()
-    async with Aggregator(p.aggregator_config(), registry=p.aggregator_registry) as aggregator:
-        p.aggregator = aggregator
-        task = asyncio.create_task(aggregator.run(), name="test-aggregator")
-        try:
-            await asyncio.wait_for(aggregator.subscribed.wait(), TIMEOUT)
-            yield p
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            if p.shuffler is not None:
-                await p.stop_shuffler()
-            recorder.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await recorder
+    await p.start_aggregator()
+    try:
+        yield p
+    finally:
+        if p.aggregator_task is not None:
+            await p.stop_aggregator()
+        if p.shuffler is not None:
+            await p.stop_shuffler()
+        recorder.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await recorder
 
 
 async def run_fleet(p: Pipeline, attack: Callable[[], object], *, seed: int) -> None:
@@ -558,10 +584,17 @@ def test_round_numbers_at_the_end_of_time_and_zero_change_nothing(
 def test_a_report_replayed_after_a_shuffler_restart_is_a_duplicate(
     shipped_broker: Broker, tmp_path: Path, debug_logs: pytest.LogCaptureFixture
 ) -> None:
-    """The attacker's report of a round is released; the shuffler restarts (same state
-    directory) while the fleet keeps publishing; the same bytes, and another report of the
-    same round, are then rejected as duplicates: the report counts once."""
+    """The shuffler restarts twice (same state directory): once while the fleet publishes
+    (the broker redelivers the reports that were in flight, which are duplicates of reports
+    already logged: counted ``duplicate_in_round``, at most Mosquitto's in-flight window of
+    20, never counted twice), and once at a quiet moment after the attacker's report of a
+    round was released. The attacker then sends the same bytes again, and another report
+    of that round: two more ``duplicate_in_round``, exactly, and its report counts once."""
     genuine = (4242, 3)
+    in_flight_window = 20  # Mosquitto's max_inflight_messages (not set by the shipped config)
+
+    def duplicates(registry: CollectorRegistry) -> float:
+        return value(registry, "coco_shuffler_reports_rejected_total", reason="duplicate_in_round")
 
     async def scenario() -> Pipeline:
         async with pipeline(shipped_broker, tmp_path, accounts=True) as p:
@@ -569,35 +602,40 @@ def test_a_report_replayed_after_a_shuffler_restart_is_a_duplicate(
             async def attack() -> None:
                 topic = ingress_topic(DEP, ATTACKER)
                 async with attacker(p) as device:
+                    await wait_until(lambda: len(p.acked) >= HONEST // 3, TIMEOUT)
+                    await p.stop_shuffler()  # while the fleet publishes its first round
+                    await p.start_shuffler()
                     await rounds_completed(p, 1)
                     round_ = current_round(ROUND_SECONDS)
                     message = report_now(*genuine, round_=round_)
                     assert await device.publish(topic, message) in ACCEPTED
                     await wait_until(lambda: p.released()[genuine] == 1, TIMEOUT)
-                    await p.stop_shuffler()  # mid-run: the fleet's reports queue meanwhile
-                    await p.start_shuffler()
-                    assert await device.publish(topic, message) in ACCEPTED
-                    other = report_now(4343, 1, round_=round_)
-                    assert await device.publish(topic, other) in ACCEPTED
-                    shuffler = p.shuffler_registries[-1]
+                    # Quiet: the second round published and every report of it handled.
+                    await rounds_completed(p, 2)
                     await wait_until(
                         lambda: (
-                            value(
-                                shuffler,
-                                "coco_shuffler_reports_rejected_total",
-                                reason="duplicate_in_round",
-                            )
-                            == 2
+                            p.shuffled("coco_shuffler_reports_accepted_total") == 2 * HONEST + 1
                         ),
                         TIMEOUT,
                     )
+                    await p.stop_shuffler()
+                    shuffler = await p.start_shuffler()
+                    assert await device.publish(topic, message) in ACCEPTED
+                    other = report_now(4343, 1, round_=round_)
+                    assert await device.publish(topic, other) in ACCEPTED
+                    registry = p.shuffler_registries[-1]
+                    await wait_until(lambda: duplicates(registry) == 2, TIMEOUT)
+                    assert shuffler.failure is None
 
             await run_fleet(p, attack, seed=2)
             return p
 
     p = run(scenario(), 100)
-    assert len(p.shuffler_registries) == 2
-    assert p.rejected() == {"duplicate_in_round": 2}
+    first, second, third = p.shuffler_registries
+    assert duplicates(first) == 0
+    assert 0 <= duplicates(second) <= in_flight_window  # the broker's redeliveries
+    assert duplicates(third) == 2  # the attacker's replay and its second report
+    assert p.rejected() == {"duplicate_in_round": duplicates(second) + 2}
     assert p.shuffled("coco_shuffler_reports_accepted_total") == HONEST * ROUNDS + 1
     check_honest_reports_all_aggregated(p, extra=Counter([genuine]))
     check_logs_link_nothing(debug_logs.records, p)
@@ -733,13 +771,28 @@ def test_forged_and_replayed_batches_are_rejected_and_move_no_epsilon(
     """Someone with the shuffler's broker account (not its signing key) publishes, after
     the first genuine batch: a 1-record batch (signed by another key, and unsigned), a full
     batch under another key, a genuine batch with one record changed, and a byte-exact
-    replay of a genuine batch. All are rejected by reason or ignored as a duplicate;
-    ``epsilon_central`` does not move."""
+    replay of a genuine batch, and the replay again after the aggregator restarted from its
+    checkpoint. All are rejected by reason or ignored as duplicates; ``epsilon_central``
+    does not move."""
     before: list[float] = []
     after: list[float] = []
 
     def epsilon(p: Pipeline) -> float:
         return value(p.aggregator_registry, "coco_aggregator_epsilon_central", batch="smallest")
+
+    def duplicates(p: Pipeline) -> float:
+        return value(p.aggregator_registry, "coco_aggregator_batches_duplicate_total")
+
+    async def forge(p: Pipeline, messages: list[bytes]) -> None:
+        forger, code = await RawClient.connect(
+            p.broker.port, "forger", "shuffler", password("shuffler")
+        )
+        try:
+            assert code == SUCCESS
+            for message in messages:
+                assert await forger.publish(batches_topic(DEP), message) in ACCEPTED
+        finally:
+            await forger.close()
 
     async def scenario() -> Pipeline:
         async with pipeline(shipped_broker, tmp_path, accounts=True) as p:
@@ -767,23 +820,18 @@ def test_forged_and_replayed_batches_are_rejected_and_move_no_epsilon(
                     genuine,  # replay
                 ]
                 before.append(epsilon(p))
-                forger, code = await RawClient.connect(
-                    p.broker.port, "forger", "shuffler", password("shuffler")
-                )
-                try:
-                    assert code == SUCCESS
-                    for message in messages:
-                        assert await forger.publish(batches_topic(DEP), message) in ACCEPTED
-                finally:
-                    await forger.close()
-                registry = p.aggregator_registry
+                await forge(p, messages)
                 await wait_until(
-                    lambda: (
-                        value(registry, "coco_aggregator_batches_duplicate_total") == 1
-                        and sum(p.batches_rejected().values()) == 4
-                    ),
+                    lambda: duplicates(p) == 1 and sum(p.batches_rejected().values()) == 4,
                     TIMEOUT,
                 )
+                after.append(epsilon(p))
+                # The applied ids are in the checkpoint: after a restart (batches queue in
+                # the session meanwhile) the replay is still a duplicate.
+                await p.stop_aggregator()
+                await p.start_aggregator()
+                await forge(p, [genuine])
+                await wait_until(lambda: duplicates(p) == 2, TIMEOUT)
                 after.append(epsilon(p))
 
             await run_fleet(p, attack, seed=5)
@@ -791,9 +839,10 @@ def test_forged_and_replayed_batches_are_rejected_and_move_no_epsilon(
 
     p = run(scenario(), 100)
     assert p.batches_rejected() == {"bad_signature": 3, "bad_length": 1}
-    assert value(p.aggregator_registry, "coco_aggregator_batches_duplicate_total") == 1
+    assert duplicates(p) == 2
+    assert len(p.aggregator_registries) == 2
     assert len(p.foreign) == 4
-    assert before == after
+    assert after == before * 2
     assert before[0] == pytest.approx(amplify_spec(SPEC, n=HONEST, delta=DELTA).epsilon_central)
     assert p.rejected() == {}
     check_honest_reports_all_aggregated(p)
