@@ -28,11 +28,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
 import random
 import re
 import socket
 import struct
+import subprocess
+import sys
+import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -42,6 +47,7 @@ import aiomqtt
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from aggregator.accountant import amplify_spec
@@ -49,7 +55,14 @@ from aggregator.metrics import REJECT_REASONS as BATCH_REJECT_REASONS
 from aggregator.service import Aggregator, AggregatorConfig
 from broker.metrics import DROP_REASONS, REJECT_REASONS
 from broker.shuffler import Shuffler, ShufflerConfig
-from edge.batch_auth import SIGNATURE_SIZE, BatchAuthError, BatchSigner, BatchVerifier
+from edge.batch_auth import (
+    SIGNATURE_SIZE,
+    BatchAuthError,
+    BatchSigner,
+    BatchVerifier,
+    load_or_create_signing_key,
+    public_key_hex,
+)
 from edge.codec import decode_batch, encode_batch, encode_report
 from edge.rounds import current_round
 from edge.spec import MechanismSpec
@@ -73,7 +86,8 @@ MIN_BATCH = 100
 DELTA = 1e-6
 SECRET = b"hostile devices suite secret"
 ATTACKER = device_id(HONEST)  # an account of its own, beside the fleet's dev-000000..999
-SIGNER = BatchSigner(Ed25519PrivateKey.from_private_bytes(bytes(range(32))), DEP)
+SIGNING_SEED = bytes(range(32))
+SIGNER = BatchSigner(Ed25519PrivateKey.from_private_bytes(SIGNING_SEED), DEP)
 FORGER = BatchSigner(Ed25519PrivateKey.from_private_bytes(bytes(range(32, 64))), DEP)
 TIMEOUT = 30.0
 SUCCESS = 0x00
@@ -145,6 +159,43 @@ def password(user: str) -> str:
 
 
 @dataclass
+class ShufflerProcess:
+    """``coco shuffler`` in its own process, ``COCO_LOG_LEVEL=debug``, stderr to a file."""
+
+    proc: subprocess.Popen[bytes]
+    metrics_port: int
+    log: Path
+
+    def metric(self, name: str, **labels: str) -> float:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and sample.labels == labels:
+                    return float(sample.value)
+        return 0.0
+
+    def connected(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"coco shuffler exited: {self.log.read_text()}")
+        try:
+            return self.metric("coco_shuffler_connected") == 1
+        except OSError:
+            return False  # not serving /metrics yet
+
+    def stop(self) -> list[str]:
+        """SIGTERM (a graceful stop); the lines it logged."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        return self.log.read_text().splitlines()
+
+
+@dataclass
 class Pipeline:
     """Broker, shuffler, aggregator, batch recorder and fleet of one test."""
 
@@ -162,6 +213,7 @@ class Pipeline:
     shuffler_task: asyncio.Task[None] | None = None
     aggregator: Aggregator | None = None
     aggregator_task: asyncio.Task[None] | None = None
+    process: ShufflerProcess | None = None
     fleet: Fleet | None = None
     lost: list[str] = field(default_factory=list)
     """Client ids of fleet connections the broker closed."""
@@ -265,8 +317,50 @@ class Pipeline:
         await self.aggregator.__aexit__(None, None, None)
         self.aggregator_task = None
 
+    async def start_shuffler_process(self) -> ShufflerProcess:
+        """The same shuffler as :meth:`shuffler_config`, as ``coco shuffler``."""
+        key_path = self.workdir / "signing.key"  # the format `coco shuffler` reads
+        key_path.write_text(SIGNING_SEED.hex() + "\n")
+        key_path.chmod(0o600)
+        assert public_key_hex(load_or_create_signing_key(key_path)) == SIGNER.public_key_hex
+        spec_file = self.workdir / "spec.json"
+        spec_file.write_text(json.dumps(SPEC.to_dict()))
+        password_file = self.workdir / "shuffler-password"
+        password_file.write_text(password("shuffler") + "\n")
+        metrics_port = free_port()
+        log = self.workdir / "shuffler.log"
+        args = [
+            *("--broker", self.broker.url, "--deployment", DEP, "--spec", str(spec_file)),
+            *("--min-batch", str(MIN_BATCH), "--round-seconds", str(ROUND_SECONDS)),
+            *("--max-skew", "0.5", "--late-seconds", "30", "--flush-interval", "0.1"),
+            *("--state-dir", str(self.workdir / "shuffler-state")),
+            *("--signing-key", str(key_path), "--metrics-port", str(metrics_port)),
+            *("--username", "shuffler", "--password-file", str(password_file)),
+        ]
+        with log.open("wb") as stderr:
+            proc = subprocess.Popen(
+                [str(Path(sys.executable).with_name("coco")), "shuffler", *args],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env={**os.environ, "COCO_LOG_LEVEL": "debug"},
+            )
+        self.process = ShufflerProcess(proc, metrics_port, log)
+        await wait_until(self.process.connected, TIMEOUT)
+        return self.process
+
+    def backlog(self) -> float:
+        """Reports the running shuffler holds in pools or unacknowledged batches."""
+        if self.process is not None:
+            names = ("coco_shuffler_buffer_reports", "coco_shuffler_outbox_reports")
+            return sum(self.process.metric(name) for name in names)
+        assert self.shuffler is not None
+        return self.shuffler.core.buffered + self.shuffler.core.outbox_reports
+
     def shuffled(self, name: str, **labels: str) -> float:
-        """A shuffler metric summed over its incarnations (one registry each)."""
+        """A shuffler metric: of the ``coco shuffler`` process, or summed over the
+        in-process incarnations (one registry each)."""
+        if self.process is not None:
+            return self.process.metric(name, **labels)
         return sum(value(r, name, **labels) for r in self.shuffler_registries)
 
     def rejected(self) -> dict[str, int]:
@@ -320,14 +414,19 @@ class Pipeline:
 
 
 @contextlib.asynccontextmanager
-async def pipeline(broker: Broker, workdir: Path, *, accounts: bool) -> AsyncIterator[Pipeline]:
+async def pipeline(
+    broker: Broker, workdir: Path, *, accounts: bool, shuffler_process: bool = False
+) -> AsyncIterator[Pipeline]:
     """The services running: recorder subscribed, shuffler and aggregator connected."""
     p = Pipeline(broker, workdir, accounts=accounts)
     ready = asyncio.Event()
     recorder = asyncio.create_task(p.record(ready), name="test-recorder")
     await asyncio.wait_for(ready.wait(), TIMEOUT)
     (workdir / "aggregator").mkdir()
-    await p.start_shuffler()
+    if shuffler_process:
+        await p.start_shuffler_process()
+    else:
+        await p.start_shuffler()
     await p.start_aggregator()
     try:
         yield p
@@ -336,6 +435,8 @@ async def pipeline(broker: Broker, workdir: Path, *, accounts: bool) -> AsyncIte
             await p.stop_aggregator()
         if p.shuffler is not None:
             await p.stop_shuffler()
+        if p.process is not None and p.process.proc.poll() is None:
+            p.process.stop()
         recorder.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await recorder
@@ -358,19 +459,15 @@ async def run_fleet(p: Pipeline, attack: Callable[[], object], *, seed: int) -> 
     assert asyncio.iscoroutine(coro)
     summary, _ = await asyncio.gather(fleet.run(), coro)
     assert summary["rounds_completed"] == ROUNDS
-    assert p.shuffler is not None
 
     def settled() -> bool:
         accepted = p.shuffled("coco_shuffler_reports_accepted_total")
         released = p.shuffled("coco_shuffler_reports_released_total")
-        shuffler = p.shuffler
-        assert shuffler is not None
         assert p.aggregator is not None
         return (
             accepted >= len(p.acked)
             and released == accepted
-            and shuffler.core.buffered == 0
-            and shuffler.core.outbox_reports == 0
+            and p.backlog() == 0
             and p.aggregator.state.n == released
             and sum(p.released().values()) == released
         )
@@ -413,7 +510,12 @@ def check_logs_link_nothing(records: list[logging.LogRecord], p: Pipeline) -> No
     """No record of the services or the MQTT libraries (the simulated devices' own
     ``sim.*`` logs aside) names a device or holds an honest report's seed."""
     formatter = logging.Formatter("%(name)s %(levelname)s %(message)s")
-    lines = [formatter.format(r) for r in records if not r.name.startswith("sim.")]
+    check_lines_link_nothing(
+        [formatter.format(r) for r in records if not r.name.startswith("sim.")], p
+    )
+
+
+def check_lines_link_nothing(lines: list[str], p: Pipeline) -> None:
     assert lines, "nothing was logged: the capture is not working"
     seeds = {seed for _round, seed, _z in p.acked}
     hex_seeds = {f"{seed:08x}" for seed in seeds}
@@ -928,4 +1030,49 @@ def test_a_65_character_device_id_and_a_retained_report_are_rejected(
     p = run(scenario(), 100)
     assert p.rejected() == {"bad_device_id": 1, "retained": 1}
     check_honest_reports_all_aggregated(p)
+    check_logs_link_nothing(debug_logs.records, p)
+
+
+def test_coco_shuffler_at_debug_logs_no_device_and_no_report(
+    shipped_broker: Broker, tmp_path: Path, debug_logs: pytest.LogCaptureFixture
+) -> None:
+    """The deployed command: ``coco shuffler`` with ``COCO_LOG_LEVEL=debug`` (its own
+    process, the root logger at DEBUG as the CLI sets it), the same attacker as above:
+    nothing it writes names a device or holds a report's seed, and the reconciliation is
+    exact."""
+    accepted = (888_888, 4)
+
+    async def scenario() -> tuple[Pipeline, list[str]]:
+        async with pipeline(shipped_broker, tmp_path, accounts=True, shuffler_process=True) as p:
+
+            async def attack() -> None:
+                topic = ingress_topic(DEP, ATTACKER)
+                async with attacker(p) as device:
+                    await rounds_completed(p, 1)
+                    assert await device.publish(topic, report_now(1)[:15]) in ACCEPTED
+                    round_ = current_round(ROUND_SECONDS)
+                    message = report_now(*accepted, round_=round_)
+                    assert await device.publish(topic, message) in ACCEPTED
+                    assert await device.publish(topic, message) in ACCEPTED
+
+            await run_fleet(p, attack, seed=8)
+            rejected = {
+                r: p.shuffled("coco_shuffler_reports_rejected_total", reason=r)
+                for r in ("bad_length", "duplicate_in_round")
+            }
+            assert rejected == {"bad_length": 1, "duplicate_in_round": 1}
+            assert p.process is not None
+            return p, p.process.stop()
+
+    p, lines = run(scenario(), 100)
+    assert any(" DEBUG " in line for line in lines)  # the level was in force
+    assert any("broker.shuffler" in line for line in lines)
+    check_lines_link_nothing(lines, p)
+    assert not any(str(accepted[0]) in line for line in lines)
+    # The reconciliation (the process's counters are gone; the batches and sums remain).
+    assert len(p.acked) == HONEST * ROUNDS
+    expected = Counter((seed, z) for _round, seed, z in p.acked) + Counter([accepted])
+    assert p.released() == expected
+    assert p.aggregator is not None
+    assert p.aggregator.state.n == expected.total()
     check_logs_link_nothing(debug_logs.records, p)
