@@ -72,7 +72,8 @@ from sim.credentials import SERVICE_ACCOUNTS, device_id, device_password, servic
 from sim.fleet import Fleet, FleetConfig
 from tests.asyncutil import run, value, wait_until
 from tests.conftest import MOSQUITTO, Broker, free_port
-from tests.deploy.test_acl import PLUGIN, adapted_config
+from tests.deploy.test_acl import PLUGIN
+from tests.deploy.test_acl import shipped_broker as start_shipped_broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -117,34 +118,15 @@ def dynsec_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return dynsec
 
 
-def _needs_mosquitto() -> None:
-    if not Path(MOSQUITTO).exists():
-        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
-
-
 @pytest.fixture
 def shipped_broker(tmp_path: Path, dynsec_file: Path) -> Iterator[Broker]:
     """deploy/mosquitto/mosquitto.conf (accounts, client ids bound to devices, packet size
     cap), adapted only in its paths and listener."""
-    _needs_mosquitto()
+    if not Path(MOSQUITTO).exists():
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
     if PLUGIN is None:
         pytest.skip("mosquitto's dynamic-security plugin is not installed")
-    store = tmp_path / "store"
-    store.mkdir()
-    broker = Broker(tmp_path, free_port())
-    broker.config.write_text(adapted_config(broker.port, PLUGIN, dynsec_file, store, broker.log))
-    broker.start()
-    try:
-        yield broker
-    finally:
-        broker.stop()
-
-
-@pytest.fixture
-def open_broker(tmp_path: Path) -> Iterator[Broker]:
-    """A broker without accounts or ACL: only the services' own checks stand."""
-    _needs_mosquitto()
-    broker = Broker(tmp_path, free_port())
+    broker = start_shipped_broker(tmp_path, PLUGIN, dynsec_file)
     broker.start()
     try:
         yield broker
@@ -1033,7 +1015,7 @@ def test_debug_logs_never_link_a_device_to_its_report(
 
 
 def test_a_65_character_device_id_and_a_retained_report_are_rejected(
-    open_broker: Broker, tmp_path: Path, debug_logs: pytest.LogCaptureFixture
+    mosquitto: Broker, tmp_path: Path, debug_logs: pytest.LogCaptureFixture
 ) -> None:
     """On a broker with no ACL (the services' own checks are the first line): a report on
     the ingress topic of a 65-character device id (``bad_device_id``), and a report the
@@ -1041,7 +1023,7 @@ def test_a_65_character_device_id_and_a_retained_report_are_rejected(
     long_id = "d" * 65
 
     async def scenario() -> Pipeline:
-        async with pipeline(open_broker, tmp_path, accounts=False) as p:
+        async with pipeline(mosquitto, tmp_path, accounts=False) as p:
 
             async def attack() -> None:
                 async with attacker(p) as device:
