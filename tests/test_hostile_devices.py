@@ -189,6 +189,8 @@ class Pipeline:
     """Every genuine batch seen on the batch topic, by id (its sealed payload)."""
     foreign: list[bytes] = field(default_factory=list)
     """Every message on the batch topic that the shuffler's key does not verify."""
+    planted: set[bytes] = field(default_factory=set)
+    """Ids of batches the test sealed with the shuffler's key itself (not released by it)."""
     shuffler_registries: list[CollectorRegistry] = field(default_factory=list)
     aggregator_registries: list[CollectorRegistry] = field(default_factory=list)
     shuffler: Shuffler | None = None
@@ -381,7 +383,9 @@ class Pipeline:
                 except BatchAuthError:
                     self.foreign.append(message.payload)
                     continue
-                self.batches[decode_batch(inner)[2]] = message.payload
+                batch_id = decode_batch(inner)[2]
+                if batch_id not in self.planted:
+                    self.batches[batch_id] = message.payload
 
     def released(self) -> Counter[tuple[int, int]]:
         """``(seed, z)`` of every record of every genuine batch."""
@@ -881,7 +885,8 @@ def test_forged_and_replayed_batches_are_rejected_and_move_no_epsilon(
     shipped_broker: Broker, tmp_path: Path, debug_logs: pytest.LogCaptureFixture
 ) -> None:
     """Someone with the shuffler's broker account (not its signing key) publishes, after
-    the first genuine batch: a 1-record batch (signed by another key, and unsigned), a full
+    the first genuine batch: a 1-record batch (signed by another key, unsigned, and signed
+    with the shuffler's own key, as a buggy shuffler would release it), a full
     batch under another key, a genuine batch with one record changed, and a byte-exact
     replay of a genuine batch, and the replay again after the aggregator restarted from its
     checkpoint. All are rejected by reason or ignored as duplicates; ``epsilon_central``
@@ -922,6 +927,8 @@ def test_forged_and_replayed_batches_are_rejected_and_move_no_epsilon(
                     fresh = [rng.getrandbits(32) for _ in range(count)]
                     return encode_batch(FP, round_, rng.randbytes(16), fresh, [0] * count)
 
+                planted = SIGNER.seal(forged(1))
+                p.planted.add(decode_batch(planted[:-SIGNATURE_SIZE])[2])
                 tampered = bytearray(genuine)
                 tampered[-SIGNATURE_SIZE - 1] ^= 1  # the last record's z
                 messages = [
@@ -929,12 +936,13 @@ def test_forged_and_replayed_batches_are_rejected_and_move_no_epsilon(
                     forged(1),  # no signature at all
                     FORGER.seal(forged(2 * MIN_BATCH)),
                     bytes(tampered),
+                    planted,  # as a buggy shuffler would: the floor still holds
                     genuine,  # replay
                 ]
                 before.append(epsilon(p))
                 await forge(p, messages)
                 await wait_until(
-                    lambda: duplicates(p) == 1 and sum(p.batches_rejected().values()) == 4,
+                    lambda: duplicates(p) == 1 and sum(p.batches_rejected().values()) == 5,
                     TIMEOUT,
                 )
                 after.append(epsilon(p))
@@ -950,7 +958,9 @@ def test_forged_and_replayed_batches_are_rejected_and_move_no_epsilon(
             return p
 
     p = run(scenario(), 100)
-    assert p.batches_rejected() == {"bad_signature": 3, "bad_length": 1}
+    assert p.batches_rejected() == {"bad_signature": 3, "bad_length": 1, "below_min_batch": 1}
+    registry = p.aggregator_registry
+    assert value(registry, "coco_aggregator_reports_rejected_total", reason="below_min_batch") == 1
     assert duplicates(p) == 2
     assert len(p.aggregator_registries) == 2
     assert len(p.foreign) == 4
