@@ -148,15 +148,19 @@ class ShufflerProcess:
     metrics_port: int
     log: Path
 
-    def metric(self, name: str, **labels: str) -> float:
+    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """Every sample of its ``/metrics``, by name and labels."""
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         with urllib.request.urlopen(url, timeout=5) as response:
             text = response.read().decode()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name and sample.labels == labels:
-                    return float(sample.value)
-        return 0.0
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): float(sample.value)
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+    def metric(self, name: str, **labels: str) -> float:
+        return self.samples().get((name, tuple(sorted(labels.items()))), 0.0)
 
     def connected(self) -> bool:
         if self.proc.poll() is not None:
@@ -198,6 +202,8 @@ class Pipeline:
     aggregator: Aggregator | None = None
     aggregator_task: asyncio.Task[None] | None = None
     process: ShufflerProcess | None = None
+    killed_totals: Counter[tuple[str, tuple[tuple[str, str], ...]]] = field(default_factory=Counter)
+    """The counters of ``coco shuffler`` processes killed so far (read just before)."""
     fleet: Fleet | None = None
     lost: list[str] = field(default_factory=list)
     """Client ids of fleet connections the broker closed."""
@@ -312,7 +318,7 @@ class Pipeline:
         password_file = self.workdir / "shuffler-password"
         password_file.write_text(password("shuffler") + "\n")
         metrics_port = free_port()
-        log = self.workdir / "shuffler.log"
+        log = self.workdir / f"shuffler-{metrics_port}.log"
         args = [
             *("--broker", self.broker.url, "--deployment", DEP, "--spec", str(spec_file)),
             *("--min-batch", str(MIN_BATCH), "--round-seconds", str(ROUND_SECONDS)),
@@ -332,6 +338,16 @@ class Pipeline:
         await wait_until(self.process.connected, TIMEOUT)
         return self.process
 
+    def kill_shuffler_process(self) -> None:
+        """SIGKILL, as a crash: no drain, no final write. Its counters are kept first."""
+        assert self.process is not None
+        for key, count in self.process.samples().items():
+            if key[0].endswith("_total"):
+                self.killed_totals[key] += int(count)
+        self.process.proc.kill()
+        self.process.proc.wait()
+        self.process = None
+
     def backlog(self) -> float:
         """Reports the running shuffler holds in pools or unacknowledged batches."""
         if self.process is not None:
@@ -344,7 +360,8 @@ class Pipeline:
         """A shuffler metric: of the ``coco shuffler`` process, or summed over the
         in-process incarnations (one registry each)."""
         if self.process is not None:
-            return self.process.metric(name, **labels)
+            before = self.killed_totals[(name, tuple(sorted(labels.items())))]
+            return before + self.process.metric(name, **labels)
         return sum(value(r, name, **labels) for r in self.shuffler_registries)
 
     def rejected(self) -> dict[str, int]:
@@ -726,6 +743,59 @@ def test_a_report_replayed_after_a_shuffler_restart_is_a_duplicate(
     assert p.rejected() == {"duplicate_in_round": duplicates(second) + 2}
     assert p.shuffled("coco_shuffler_reports_accepted_total") == HONEST * ROUNDS + 1
     check_honest_reports_all_aggregated(p, extra=Counter([genuine]))
+    check_logs_link_nothing(debug_logs.records, p)
+
+
+def test_a_report_replayed_after_the_shuffler_is_killed_is_a_duplicate(
+    shipped_broker: Broker, tmp_path: Path, debug_logs: pytest.LogCaptureFixture
+) -> None:
+    """``coco shuffler`` is killed (SIGKILL) right after it logged the attacker's report,
+    before the report's round is released, and started again on the same state directory:
+    the pooled report and its duplicate token survive, the report is released once, and
+    the attacker's replay and second report of that round are duplicates, exactly."""
+    genuine = (5151, 2)
+
+    async def scenario() -> Pipeline:
+        async with pipeline(shipped_broker, tmp_path, accounts=True, shuffler_process=True) as p:
+
+            async def attack() -> None:
+                topic = ingress_topic(DEP, ATTACKER)
+                accepted = "coco_shuffler_reports_accepted_total"
+                async with attacker(p) as device:
+                    await rounds_completed(p, 1)
+                    round_ = current_round(ROUND_SECONDS)
+                    message = report_now(*genuine, round_=round_)
+                    assert await device.publish(topic, message) in ACCEPTED
+                    # Quiet (the first round and the attacker's report handled, the next
+                    # round not begun) and the round not yet released: crash now.
+                    await wait_until(lambda: p.shuffled(accepted) == HONEST + 1, TIMEOUT)
+                    assert p.released()[genuine] == 0
+                    p.kill_shuffler_process()
+                    process = await p.start_shuffler_process()
+                    recovered = process.metric("coco_shuffler_recovered_reports")
+                    assert recovered == HONEST + 1  # the pool, from the state directory
+                    assert await device.publish(topic, message) in ACCEPTED
+                    other = report_now(5252, 0, round_=round_)
+                    assert await device.publish(topic, other) in ACCEPTED
+                    reason = {"reason": "duplicate_in_round"}
+                    await wait_until(
+                        lambda: (
+                            process.metric("coco_shuffler_reports_rejected_total", **reason) == 2
+                        ),
+                        TIMEOUT,
+                    )
+
+            await run_fleet(p, attack, seed=9)
+            assert p.rejected() == {"duplicate_in_round": 2}
+            assert p.shuffled("coco_shuffler_reports_accepted_total") == HONEST * ROUNDS + 1
+            check_honest_reports_all_aggregated(p, extra=Counter([genuine]))
+            return p
+
+    p = run(scenario(), 100)
+    lines = [
+        line for log in tmp_path.glob("shuffler-*.log") for line in log.read_text().splitlines()
+    ]
+    check_lines_link_nothing(lines, p)
     check_logs_link_nothing(debug_logs.records, p)
 
 
