@@ -1,8 +1,9 @@
 """One hostile device (or batch publisher) against the whole pipeline, while 1,000 honest
 devices report: every row of issue 9's table, over a real Mosquitto and the real services.
 
-Each test runs a broker, the shuffler (durable state directory, signed batches), the
-aggregator (verifying, ``min_batch`` enforced), a recorder of the batch topic and a
+Each test runs a broker, the shuffler (durable state directory, signed batches; in this
+process, or as ``coco shuffler``), the aggregator (verifying, ``min_batch`` enforced, from a
+checkpoint), a recorder of the batch topic and a
 :class:`~sim.fleet.Fleet` of :data:`HONEST` devices (one MQTT connection each, 2 s wall-clock
 rounds), makes its attack alongside and then checks, exactly:
 
@@ -22,6 +23,15 @@ deploy/mosquitto/mosquitto.conf with the dynamic-security accounts that ``coco
 credentials`` writes (:mod:`tests.deploy.test_acl`), every device with its own account;
 the rows about the services' own checks (a 65-character device id has no account there)
 use an open broker, as a deployment whose ACL failed would be.
+
+The issue's rows: (1) hostile round numbers ``test_round_numbers_at_the_end_of_time...``;
+(2) replays after a restart ``test_a_report_replayed_after_a_shuffler_restart...`` and
+after a crash ``..._the_shuffler_is_killed...``; (3) client ids of other devices and of
+the services ``test_no_device_takes_another_devices_or_a_services_client_id`` (and,
+pinned as a known gap, a service account taking another service's id); (4) huge messages
+``test_huge_messages...``; (5) forged and replayed batches ``test_forged_and_replayed...``;
+(6) logs at DEBUG: every test, plus ``test_debug_logs...`` and ``test_coco_shuffler_at_debug...``;
+(7) ``test_a_65_character_device_id_and_a_retained_report_are_rejected``.
 """
 
 from __future__ import annotations
@@ -903,7 +913,7 @@ def flood(port: int, username: str, password_: str, topic: str, size: int) -> tu
         return sent, answer
 
 
-def test_huge_messages_disconnect_their_sender_and_delay_no_honest_report(
+def test_huge_messages_disconnect_their_sender_and_cost_no_honest_report(
     shipped_broker: Broker, tmp_path: Path, debug_logs: pytest.LogCaptureFixture
 ) -> None:
     """3 x 100 MB on the device's own topic (the shipped ``max_packet_size``: the broker
