@@ -31,7 +31,8 @@ the services ``test_no_device_takes_another_devices_or_a_services_client_id`` (a
 pinned as a known gap, a service account taking another service's id); (4) huge messages
 ``test_huge_messages...``; (5) forged and replayed batches ``test_forged_and_replayed...``;
 (6) logs at DEBUG: every test, plus ``test_debug_logs...`` and ``test_coco_shuffler_at_debug...``;
-(7) ``test_a_65_character_device_id_and_a_retained_report_are_rejected``.
+(7) ``test_a_65_character_device_id_and_a_retained_report_are_rejected``; and a flood of
+small messages within the size limit ``test_a_flood_on_the_devices_own_topic...``.
 """
 
 from __future__ import annotations
@@ -1173,4 +1174,47 @@ def test_coco_shuffler_at_debug_logs_no_device_and_no_report(
     assert p.released() == expected
     assert p.aggregator is not None
     assert p.aggregator.state.n == expected.total()
+    check_logs_link_nothing(debug_logs.records, p)
+
+
+def test_a_flood_on_the_devices_own_topic_is_refused_and_costs_no_honest_report(
+    shipped_broker: Broker, tmp_path: Path, debug_logs: pytest.LogCaptureFixture
+) -> None:
+    """Volume within the size limit: the attacker publishes its one report of a round and
+    then FLOOD copies of another (QoS 0, as fast as the socket takes them) while the fleet
+    publishes. The copies are counted ``duplicate_in_round``, one by one, and every honest
+    report is still aggregated."""
+    flood_size = 20_000
+    accepted = (31337, 5)
+
+    async def scenario() -> Pipeline:
+        async with pipeline(shipped_broker, tmp_path, accounts=True) as p:
+
+            async def attack() -> None:
+                topic = ingress_topic(DEP, ATTACKER)
+                async with attacker(p) as device:
+                    await rounds_completed(p, 1)
+                    round_ = current_round(ROUND_SECONDS)
+                    assert (
+                        await device.publish(topic, report_now(*accepted, round_=round_))
+                        in ACCEPTED
+                    )
+                    copy = report_now(1, 1, round_=round_)
+                    body = _string(topic) + b"\x00" + copy  # QoS 0: no packet id
+                    packet = _packet_header(0x30, len(body)) + body
+                    for _ in range(flood_size // 1000):
+                        device.writer.write(packet * 1000)
+                        await device.writer.drain()
+                    assert await device.publish(topic, copy) in ACCEPTED  # after the flood
+                    await wait_until(
+                        lambda: p.rejected().get("duplicate_in_round", 0) == flood_size + 1,
+                        TIMEOUT,
+                    )
+
+            await run_fleet(p, attack, seed=10)
+            return p
+
+    p = run(scenario(), 100)
+    assert p.rejected() == {"duplicate_in_round": flood_size + 1}
+    check_honest_reports_all_aggregated(p, extra=Counter([accepted]))
     check_logs_link_nothing(debug_logs.records, p)
