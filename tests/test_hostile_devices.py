@@ -274,14 +274,21 @@ class Pipeline:
 
     # -- services --
 
+    @staticmethod
+    async def _enter(service: Shuffler | Aggregator) -> asyncio.Task[None]:
+        """Enter the service's context and run it until it is connected and subscribed
+        (its events are made anew on entering)."""
+        await service.__aenter__()
+        task = asyncio.create_task(service.run(), name=f"test-{type(service).__name__}")
+        ready = service.connected if isinstance(service, Shuffler) else service.subscribed
+        await asyncio.wait_for(ready.wait(), TIMEOUT)
+        return task
+
     async def start_shuffler(self) -> Shuffler:
-        registry = CollectorRegistry()
-        self.shuffler_registries.append(registry)
-        shuffler = Shuffler(self.shuffler_config(), registry=registry)
-        await shuffler.__aenter__()
+        self.shuffler_registries.append(CollectorRegistry())
+        shuffler = Shuffler(self.shuffler_config(), registry=self.shuffler_registries[-1])
         self.shuffler = shuffler
-        self.shuffler_task = asyncio.create_task(shuffler.run(), name="test-shuffler")
-        await asyncio.wait_for(shuffler.connected.wait(), TIMEOUT)
+        self.shuffler_task = await self._enter(shuffler)
         return shuffler
 
     async def stop_shuffler(self) -> None:
@@ -299,13 +306,10 @@ class Pipeline:
         return self.aggregator_registries[-1]
 
     async def start_aggregator(self) -> Aggregator:
-        registry = CollectorRegistry()
-        self.aggregator_registries.append(registry)
-        aggregator = Aggregator(self.aggregator_config(), registry=registry)
-        await aggregator.__aenter__()
+        self.aggregator_registries.append(CollectorRegistry())
+        aggregator = Aggregator(self.aggregator_config(), registry=self.aggregator_registry)
         self.aggregator = aggregator
-        self.aggregator_task = asyncio.create_task(aggregator.run(), name="test-aggregator")
-        await asyncio.wait_for(aggregator.subscribed.wait(), TIMEOUT)
+        self.aggregator_task = await self._enter(aggregator)
         return aggregator
 
     async def stop_aggregator(self) -> None:
