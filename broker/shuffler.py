@@ -32,7 +32,12 @@ So a report the broker handed over is either in the log (and survives ``kill -9`
 acknowledged, and the broker redelivers it to the session. Released batches are written to
 the log before they are published and leave it when the broker acknowledges them; after a
 restart the unacknowledged ones are re-sent with the same bytes and ``batch_id``. A stop
-disconnects without unsubscribing, so the broker keeps queueing reports for the session.
+disconnects without unsubscribing, so the broker keeps queueing reports for the session;
+from the moment it is requested nothing more is handled, so no report is logged whose
+PUBACK could be lost with the connection (it would come back as a duplicate).
+A report published at QoS 0 reaches the shuffler at QoS 0 (a broker never raises the
+publisher's QoS): it is validated, counted and pooled the same way, with no PUBACK to hold
+back, so a crash may lose it, as QoS 0 allows.
 
 Without a state directory (``state_dir=None``: tests, the in-process demo) nothing is
 persisted: at stop every pool of at least ``min_batch`` reports is released, smaller ones
@@ -236,28 +241,24 @@ class ShufflerConfig:
 
 
 def _ack_after_handling(
-    client: gmqtt.Client, handle: Callable[[str, object, object], None]
+    client: gmqtt.Client, handle: Callable[[str, object, object], bool]
 ) -> None:
-    """Make ``client`` send a QoS 1 report's PUBACK only after ``handle`` returned.
+    """Make ``client`` send a QoS 1 report's PUBACK only after ``handle`` returned ``True``.
 
     gmqtt's optimistic mode acknowledges *before* the message handler runs, and its
     non-optimistic mode only for coroutine handlers (a task per message). This replaces
     the one method that handles an incoming QoS 1 PUBLISH, so the synchronous handler
     writes the report to the log and then the PUBACK follows, in arrival order. A handler
-    that raises leaves the message unacknowledged (the broker redelivers it).
+    that returns ``False`` or raises leaves the message unacknowledged (the broker
+    redelivers it to the session).
     """
     handler = client._package_handler  # no public hook exists (gmqtt pinned in pyproject)
 
     def handle_qos_1(mid: int, packet: object, topic: str, properties: object) -> None:
-        handle(topic, packet, properties)
-        handler._send_puback(mid)
-
-    def handle_qos_0(_client: object, topic: str, packet: object, _qos: int, props: object) -> int:
-        handle(topic, packet, props)  # QoS 0: nothing to acknowledge
-        return 0
+        if handle(topic, packet, properties):
+            handler._send_puback(mid)
 
     handler._handle_qos_1_publish_packet = handle_qos_1
-    client.on_message = handle_qos_0
 
 
 class _IngestError(Exception):
@@ -579,6 +580,7 @@ class Shuffler:
         if cfg.username is not None:
             client.set_auth_credentials(cfg.username, cfg.password)
         _ack_after_handling(client, self._on_message)
+        client.on_message = self._on_unacknowledged_message
         return client
 
     def _gmqtt_ssl(self) -> ssl.SSLContext | bool:
@@ -711,22 +713,35 @@ class Shuffler:
 
     # --- validation and pooling (synchronous: no await between check and update) ----------
 
-    def _on_message(self, topic: object, payload: object, properties: object) -> None:
-        retain = bool(properties.get("retain")) if isinstance(properties, dict) else False
-        self._handle_report(topic, payload, retain=retain)
+    def _on_unacknowledged_message(
+        self, _client: object, topic: object, payload: object, _qos: object, properties: object
+    ) -> int:
+        """A report delivered at QoS 0 (published so): handled like any other, with no
+        PUBACK to hold back. One that cannot be stored is lost, as QoS 0 allows."""
+        with contextlib.suppress(OSError):
+            self._on_message(topic, payload, properties)
+        return 0
 
-    def _handle_report(self, topic: object, payload: object, *, retain: bool) -> None:
-        """Validate, log and pool one report. Returns only once the report is durable (or
-        rejected); raising leaves it unacknowledged."""
-        if self._stop_requested.is_set() and self._consumption_done.is_set():
-            raise _IngestError("not consuming")  # never acknowledge what cannot be stored
+    def _on_message(self, topic: object, payload: object, properties: object) -> bool:
+        retain = bool(properties.get("retain")) if isinstance(properties, dict) else False
+        return self._handle_report(topic, payload, retain=retain)
+
+    def _handle_report(self, topic: object, payload: object, *, retain: bool) -> bool:
+        """Validate, log and pool one report; ``True`` once it is durable (or rejected),
+        when it may be acknowledged. ``False`` (or raising) leaves it unacknowledged."""
+        if self._stop_requested.is_set():
+            # Stopping: the DISCONNECT may already be on its way, so a PUBACK now could be
+            # lost and the report, once logged, come back as a duplicate. Leave it to the
+            # session: the next run gets it (or, at QoS 0, nobody: QoS 0 allows that).
+            return False
         reason = self._accept(topic, payload, retain=retain)
         if reason is not None:
             self.metrics.reject(reason)
-            return
+            return True
         live = self.metrics.live
         live.received += 1
         live.accepted += 1
+        return True
 
     def _accept(self, topic: object, payload: object, *, retain: bool) -> str | None:
         """Log and pool the report and return ``None``, or return the rejection reason."""

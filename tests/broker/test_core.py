@@ -5,7 +5,8 @@ devices with any round number, time passing, acknowledgements, crashes and resta
 the log) and checks after every step that
 
 * no batch is below ``min_batch``;
-* no batch holds two reports of one device;
+* no batch holds two reports of one device, and no device has two reports accepted for
+  one round, across restarts and compactions (a replay is a duplicate in any batch);
 * no report is released twice, and every accepted report is released, dropped with a
   reason, or still buffered (exact counts);
 * a restart from the log, or from a compacted snapshot, gives the very same state.
@@ -86,6 +87,7 @@ class Harness:
     dropped: int = 0
     batches: list[bytes] = field(default_factory=list)
     rng_seed: int = 0
+    reported: set[tuple[int, int]] = field(default_factory=set)  # (device, round) accepted
 
     def __post_init__(self) -> None:
         self.core = ShufflerCore(self.cfg)
@@ -113,6 +115,10 @@ class Harness:
         outcome = self.core.accept(now, token(device), report(round_, device * 1000 + serial))
         if isinstance(outcome, str):
             return outcome
+        # One report per device per round, whatever happened in between (restarts,
+        # compactions, releases): a replay is never accepted twice, even in another batch.
+        assert (device, round_) not in self.reported, "a second report of a device in a round"
+        self.reported.add((device, round_))
         self.accepted += 1
         self.commit([outcome])
         if self.core.due_early(round_):

@@ -95,6 +95,15 @@ def adapted_config(port: int, plugin: Path, dynsec: Path, store: Path, log: Path
     )
 
 
+def shipped_broker(tmp_path: Path, plugin: Path, dynsec: Path) -> Broker:
+    """A (not yet started) Mosquitto running :func:`adapted_config` on a free port."""
+    store = tmp_path / "store"
+    store.mkdir()
+    broker = Broker(tmp_path, free_port())
+    broker.config.write_text(adapted_config(broker.port, plugin, dynsec, store, broker.log))
+    return broker
+
+
 def write_dynsec(tmp_path: Path) -> Path:
     """The plugin's configuration, written by ``coco credentials`` as compose.yaml runs it."""
     secret_file = tmp_path / "secret"
@@ -133,10 +142,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         pytest.skip("mosquitto's dynamic-security plugin is not installed")
     dynsec = write_dynsec(tmp_path)
     written = dynsec.read_text()
-    store = tmp_path / "store"
-    store.mkdir()
-    broker = Broker(tmp_path, free_port())
-    broker.config.write_text(adapted_config(broker.port, PLUGIN, dynsec, store, broker.log))
+    broker = shipped_broker(tmp_path, PLUGIN, dynsec)
     broker.start()
     try:
         yield Stack(broker)
