@@ -860,15 +860,10 @@ def test_no_device_takes_another_devices_or_a_services_client_id(
     check_logs_link_nothing(debug_logs.records, p)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="service accounts are not bound to a client id (the shuffler uses two): a stolen "
-    "service password can take another service's session (docs/privacy-model.md)",
-)
-def test_a_service_account_cannot_take_another_services_session(shipped_broker: Broker) -> None:
+def test_the_announcer_account_cannot_take_a_services_session(shipped_broker: Broker) -> None:
     """The announcer's account (credentials an operator's laptop holds) connecting with the
-    shuffler's client id should be refused, as a device's is; today the broker hands it the
-    session and closes the shuffler's connection."""
+    shuffler's client id is refused, as a device's is: it is bound to its own client id
+    (the shuffler and aggregator accounts are not, docs/deployment.md "Client ids")."""
 
     async def scenario() -> int:
         victim, code = await RawClient.connect(
