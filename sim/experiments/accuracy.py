@@ -415,7 +415,7 @@ def run_accuracy(
         write_csv(out / "accuracy.csv", SUMMARY_FIELDS, summary),
         write_csv(out / "accuracy-timing.csv", TIMING_FIELDS, timing),
     ]
-    figures = plotting.plot_all(summary, out) if plots else []
+    figures = plotting.plot_all(summary, out, t_rule=t_rule) if plots else []
     paths += figures
     meta = accuracy_report.RunInfo(
         command=command,

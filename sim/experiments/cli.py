@@ -109,6 +109,37 @@ def accuracy(
     )
 
 
+@experiment_app.command("figures")
+def figures(
+    csv: Annotated[
+        Path,
+        typer.Option(help="The summary CSV of an accuracy run (its accuracy.csv)."),
+    ] = DEFAULT_OUT / "accuracy.csv",
+    out: Annotated[
+        Path | None, typer.Option(help="Directory for the PNGs (default: the CSV's directory).")
+    ] = None,
+    t_rule: Annotated[
+        TRuleOption,
+        typer.Option(help="The t rule the CSV was run with (for the closed-form ratio line)."),
+    ] = TRuleOption.optimal,
+) -> None:
+    """Redraw the accuracy figures from an existing accuracy.csv, without rerunning the grid."""
+    # Imported here: matplotlib is slow to import and every `coco` command imports this module.
+    from sim.experiments.accuracy import read_csv  # noqa: PLC0415
+    from sim.experiments.plots import plot_all  # noqa: PLC0415
+
+    target = out if out is not None else csv.parent
+    try:
+        rows = read_csv(csv)
+        target.mkdir(parents=True, exist_ok=True)
+        paths = plot_all(rows, target, t_rule=t_rule.value)
+    except (ValueError, OSError, KeyError) as exc:
+        typer.echo(f"error: cannot redraw the figures of {csv}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    for path in paths:
+        typer.echo(str(path))
+
+
 UpdateDocOption = Annotated[
     Path | None,
     typer.Option(
