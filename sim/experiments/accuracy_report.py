@@ -528,24 +528,28 @@ BEGIN_MARKER = "<!-- accuracy-summary:begin -->"
 END_MARKER = "<!-- accuracy-summary:end -->"
 
 
-def check_markers(doc: Path) -> None:
-    """Raise ``ValueError`` unless ``doc`` exists and has the summary markers in order."""
+def check_markers(doc: Path, *, begin: str = BEGIN_MARKER, end: str = END_MARKER) -> None:
+    """Raise ``ValueError`` unless ``doc`` exists and has the markers ``begin``, ``end`` in
+    order (by default the accuracy summary's)."""
     try:
         text = doc.read_text()
     except OSError as exc:
         raise ValueError(f"cannot read {doc}: {exc}") from exc
-    start, end = text.find(BEGIN_MARKER), text.find(END_MARKER)
-    if start < 0 or end < start:
-        raise ValueError(f"{doc} has no {BEGIN_MARKER} ... {END_MARKER} region to update")
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"{doc} has no {begin} ... {end} region to update")
 
 
-def paste_into(doc: Path, summary: str) -> None:
-    """Replace the text between :data:`BEGIN_MARKER` and :data:`END_MARKER` of ``doc``.
+def paste_into(
+    doc: Path, summary: str, *, begin: str = BEGIN_MARKER, end: str = END_MARKER
+) -> None:
+    """Replace the text between ``begin`` and ``end`` (by default :data:`BEGIN_MARKER` and
+    :data:`END_MARKER`) of ``doc``.
 
     Only that region changes, so other sections of a shared document stay untouched.
     """
-    check_markers(doc)
+    check_markers(doc, begin=begin, end=end)
     text = doc.read_text()
-    start, end = text.find(BEGIN_MARKER), text.find(END_MARKER)
-    head = text[: start + len(BEGIN_MARKER)]
-    doc.write_text(head + "\n" + summary.rstrip("\n") + "\n" + text[end:])
+    start, stop = text.find(begin), text.find(end)
+    head = text[: start + len(begin)]
+    doc.write_text(head + "\n" + summary.rstrip("\n") + "\n" + text[stop:])
