@@ -291,28 +291,29 @@ def render(summary: Sequence[dict[str, Any]], *, seed: int, privkv: bool = True)
     extra = summarise(raw)
     ss = sorted({s for _, _, s in cells})
     lines = [
-        "Exact LDP level spent at each nominal ε (exact `ldp_ratio` of the baselines, audited "
-        "by enumeration), and the nominal ε at which PrivKV spends exactly ε:",
+        "**Exact budgets.** Exact LDP level spent at each nominal ε (exact `ldp_ratio` of the "
+        "baselines, audited by enumeration), and the nominal ε at which PrivKV spends exactly ε:",
         "",
         *budget_table(epsilons, ss),
         "",
-        "Collision's raw and post-processed frequency-error reduction at equal nominal and at "
+        "**Equal exact ε.** Collision's raw and post-processed frequency-error reduction at "
+        "equal nominal and at "
         "equal exact ε (mean over the cells, min..max):",
         "",
         *equal_budget_table(summary, extra),
         "",
     ]
     lines += [
-        "The constant answers (means 0, item frequencies s/(2d)) against the best mechanism of "
-        "each cell, raw and post-processed (the error ratio is the ratio of geometric means "
-        "over the repetitions):",
+        "**Constant answers.** The constant answers (means 0, item frequencies s/(2d)) against "
+        "the best mechanism of each cell, raw and post-processed (the error ratio is the ratio "
+        "of geometric means over the repetitions):",
         "",
         *constant_summary(summary, extra),
         "",
     ]
     for metric in ("MSE", "TVE", "MAE"):
         lines += [
-            f"Mean estimation {metric}: the constant answer 0 on the run's populations "
+            f"**Constant answers, mean {metric}.** The constant answer 0 on the run's populations "
             "(geometric mean over the repetitions), then per ε the best post-processed / best "
             "raw mechanism's error divided by it (above 1: every such mechanism is worse than "
             "answering 0):",
