@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from sim.experiments.accuracy import Task, population_seed, summarise
+from sim.experiments.accuracy import Task, error_rows, population_seed, summarise
+from sim.experiments.accuracy_report import Key, md_table, pct, row_key
 from sim.experiments.baselines import PCKVGRR, PrivKV
 from sim.experiments.baselines.base import KVEstimate
 from sim.experiments.data import uniform_population
-from sim.experiments.metrics import estimate_errors
 
 CONSTANT = "constant"
 """Mechanism name of the constant answers in :func:`constant_rows`."""
@@ -65,24 +65,6 @@ def privkv_nominal_for(epsilon: float) -> float:
     return lo
 
 
-def _rows_of(
-    name: str, task: Task, est: KVEstimate, true_freq: Any, true_mean: Any
-) -> list[dict[str, Any]]:
-    cell = {"n": task.n, "d": task.d, "s": task.s, "epsilon": task.epsilon}
-    return [
-        {
-            "mechanism": name,
-            **cell,
-            "repeat": task.repeat,
-            "target": rec.target,
-            "projected": int(rec.projected),
-            "metric": rec.metric,
-            "value": rec.value,
-        }
-        for rec in estimate_errors(est, true_freq=true_freq, true_mean=true_mean, s=task.s)
-    ]
-
-
 def extra_rows(
     cells: Iterable[tuple[int, int, int]],
     *,
@@ -108,43 +90,22 @@ def extra_rows(
             constant = KVEstimate(freq=np.full((2, d), s / (2 * d)), mean=np.zeros(d))
             for eps in epsilons:
                 task = Task(n=n, d=d, s=s, epsilon=eps, repeat=r)
-                rows += _rows_of(CONSTANT, task, constant, true_freq, true_mean)
+                rows += error_rows(
+                    CONSTANT, task, constant, true_freq=true_freq, true_mean=true_mean
+                )
                 if privkv:
                     mech = PrivKV(d=d, s=s, epsilon=nominal[eps])
                     key = (n, d, s, r, round(eps * 1_000_000), 0x5052)
                     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=key))
                     est = mech.run(pop.keys, pop.signs, rng)
-                    rows += _rows_of(PRIVKV_EQUAL, task, est, true_freq, true_mean)
+                    rows += error_rows(
+                        PRIVKV_EQUAL, task, est, true_freq=true_freq, true_mean=true_mean
+                    )
     return rows
 
 
-def _index(rows: Iterable[dict[str, Any]]) -> dict[tuple[Any, ...], float]:
-    return {
-        (
-            r["mechanism"],
-            r["n"],
-            r["d"],
-            r["s"],
-            r["epsilon"],
-            r["target"],
-            int(r["projected"]),
-            r["metric"],
-        ): float(r["mean_ln"])
-        for r in rows
-    }
-
-
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return lines
-
-
-def _pct(values: Sequence[float]) -> str:
-    if not values:
-        return "-"
-    v = np.asarray(values)
-    return f"{100 * v.mean():.0f}% ({100 * v.min():.0f}..{100 * v.max():.0f})"
+def _index(rows: Iterable[dict[str, Any]]) -> dict[Key, float]:
+    return {row_key(r): float(r["mean_ln"]) for r in rows}
 
 
 def budget_table(epsilons: Sequence[float], ss: Sequence[int]) -> list[str]:
@@ -161,7 +122,7 @@ def budget_table(epsilons: Sequence[float], ss: Sequence[int]) -> list[str]:
             *[f"{privkv_nominal_for(e):.3g}" for e in epsilons],
         ]
     ]
-    return _md_table(["mechanism", "s", *[f"ε={e:g}" for e in epsilons]], rows)
+    return md_table(["mechanism", "s", *[f"ε={e:g}" for e in epsilons]], rows)
 
 
 def equal_budget_table(
@@ -192,10 +153,10 @@ def equal_budget_table(
                         b = idx.get((name, n, d, s, eps, "freq", projected, metric))
                         if a is not None and b is not None:
                             red.append(1 - math.exp(a - b))
-                    row.append(_pct(red))
+                    row.append(pct(red))
                 out.append(row)
     head = ["configuration", "metric", "post-processed", *[f"vs {label}" for label, _ in pairs]]
-    return _md_table(head, out)
+    return md_table(head, out)
 
 
 def constant_table(
@@ -228,7 +189,7 @@ def constant_table(
             row.append(" / ".join(cells))
         out.append(row)
     head = ["configuration", "s", f"constant 0: {metric}", *[f"ε={e:g}" for e in epsilons]]
-    return _md_table(head, out)
+    return md_table(head, out)
 
 
 def constant_summary(
@@ -279,7 +240,7 @@ def constant_summary(
         "best / constant: min over cells",
         "median",
     ]
-    return _md_table(head, out)
+    return md_table(head, out)
 
 
 def render(summary: Sequence[dict[str, Any]], *, seed: int, privkv: bool = True) -> str:

@@ -109,12 +109,14 @@ def accuracy(
     )
 
 
+CsvOption = Annotated[
+    Path, typer.Option(help="The summary CSV of an accuracy run (its accuracy.csv).")
+]
+
+
 @experiment_app.command("figures")
 def figures(
-    csv: Annotated[
-        Path,
-        typer.Option(help="The summary CSV of an accuracy run (its accuracy.csv)."),
-    ] = DEFAULT_OUT / "accuracy.csv",
+    csv: CsvOption = DEFAULT_OUT / "accuracy.csv",
     out: Annotated[
         Path | None, typer.Option(help="Directory for the PNGs (default: the CSV's directory).")
     ] = None,
@@ -142,10 +144,7 @@ def figures(
 
 @experiment_app.command("caveats")
 def caveats(
-    csv: Annotated[
-        Path,
-        typer.Option(help="The summary CSV of an accuracy run (its accuracy.csv)."),
-    ] = DEFAULT_OUT / "accuracy.csv",
+    csv: CsvOption = DEFAULT_OUT / "accuracy.csv",
     seed: Annotated[
         int, typer.Option(help="The seed the CSV was run with (its populations are redrawn).")
     ] = 1,

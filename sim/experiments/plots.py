@@ -183,6 +183,16 @@ def _epsilon_axis(ax: Axes, epsilons: list[float], *, labels: bool) -> None:
     ax.set_xlim(lo / 1.35, hi * 1.35)
 
 
+def _log_errorbar(
+    ax: Axes, x: np.ndarray, log_y: np.ndarray, half: np.ndarray, **style: Any
+) -> Any:
+    """Points ``exp(log_y)`` with bars ``exp(log_y +- half)``; returns the data line."""
+    y = np.exp(log_y)
+    yerr = np.vstack([y - np.exp(log_y - half), np.exp(log_y + half) - y])
+    (line, *_rest) = ax.errorbar(x, y, yerr=yerr, elinewidth=1.0, capsize=3, **style)
+    return line
+
+
 def _draw_errors(
     ax: Axes, series: dict[str, list[dict[str, Any]]], handles: dict[str, Any]
 ) -> None:
@@ -196,18 +206,15 @@ def _draw_errors(
         half = np.nan_to_num(
             np.array([ci_factor(int(r["repeats"])) * r["se_ln"] for r in pts], dtype=np.float64)
         )
-        y = np.exp(mean_ln)
-        yerr = np.vstack([y - np.exp(mean_ln - half), np.exp(mean_ln + half) - y])
-        (line, *_rest) = ax.errorbar(
+        line = _log_errorbar(
+            ax,
             eps,
-            y,
-            yerr=yerr,
+            mean_ln,
+            half,
             color=color,
             marker=marker,
             markersize=4,
             linewidth=1.2,
-            elinewidth=1.0,
-            capsize=3,
             linestyle="--" if label != base else "-",
             label=label,
         )
@@ -247,19 +254,9 @@ def _draw_ratio(
     t_rule: TRule,
 ) -> None:
     eps, log_ratio, half = points
-    y = np.exp(log_ratio)
-    yerr = np.vstack([y - np.exp(log_ratio - half), np.exp(log_ratio + half) - y])
     color, marker = STYLE["CoCo"]
-    (measured, *_rest) = ax.errorbar(
-        eps,
-        y,
-        yerr=yerr,
-        color=color,
-        marker=marker,
-        markersize=5,
-        linestyle="none",
-        elinewidth=1.0,
-        capsize=3,
+    measured = _log_errorbar(
+        ax, eps, log_ratio, half, color=color, marker=marker, markersize=5, linestyle="none"
     )
     measured.set_label("measured")
     handles.setdefault("CoCo / Collision, measured", measured)
