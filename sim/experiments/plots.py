@@ -287,6 +287,14 @@ def error_bar_note(rows: list[dict[str, Any]], fig: Figure) -> str:
     )
 
 
+def _panel_width(rows: list[dict[str, Any]], fig: Figure) -> float:
+    """Inches per panel: 3.3, or wider where the grid spans many decades of ``eps``, so that
+    the labels of close budgets (0.8 and 1: a tenth of a decade) do not overlap."""
+    eps = [r["epsilon"] for r in rows if (r["n"], r["d"]) == (fig.n, fig.d)]
+    decades = math.log10(max(eps) / min(eps)) if eps else 0.0
+    return max(3.3, 1.3 * decades)
+
+
 def draw_figure(
     rows: list[dict[str, Any]], fig: Figure, *, t_rule: TRule = "optimal"
 ) -> MplFigure | None:
@@ -302,7 +310,7 @@ def draw_figure(
     figure, axes = plt.subplots(
         nrows,
         len(panels),
-        figsize=(3.3 * len(panels) + 0.6, 6.4 if with_ratio else 4.2),
+        figsize=(_panel_width(rows, fig) * len(panels) + 0.6, 6.4 if with_ratio else 4.2),
         squeeze=False,
         sharex="col",
         gridspec_kw={"height_ratios": [2.2, 1.0]} if with_ratio else None,
