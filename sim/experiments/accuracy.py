@@ -34,8 +34,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import numpy as np
+from numpy.typing import NDArray
 
 from edge import CocoError
+from sim.experiments.baselines.base import KVEstimate
 from sim.experiments.data import uniform_population
 from sim.experiments.mechanisms import PAPER_ORDER, TRule, registry
 from sim.experiments.metrics import estimate_errors
@@ -202,19 +204,32 @@ def run_task(task: Task, *, seed: int, mechanisms: Sequence[str], t_rule: TRule)
         est = mech.run(pop.keys, pop.signs, rng)
         seconds = time.perf_counter() - start
         timings.append({"mechanism": name, **cell, "repeat": task.repeat, "seconds": seconds})
-        for rec in estimate_errors(est, true_freq=true_freq, true_mean=true_mean, s=task.s):
-            rows.append(
-                {
-                    "mechanism": name,
-                    **cell,
-                    "repeat": task.repeat,
-                    "target": rec.target,
-                    "projected": int(rec.projected),
-                    "metric": rec.metric,
-                    "value": rec.value,
-                }
-            )
+        rows += error_rows(name, task, est, true_freq=true_freq, true_mean=true_mean)
     return TaskResult(task, rows, timings, skipped)
+
+
+def error_rows(
+    name: str,
+    task: Task,
+    estimate: KVEstimate,
+    *,
+    true_freq: NDArray[np.float64],
+    true_mean: NDArray[np.float64],
+) -> list[dict[str, Any]]:
+    """The raw CSV rows (:data:`RAW_FIELDS`) of every metric of ``estimate`` in ``task``."""
+    cell = {"n": task.n, "d": task.d, "s": task.s, "epsilon": task.epsilon}
+    return [
+        {
+            "mechanism": name,
+            **cell,
+            "repeat": task.repeat,
+            "target": rec.target,
+            "projected": int(rec.projected),
+            "metric": rec.metric,
+            "value": rec.value,
+        }
+        for rec in estimate_errors(estimate, true_freq=true_freq, true_mean=true_mean, s=task.s)
+    ]
 
 
 class Progress:
@@ -415,7 +430,7 @@ def run_accuracy(
         write_csv(out / "accuracy.csv", SUMMARY_FIELDS, summary),
         write_csv(out / "accuracy-timing.csv", TIMING_FIELDS, timing),
     ]
-    figures = plotting.plot_all(summary, out) if plots else []
+    figures = plotting.plot_all(summary, out, t_rule=t_rule) if plots else []
     paths += figures
     meta = accuracy_report.RunInfo(
         command=command,

@@ -47,23 +47,25 @@ class RunInfo:
     skipped: tuple[str, ...] = ()
 
 
+def row_key(r: dict[str, Any]) -> Key:
+    """``(mechanism, n, d, s, eps, target, projected, metric)`` of a summary row."""
+    return (
+        r["mechanism"],
+        r["n"],
+        r["d"],
+        r["s"],
+        r["epsilon"],
+        r["target"],
+        int(r["projected"]),
+        r["metric"],
+    )
+
+
 class _Table:
     """Summary rows indexed by (mechanism, n, d, s, eps, target, projected, metric)."""
 
     def __init__(self, rows: Iterable[dict[str, Any]]) -> None:
-        self.by_key: dict[Key, dict[str, Any]] = {}
-        for r in rows:
-            key = (
-                r["mechanism"],
-                r["n"],
-                r["d"],
-                r["s"],
-                r["epsilon"],
-                r["target"],
-                int(r["projected"]),
-                r["metric"],
-            )
-            self.by_key[key] = r
+        self.by_key: dict[Key, dict[str, Any]] = {row_key(r): r for r in rows}
         self.mechanisms = {k[0] for k in self.by_key}
         self.configs = sorted({(k[1], k[2]) for k in self.by_key}, key=lambda c: (-c[0], c[1]))
 
@@ -110,7 +112,8 @@ class _Table:
         return [r for _, _, r in self.cell_reductions(a, b, **cell)]
 
 
-def _pct(values: Sequence[float]) -> str:
+def pct(values: Sequence[float]) -> str:
+    """``mean% (min..max)`` of fractions, or ``-`` for none."""
     if not values:
         return "-"
     v = np.asarray(values)
@@ -121,7 +124,8 @@ def _config(n: int, d: int) -> str:
     return f"n={n:,}, d={d}"
 
 
-def _md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def md_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A markdown table's lines."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return lines
@@ -136,7 +140,7 @@ def _frequency_claim(tab: _Table) -> list[str]:
         for projected in (1, 0):
             for metric in ("TVE", "MAE"):
                 cells = [
-                    _pct(
+                    pct(
                         tab.reductions(
                             "Collision",
                             [b],
@@ -149,7 +153,7 @@ def _frequency_claim(tab: _Table) -> list[str]:
                     )
                     for b in baselines
                 ]
-                best = _pct(
+                best = pct(
                     tab.reductions(
                         "Collision",
                         baselines,
@@ -162,7 +166,7 @@ def _frequency_claim(tab: _Table) -> list[str]:
                 )
                 post = "yes" if projected else "no"
                 rows.append([_config(n, d), metric, post, *cells, best])
-    return _md_table(
+    return md_table(
         ["configuration", "metric", "post-processed", *[f"vs {b}" for b in baselines], "vs best"],
         rows,
     )
@@ -177,7 +181,7 @@ def _coco_claim(tab: _Table) -> list[str]:
         for projected in (0, 1):
             for metric in ("TVE", "MAE", "MSE"):
                 cells.append(
-                    _pct(
+                    pct(
                         tab.reductions(
                             "CoCo",
                             ["Collision"],
@@ -191,7 +195,7 @@ def _coco_claim(tab: _Table) -> list[str]:
                 )
         rows.append([_config(n, d), *cells])
     head = [f"{m} {p}" for p in ("raw", "post-processed") for m in ("TVE", "MAE", "MSE")]
-    return _md_table(["configuration", *head], rows)
+    return md_table(["configuration", *head], rows)
 
 
 def _coco_by_eps(tab: _Table, t_rule: TRule) -> list[str]:
@@ -214,7 +218,7 @@ def _coco_by_eps(tab: _Table, t_rule: TRule) -> list[str]:
         f"By ε at {_config(n, d)}: raw mean MSE, mean over s, measured and closed form "
         "(edge/theory.py):",
         "",
-        *_md_table(
+        *md_table(
             ["ε", *[f"{e:g}" for e in epsilons]],
             [
                 ["measured", *[f"{100 * np.mean(measured[e]):.0f}%" for e in epsilons]],
@@ -247,10 +251,10 @@ def _mean_vs_existing(tab: _Table) -> list[str]:
                         projected=projected,
                         projected_b=pb,
                     )
-                    cells.append(_pct(red))
+                    cells.append(pct(red))
             rows.append([_config(n, d), mech, *cells])
     head = ["TVE raw", "MAE raw", "TVE post-processed", "MAE post-processed"]
-    return _md_table(["configuration", "mechanism", *head], rows)
+    return md_table(["configuration", "mechanism", *head], rows)
 
 
 def _succinct_by_eps(tab: _Table) -> list[str]:
@@ -266,14 +270,14 @@ def _succinct_by_eps(tab: _Table) -> list[str]:
         by_eps[eps].append(reduction)
         by_s[s].append(reduction)
     lines = [f"{_config(n, d)}, mean MAE without post-processing, Collision against SUCCINCT:", ""]
-    lines += _md_table(
+    lines += md_table(
         ["ε", *[f"{e:g}" for e in sorted(by_eps)]],
-        [["reduction (mean over s)", *[_pct(by_eps[e]).split(" ")[0] for e in sorted(by_eps)]]],
+        [["reduction (mean over s)", *[pct(by_eps[e]).split(" ")[0] for e in sorted(by_eps)]]],
     )
     lines += [""]
-    lines += _md_table(
+    lines += md_table(
         ["s", *[str(s) for s in sorted(by_s)]],
-        [["reduction (mean over ε)", *[_pct(by_s[s]).split(" ")[0] for s in sorted(by_s)]]],
+        [["reduction (mean over ε)", *[pct(by_s[s]).split(" ")[0] for s in sorted(by_s)]]],
     )
     return lines
 
@@ -303,7 +307,7 @@ def _ratio_table(
         f"Expected by the paper: {expect}. Mean over the cells (s x ε) of the ratio of "
         "geometric-mean TVEs.",
         "",
-        *_md_table(["ratio of TVE", "target", "post-processed", *mechs], rows),
+        *md_table(["ratio of TVE", "target", "post-processed", *mechs], rows),
     ]
 
 
@@ -348,7 +352,7 @@ def _theory_check(tab: _Table, t_rule: TRule) -> list[str]:
                 )
     if not rows:
         return ["(needs Collision or CoCo)"]
-    return _md_table(
+    return md_table(
         ["mechanism", "configuration", "measured / closed form (mean)", "range over cells"], rows
     )
 
@@ -370,7 +374,7 @@ def _t_table(tab: _Table) -> list[str]:
                 t_pap = paper_t(kind, s=s, exp_eps=math.exp(eps))
                 cells.append(f"{t_opt} ({t_pap})")
             rows.append([label, str(s), *cells])
-    return _md_table(["mechanism", "s", *[f"ε={e:g}" for e in epsilons]], rows)
+    return md_table(["mechanism", "s", *[f"ε={e:g}" for e in epsilons]], rows)
 
 
 def _timing(timing: list[dict[str, Any]], meta: RunInfo) -> list[str]:
@@ -389,7 +393,7 @@ def _timing(timing: list[dict[str, Any]], meta: RunInfo) -> list[str]:
             v = [mean[k] for k in mean if k[:3] == (m, n, d)]
             cells.append(f"{np.mean(v):.3f}" if v else "-")
         rows.append([_config(n, d), *cells])
-    lines = _md_table(["seconds per run (mean over s, ε)", *mechs], rows)
+    lines = md_table(["seconds per run (mean over s, ε)", *mechs], rows)
     full = estimate_seconds(mean, FULL_GRID, mechanisms=mechs)
     measured = sum(float(r["seconds"]) for r in timing)
     lines += [
@@ -444,7 +448,9 @@ def render(
     lines = [
         f"Generated by `{meta.command}` (seed {meta.seed}, t rule `{meta.t_rule}`): "
         f"{meta.grid.describe()}. Statistic: mean of ln(error) over the repetitions, as in the "
-        "paper; figures show its exponential (the geometric mean) with ±1 standard error.",
+        "paper; figures show its exponential (the geometric mean) with 95% confidence intervals "
+        "(Student t over the repetitions) and, below, CoCo's error over Collision's with the "
+        "closed-form ratio.",
         "",
     ]
     if meta.skipped:
@@ -526,24 +532,28 @@ BEGIN_MARKER = "<!-- accuracy-summary:begin -->"
 END_MARKER = "<!-- accuracy-summary:end -->"
 
 
-def check_markers(doc: Path) -> None:
-    """Raise ``ValueError`` unless ``doc`` exists and has the summary markers in order."""
+def check_markers(doc: Path, *, begin: str = BEGIN_MARKER, end: str = END_MARKER) -> None:
+    """Raise ``ValueError`` unless ``doc`` exists and has the markers ``begin``, ``end`` in
+    order (by default the accuracy summary's)."""
     try:
         text = doc.read_text()
     except OSError as exc:
         raise ValueError(f"cannot read {doc}: {exc}") from exc
-    start, end = text.find(BEGIN_MARKER), text.find(END_MARKER)
-    if start < 0 or end < start:
-        raise ValueError(f"{doc} has no {BEGIN_MARKER} ... {END_MARKER} region to update")
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"{doc} has no {begin} ... {end} region to update")
 
 
-def paste_into(doc: Path, summary: str) -> None:
-    """Replace the text between :data:`BEGIN_MARKER` and :data:`END_MARKER` of ``doc``.
+def paste_into(
+    doc: Path, summary: str, *, begin: str = BEGIN_MARKER, end: str = END_MARKER
+) -> None:
+    """Replace the text between ``begin`` and ``end`` (by default :data:`BEGIN_MARKER` and
+    :data:`END_MARKER`) of ``doc``.
 
     Only that region changes, so other sections of a shared document stay untouched.
     """
-    check_markers(doc)
+    check_markers(doc, begin=begin, end=end)
     text = doc.read_text()
-    start, end = text.find(BEGIN_MARKER), text.find(END_MARKER)
-    head = text[: start + len(BEGIN_MARKER)]
-    doc.write_text(head + "\n" + summary.rstrip("\n") + "\n" + text[end:])
+    start, stop = text.find(begin), text.find(end)
+    head = text[: start + len(begin)]
+    doc.write_text(head + "\n" + summary.rstrip("\n") + "\n" + text[stop:])

@@ -109,6 +109,74 @@ def accuracy(
     )
 
 
+CsvOption = Annotated[
+    Path, typer.Option(help="The summary CSV of an accuracy run (its accuracy.csv).")
+]
+
+
+@experiment_app.command("figures")
+def figures(
+    csv: CsvOption = DEFAULT_OUT / "accuracy.csv",
+    out: Annotated[
+        Path | None, typer.Option(help="Directory for the PNGs (default: the CSV's directory).")
+    ] = None,
+    t_rule: Annotated[
+        TRuleOption,
+        typer.Option(help="The t rule the CSV was run with (for the closed-form ratio line)."),
+    ] = TRuleOption.optimal,
+) -> None:
+    """Redraw the accuracy figures from an existing accuracy.csv, without rerunning the grid."""
+    # Imported here: matplotlib is slow to import and every `coco` command imports this module.
+    from sim.experiments.accuracy import read_csv  # noqa: PLC0415
+    from sim.experiments.plots import plot_all  # noqa: PLC0415
+
+    target = out if out is not None else csv.parent
+    try:
+        rows = read_csv(csv)
+        target.mkdir(parents=True, exist_ok=True)
+        paths = plot_all(rows, target, t_rule=t_rule.value)
+    except (ValueError, OSError, KeyError) as exc:
+        typer.echo(f"error: cannot redraw the figures of {csv}: {exc}", err=True)
+        raise typer.Exit(1) from None
+    for path in paths:
+        typer.echo(str(path))
+
+
+@experiment_app.command("caveats")
+def caveats(
+    csv: CsvOption = DEFAULT_OUT / "accuracy.csv",
+    seed: Annotated[
+        int, typer.Option(help="The seed the CSV was run with (its populations are redrawn).")
+    ] = 1,
+    update_doc: Annotated[
+        Path | None,
+        typer.Option(
+            help="Paste the tables into this markdown file, between its "
+            "<!-- caveats-summary:begin/end --> markers, instead of printing them."
+        ),
+    ] = None,
+) -> None:
+    """Exact budgets of PrivKV and PCKV-GRR, Collision against them at equal exact epsilon,
+    and the constant answers (means 0) against every mechanism, for an accuracy run."""
+    # Imported here: the experiments' modules are slow to import.
+    from sim.experiments import accuracy_report  # noqa: PLC0415
+    from sim.experiments import caveats as caveats_report  # noqa: PLC0415
+    from sim.experiments.accuracy import read_csv  # noqa: PLC0415
+
+    markers = {"begin": caveats_report.BEGIN_MARKER, "end": caveats_report.END_MARKER}
+    try:
+        if update_doc is not None:
+            accuracy_report.check_markers(update_doc, **markers)
+        text = caveats_report.render(read_csv(csv), seed=seed)
+        if update_doc is None:
+            typer.echo(text)
+        else:
+            accuracy_report.paste_into(update_doc, text, **markers)
+    except (ValueError, OSError, KeyError) as exc:
+        typer.echo(f"error: caveats of {csv}: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
 UpdateDocOption = Annotated[
     Path | None,
     typer.Option(

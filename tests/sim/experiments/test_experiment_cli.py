@@ -59,3 +59,25 @@ def test_bad_options_are_one_line_errors(tmp_path: Path) -> None:
     )
     assert result.exit_code == 1
     assert "s <= d" in result.output
+
+
+def test_figures_redraws_the_pngs_from_a_csv(tmp_path: Path) -> None:
+    out = tmp_path / "res"
+    args = ["experiment", "accuracy", "--out", str(out), "--quiet", "--repeats", "2"]
+    args += ["--n", "300", "--d", "16", "--s", "2", "--epsilon", "0.5", "--epsilon", "1"]
+    args += ["--mechanism", "Collision", "--mechanism", "CoCo"]
+    assert runner.invoke(app, args).exit_code == 0
+    again = tmp_path / "again"
+    result = runner.invoke(
+        app, ["experiment", "figures", "--csv", str(out / "accuracy.csv"), "--out", str(again)]
+    )
+    assert result.exit_code == 0, result.output
+    drawn = sorted(p.name for p in again.glob("accuracy-*.png"))
+    assert drawn
+    assert drawn == sorted(p.name for p in out.glob("accuracy-*.png"))
+
+
+def test_figures_of_a_missing_csv_is_one_line(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["experiment", "figures", "--csv", str(tmp_path / "no.csv")])
+    assert result.exit_code == 1
+    assert "no.csv" in result.output
