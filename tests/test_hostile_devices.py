@@ -972,7 +972,12 @@ def test_forged_and_replayed_batches_are_rejected_and_move_no_epsilon(
     before: list[float] = []
     after: list[float] = []
 
-    def epsilon(p: Pipeline) -> float:
+    async def epsilon(p: Pipeline) -> float:
+        """``epsilon_central`` of the smallest batch, once the privacy ledger (computed off
+        the event loop) covers every batch applied."""
+        agg = p.aggregator
+        assert agg is not None
+        await wait_until(lambda: agg.privacy.batches == agg.counters.batches, TIMEOUT)
         return value(p.aggregator_registry, "coco_aggregator_epsilon_central", batch="smallest")
 
     def duplicates(p: Pipeline) -> float:
@@ -1017,20 +1022,20 @@ def test_forged_and_replayed_batches_are_rejected_and_move_no_epsilon(
                     planted,  # as a buggy shuffler would: the floor still holds
                     genuine,  # replay
                 ]
-                before.append(epsilon(p))
+                before.append(await epsilon(p))
                 await forge(p, messages)
                 await wait_until(
                     lambda: duplicates(p) == 1 and sum(p.batches_rejected().values()) == 5,
                     TIMEOUT,
                 )
-                after.append(epsilon(p))
+                after.append(await epsilon(p))
                 # The applied ids are in the checkpoint: after a restart (batches queue in
                 # the session meanwhile) the replay is still a duplicate.
                 await p.stop_aggregator()
                 await p.start_aggregator()
                 await forge(p, [genuine])
                 await wait_until(lambda: duplicates(p) == 2, TIMEOUT)
-                after.append(epsilon(p))
+                after.append(await epsilon(p))
 
             await run_fleet(p, attack, seed=5)
             return p
