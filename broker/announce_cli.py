@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 from enum import StrEnum
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import paho.mqtt.client as mqtt
 import typer
@@ -19,7 +20,12 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from broker.shuffler import parse_broker_url
 from edge import CocoError, MechanismSpec
-from edge.announce import DEFAULT_ROUND_SECONDS, encode_announcement, read_public_key
+from edge.announce import (
+    DEFAULT_ROUND_SECONDS,
+    encode_announcement,
+    load_spec_file,
+    read_public_key,
+)
 from edge.cli_options import (
     DEFAULT_BROKER,
     BrokerOption,
@@ -93,16 +99,47 @@ def publish_retained(
         client.loop_stop()
 
 
+def _mechanism(
+    spec_file: Path | None,
+    mechanism: AnnouncedMechanism | None,
+    d: int | None,
+    s: int | None,
+    epsilon: float | None,
+    t: int | None,
+) -> MechanismSpec:
+    """The spec of ``--spec``, or of the mechanism options (all of them, not both)."""
+    given = {"--mechanism": mechanism, "--d": d, "--s": s, "--epsilon": epsilon}
+    if spec_file is not None:
+        if any(v is not None for v in (*given.values(), t)):
+            raise ValueError("give --spec or the mechanism options, not both")
+        return load_spec_file(spec_file)
+    if mechanism is None or d is None or s is None or epsilon is None:
+        missing = [name for name, value in given.items() if value is None]
+        raise ValueError(f"missing {', '.join(missing)} (or give --spec)")
+    mechanism_name: Any = mechanism.value  # MechanismSpec checks it
+    return MechanismSpec(mechanism=mechanism_name, d=d, s=s, epsilon=epsilon, t=t)  # type: ignore[arg-type]  # t None: MSE-optimal
+
+
 def announce(
     deployment: DeploymentOption,
-    mechanism: Annotated[AnnouncedMechanism, typer.Option(help="Local randomiser.")],
-    d: Annotated[int, typer.Option(help="Dimension of the encoded vectors.")],
-    s: Annotated[int, typer.Option(help="Non-zeros per vector.")],
-    epsilon: Annotated[float, typer.Option(help="Local budget of one report.")],
     min_batch: Annotated[int, typer.Option(help="Smallest batch the shuffler may release.")],
     delta: Annotated[float, typer.Option(help="Target delta of the accountant.")],
+    mechanism: Annotated[
+        AnnouncedMechanism | None, typer.Option(help="Local randomiser (or --spec).")
+    ] = None,
+    d: Annotated[int | None, typer.Option(help="Dimension of the encoded vectors.")] = None,
+    s: Annotated[int | None, typer.Option(help="Non-zeros per vector.")] = None,
+    epsilon: Annotated[float | None, typer.Option(help="Local budget of one report.")] = None,
     t: Annotated[
         int | None, typer.Option(help="Output domain size (default: MSE-optimal).")
+    ] = None,
+    spec_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec",
+            help="The mechanism from a spec file (e.g. coco privacy calibrate --spec-out) "
+            "instead of --mechanism, --d, --s, --epsilon and --t.",
+        ),
     ] = None,
     round_seconds: Annotated[
         int, typer.Option(help="Round length: devices report in floor(unix_time / it).")
@@ -125,7 +162,7 @@ def announce(
     """Publish the retained spec announcement of a deployment (or print it)."""
     try:
         password_value = resolve_password(password, password_file)
-        spec = MechanismSpec(mechanism=mechanism.value, d=d, s=s, epsilon=epsilon, t=t)  # type: ignore[arg-type]
+        spec = _mechanism(spec_file, mechanism, d, s, epsilon, t)
         payload = encode_announcement(
             spec.to_dict(),
             min_batch=min_batch,

@@ -110,3 +110,42 @@ def test_services_without_an_announcement_say_so_in_one_line(mosquitto: Broker) 
     )
     assert result.exit_code == 1
     assert "no announcement on coco/v1/never-announced/spec within 0.3 s" in result.output
+
+
+def test_announce_takes_the_spec_of_coco_privacy_calibrate(tmp_path: Path) -> None:
+    """``coco privacy calibrate --spec-out FILE`` then ``coco announce --spec FILE``."""
+    spec_file = tmp_path / "plan-spec.json"
+    plan = runner.invoke(
+        app,
+        [
+            "privacy",
+            "calibrate",
+            "--mechanism",
+            "coco",
+            "--d",
+            "16",
+            "--s",
+            "2",
+            "--n",
+            "10000",
+            "--rounds",
+            "24",
+            "--epsilon-total",
+            "2",
+            "--delta",
+            "1e-7",
+            "--spec-out",
+            str(spec_file),
+        ],
+    )
+    assert plan.exit_code == 0, plan.output
+    base = ["announce", "--deployment", "plant-7", "--min-batch", "100", "--delta", "1e-7"]
+    result = runner.invoke(app, [*base, "--spec", str(spec_file), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["spec"] == json.loads(spec_file.read_text())
+    both = runner.invoke(app, [*base, "--spec", str(spec_file), "--d", "16", "--dry-run"])
+    assert both.exit_code == 1
+    assert "not both" in both.output
+    neither = runner.invoke(app, [*base, "--mechanism", "coco", "--dry-run"])
+    assert neither.exit_code == 1
+    assert "missing --d, --s, --epsilon" in neither.output
