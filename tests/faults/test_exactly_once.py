@@ -451,7 +451,7 @@ class Outcome:
     acked: Counter[tuple[int, int]]
     summary: dict[str, Any]
     held: int
-    """Reports in the last shuffler's pools and outbox when it stopped (its /metrics)."""
+    """Reports in the last shuffler's pools when it stopped (its /metrics)."""
 
     @property
     def unacknowledged(self) -> int:
@@ -470,39 +470,49 @@ def read_acked(path: Path) -> Counter[tuple[int, int]]:
     return acked
 
 
-def held_by_shuffler(port: int) -> int | None:
+def held_by_shuffler(port: int) -> tuple[int, int] | None:
+    """Reports in a shuffler's pools, and in its outbox (released, not yet acknowledged by
+    the broker: perhaps delivered already, so they are waited for, never counted as held)."""
     samples = metrics(port)
     if samples is None:
         return None
-    return int(samples["coco_shuffler_buffer_reports"] + samples["coco_shuffler_outbox_reports"])
+    return int(samples["coco_shuffler_buffer_reports"]), int(
+        samples["coco_shuffler_outbox_reports"]
+    )
 
 
 def settle(stack: Stack, shufflers: list[tuple[Process, int]], *, exact: bool = True) -> int:
-    """Wait until the running shufflers hold nothing (or what they hold no longer changes:
-    a pool below min_batch waits for traffic) and the aggregator has applied every record
-    the recorder saw (``exact=False``: or nothing changes any more, after a broker crash);
-    then stop the shufflers with SIGTERM. What they held, summed."""
+    """Wait until the running shufflers' outboxes are empty, their pools hold nothing (or
+    what they hold no longer changes: a pool below min_batch waits for traffic) and the
+    aggregator has applied every record the recorder saw (``exact=False``: or nothing
+    changes any more, after a broker crash); then stop the shufflers with SIGTERM. What
+    their pools held, summed."""
     assert stack.recorder is not None
     recorder = stack.recorder
-    history: list[tuple[int, int, int]] = []
+    history: list[tuple[int, int, int, int]] = []
 
     def done() -> bool:
         held = [held_by_shuffler(port) for process, port in shufflers if process.alive()]
         document = estimates(stack.aggregator_port)
-        if None in held or document is None:
+        if document is None or any(h is None for h in held):
             return False
-        state = (sum(h for h in held if h is not None), recorder.count, int(document["n"]))
+        pooled = sum(h[0] for h in held if h is not None)
+        outbox = sum(h[1] for h in held if h is not None)
+        state = (pooled, outbox, recorder.count, int(document["n"]))
         history.append(state)
         stable = len(history) >= 20 and len(set(history[-20:])) == 1  # 2 s unchanged
-        if not exact:
-            return stable or (state[0] == 0 and state[1] == state[2])
-        return state[1] == state[2] and (state[0] == 0 or stable)
+        settled = outbox == 0 and state[2] == state[3] and (pooled == 0 or stable)
+        return settled or (not exact and stable)
 
     wait_for("the pipeline to settle", done, 60)
     held = 0
     for process, port in shufflers:
         if process.alive():
-            held += held_by_shuffler(port) or 0
+            pooled_outbox = held_by_shuffler(port)
+            assert pooled_outbox is not None
+            held += pooled_outbox[0]
+            if exact:
+                assert pooled_outbox[1] == 0
             assert process.stop() == 0, process.output()[-2000:]
     return held
 
