@@ -451,7 +451,7 @@ class Outcome:
     acked: Counter[tuple[int, int]]
     summary: dict[str, Any]
     held: int
-    """Reports in the last shuffler's pools and outbox when it stopped (its /metrics)."""
+    """Reports in the last shuffler's pools when it stopped (its /metrics)."""
 
     @property
     def unacknowledged(self) -> int:
@@ -470,48 +470,70 @@ def read_acked(path: Path) -> Counter[tuple[int, int]]:
     return acked
 
 
-def held_by_shuffler(port: int) -> int | None:
+def held_by_shuffler(port: int) -> tuple[int, int] | None:
+    """Reports in a shuffler's pools, and in its outbox (released, not yet acknowledged by
+    the broker: perhaps delivered already, so they are waited for, never counted as held)."""
     samples = metrics(port)
     if samples is None:
         return None
-    return int(samples["coco_shuffler_buffer_reports"] + samples["coco_shuffler_outbox_reports"])
+    return int(samples["coco_shuffler_buffer_reports"]), int(
+        samples["coco_shuffler_outbox_reports"]
+    )
 
 
-def settle(stack: Stack, shufflers: list[tuple[Process, int]], *, exact: bool = True) -> int:
-    """Wait until the running shufflers hold nothing (or what they hold no longer changes:
-    a pool below min_batch waits for traffic) and the aggregator has applied every record
-    the recorder saw (``exact=False``: or nothing changes any more, after a broker crash);
-    then stop the shufflers with SIGTERM. What they held, summed."""
+def settle(
+    stack: Stack,
+    shufflers: list[tuple[Process, int]],
+    acked: Counter[tuple[int, int]] | None,
+) -> int:
+    """Wait until the running shufflers are connected with empty outboxes, the aggregator
+    has applied every record the recorder saw, and every report in ``acked`` is released
+    or pooled in a shuffler (a pool below min_batch waits for traffic); then stop the
+    shufflers with SIGTERM and return what their pools held, summed. Reports queued at the
+    broker for a shuffler that is still reconnecting are waited for, not missed.
+
+    ``acked=None`` (after a broker crash, or with a second shuffler's state directory aside):
+    until nothing has changed for 5 s instead. Past the timeout the checks that follow tell
+    what is missing."""
     assert stack.recorder is not None
     recorder = stack.recorder
-    history: list[tuple[int, int, int]] = []
+    history: list[tuple[int, int, int, int]] = []
 
     def done() -> bool:
         held = [held_by_shuffler(port) for process, port in shufflers if process.alive()]
+        connected = all(
+            stack.shuffler_ready(port) for process, port in shufflers if process.alive()
+        )
         document = estimates(stack.aggregator_port)
-        if None in held or document is None:
+        if document is None or not connected or any(h is None for h in held):
             return False
-        state = (sum(h for h in held if h is not None), recorder.count, int(document["n"]))
+        pooled = sum(h[0] for h in held if h is not None)
+        outbox = sum(h[1] for h in held if h is not None)
+        state = (pooled, outbox, recorder.count, int(document["n"]))
         history.append(state)
+        if acked is None:
+            return len(history) >= 50 and len(set(history[-50:])) == 1
+        missing = sum((acked - recorder.released).values())
         stable = len(history) >= 20 and len(set(history[-20:])) == 1  # 2 s unchanged
-        if not exact:
-            return stable or (state[0] == 0 and state[1] == state[2])
-        return state[1] == state[2] and (state[0] == 0 or stable)
+        return outbox == 0 and state[2] == state[3] and missing == pooled and stable
 
-    wait_for("the pipeline to settle", done, 60)
-    held = 0
-    for process, port in shufflers:
+    with contextlib.suppress(AssertionError):
+        wait_for("the pipeline to settle", done, 60)
+    for process, _port in shufflers:
         if process.alive():
-            held += held_by_shuffler(port) or 0
             assert process.stop() == 0, process.output()[-2000:]
-    return held
+    assert history, "no shuffler or aggregator answered"
+    pooled, outbox, _, _ = history[-1]  # the same scrape that found the pipeline settled
+    if acked is not None:
+        assert outbox == 0
+    return pooled
 
 
 def run_case(
     stack: Stack,
     case: str,
     fault: Fault,
-    finish: Callable[[Stack], int] | None = None,
+    finish: Callable[[Stack, Counter[tuple[int, int]]], int] | None = None,
     *,
     exact: bool = True,
 ) -> Outcome:
@@ -533,12 +555,13 @@ def run_case(
     stdout, _ = fleet.proc.communicate(timeout=120)
     assert fleet.proc.returncode == 0, fleet.output()[-2000:]
     summary = dict(json.loads(stdout))
+    acked = read_acked(acked_log)  # complete: the fleet has exited
     if finish is None:
-        held = settle(stack, [(stack.shuffler, stack.shuffler_port)], exact=exact)
+        held = settle(stack, [(stack.shuffler, stack.shuffler_port)], acked if exact else None)
     else:
-        held = finish(stack)
+        held = finish(stack, acked)
     assert stack.aggregator.stop() == 0, stack.aggregator.output()[-2000:]
-    return Outcome(read_acked(acked_log), summary, held)
+    return Outcome(acked, summary, held)
 
 
 def reconcile(
@@ -738,7 +761,7 @@ def test_two_shufflers_with_one_client_id_one_stops_and_counts_still_reconcile(
         def start_second(_stack: Stack, _rng: random.Random) -> None:
             second.start()
 
-        def finish(stack: Stack) -> int:
+        def finish(stack: Stack, acked: Counter[tuple[int, int]]) -> int:
             both = (stack.shuffler, second)
             wait_for("one shuffler to stop", lambda: not all(p.alive() for p in both), 60)
             stopped = next(p for p in both if not p.alive())
@@ -748,10 +771,10 @@ def test_two_shufflers_with_one_client_id_one_stops_and_counts_still_reconcile(
             assert len(errors) == 1, stopped.output()[-2000:]
             assert "another client" in errors[0]
             print(f"{stopped.name} stopped: {errors[0]}")
-            held = settle(stack, [(survivor, ports[id(survivor)])])
+            held = settle(stack, [(survivor, ports[id(survivor)])], None)
             stopped.start()  # alone now: it releases what its state directory holds
             wait_for("the resumed shuffler", lambda: stack.shuffler_ready(ports[id(stopped)]), 60)
-            return held + settle(stack, [(stopped, ports[id(stopped)])])
+            return held + settle(stack, [(stopped, ports[id(stopped)])], acked)
 
         outcome = run_case(stack, "two-shufflers", start_second, finish)
         reconcile(stack, outcome, two_shufflers=True)
