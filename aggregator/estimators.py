@@ -283,7 +283,10 @@ class Estimates:
 
     def to_dict(self) -> dict[str, Any]:
         def arr(a: F64) -> list[float | None]:
-            return [None if not np.isfinite(x) else float(x) for x in a]
+            values: list[float | None] = np.asarray(a, dtype=np.float64).tolist()
+            for i in np.flatnonzero(~np.isfinite(a)).tolist():  # JSON has no NaN
+                values[i] = None
+            return values
 
         return {
             "n": self.n,

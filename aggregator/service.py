@@ -76,6 +76,20 @@ Two aggregators applying the same batches would count them twice. Two guards:
   the two checkpoints never hold the same batch (beyond a checkpoint written in the instant
   of the takeover, before its PUBACKs went out).
 
+Publishing, and what never runs on the event loop
+------------------------------------------------
+Applying a batch only adds its sums and counts (``O(d)``); the estimates, the gauges and the
+``/estimates`` document are rebuilt from the state every ``publish_interval`` seconds, on
+every scrape of ``/metrics`` and request of ``/estimates`` (a collector registered first
+in the registry asks the event loop for a rebuild and waits for it, up to
+:data:`REQUEST_WAIT`) and on shutdown, never per batch. Prometheus counters move with each
+batch. The epsilon_central of a batch size is computed once per size by an
+:class:`EpsilonWorker` in its own thread (:func:`central_epsilon`, the one accountant
+call); until it is known the value is ``None`` (NaN in Prometheus), and a request waits
+for it, off the loop. The kernel of a batch larger than :data:`INLINE_ELEMENTS` runs in a
+thread; the checkpoint is serialised and written in a thread, a piece at a time
+(:func:`~aggregator.checkpoint.encode_checkpoint`).
+
 Shutdown
 --------
 On shutdown the service writes a final checkpoint, sends the PUBACKs it covers and logs at
@@ -94,6 +108,7 @@ service reconnects with exponential backoff and resubscribes either way.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -102,8 +117,9 @@ import os
 import random
 import secrets
 import ssl
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -114,6 +130,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from prometheus_client import CollectorRegistry
+from prometheus_client.registry import Collector
 
 from aggregator.accountant import amplify_spec
 from aggregator.batch_codec import decode_batch_arrays
@@ -152,6 +169,15 @@ LEASE_WAIT = 2.0
 """Seconds a reconnected service waits for the retained lease before claiming it anew."""
 SESSION_TAKEN_OVER = 0x8E
 """MQTT 5 reason code of a DISCONNECT sent because another client connected with our id."""
+INLINE_ELEMENTS = 1 << 16
+"""Batches of at most this many hash evaluations (``size * d``; well under 1 ms) are added
+on the event loop; larger ones in a thread."""
+DEFAULT_PUBLISH_INTERVAL = 1.0
+"""Seconds between two rebuilds of the estimates, gauges and ``/estimates`` (also rebuilt
+on every scrape and request, and on shutdown)."""
+REQUEST_WAIT = 5.0
+"""Seconds a scrape or ``/estimates`` request waits for the event loop (and for an
+epsilon_central being computed) before it is served what was last published."""
 
 
 class SessionTakenOverError(CocoError):
@@ -243,6 +269,9 @@ class AggregatorConfig:
     round. ``None`` (``--spec`` without ``--round-seconds``) skips that check."""
     checkpoint: Path | None = None
     checkpoint_interval: float = 10.0
+    publish_interval: float = DEFAULT_PUBLISH_INTERVAL
+    """Seconds between rebuilds of the estimates and gauges while batches arrive (module
+    docs, *Publishing*); every scrape and ``/estimates`` request also gets fresh ones."""
     metrics_dims: int | Sequence[int] = DEFAULT_METRICS_DIMS
     http_host: str = "127.0.0.1"
     http_port: int | None = 9108
@@ -280,6 +309,8 @@ class AggregatorConfig:
         self._check_batch_rules()
         if not self.checkpoint_interval > 0:
             raise ValueError(f"checkpoint_interval must be > 0, got {self.checkpoint_interval}")
+        if not self.publish_interval > 0:
+            raise ValueError(f"publish_interval must be > 0, got {self.publish_interval}")
         if not self.lease_timeout > 0:
             raise ValueError(f"lease_timeout must be > 0, got {self.lease_timeout}")
         if self.max_unacked < 1:
@@ -420,6 +451,101 @@ def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def central_epsilon(spec: MechanismSpec, n: int, delta: float) -> float:
+    """The certified central epsilon of a batch of ``n`` reports: the one accountant call of
+    the service (runs in :class:`EpsilonWorker`'s thread, never on the event loop)."""
+    return amplify_spec(spec, n=n, delta=delta).epsilon_central
+
+
+class EpsilonWorker:
+    """:func:`central_epsilon` by batch size, computed in one worker thread, cached by ``n``.
+
+    :meth:`get` never blocks: it returns the cached value, or ``None`` and queues the
+    computation (once per ``n``); ``on_ready`` is then called from the worker thread.
+    About 5-200 ms per new ``n`` (bench/bench_accountant.py); the thread still shares the
+    GIL with the loop, which bench/bench_aggregator.py's lag probe measures. At most
+    :attr:`MAX_CACHED` sizes are kept. To swap the accountant, change
+    :func:`central_epsilon`."""
+
+    MAX_CACHED = 4096
+
+    def __init__(
+        self, spec: MechanismSpec, delta: float, on_ready: Callable[[], None] | None = None
+    ) -> None:
+        self.spec = spec
+        self.delta = delta
+        self.on_ready = on_ready
+        self._futures: dict[int, concurrent.futures.Future[float]] = {}
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._failed_logged = False
+
+    def _done(self, _future: concurrent.futures.Future[float]) -> None:
+        if self.on_ready is not None:
+            self.on_ready()
+
+    def submit(self, n: int) -> concurrent.futures.Future[float]:
+        future = self._futures.get(n)
+        if future is None:
+            if len(self._futures) >= self.MAX_CACHED:
+                self._futures = {k: f for k, f in self._futures.items() if not f.done()}
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="coco-aggregator-epsilon"
+                )
+            future = self._executor.submit(central_epsilon, self.spec, n, self.delta)
+            future.add_done_callback(self._done)  # runs once the result is set
+            self._futures[n] = future
+        return future
+
+    def put(self, n: int, epsilon: float) -> None:
+        """Record a value computed elsewhere (the epsilon curve: same function)."""
+        if n not in self._futures:
+            future: concurrent.futures.Future[float] = concurrent.futures.Future()
+            future.set_result(epsilon)
+            self._futures[n] = future
+
+    def get(self, n: int | None) -> float | None:
+        """The epsilon of ``n`` if known; else ``None``, and it is queued."""
+        if n is None:
+            return None
+        future = self.submit(n)
+        if not future.done():
+            return None
+        exc = future.exception()
+        if exc is not None:
+            if not self._failed_logged:
+                self._failed_logged = True
+                logger.error("cannot compute epsilon_central for n=%d: %s", n, exc)
+            return None
+        return future.result()
+
+    def wait(self, sizes: Iterable[int | None], timeout: float) -> None:
+        """Block (not on the event loop) until the epsilons of ``sizes`` are known."""
+        futures = [self.submit(n) for n in sizes if n is not None]
+        concurrent.futures.wait(futures, timeout=timeout)
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+            self._futures = {k: f for k, f in self._futures.items() if f.done()}
+
+
+class _RefreshOnCollect(Collector):
+    """Registered first: every scrape (or ``get_sample_value``) brings the gauges up to date
+    before the other collectors are read. It exports nothing itself."""
+
+    def __init__(self, refresh: Callable[[], None]) -> None:
+        self._refresh = refresh
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        self._refresh()
+        return []
+
+
 class Aggregator:
     """Async context manager around the service; ``await run()`` until cancelled.
 
@@ -436,6 +562,8 @@ class Aggregator:
         self.min_batch: int = config.min_batch
         self.verifier = BatchVerifier(config.batch_public_key, config.deployment)
         self.registry = registry if registry is not None else CollectorRegistry()
+        # first in the registry, so a scrape refreshes the gauges before they are read
+        self.registry.register(_RefreshOnCollect(self._refresh))
         self.metrics = AggregatorMetrics(
             self.registry,
             spec=self.spec,
@@ -458,7 +586,11 @@ class Aggregator:
         self._seen: dict[bytes, int] = {}
         """Applied batch id -> its round, for the retained rounds only."""
         self._rounds: dict[int, list[bytes]] = {}
-        self._eps_cache: dict[int, float] = {}
+        self._epsilons = EpsilonWorker(self.spec, config.delta, on_ready=self._epsilon_ready)
+        self._unpublished = True
+        """Whether anything published (estimates, gauges, ``/estimates``) is out of date."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
         self._pending: list[tuple[paho.Client, int, int]] = []
         self._dirty = False
         self._last_checkpoint = time.monotonic()
@@ -488,13 +620,14 @@ class Aggregator:
                 if path.exists():
                     self._restore(await asyncio.to_thread(load_checkpoint, path))
             self._run_start = self.counters.copy()
-            self._publish_estimates()
+            self._bind_loop()
+            self._publish()
             if self.config.http_port is not None:
                 self._http = MetricsServer(
                     host=self.config.http_host,
                     port=self.config.http_port,
                     registry=self.registry,
-                    estimates=lambda: self._document,
+                    estimates=self.snapshot,
                 )
                 self._http.start()
         except BaseException:
@@ -523,7 +656,13 @@ class Aggregator:
                 self._count_unacknowledged("checkpoint_failed", len(self._pending))
                 self._pending.clear()
             self._log_shutdown()
+            # what stays in the registry and document: final, with the epsilons computed
+            sizes = (self.smallest_batch, self.latest_batch)
+            await asyncio.to_thread(self._epsilons.wait, sizes, REQUEST_WAIT)
+            self._unpublished = True
+            self._publish()
         finally:
+            self._epsilons.close()
             if self._http is not None:
                 self._http.stop()
                 self._http = None
@@ -566,7 +705,8 @@ class Aggregator:
         return None if self._http is None else self._http.port
 
     def snapshot(self) -> dict[str, Any]:
-        """The current ``/estimates`` document."""
+        """The current ``/estimates`` document (brought up to date first, :meth:`_refresh`)."""
+        self._refresh()
         return self._document
 
     @property
@@ -593,6 +733,7 @@ class Aggregator:
                 tasks.create_task(self._mqtt_loop(), name="coco-aggregator-mqtt")
                 tasks.create_task(self._checkpoint_loop(), name="coco-aggregator-checkpoint")
                 tasks.create_task(self._export_epsilon_curve(), name="coco-aggregator-eps-curve")
+                tasks.create_task(self._publish_loop(), name="coco-aggregator-publish")
         except BaseExceptionGroup as group:
             coco = group.subgroup(CocoError)
             if coco is not None and len(group.exceptions) == len(coco.exceptions):
@@ -614,7 +755,12 @@ class Aggregator:
             return
         self.metrics.set_epsilon_curve(curve)
         for n, epsilon in curve.items():  # same function, same values: share the cache
-            self._eps_cache.setdefault(n, epsilon)
+            self._epsilons.put(n, epsilon)
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.publish_interval)
+            self._publish()
 
     # -- MQTT ------------------------------------------------------------------------------
 
@@ -820,7 +966,7 @@ class Aggregator:
         unacked[reason] = unacked.get(reason, 0) + count
         self.metrics.unacknowledged.labels(reason=reason).inc(count)
         self._dirty = True
-        self._publish_counters()
+        self._unpublished = True
         logger.info(
             "%d batches left unacknowledged (%s); the broker redelivers them", count, reason
         )
@@ -839,6 +985,7 @@ class Aggregator:
     async def handle_batch(self, payload: bytes) -> str:
         """Verify, check and apply one sealed batch (``batch || signature``); returns
         ``"applied"``, ``"duplicate"`` or the reject reason."""
+        self._bind_loop()
         try:
             batch = await self._check(payload)
         except _RejectedError as rejected:
@@ -848,7 +995,7 @@ class Aggregator:
             self.counters.duplicates += 1
             self.metrics.duplicates.inc()
             self._dirty = True
-            self._publish_counters()
+            self._unpublished = True
             if _is_power_of_two(self.counters.duplicates - self._run_start.duplicates):
                 logger.info(
                     "ignored a redelivered batch (%d so far this run; "
@@ -875,7 +1022,7 @@ class Aggregator:
         self.last_batch_timestamp = time.time()
         self.metrics.last_batch.set(self.last_batch_timestamp)
         self._dirty = True
-        self._publish_estimates()
+        self._unpublished = True  # published on the next interval, scrape or request
         return "applied"
 
     def _reject(self, rejected: _RejectedError) -> None:
@@ -888,7 +1035,7 @@ class Aggregator:
             reports[reason] = reports.get(reason, 0) + rejected.reports
             self.metrics.rejected_reports.labels(reason=reason).inc(rejected.reports)
         self._dirty = True
-        self._publish_counters()
+        self._unpublished = True
         if _is_power_of_two(count - self._run_start.rejected.get(reason, 0)):
             # 1st, 2nd, 4th, 8th... of a reason this run: a flood cannot flood the log
             logger.warning(
@@ -938,7 +1085,10 @@ class Aggregator:
             return None
         partial = AggregateState(self.spec)
         try:
-            await asyncio.to_thread(partial.add, seeds, z)  # numpy releases the GIL
+            if size * self.spec.d <= INLINE_ELEMENTS:  # less than a thread hand-off costs
+                partial.add(seeds, z)
+            else:
+                await asyncio.to_thread(partial.add, seeds, z)  # numpy releases the GIL
         except ReportError as exc:
             raise _RejectedError(exc.reason, size) from None
         return batch_id, round_, partial
@@ -959,17 +1109,6 @@ class Aggregator:
             for batch_id in self._rounds.pop(round_):
                 self._seen.pop(batch_id, None)
 
-    def _epsilon(self, n: int | None) -> float | None:
-        if n is None:
-            return None
-        if n not in self._eps_cache:
-            if len(self._eps_cache) > 4096:
-                self._eps_cache.clear()
-            self._eps_cache[n] = amplify_spec(
-                self.spec, n=n, delta=self.config.delta
-            ).epsilon_central
-        return self._eps_cache[n]
-
     def _set_subscribed(self, subscribed: bool) -> None:
         if subscribed:
             self.subscribed.set()
@@ -977,33 +1116,69 @@ class Aggregator:
             self.subscribed.clear()
         self._document = {**self._document, "subscribed": subscribed}
 
-    def _publish_counters(self) -> None:
-        """Replace the counters of ``/estimates`` (a new dict: the HTTP thread reads the old
-        one whole) and the retention gauges, after any change, so both endpoints agree."""
+    def _bind_loop(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+
+    def _epsilon_ready(self) -> None:
+        """From the epsilon worker's thread: publish the new value on the event loop."""
+        self._unpublished = True
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._publish)
+
+    def _refresh(self) -> None:
+        """Bring the estimates, gauges and ``/estimates`` up to date, from any thread.
+
+        On the event loop's thread, publish now (epsilons still being computed stay
+        ``None``: the loop never waits for the accountant). From another thread (the HTTP
+        server, or a caller with no running loop): first wait up to :data:`REQUEST_WAIT`
+        for the epsilons of the smallest and latest batch, then publish on the event loop
+        if it runs (the state is the loop's), else here.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            self._publish()
+            return
+        self._epsilons.wait((self.smallest_batch, self.latest_batch), REQUEST_WAIT)
+        loop = self._loop
+        if loop is None or not loop.is_running() or self._loop_thread == threading.get_ident():
+            self._publish()
+            return
+        done = threading.Event()
+
+        def publish() -> None:
+            try:
+                self._publish()
+            finally:
+                done.set()
+
+        try:
+            loop.call_soon_threadsafe(publish)
+        except RuntimeError:  # the loop closed meanwhile: serve what was published
+            return
+        done.wait(REQUEST_WAIT)
+
+    def _publish(self) -> None:
+        """Rebuild the estimates, the gauges and the ``/estimates`` document (a new dict: the
+        HTTP thread reads the old one whole) if anything changed. O(d) plus at most
+        :data:`MAX_METRICS_DIMS` gauges: on an interval, on request, never per batch."""
+        if not self._unpublished:
+            return
+        self._unpublished = False  # before reading: a change from another thread re-marks it
+        estimates = self.state.estimate(confidence=self.config.confidence)
+        self.metrics.set_estimates(estimates)
+        eps_small = self._epsilons.get(self.smallest_batch)
+        eps_latest = self._epsilons.get(self.latest_batch)
+        self.metrics.set_epsilon(smallest=eps_small, latest=eps_latest)
+        self.metrics.set_batch_size(smallest=self.smallest_batch, latest=self.latest_batch)
         self.metrics.set_retention(
             retained_ids=len(self._seen), oldest_round=self.oldest_retained_round
         )
-        self._document = {
-            **self._document,
-            "counters": self.counters.to_dict(),
-            "retention": self._retention_dict(),
-        }
-
-    def _retention_dict(self) -> dict[str, Any]:
-        return {
-            "rounds": self.config.retention_rounds,
-            "newest_round": self.newest_round,
-            "oldest_round": self.oldest_retained_round,
-            "batch_ids": len(self._seen),
-        }
-
-    def _publish_estimates(self) -> None:
-        estimates = self.state.estimate(confidence=self.config.confidence)
-        self.metrics.set_estimates(estimates)
-        eps_small = self._epsilon(self.smallest_batch)
-        eps_latest = self._epsilon(self.latest_batch)
-        self.metrics.set_epsilon(smallest=eps_small, latest=eps_latest)
-        self.metrics.set_batch_size(smallest=self.smallest_batch, latest=self.latest_batch)
         self._document = {
             "deployment": self.config.deployment,
             "spec": self.spec.to_dict(),
@@ -1016,8 +1191,17 @@ class Aggregator:
             "delta": self.config.delta,
             "last_batch_timestamp": self.last_batch_timestamp,
             "subscribed": self.subscribed.is_set(),
+            "counters": self.counters.to_dict(),
+            "retention": self._retention_dict(),
         }
-        self._publish_counters()
+
+    def _retention_dict(self) -> dict[str, Any]:
+        return {
+            "rounds": self.config.retention_rounds,
+            "newest_round": self.newest_round,
+            "oldest_round": self.oldest_retained_round,
+            "batch_ids": len(self._seen),
+        }
 
     def _flush_acks(self, pending: list[tuple[paho.Client, int, int]]) -> None:
         for paho_client, mid, qos in pending:

@@ -23,8 +23,9 @@ _S13, _S15, _S16, _S17 = (np.uint32(k) for k in (13, 15, 16, 17))
 
 
 def key_terms(keys: NDArray[np.integer]) -> U32:
-    """Per-key part of XXH32's first round, ``key * PRIME32_3`` (precompute once per spec)."""
-    return (np.asarray(keys).astype(np.uint32) * _P3).astype(np.uint32)
+    """Per-key part of XXH32's first round with its constant, ``key * PRIME32_3 + PRIME32_5
+    + 4`` (precompute once per spec; the round then adds the seed)."""
+    return (np.asarray(keys).astype(np.uint32) * _P3 + _SEED_OFFSET).astype(np.uint32)
 
 
 def xxh32(seeds: NDArray[np.integer], terms: U32) -> U32:
@@ -46,7 +47,6 @@ def xxh32_into(seeds: U32, terms: U32, *, out: U32, tmp: U32) -> U32:
     """
     h = out
     np.add(seeds[..., None], terms, out=h)
-    h += _SEED_OFFSET
     np.right_shift(h, _S15, out=tmp)  # rotl(h, 17)
     h <<= _S17
     h |= tmp
