@@ -17,7 +17,6 @@ from typing import Annotated, Any
 
 import typer
 
-from aggregator.accountant import amplify, amplify_spec
 from edge import CocoError, MechanismSpec, SpecError
 from edge.announce import load_spec_file
 from edge.cli_options import (
@@ -52,6 +51,8 @@ def privacy_rows(
     d: int | None = None,
 ) -> list[dict[str, Any]]:
     """One JSON-ready row per ``n``; ``epsilon_central`` is always the certified bound."""
+    from aggregator.accountant import amplify, amplify_spec  # noqa: PLC0415 (scipy: not for --help)
+
     if mechanism is PrivacyMechanism.generic:
         rows = []
         for n in ns:
