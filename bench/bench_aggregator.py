@@ -234,6 +234,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--lag-batches", type=int, default=100)
     parser.add_argument("--retained-ids", type=int, default=100_000)
     parser.add_argument("--skip-lag", action="store_true")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--lag-repeats", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -244,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{'case':<38} {'service min':>11} {'median':>10} {'max':>10}   "
         f"{'add min':>10} {'median':>10} {'max':>10}  service/add: medians, paired min-max"
     )
-    for d, s in ((512, 16), (6, 2)):
+    for d, s in () if args.skip_throughput else ((512, 16), (6, 2)):
         for mechanism in args.mechanisms:
             for batch in args.batches:
                 case = Case(mechanism, d, s, batch)
@@ -263,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"goal >= {GOAL_RPS:,} reports/s (median), {row['case']}: {met}")
     if not args.skip_lag:
         print("\nevent-loop lag of a 1 ms sleeper while batches of new sizes arrive")
-        for mechanism in args.mechanisms:
+        for mechanism in [m for m in args.mechanisms for _ in range(args.lag_repeats)]:
             spec = Case(mechanism, 512, 16, 0).spec
             row = asyncio.run(
                 lag_probe(
