@@ -477,6 +477,7 @@ class EpsilonWorker:
         self.on_ready = on_ready
         self._futures: dict[int, concurrent.futures.Future[float]] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()  # the loop and the HTTP thread both submit
         self._failed_logged = False
 
     def _done(self, _future: concurrent.futures.Future[float]) -> None:
@@ -484,8 +485,12 @@ class EpsilonWorker:
             self.on_ready()
 
     def submit(self, n: int) -> concurrent.futures.Future[float]:
+        with self._lock:
+            return self._submit(n)
+
+    def _submit(self, n: int) -> concurrent.futures.Future[float]:
         future = self._futures.get(n)
-        if future is None:
+        if future is None or future.cancelled():
             if len(self._futures) >= self.MAX_CACHED:
                 self._futures = {k: f for k, f in self._futures.items() if not f.done()}
             if self._executor is None:
@@ -499,7 +504,9 @@ class EpsilonWorker:
 
     def put(self, n: int, epsilon: float) -> None:
         """Record a value computed elsewhere (the epsilon curve: same function)."""
-        if n not in self._futures:
+        with self._lock:
+            if n in self._futures and not self._futures[n].cancelled():
+                return
             future: concurrent.futures.Future[float] = concurrent.futures.Future()
             future.set_result(epsilon)
             self._futures[n] = future
@@ -525,10 +532,11 @@ class EpsilonWorker:
         concurrent.futures.wait(futures, timeout=timeout)
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
-            self._futures = {k: f for k, f in self._futures.items() if f.done()}
+        """Stop the thread (queued sizes are dropped; a later :meth:`submit` starts anew)."""
+        with self._lock:
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = None
 
 
 class _RefreshOnCollect(Collector):

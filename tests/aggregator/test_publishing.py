@@ -1,0 +1,59 @@
+"""Publishing off the batch path: estimates rebuilt on request, epsilon in a worker thread.
+
+:meth:`Aggregator.handle_batch` is driven directly (no broker); the HTTP endpoint is real."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+
+from aggregator.accountant import amplify_spec
+from aggregator.service import Aggregator, EpsilonWorker
+from tests.aggregator.test_batch_rules import agg_config
+from tests.aggregator.test_service import DELTA, MIN_BATCH, SPEC, batch, reports
+
+
+def test_epsilon_worker_computes_each_size_once_off_the_caller() -> None:
+    ready: list[int] = []
+    worker = EpsilonWorker(SPEC, DELTA, on_ready=lambda: ready.append(1))
+    try:
+        first = worker.submit(500)
+        assert worker.submit(500) is first  # cached by n
+        worker.wait([500, None], timeout=30)
+        assert worker.get(500) == amplify_spec(SPEC, n=500, delta=DELTA).epsilon_central
+        assert ready == [1]
+        worker.put(700, 0.125)  # a value from the curve is taken as is
+        assert worker.get(700) == 0.125
+        assert worker.get(None) is None
+    finally:
+        worker.close()
+    worker.wait([600], timeout=30)  # a closed worker starts a new thread when asked
+    assert worker.get(600) == amplify_spec(SPEC, n=600, delta=DELTA).epsilon_central
+    worker.close()
+
+
+def test_batches_are_published_on_request_not_per_batch() -> None:
+    seen: dict[str, object] = {}
+
+    async def main() -> None:
+        async with Aggregator(agg_config(http_port=0)) as agg:
+            before = agg._document["n"]
+            assert await agg.handle_batch(batch(reports(MIN_BATCH, 1), 1)) == "applied"
+            assert agg._document["n"] == before == 0  # nothing rebuilt by the batch itself
+            url = f"http://127.0.0.1:{agg.http_port}/estimates"
+
+            def get() -> object:
+                with urllib.request.urlopen(url, timeout=10) as response:
+                    return json.loads(response.read())
+
+            seen["http"] = await asyncio.to_thread(get)  # the loop stays free meanwhile
+            seen["gauge"] = agg.registry.get_sample_value("coco_aggregator_n")
+
+    asyncio.run(main())
+    document = seen["http"]
+    assert isinstance(document, dict)
+    assert document["n"] == MIN_BATCH
+    epsilon = amplify_spec(SPEC, n=MIN_BATCH, delta=DELTA).epsilon_central
+    assert document["epsilon_central"] == {"smallest": epsilon, "latest": epsilon}
+    assert seen["gauge"] == MIN_BATCH
