@@ -93,8 +93,6 @@ class _Buffers:
         self.h = np.empty((rows, d), dtype=np.uint32)
         self.tmp = np.empty((rows, d), dtype=np.uint32)
         self.mask = np.zeros((rows, width), dtype=np.bool_)
-        self.lo = np.empty(rows, dtype=np.uint32)
-        self.width = np.empty(rows, dtype=np.uint32)
 
 
 class _Kernel:
@@ -129,51 +127,35 @@ class _Kernel:
         d = self.d
         a = np.zeros(d, dtype=np.int64)
         b = np.zeros(d, dtype=np.int64)
-        buffers = self._buffers()
-        for start in range(0, seeds.size, self.chunk):
-            sl = slice(start, start + self.chunk)
-            self._chunk(seeds[sl], z[sl], buffers, a, b)
-        return a - b, a + b
-
-    def _window(
-        self, h: NDArray[np.uint32], lo: NDArray[np.uint32], buf: _Buffers, out: NDArray[np.int64]
-    ) -> None:
-        """``out[j] += #{i : (h[i, j] - lo[i]) mod 2^32 < width[i]}``."""
-        m, d = h.shape
-        tmp = buf.tmp[:m]
-        np.subtract(h, lo[:, None], out=tmp)
-        mask = buf.mask[:m]
-        np.less(tmp, buf.width[:m, None], out=mask[:, :d])
-        _column_counts(mask, d, out)
-
-    def _chunk(
-        self,
-        seeds: NDArray[np.uint32],
-        z: NDArray[np.int64],
-        buf: _Buffers,
-        a: NDArray[np.int64],
-        b: NDArray[np.int64],
-    ) -> None:
-        t, m = self.t, seeds.size
-        h, tmp = buf.h[:m], buf.tmp[:m]
-        lo, width = buf.lo[:m], buf.width[:m]
+        # The windows of the whole batch first (O(n)), then the hash matrix chunk by chunk.
+        passes: list[tuple[NDArray[np.uint32], list[tuple[NDArray[np.uint32], NDArray[np.int64]]]]]
         if self.mechanism == "coco":
-            half = t // 2
+            half = self.t // 2
             # H(j+) = z iff H1(j) is z's pair (low 31 bits in the preimage of z % half) and
             # the top bit is the sign z's half implies; H(j-) = z iff the top bit is the
             # other one. So a and b are two windows of the full 32-bit hash.
-            low, width[:] = hashing.preimage_bounds(z % half, half, 31)
-            top = np.where(z >= half, np.uint32(1 << 31), np.uint32(0))
-            hashing.xxh32_into(seeds, self.terms[0], out=h, tmp=tmp)
-            np.add(low, top, out=lo)
-            self._window(h, lo, buf, a)
-            np.bitwise_xor(lo, np.uint32(1 << 31), out=lo)
-            self._window(h, lo, buf, b)
-            return
-        lo[:], width[:] = hashing.preimage_bounds(z, t, 32)
-        for terms, out in zip(self.terms, (a, b), strict=True):  # j+ then j-
-            hashing.xxh32_into(seeds, terms, out=h, tmp=tmp)
-            self._window(h, lo, buf, out)
+            low, width = hashing.preimage_bounds(z % half, half, 31)
+            lo_a = low + np.where(z >= half, np.uint32(1 << 31), np.uint32(0))
+            lo_b = lo_a ^ np.uint32(1 << 31)
+            passes = [(self.terms[0], [(lo_a, a), (lo_b, b)])]
+        else:
+            lo, width = hashing.preimage_bounds(z, self.t, 32)
+            passes = [(self.terms[0], [(lo, a)]), (self.terms[1], [(lo, b)])]  # j+, j-
+        buf = self._buffers()
+        for start in range(0, seeds.size, self.chunk):
+            sl = slice(start, start + self.chunk)
+            chunk = seeds[sl]
+            m = chunk.size
+            h, tmp, mask = buf.h[:m], buf.tmp[:m], buf.mask[:m]
+            w = width[sl, None]
+            for terms, windows in passes:
+                hashing.xxh32_into(chunk, terms, out=h, tmp=tmp)
+                for lo_, out in windows:
+                    # out[j] += #{i : (h[i, j] - lo[i]) mod 2^32 < width[i]}
+                    np.subtract(h, lo_[sl, None], out=tmp)
+                    np.less(tmp, w, out=mask[:, :d])
+                    _column_counts(mask, d, out)
+        return a - b, a + b
 
 
 @functools.lru_cache(maxsize=16)
