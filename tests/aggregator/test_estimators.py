@@ -67,13 +67,15 @@ def test_kernel_matches_the_scalar_reference(kind: type[LocalMechanism]) -> None
 
 
 @pytest.mark.parametrize("kind", [CoCo, Collision])
+@pytest.mark.parametrize(("d", "n"), [(260, 700), (5, 1500)])
 def test_kernel_across_chunks_and_byte_lanes_matches_the_scalar_reference(
-    kind: type[LocalMechanism],
+    kind: type[LocalMechanism], d: int, n: int
 ) -> None:
     # d = 260: chunks of 504 rows (two chunks here, the second partial), each counted in
-    # byte lanes of 255 + 249 rows; rows padded from 260 to 264 columns.
-    m = kind(d=260, s=3, epsilon=1.0)
-    _, _, seeds, z = reports(m, 700, seed=5)
+    # byte lanes of 255 + 249 rows; rows padded from 260 to 264 columns. d = 5: one chunk
+    # of 1,500 rows, counted with one sum (many short rows).
+    m = kind(d=d, s=2, epsilon=1.0)
+    _, _, seeds, z = reports(m, n, seed=5)
     state = AggregateState(m.spec)
     state.add(seeds, z)
     state.add(seeds[:17], z[:17])  # the same reused buffers, a short batch
