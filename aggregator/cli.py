@@ -148,6 +148,14 @@ def aggregator_run(
     checkpoint_interval: Annotated[
         float, typer.Option(envvar="COCO_CHECKPOINT_INTERVAL", help="Seconds between checkpoints.")
     ] = 10.0,
+    publish_interval: Annotated[
+        float,
+        typer.Option(
+            envvar="COCO_PUBLISH_INTERVAL",
+            help="Seconds between rebuilds of the estimates and gauges while batches arrive "
+            "(every scrape and /estimates request also gets fresh ones).",
+        ),
+    ] = 1.0,
     metrics_host: Annotated[
         str, typer.Option(envvar="COCO_METRICS_HOST", help="HTTP bind address.")
     ] = "127.0.0.1",
@@ -255,6 +263,7 @@ def aggregator_run(
             delta=delta,
             checkpoint=checkpoint,
             checkpoint_interval=checkpoint_interval,
+            publish_interval=publish_interval,
             metrics_dims=metrics_dims,
             http_host=metrics_host,
             http_port=metrics_port,

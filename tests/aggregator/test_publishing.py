@@ -8,6 +8,8 @@ import asyncio
 import json
 import urllib.request
 
+import pytest
+
 from aggregator.accountant import amplify_spec
 from aggregator.service import Aggregator, EpsilonWorker
 from tests.aggregator.test_batch_rules import agg_config
@@ -57,3 +59,9 @@ def test_batches_are_published_on_request_not_per_batch() -> None:
     epsilon = amplify_spec(SPEC, n=MIN_BATCH, delta=DELTA).epsilon_central
     assert document["epsilon_central"] == {"smallest": epsilon, "latest": epsilon}
     assert seen["gauge"] == MIN_BATCH
+
+
+def test_publish_interval_must_be_positive() -> None:
+    assert agg_config().publish_interval == 1.0
+    with pytest.raises(ValueError, match="publish_interval must be > 0, got 0"):
+        agg_config(publish_interval=0)
