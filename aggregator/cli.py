@@ -18,14 +18,6 @@ from typing import Annotated, Any
 
 import typer
 
-from aggregator.accountant import (
-    CalibrationTarget,
-    amplify,
-    amplify_spec,
-    blanket_pair_for_spec,
-    calibrate,
-    epsilon_total,
-)
 from edge import CocoError, MechanismSpec, SpecError
 from edge.announce import load_spec_file
 from edge.cli_options import (
@@ -69,6 +61,14 @@ def privacy_rows(
     """
     if rounds is not None and rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {rounds}")
+    # scipy and dp-accounting behind the accountant: not imported for --help
+    from aggregator.accountant import (  # noqa: PLC0415
+        amplify,
+        amplify_spec,
+        blanket_pair_for_spec,
+        epsilon_total,
+    )
+
     if mechanism is PrivacyMechanism.generic:
         if rounds is not None:
             raise ValueError("--rounds needs --mechanism coco or collision (the blanket pair)")
@@ -215,6 +215,8 @@ def privacy_calibrate(
 ) -> None:
     """The local epsilon0 (and t) with the smallest closed-form MSE that meets a target
     (epsilon_total, delta) over a horizon of rounds batches of n reports."""
+    from aggregator.accountant import CalibrationTarget, calibrate  # noqa: PLC0415 (not for --help)
+
     try:
         target = CalibrationTarget(
             mechanism=mechanism.value,
@@ -278,6 +280,14 @@ def aggregator_run(
     checkpoint_interval: Annotated[
         float, typer.Option(envvar="COCO_CHECKPOINT_INTERVAL", help="Seconds between checkpoints.")
     ] = 10.0,
+    publish_interval: Annotated[
+        float,
+        typer.Option(
+            envvar="COCO_PUBLISH_INTERVAL",
+            help="Seconds between rebuilds of the estimates and gauges while batches arrive "
+            "(every scrape and /estimates request also gets fresh ones).",
+        ),
+    ] = 1.0,
     metrics_host: Annotated[
         str, typer.Option(envvar="COCO_METRICS_HOST", help="HTTP bind address.")
     ] = "127.0.0.1",
@@ -385,6 +395,7 @@ def aggregator_run(
             delta=delta,
             checkpoint=checkpoint,
             checkpoint_interval=checkpoint_interval,
+            publish_interval=publish_interval,
             metrics_dims=metrics_dims,
             http_host=metrics_host,
             http_port=metrics_port,

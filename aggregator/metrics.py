@@ -25,11 +25,11 @@ section 10.3), and adding one would change the wire format.
 :class:`MetricsServer` serves, on one port, the live page at ``/``
 (:mod:`aggregator.live_page`), ``/metrics`` (Prometheus text format) and
 ``/estimates`` (JSON: spec, n, estimates, certified central epsilon for the smallest and the
-latest batch, delta, the counters and the retained horizon; the counters are replaced after
-every batch, rejected and duplicate ones included, so they never lag ``/metrics``). It is
-a stdlib ``ThreadingHTTPServer`` in a daemon thread: the handler
-reads an immutable snapshot that the event loop replaces after each batch, so no lock is
-needed and a slow scraper never blocks the event loop.
+latest batch, delta, the counters and the retained horizon; rebuilt for every request, so
+they never lag ``/metrics``). It is a stdlib ``ThreadingHTTPServer`` in a daemon thread:
+the handler asks the event loop for a fresh snapshot (an immutable document the loop
+replaces; :mod:`aggregator.service`, *Publishing*) and waits for it, so no lock is needed
+and a slow scraper never blocks the event loop.
 """
 
 from __future__ import annotations
@@ -142,6 +142,7 @@ class AggregatorMetrics:
     ) -> None:
         self.registry = registry
         self.dims = tuple(dims)
+        self._children: list[tuple[Gauge, Gauge, Gauge]] | None = None
         p = "coco_aggregator"
         self.reports = Counter(
             f"{p}_reports", "Reports applied to the estimates.", registry=registry
@@ -269,12 +270,26 @@ class AggregatorMetrics:
     def set_estimates(self, estimates: Estimates) -> None:
         """Export the estimates of the bounded set of dimensions (NaN while ``n == 0``)."""
         self.n.set(estimates.n)
-        halfwidth = estimates.mean_halfwidth
-        for j in self.dims:
-            label = str(j)
-            self.mean.labels(dim=label).set(float(estimates.mean[j]))
-            self.mean_halfwidth.labels(dim=label).set(float(halfwidth[j]))
-            self.freq.labels(dim=label).set(float(estimates.freq[j]))
+        if self._children is None:  # the labelled series, looked up once
+            self._children = [
+                (
+                    self.mean.labels(dim=str(j)),
+                    self.mean_halfwidth.labels(dim=str(j)),
+                    self.freq.labels(dim=str(j)),
+                )
+                for j in self.dims
+            ]
+        dims = list(self.dims)
+        columns = zip(
+            estimates.mean[dims].tolist(),
+            estimates.mean_halfwidth[dims].tolist(),
+            estimates.freq[dims].tolist(),
+            strict=True,
+        )
+        for (mean, halfwidth, freq), (m, h, f) in zip(self._children, columns, strict=True):
+            mean.set(m)
+            halfwidth.set(h)
+            freq.set(f)
 
     def set_epsilon(self, *, smallest: float | None, latest: float | None) -> None:
         for name, value in (("smallest", smallest), ("latest", latest)):

@@ -76,6 +76,22 @@ Two aggregators applying the same batches would count them twice. Two guards:
   the two checkpoints never hold the same batch (beyond a checkpoint written in the instant
   of the takeover, before its PUBACKs went out).
 
+Publishing, and what never runs on the event loop
+------------------------------------------------
+Applying a batch only adds its sums and counts (``O(d)``); the estimates, the gauges and the
+``/estimates`` document are rebuilt from the state every ``publish_interval`` seconds, on
+every scrape of ``/metrics`` and request of ``/estimates`` (a collector registered first
+in the registry asks the event loop for a rebuild and waits for it, up to
+:data:`REQUEST_WAIT`) and on shutdown, never per batch. Prometheus counters move with each
+batch. The central privacy level (epsilon_central of the smallest and latest batch,
+epsilon_central_generic, epsilon_total) is the :class:`~aggregator.privacy_ledger.
+PrivacyLedger`'s, recomputed in a worker thread after batches are applied (the service's
+one use of the accountant); until it covers the newest batch the previous level is shown
+(``batches_accounted`` says how many it covers), and a request from another thread waits
+for it, up to :data:`REQUEST_WAIT`, off the loop. The kernel of a batch larger than
+:data:`INLINE_ELEMENTS` runs in a thread; the checkpoint is serialised and written in a
+thread, a piece at a time (:func:`~aggregator.checkpoint.encode_checkpoint`).
+
 Shutdown
 --------
 On shutdown the service writes a final checkpoint, sends the PUBACKs it covers and logs at
@@ -102,8 +118,9 @@ import os
 import random
 import secrets
 import ssl
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -114,6 +131,7 @@ import paho.mqtt.client as paho
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from prometheus_client import CollectorRegistry
+from prometheus_client.registry import Collector
 
 from aggregator.batch_codec import decode_batch_arrays
 from aggregator.checkpoint import (
@@ -152,6 +170,15 @@ LEASE_WAIT = 2.0
 """Seconds a reconnected service waits for the retained lease before claiming it anew."""
 SESSION_TAKEN_OVER = 0x8E
 """MQTT 5 reason code of a DISCONNECT sent because another client connected with our id."""
+INLINE_ELEMENTS = 1 << 16
+"""Batches of at most this many hash evaluations (``size * d``; well under 1 ms) are added
+on the event loop; larger ones in a thread."""
+DEFAULT_PUBLISH_INTERVAL = 1.0
+"""Seconds between two rebuilds of the estimates, gauges and ``/estimates`` (also rebuilt
+on every scrape and request, and on shutdown)."""
+REQUEST_WAIT = 5.0
+"""Seconds a scrape or ``/estimates`` request waits for the event loop (and for an
+epsilon_central being computed) before it is served what was last published."""
 
 
 class SessionTakenOverError(CocoError):
@@ -243,6 +270,9 @@ class AggregatorConfig:
     round. ``None`` (``--spec`` without ``--round-seconds``) skips that check."""
     checkpoint: Path | None = None
     checkpoint_interval: float = 10.0
+    publish_interval: float = DEFAULT_PUBLISH_INTERVAL
+    """Seconds between rebuilds of the estimates and gauges while batches arrive (module
+    docs, *Publishing*); every scrape and ``/estimates`` request also gets fresh ones."""
     metrics_dims: int | Sequence[int] = DEFAULT_METRICS_DIMS
     http_host: str = "127.0.0.1"
     http_port: int | None = 9108
@@ -280,6 +310,8 @@ class AggregatorConfig:
         self._check_batch_rules()
         if not self.checkpoint_interval > 0:
             raise ValueError(f"checkpoint_interval must be > 0, got {self.checkpoint_interval}")
+        if not self.publish_interval > 0:
+            raise ValueError(f"publish_interval must be > 0, got {self.publish_interval}")
         if not self.lease_timeout > 0:
             raise ValueError(f"lease_timeout must be > 0, got {self.lease_timeout}")
         if self.max_unacked < 1:
@@ -419,6 +451,21 @@ def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+class _RefreshOnCollect(Collector):
+    """Registered first: every scrape (or ``get_sample_value``) brings the gauges up to date
+    before the other collectors are read. It exports nothing itself."""
+
+    def __init__(self, refresh: Callable[[], None]) -> None:
+        self._refresh = refresh
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> list[Any]:
+        self._refresh()
+        return []
+
+
 class Aggregator:
     """Async context manager around the service; ``await run()`` until cancelled.
 
@@ -435,6 +482,8 @@ class Aggregator:
         self.min_batch: int = config.min_batch
         self.verifier = BatchVerifier(config.batch_public_key, config.deployment)
         self.registry = registry if registry is not None else CollectorRegistry()
+        # first in the registry, so a scrape refreshes the gauges before they are read
+        self.registry.register(_RefreshOnCollect(self._refresh))
         self.metrics = AggregatorMetrics(
             self.registry,
             spec=self.spec,
@@ -465,6 +514,12 @@ class Aggregator:
             batches=0,
         )
         self._privacy_dirty = asyncio.Event()
+        self._privacy_settled = threading.Event()
+        """Set while the privacy level covers every batch applied (requests wait for it)."""
+        self._unpublished = True
+        """Whether anything published (estimates, gauges, ``/estimates``) is out of date."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
         self._pending: list[tuple[paho.Client, int, int]] = []
         self._dirty = False
         self._last_checkpoint = time.monotonic()
@@ -494,13 +549,14 @@ class Aggregator:
                 if path.exists():
                     self._restore(await asyncio.to_thread(load_checkpoint, path))
             self._run_start = self.counters.copy()
-            self._publish_estimates()
+            self._bind_loop()
+            self._publish()
             if self.config.http_port is not None:
                 self._http = MetricsServer(
                     host=self.config.http_host,
                     port=self.config.http_port,
                     registry=self.registry,
-                    estimates=lambda: self._document,
+                    estimates=self.snapshot,
                 )
                 self._http.start()
         except BaseException:
@@ -529,6 +585,12 @@ class Aggregator:
                 self._count_unacknowledged("checkpoint_failed", len(self._pending))
                 self._pending.clear()
             self._log_shutdown()
+            # what stays in the registry and document: final, with the privacy level of
+            # every batch applied (the privacy loop stopped with run())
+            if self._privacy.batches != self.counters.batches:
+                self._privacy = await asyncio.to_thread(self.ledger.compute, self.ledger.snapshot())
+            self._unpublished = True
+            self._publish()
         finally:
             if self._http is not None:
                 self._http.stop()
@@ -572,7 +634,8 @@ class Aggregator:
         return None if self._http is None else self._http.port
 
     def snapshot(self) -> dict[str, Any]:
-        """The current ``/estimates`` document."""
+        """The current ``/estimates`` document (brought up to date first, :meth:`_refresh`)."""
+        self._refresh()
         return self._document
 
     @property
@@ -600,6 +663,7 @@ class Aggregator:
                 tasks.create_task(self._checkpoint_loop(), name="coco-aggregator-checkpoint")
                 tasks.create_task(self._export_epsilon_curve(), name="coco-aggregator-eps-curve")
                 tasks.create_task(self._privacy_loop(), name="coco-aggregator-privacy")
+                tasks.create_task(self._publish_loop(), name="coco-aggregator-publish")
         except BaseExceptionGroup as group:
             coco = group.subgroup(CocoError)
             if coco is not None and len(group.exceptions) == len(coco.exceptions):
@@ -637,7 +701,15 @@ class Aggregator:
                 self._privacy_dirty.set()
                 continue
             self._privacy = level
-            self._publish_privacy()
+            if level.batches == self.counters.batches:
+                self._privacy_settled.set()
+            self._unpublished = True
+            self._publish()
+
+    async def _publish_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.publish_interval)
+            self._publish()
 
     # -- MQTT ------------------------------------------------------------------------------
 
@@ -848,7 +920,7 @@ class Aggregator:
         unacked[reason] = unacked.get(reason, 0) + count
         self.metrics.unacknowledged.labels(reason=reason).inc(count)
         self._dirty = True
-        self._publish_counters()
+        self._unpublished = True
         logger.info(
             "%d batches left unacknowledged (%s); the broker redelivers them", count, reason
         )
@@ -867,6 +939,7 @@ class Aggregator:
     async def handle_batch(self, payload: bytes) -> str:
         """Verify, check and apply one sealed batch (``batch || signature``); returns
         ``"applied"``, ``"duplicate"`` or the reject reason."""
+        self._bind_loop()
         try:
             batch = await self._check(payload)
         except _RejectedError as rejected:
@@ -876,7 +949,7 @@ class Aggregator:
             self.counters.duplicates += 1
             self.metrics.duplicates.inc()
             self._dirty = True
-            self._publish_counters()
+            self._unpublished = True
             if _is_power_of_two(self.counters.duplicates - self._run_start.duplicates):
                 logger.info(
                     "ignored a redelivered batch (%d so far this run; "
@@ -903,9 +976,10 @@ class Aggregator:
         self.last_batch_timestamp = time.time()
         self.metrics.last_batch.set(self.last_batch_timestamp)
         self.ledger.record(size)
+        self._privacy_settled.clear()
         self._privacy_dirty.set()
         self._dirty = True
-        self._publish_estimates()
+        self._unpublished = True  # published on the next interval, scrape or request
         return "applied"
 
     def _reject(self, rejected: _RejectedError) -> None:
@@ -918,7 +992,7 @@ class Aggregator:
             reports[reason] = reports.get(reason, 0) + rejected.reports
             self.metrics.rejected_reports.labels(reason=reason).inc(rejected.reports)
         self._dirty = True
-        self._publish_counters()
+        self._unpublished = True
         if _is_power_of_two(count - self._run_start.rejected.get(reason, 0)):
             # 1st, 2nd, 4th, 8th... of a reason this run: a flood cannot flood the log
             logger.warning(
@@ -968,7 +1042,10 @@ class Aggregator:
             return None
         partial = AggregateState(self.spec)
         try:
-            await asyncio.to_thread(partial.add, seeds, z)  # numpy releases the GIL
+            if size * self.spec.d <= INLINE_ELEMENTS:  # less than a thread hand-off costs
+                partial.add(seeds, z)
+            else:
+                await asyncio.to_thread(partial.add, seeds, z)  # numpy releases the GIL
         except ReportError as exc:
             raise _RejectedError(exc.reason, size) from None
         return batch_id, round_, partial
@@ -996,24 +1073,85 @@ class Aggregator:
             self.subscribed.clear()
         self._document = {**self._document, "subscribed": subscribed}
 
-    def _publish_counters(self) -> None:
-        """Replace the counters of ``/estimates`` (a new dict: the HTTP thread reads the old
-        one whole) and the retention gauges, after any change, so both endpoints agree."""
+    def _bind_loop(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+
+    def _refresh(self) -> None:
+        """Bring the estimates, gauges and ``/estimates`` up to date, from any thread.
+
+        On the event loop's thread, publish now (epsilons still being computed stay
+        ``None``: the loop never waits for the accountant). From another thread (the HTTP
+        server, or a caller with no running loop): first wait up to :data:`REQUEST_WAIT`
+        for the epsilons of the smallest and latest batch, then publish on the event loop
+        if it runs (the state is the loop's), else here.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            self._publish()
+            return
+        if not self._privacy_settled.wait(REQUEST_WAIT):
+            # no privacy loop caught up (none runs when batches are handed in directly):
+            # account here, in the requesting thread, never on the loop
+            level = self.ledger.compute(self.ledger.snapshot())
+            self._privacy = level
+            if level.batches == self.counters.batches:
+                self._privacy_settled.set()
+            self._unpublished = True
+        loop = self._loop
+        if loop is None or not loop.is_running() or self._loop_thread == threading.get_ident():
+            self._publish()
+            return
+        done = threading.Event()
+
+        def publish() -> None:
+            try:
+                self._publish()
+            finally:
+                done.set()
+
+        try:
+            loop.call_soon_threadsafe(publish)
+        except RuntimeError:  # the loop closed meanwhile: serve what was published
+            return
+        done.wait(REQUEST_WAIT)
+
+    def _publish(self) -> None:
+        """Rebuild the estimates, the gauges and the ``/estimates`` document (a new dict: the
+        HTTP thread reads the old one whole) if anything changed. O(d) plus at most
+        :data:`MAX_METRICS_DIMS` gauges: on an interval, on request, never per batch. The
+        central epsilons are the privacy ledger's latest level (computed in a worker
+        thread, :meth:`_privacy_loop`)."""
+        if not self._unpublished:
+            return
+        self._unpublished = False  # before reading: a change from another thread re-marks it
+        estimates = self.state.estimate(confidence=self.config.confidence)
+        self.metrics.set_estimates(estimates)
+        level = self._privacy
+        self.metrics.set_epsilon(**level.epsilon_central)
+        self.metrics.set_epsilon_generic(**level.epsilon_central_generic)
+        self.metrics.set_epsilon_total(level.epsilon_total)
+        self.metrics.set_batch_size(smallest=self.smallest_batch, latest=self.latest_batch)
         self.metrics.set_retention(
             retained_ids=len(self._seen), oldest_round=self.oldest_retained_round
         )
         self._document = {
-            **self._document,
+            "deployment": self.config.deployment,
+            "spec": self.spec.to_dict(),
+            "n": self.state.n,
+            "estimates": estimates.to_dict(),
+            "epsilon_local": self.spec.epsilon,
+            **level.to_dict(),
+            "batch_size": {"smallest": self.smallest_batch, "latest": self.latest_batch},
+            "min_batch": self.min_batch,
+            "delta": self.config.delta,
+            "last_batch_timestamp": self.last_batch_timestamp,
+            "subscribed": self.subscribed.is_set(),
             "counters": self.counters.to_dict(),
             "retention": self._retention_dict(),
-        }
-
-    def _retention_dict(self) -> dict[str, Any]:
-        return {
-            "rounds": self.config.retention_rounds,
-            "newest_round": self.newest_round,
-            "oldest_round": self.oldest_retained_round,
-            "batch_ids": len(self._seen),
         }
 
     @property
@@ -1022,32 +1160,13 @@ class Aggregator:
         it covers; it trails the applied batches by one computation)."""
         return self._privacy
 
-    def _publish_privacy(self) -> None:
-        """Export the latest :class:`PrivacyLevel` (metrics and ``/estimates``)."""
-        level = self._privacy
-        self.metrics.set_epsilon(**level.epsilon_central)
-        self.metrics.set_epsilon_generic(**level.epsilon_central_generic)
-        self.metrics.set_epsilon_total(level.epsilon_total)
-        self._document = {**self._document, **level.to_dict()}
-
-    def _publish_estimates(self) -> None:
-        estimates = self.state.estimate(confidence=self.config.confidence)
-        self.metrics.set_estimates(estimates)
-        self.metrics.set_batch_size(smallest=self.smallest_batch, latest=self.latest_batch)
-        self._document = {
-            "deployment": self.config.deployment,
-            "spec": self.spec.to_dict(),
-            "n": self.state.n,
-            "estimates": estimates.to_dict(),
-            "epsilon_local": self.spec.epsilon,
-            **self._privacy.to_dict(),
-            "batch_size": {"smallest": self.smallest_batch, "latest": self.latest_batch},
-            "min_batch": self.min_batch,
-            "delta": self.config.delta,
-            "last_batch_timestamp": self.last_batch_timestamp,
-            "subscribed": self.subscribed.is_set(),
+    def _retention_dict(self) -> dict[str, Any]:
+        return {
+            "rounds": self.config.retention_rounds,
+            "newest_round": self.newest_round,
+            "oldest_round": self.oldest_retained_round,
+            "batch_ids": len(self._seen),
         }
-        self._publish_counters()
 
     def _flush_acks(self, pending: list[tuple[paho.Client, int, int]]) -> None:
         for paho_client, mid, qos in pending:

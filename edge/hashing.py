@@ -19,11 +19,13 @@ _P2 = np.uint32(device._PRIME32_2)
 _P3 = np.uint32(device._PRIME32_3)
 _P4 = np.uint32(device._PRIME32_4)
 _SEED_OFFSET = np.uint32((device._PRIME32_5 + 4) & device._M32)
+_S13, _S15, _S16, _S17 = (np.uint32(k) for k in (13, 15, 16, 17))
 
 
 def key_terms(keys: NDArray[np.integer]) -> U32:
-    """Per-key part of XXH32's first round, ``key * PRIME32_3`` (precompute once per spec)."""
-    return (np.asarray(keys).astype(np.uint32) * _P3).astype(np.uint32)
+    """Per-key part of XXH32's first round with its constant, ``key * PRIME32_3 + PRIME32_5
+    + 4`` (precompute once per spec; the round then adds the seed)."""
+    return (np.asarray(keys).astype(np.uint32) * _P3 + _SEED_OFFSET).astype(np.uint32)
 
 
 def xxh32(seeds: NDArray[np.integer], terms: U32) -> U32:
@@ -32,17 +34,31 @@ def xxh32(seeds: NDArray[np.integer], terms: U32) -> U32:
     ``terms`` comes from :func:`key_terms`; it is either 1-D (the same keys for every seed)
     or has one row per seed.
     """
-    base = np.asarray(seeds).astype(np.uint32) + _SEED_OFFSET
-    h = base[..., None] + terms
-    tmp = h >> np.uint32(15)
-    h <<= np.uint32(17)
+    base = np.asarray(seeds).astype(np.uint32)
+    h = np.empty(np.broadcast_shapes((*base.shape, 1), terms.shape), dtype=np.uint32)
+    return xxh32_into(base, terms, out=h, tmp=np.empty_like(h))
+
+
+def xxh32_into(seeds: U32, terms: U32, *, out: U32, tmp: U32) -> U32:
+    """:func:`xxh32` written into ``out``, with ``tmp`` (same shape) as scratch: no
+    allocation of the size of the hash matrix (the aggregator reuses both per chunk).
+
+    ``seeds`` is ``uint32``; ``out`` and ``tmp`` have shape ``seeds.shape + (k,)``.
+    """
+    h = out
+    np.add(seeds[..., None], terms, out=h)
+    np.right_shift(h, _S15, out=tmp)  # rotl(h, 17)
+    h <<= _S17
     h |= tmp
     h *= _P4
-    h ^= h >> np.uint32(15)
+    np.right_shift(h, _S15, out=tmp)
+    h ^= tmp
     h *= _P2
-    h ^= h >> np.uint32(13)
+    np.right_shift(h, _S13, out=tmp)
+    h ^= tmp
     h *= _P3
-    h ^= h >> np.uint32(16)
+    np.right_shift(h, _S16, out=tmp)
+    h ^= tmp
     return h
 
 

@@ -1,55 +1,126 @@
-"""The ``coco`` command line: one entry point composed from the components' commands."""
+"""The ``coco`` command line: one entry point composed from the components' commands.
+
+The components' commands are imported only when one of them runs (or shows its own
+``--help``): :data:`LAZY_COMMANDS` names each one's module and its one-line help, which
+``coco --help`` lists without importing numpy, scipy or an MQTT client.
+"""
 
 from __future__ import annotations
 
-import asyncio
+import importlib
 import json
 import logging
 import os
 import signal
 import time
 from enum import StrEnum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import typer
+from typer.core import TyperCommand, TyperGroup
 
-from aggregator.cli import aggregator_app, privacy_app
-from broker.announce_cli import announce
-from broker.cli import shuffler
-from edge import CocoError, MechanismSpec
-from edge.cli_options import apply_deprecated_env
-from edge.device_cli import device
-from sim.credentials_cli import credentials
-from sim.demo import (
-    DEFAULT_DEVICES,
-    DemoConfig,
-    DemoError,
-    format_table,
-    page_url,
-    run_pipeline,
-    serve_final_state,
-)
-from sim.experiments.cli import experiment_app
-from sim.fleet_cli import fleet
-from sim.simulate import SensorSimulationResult, simulate_sensors
-from sim.simulate import simulate as run_simulation
+from edge.cli_options import apply_deprecated_env  # typer only: light enough for --help
+
+if TYPE_CHECKING:
+    from sim.simulate import SensorSimulationResult
+
+LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
+    # name: (module, attribute: a command function or a typer.Typer, help in `coco --help`)
+    "privacy": (
+        "aggregator.cli",
+        "privacy_app",
+        "Central privacy of shuffled batches (certified bounds); `calibrate` plans epsilon0.",
+    ),
+    "shuffler": (
+        "broker.cli",
+        "shuffler",
+        "Shuffle each round's ingress reports into signed batches of at least --min-batch.",
+    ),
+    "device": (
+        "edge.device_cli",
+        "device",
+        "Publish one eps-LDP report per CSV row of sensor readings, in the current wall-clock "
+        "round, after charging the device's privacy-budget ledger.",
+    ),
+    "announce": (
+        "broker.announce_cli",
+        "announce",
+        "Publish the retained spec announcement of a deployment (or print it).",
+    ),
+    "credentials": (
+        "sim.credentials_cli",
+        "credentials",
+        "Derive the MQTT credentials of a deployment from its secret and write the broker's "
+        "dynamic-security configuration and/or password file (Mosquitto 2, PBKDF2-SHA512) "
+        "and the services' password files; and/or the shuffler's batch key (no secret "
+        "needed).",
+    ),
+    "fleet": (
+        "sim.fleet_cli",
+        "fleet",
+        "Simulate a fleet of devices publishing privatised reports (simulation only: no "
+        "budget ledger; a real device runs `coco device`).",
+    ),
+    "aggregator": ("aggregator.cli", "aggregator_app", "The streaming aggregator service."),
+    "experiment": (
+        "sim.experiments.cli",
+        "experiment_app",
+        "Reproduce the paper's experiments: CSV and PNG per figure (docs/results.md).",
+    ),
+}
+"""The help texts are the commands' own (tests/sim/test_cli.py checks that they agree)."""
+
+
+def load_command(name: str) -> Any:
+    """Import the command ``name`` of :data:`LAZY_COMMANDS` and build it."""
+    module, attribute, _ = LAZY_COMMANDS[name]
+    target = getattr(importlib.import_module(module), attribute)
+    if not isinstance(target, typer.Typer):
+        holder = typer.Typer()
+        holder.command(name)(target)
+        target = holder
+    command = typer.main.get_command(target)
+    command.name = name
+    return command
+
+
+class _LazyGroup(TyperGroup):
+    """Loads a command of :data:`LAZY_COMMANDS` when it is resolved; while its own help is
+    formatted, lists them from their help texts instead."""
+
+    _listing = False
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        eager = [n for n in super().list_commands(ctx) if n not in LAZY_COMMANDS]
+        groups = [n for n, (_, attr, _) in LAZY_COMMANDS.items() if attr.endswith("_app")]
+        commands = [n for n in LAZY_COMMANDS if n not in groups]
+        return [*commands, *eager, *groups]  # typer's order: commands, then groups
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name in self.commands or cmd_name not in LAZY_COMMANDS:
+            return super().get_command(ctx, cmd_name)
+        if self._listing:
+            return TyperCommand(name=cmd_name, help=LAZY_COMMANDS[cmd_name][2])
+        command = self.commands[cmd_name] = load_command(cmd_name)
+        return command
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
 
 app = typer.Typer(
     name="coco",
+    cls=_LazyGroup,
     help="coco-fleet: privacy-preserving telemetry for IoT fleets (CoCo/Collision + shuffling).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.add_typer(privacy_app, name="privacy")
-app.add_typer(aggregator_app, name="aggregator")
-app.command("shuffler")(shuffler)
-app.command("device")(device)
-app.command("announce")(announce)
-app.command("credentials")(credentials)
-app.add_typer(experiment_app, name="experiment")
-app.command("fleet")(fleet)
 
 
 _SERVICES = frozenset({"shuffler", "aggregator"})
@@ -75,6 +146,11 @@ def _root(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+
+
+DEMO_DEVICES = 2000
+"""``sim.demo.DEFAULT_DEVICES``, repeated so that ``coco demo --help`` does not import the
+demo (tests/sim/test_cli.py checks that they agree)."""
 
 
 class SimMechanism(StrEnum):
@@ -116,6 +192,10 @@ def simulate(
 
     --json with sensors: per trial and channel the estimate, ci95_halfwidth and truth.
     """
+    from edge import CocoError, MechanismSpec  # noqa: PLC0415 (numpy: not for --help)
+    from sim.simulate import simulate as run_simulation  # noqa: PLC0415
+    from sim.simulate import simulate_sensors  # noqa: PLC0415
+
     try:
         spec = MechanismSpec(mechanism=mechanism.value, d=d, s=s, epsilon=epsilon, t=t)  # type: ignore[arg-type]
         if model is SimModel.sensors:
@@ -169,7 +249,7 @@ def demo(
     devices: Annotated[
         int | None,
         typer.Option(
-            help=f"Simulated devices ({DEFAULT_DEVICES} by default; fewer on the embedded broker)."
+            help=f"Simulated devices ({DEMO_DEVICES} by default; fewer on the embedded broker)."
         ),
     ] = None,
     rounds: Annotated[int, typer.Option(help="Rounds (one report per device each).")] = 3,
@@ -213,9 +293,21 @@ def demo(
 ) -> None:
     """Run devices -> shuffler -> aggregator on this machine and compare the private
     estimates with the (simulation-only) ground truth."""
+    import asyncio  # noqa: PLC0415 (the demo's imports are heavy: not for --help)
+
+    from edge import CocoError  # noqa: PLC0415
+    from sim.demo import (  # noqa: PLC0415
+        DemoConfig,
+        DemoError,
+        format_table,
+        page_url,
+        run_pipeline,
+        serve_final_state,
+    )
+
     try:
         config = DemoConfig(
-            devices=DEFAULT_DEVICES if devices is None else devices,
+            devices=DEMO_DEVICES if devices is None else devices,
             auto_devices=devices is None,
             rounds=rounds,
             mechanism=mechanism.value,

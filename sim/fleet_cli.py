@@ -19,7 +19,6 @@ import aiomqtt
 import typer
 from prometheus_client import CollectorRegistry, start_http_server
 
-from broker.cli import read_announcement
 from edge import CocoError, MechanismSpec
 from edge.announce import read_spec_file
 from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption, SpecFileOption
@@ -155,6 +154,8 @@ def _announced_spec(
 ) -> tuple[MechanismSpec, int]:
     """The retained announcement's spec and round_seconds, or a :class:`FleetError` that
     says what failed."""
+    from broker.cli import read_announcement  # noqa: PLC0415 (the shuffler's: not for --help)
+
     try:
         announcement = asyncio.run(
             read_announcement(

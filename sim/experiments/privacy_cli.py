@@ -15,11 +15,6 @@ from typing import Annotated
 
 import typer
 
-from sim.experiments.amplification import SUMMARY_NAME as AMPLIFICATION_SUMMARY
-from sim.experiments.amplification import run_amplification
-from sim.experiments.tightness import SUMMARY_NAME as TIGHTNESS_SUMMARY
-from sim.experiments.tightness import run_tightness
-
 __all__ = ["amplification", "paste_summary", "tightness"]
 
 DEFAULT_OUT = Path("docs/results")
@@ -86,8 +81,11 @@ def amplification(
     try:
         if update_doc is not None:
             _markers(update_doc, "amplification")  # fail before the work, not after
+        # imported here: scipy and matplotlib are not needed for `--help`
+        from sim.experiments.amplification import SUMMARY_NAME, run_amplification  # noqa: PLC0415
+
         paths = run_amplification(out, full=full, progress=not quiet)
-        _finish("amplification", paths, AMPLIFICATION_SUMMARY, update_doc, t0)
+        _finish("amplification", paths, SUMMARY_NAME, update_doc, t0)
     except (ValueError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
@@ -110,8 +108,10 @@ def tightness(
     try:
         if update_doc is not None:
             _markers(update_doc, "tightness")  # fail before the work, not after
+        from sim.experiments.tightness import SUMMARY_NAME, run_tightness  # noqa: PLC0415
+
         paths = run_tightness(out, full=full, seed=seed, progress=not quiet)
-        _finish("tightness", paths, TIGHTNESS_SUMMARY, update_doc, t0)
+        _finish("tightness", paths, SUMMARY_NAME, update_doc, t0)
     except (ValueError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

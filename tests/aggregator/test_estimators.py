@@ -67,6 +67,42 @@ def test_kernel_matches_the_scalar_reference(kind: type[LocalMechanism]) -> None
 
 
 @pytest.mark.parametrize("kind", [CoCo, Collision])
+@pytest.mark.parametrize(("d", "n"), [(260, 700), (5, 1500)])
+def test_kernel_across_chunks_and_byte_lanes_matches_the_scalar_reference(
+    kind: type[LocalMechanism], d: int, n: int
+) -> None:
+    # d = 260: chunks of 504 rows (two chunks here, the second partial), each counted in
+    # byte lanes of 255 + 249 rows; rows padded from 260 to 264 columns. d = 5: one chunk
+    # of 1,500 rows, counted with one sum (many short rows).
+    m = kind(d=d, s=2, epsilon=1.0)
+    _, _, seeds, z = reports(m, n, seed=5)
+    state = AggregateState(m.spec)
+    state.add(seeds, z)
+    state.add(seeds[:17], z[:17])  # the same reused buffers, a short batch
+    ref_u, ref_v = scalar_sums(
+        m.spec, np.concatenate([seeds, seeds[:17]]), np.concatenate([z, z[:17]])
+    )
+    assert np.array_equal(state.sum_u, ref_u)
+    assert np.array_equal(state.sum_v, ref_v)
+
+
+def test_estimates_to_dict_matches_a_scalar_reference() -> None:
+    m = CoCo(d=40, s=3, epsilon=1.0)
+    _, _, seeds, z = reports(m, 2000, seed=6)
+    state = AggregateState(m.spec)
+    state.add(seeds[:40], z[:40])  # few reports: some freq <= 0, so NaN conditional means
+    est = state.estimate()
+    assert np.isnan(est.cond_mean).any()
+    document = est.to_dict()
+    for name in ("mean", "mean_se", "freq", "freq_se", "cond_mean", "cond_mean_se"):
+        want = [None if not np.isfinite(x) else float(x) for x in getattr(est, name)]
+        assert document[name] == want, name
+        assert all(v is None or type(v) is float for v in document[name])
+    assert json.loads(json.dumps(document)) == document
+    assert AggregateState(m.spec).estimate().to_dict()["mean"] == [None] * 40
+
+
+@pytest.mark.parametrize("kind", [CoCo, Collision])
 def test_order_chunking_and_merging_give_identical_estimates(kind: type[LocalMechanism]) -> None:
     m = kind(d=64, s=4, epsilon=0.8)
     _, _, seeds, z = reports(m, 5000, seed=2)

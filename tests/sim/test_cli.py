@@ -352,3 +352,52 @@ def test_help_texts_read_whole_at_80_columns() -> None:
         assert result.exit_code == 0, result.output
         assert "module doc" not in result.output
         assert " ." not in result.output.replace("...", ""), command
+
+
+HEAVY = ("numpy", "scipy", "matplotlib", "aiomqtt", "gmqtt", "paho", "cryptography")
+
+
+def imported_by_help(*command: str) -> set[str]:
+    """Top-level packages imported by ``coco COMMAND --help``, in a fresh interpreter."""
+    code = (
+        "import sys\n"
+        f"sys.argv = ['coco', *{list(command)!r}, '--help']\n"
+        "from sim.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules})))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    return set(out.splitlines()[-1].split())
+
+
+def test_coco_help_imports_no_heavy_module() -> None:
+    assert imported_by_help() & set(HEAVY) == set()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [("privacy",), ("aggregator", "run"), ("experiment", "all"), ("demo",), ("simulate",)],
+)
+def test_command_help_imports_neither_scipy_nor_matplotlib(command: tuple[str, ...]) -> None:
+    assert imported_by_help(*command) & {"scipy", "matplotlib"} == set()
+
+
+def test_listed_help_is_each_lazy_command_own() -> None:
+    from sim import demo  # noqa: PLC0415
+    from sim.cli import DEMO_DEVICES, LAZY_COMMANDS, load_command  # noqa: PLC0415
+
+    for name, (_, _, listed) in LAZY_COMMANDS.items():
+        command = load_command(name)
+        assert command.get_short_help_str(limit=1000) == listed, name
+    assert DEMO_DEVICES == demo.DEFAULT_DEVICES
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for name in LAZY_COMMANDS:
+        assert name in result.output
