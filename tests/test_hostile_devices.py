@@ -959,9 +959,9 @@ def test_huge_messages_disconnect_their_sender_and_cost_no_honest_report(
 # -- row 5: forged and replayed batches ---------------------------------------------------------
 
 
-def test_forged_and_replayed_batches_are_rejected_and_move_no_epsilon(
+def test_forged_and_replayed_batches_are_rejected_and_move_no_epsilon(  # noqa: PLR0915
     shipped_broker: Broker, tmp_path: Path, debug_logs: pytest.LogCaptureFixture
-) -> None:  # noqa: PLR0915  # one scenario, step by step
+) -> None:
     """Someone with the shuffler's broker account (not its signing key) publishes, after
     the first genuine batch: a 1-record batch (signed by another key, unsigned, and signed
     with the shuffler's own key, as a buggy shuffler would release it), a full
