@@ -16,11 +16,8 @@ import time
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
-import numpy as np
 import typer
 from typer.core import TyperCommand, TyperGroup
-
-from edge.cli_options import apply_deprecated_env  # typer only: light enough for --help
 
 if TYPE_CHECKING:
     from sim.simulate import SensorSimulationResult
@@ -139,6 +136,8 @@ def _root(
         ),
     ] = None,
 ) -> None:
+    from edge.cli_options import apply_deprecated_env  # noqa: PLC0415 (edge imports numpy)
+
     for warning in apply_deprecated_env(os.environ):
         typer.echo(warning, err=True)
     if log_level is None:
@@ -236,6 +235,8 @@ def _print_sensors(result: SensorSimulationResult, *, as_json: bool) -> None:
     typer.echo(
         f"  {'channel':<12} {'unit':<6} {'coverage':>9} {'mean +- (95%)':>14} {'RMS error':>10}"
     )
+    import numpy as np  # noqa: PLC0415 (not for --help)
+
     rms = np.sqrt(np.mean((result.estimate - result.truth) ** 2, axis=0))
     half = result.ci95_halfwidth.mean(axis=0)
     for j, (name, unit) in enumerate(zip(result.channels, result.units, strict=True)):

@@ -546,6 +546,9 @@ def check_lines_link_nothing(lines: list[str], p: Pipeline) -> None:
 @pytest.fixture
 def debug_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     caplog.set_level(logging.DEBUG)
+    # and the MQTT library's logger itself, which `coco fleet` (run in-process by other
+    # tests) raises to WARNING: this test must see what it would print at DEBUG
+    caplog.set_level(logging.DEBUG, logger="gmqtt")
     return caplog
 
 
