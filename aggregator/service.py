@@ -515,7 +515,9 @@ class Aggregator:
         )
         self._privacy_dirty = asyncio.Event()
         self._privacy_settled = threading.Event()
-        """Set while the privacy level covers every batch applied (requests wait for it)."""
+        """Set while the privacy level covers every batch applied."""
+        self._privacy_running = False
+        """Whether :meth:`_privacy_loop` runs (else a request accounts by itself)."""
         self._unpublished = True
         """Whether anything published (estimates, gauges, ``/estimates``) is out of date."""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -689,22 +691,29 @@ class Aggregator:
         """Recompute the central privacy level after batches were applied, in a worker
         thread (a new batch size costs up to about a second), never on the event loop."""
         self._privacy_dirty.set()  # a restored checkpoint has a history to account for
-        while True:
-            await self._privacy_dirty.wait()
-            self._privacy_dirty.clear()
-            snapshot = self.ledger.snapshot()
-            try:
-                level = await asyncio.to_thread(self.ledger.compute, snapshot)
-            except (ArithmeticError, ValueError):  # accounting must not stop the service
-                logger.exception("cannot compute the central privacy level; retrying later")
-                await asyncio.sleep(5.0)
-                self._privacy_dirty.set()
-                continue
-            self._privacy = level
-            if level.batches == self.counters.batches:
-                self._privacy_settled.set()
-            self._unpublished = True
-            self._publish()
+        self._privacy_running = True
+        try:
+            while True:
+                await self._account_once()
+        finally:
+            self._privacy_running = False
+
+    async def _account_once(self) -> None:
+        await self._privacy_dirty.wait()
+        self._privacy_dirty.clear()
+        snapshot = self.ledger.snapshot()
+        try:
+            level = await asyncio.to_thread(self.ledger.compute, snapshot)
+        except (ArithmeticError, ValueError):  # accounting must not stop the service
+            logger.exception("cannot compute the central privacy level; retrying later")
+            await asyncio.sleep(5.0)
+            self._privacy_dirty.set()
+            return
+        self._privacy = level
+        if level.batches == self.counters.batches:
+            self._privacy_settled.set()
+        self._unpublished = True
+        self._publish()
 
     async def _publish_loop(self) -> None:
         while True:
@@ -1093,9 +1102,10 @@ class Aggregator:
         else:
             self._publish()
             return
-        if not self._privacy_settled.wait(REQUEST_WAIT):
-            # no privacy loop caught up (none runs when batches are handed in directly):
-            # account here, in the requesting thread, never on the loop
+        if not self._privacy_running and not self._privacy_settled.is_set():
+            # no privacy loop runs (batches handed in directly, without run()): account
+            # here, in the requesting thread, never on the loop. With the loop running, a
+            # request is served at once with the level computed so far (batches_accounted).
             level = self.ledger.compute(self.ledger.snapshot())
             self._privacy = level
             if level.batches == self.counters.batches:
