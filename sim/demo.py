@@ -58,7 +58,6 @@ import numpy as np
 from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
-from aggregator.accountant import amplify_spec
 from aggregator.estimators import AggregateState
 from aggregator.metrics import MetricsServer
 from aggregator.service import Aggregator, AggregatorConfig
@@ -671,8 +670,7 @@ def _result(
     value, se = encoder.decode_mean(est.mean, est.mean_se, n=n)
     truth = fleet.truth_sum / max(sent, 1)
     smallest = aggregator.smallest_batch
-    eps_central = None if smallest is None else amplify_spec(spec, n=smallest, delta=config.delta)
-    privacy = aggregator.ledger.compute(aggregator.ledger.snapshot())
+    privacy = aggregator.ledger.compute(aggregator.ledger.snapshot())  # the one accountant call
     channels = [
         {
             "name": ch.name,
@@ -708,10 +706,8 @@ def _result(
         "n": n,
         "epsilon_local": spec.epsilon,
         "epsilon_local_effective": spec.epsilon_effective,
-        "epsilon_central": None if eps_central is None else eps_central.epsilon_central,
-        "epsilon_central_generic": (
-            None if eps_central is None else eps_central.epsilon_central_generic
-        ),
+        "epsilon_central": privacy.epsilon_central["smallest"],
+        "epsilon_central_generic": privacy.epsilon_central_generic["smallest"],
         "epsilon_central_certified": True,
         "epsilon_total": privacy.epsilon_total,
         "epsilon_total_batches": privacy.batches,
