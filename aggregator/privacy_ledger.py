@@ -14,7 +14,8 @@ record into the numbers the service exports:
 
 Computing these costs from milliseconds to about a second (a new batch size needs a fresh
 bound or privacy loss distribution), so the service calls :meth:`PrivacyLedger.compute`
-in a worker thread, never on its event loop; the ledger itself is plain data, with no I/O.
+in its accountant's process (:mod:`aggregator.accountant_process`), never on its event
+loop; the ledger itself is plain data, with no I/O.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ from dataclasses import dataclass
 from aggregator.accountant import amplify_spec, blanket_pair_for_spec, epsilon_total_batches
 from edge.spec import MechanismSpec
 
-__all__ = ["PrivacyLedger", "PrivacyLevel"]
+__all__ = ["PrivacyLedger", "PrivacyLevel", "Snapshot"]
+
+Snapshot = tuple[tuple[tuple[int, int], ...], int | None]
+"""``((size, count), ...)`` sorted by size, and the latest batch's size: what
+:meth:`PrivacyLedger.compute` needs, immutable and picklable."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +74,7 @@ class PrivacyLedger:
     def smallest(self) -> int | None:
         return min(self.sizes) if self.sizes else None
 
-    def snapshot(self) -> tuple[tuple[tuple[int, int], ...], int | None]:
+    def snapshot(self) -> Snapshot:
         """An immutable copy to hand to :meth:`compute` in another thread."""
         return tuple(sorted(self.sizes.items())), self.latest
 
@@ -82,7 +87,7 @@ class PrivacyLedger:
             self._per_batch[n] = cached
         return cached
 
-    def compute(self, snapshot: tuple[tuple[tuple[int, int], ...], int | None]) -> PrivacyLevel:
+    def compute(self, snapshot: Snapshot) -> PrivacyLevel:
         """The numbers of ``snapshot`` (:meth:`snapshot`); thread-safe for one caller."""
         sizes, latest = snapshot
         smallest = sizes[0][0] if sizes else None

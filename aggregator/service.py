@@ -85,8 +85,9 @@ in the registry asks the event loop for a rebuild and waits for it, up to
 :data:`REQUEST_WAIT`) and on shutdown, never per batch. Prometheus counters move with each
 batch. The central privacy level (epsilon_central of the smallest and latest batch,
 epsilon_central_generic, epsilon_total) is the :class:`~aggregator.privacy_ledger.
-PrivacyLedger`'s, recomputed in a worker thread after batches are applied (the service's
-one use of the accountant); until it covers the newest batch the previous level is shown
+PrivacyLedger`'s, recomputed after batches are applied in the accountant's own
+low-priority process (:mod:`aggregator.accountant_process`, the service's one use of the
+accountant); until it covers the newest batch the previous level is shown
 (``batches_accounted`` says how many it covers), and a request from another thread waits
 for it, up to :data:`REQUEST_WAIT`, off the loop. The kernel of a batch larger than
 :data:`INLINE_ELEMENTS` runs in a thread; the checkpoint is serialised and written in a
@@ -133,6 +134,7 @@ from paho.mqtt.properties import Properties
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
+from aggregator import accountant_process
 from aggregator.batch_codec import decode_batch_arrays
 from aggregator.checkpoint import (
     CHECKPOINT_VERSION,
@@ -148,7 +150,6 @@ from aggregator.metrics import (
     UNACKED_REASONS,
     AggregatorMetrics,
     MetricsServer,
-    epsilon_curve,
     epsilon_curve_grid,
 )
 from aggregator.privacy_ledger import PrivacyLedger, PrivacyLevel
@@ -447,6 +448,10 @@ def _session_taken_over(exc: BaseException) -> bool:
     return False
 
 
+ACCOUNTING_ERRORS = (ArithmeticError, ValueError, accountant_process.AccountantError)
+"""What a privacy computation may raise; logged and retried, never fatal to the service."""
+
+
 def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
@@ -587,10 +592,9 @@ class Aggregator:
                 self._count_unacknowledged("checkpoint_failed", len(self._pending))
                 self._pending.clear()
             self._log_shutdown()
-            # what stays in the registry and document: final, with the privacy level of
-            # every batch applied (the privacy loop stopped with run())
-            if self._privacy.batches != self.counters.batches:
-                self._privacy = await asyncio.to_thread(self.ledger.compute, self.ledger.snapshot())
+            # what stays in the registry and document: final. The privacy level of batches
+            # not yet accounted for is computed by the first read after this (_refresh),
+            # not here: a stopping service does not wait for a number it will not use.
             self._unpublished = True
             self._publish()
         finally:
@@ -676,20 +680,20 @@ class Aggregator:
             raise
 
     async def _export_epsilon_curve(self) -> None:
-        """Compute the certified epsilon curve once, in a thread (about 0.5 s in all)."""
+        """Compute the certified epsilon curve once, in the accountant's process (about
+        3 s of CPU at d = 512)."""
         grid = epsilon_curve_grid(self.min_batch)
         try:
-            curve = await asyncio.to_thread(
-                epsilon_curve, self.spec, delta=self.config.delta, grid=grid
-            )
-        except (ArithmeticError, ValueError):  # a dashboard curve must not stop the service
+            curve = await accountant_process.compute_curve(self.spec, self.config.delta, grid)
+        except ACCOUNTING_ERRORS:  # a dashboard curve must not stop the service
             logger.exception("cannot compute the epsilon_central curve; not exported")
             return
         self.metrics.set_epsilon_curve(curve)
 
     async def _privacy_loop(self) -> None:
-        """Recompute the central privacy level after batches were applied, in a worker
-        thread (a new batch size costs up to about a second), never on the event loop."""
+        """Recompute the central privacy level after batches were applied, in the
+        accountant's process (:mod:`aggregator.accountant_process`: a new batch size costs
+        up to about a second, a new composition 2-3 s), never on the event loop."""
         self._privacy_dirty.set()  # a restored checkpoint has a history to account for
         self._privacy_running = True
         try:
@@ -703,8 +707,8 @@ class Aggregator:
         self._privacy_dirty.clear()
         snapshot = self.ledger.snapshot()
         try:
-            level = await asyncio.to_thread(self.ledger.compute, snapshot)
-        except (ArithmeticError, ValueError):  # accounting must not stop the service
+            level = await accountant_process.compute_level(self.spec, self.config.delta, snapshot)
+        except ACCOUNTING_ERRORS:  # accounting must not stop the service
             logger.exception("cannot compute the central privacy level; retrying later")
             await asyncio.sleep(5.0)
             self._privacy_dirty.set()
@@ -1089,28 +1093,33 @@ class Aggregator:
     def _refresh(self) -> None:
         """Bring the estimates, gauges and ``/estimates`` up to date, from any thread.
 
-        On the event loop's thread, publish now (epsilons still being computed stay
-        ``None``: the loop never waits for the accountant). From another thread (the HTTP
-        server, or a caller with no running loop): first wait up to :data:`REQUEST_WAIT`
-        for the epsilons of the smallest and latest batch, then publish on the event loop
-        if it runs (the state is the loop's), else here.
+        The privacy level: while the privacy loop runs (:meth:`run`) a request is served at
+        once with the level computed so far (``batches_accounted``). Without it (batches
+        handed in directly, or after the service stopped) a request accounts for what is
+        missing itself, in the requesting thread, but never on the event loop of a service
+        that is entered. Then: on the event loop's thread, publish now; from another thread
+        (the HTTP server, or a caller with no running loop), publish on the event loop if
+        it runs (the state is the loop's, waiting up to :data:`REQUEST_WAIT`), else here.
         """
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            pass
+            on_a_loop = False
         else:
-            self._publish()
-            return
-        if not self._privacy_running and not self._privacy_settled.is_set():
-            # no privacy loop runs (batches handed in directly, without run()): account
-            # here, in the requesting thread, never on the loop. With the loop running, a
-            # request is served at once with the level computed so far (batches_accounted).
+            on_a_loop = True
+        if (
+            not self._privacy_running
+            and not self._privacy_settled.is_set()
+            and not (on_a_loop and self._entered)
+        ):
             level = self.ledger.compute(self.ledger.snapshot())
             self._privacy = level
             if level.batches == self.counters.batches:
                 self._privacy_settled.set()
             self._unpublished = True
+        if on_a_loop:
+            self._publish()
+            return
         loop = self._loop
         if loop is None or not loop.is_running() or self._loop_thread == threading.get_ident():
             self._publish()

@@ -1,0 +1,120 @@
+"""The accountant's own process: the same numbers as in-process, at a lower priority,
+replaced when it dies, and gone when its parent is killed."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aggregator import accountant_process
+from aggregator.metrics import epsilon_curve
+from aggregator.privacy_ledger import PrivacyLedger
+from edge.spec import MechanismSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = MechanismSpec(mechanism="coco", d=8, s=2, epsilon=1.0)
+DELTA = 1e-6
+
+
+@pytest.fixture(autouse=True)
+def fresh_worker() -> Iterator[None]:
+    accountant_process.shutdown()
+    yield
+    accountant_process.shutdown()
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie (exited, not yet reaped by its parent) counts as gone
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def wait_until_gone(pid: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if gone(pid):
+            return True
+        time.sleep(0.05)
+    return gone(pid)
+
+
+def test_the_worker_computes_exactly_what_the_ledger_computes_in_process() -> None:
+    ledger = PrivacyLedger(SPEC, delta=DELTA)
+    for size in (200, 200, 350, 200):
+        ledger.record(size)
+    snapshot = ledger.snapshot()
+    remote = asyncio.run(accountant_process.compute_level(SPEC, DELTA, snapshot))
+    assert remote == PrivacyLedger(SPEC, delta=DELTA).compute(snapshot)
+    assert remote.batches == 4
+    grid = (100, 300, 1000)
+    curve = asyncio.run(accountant_process.compute_curve(SPEC, DELTA, grid))
+    assert curve == epsilon_curve(SPEC, delta=DELTA, grid=grid)
+
+
+def test_the_worker_runs_at_a_lower_priority_than_the_service() -> None:
+    asyncio.run(accountant_process.compute_level(SPEC, DELTA, (((100, 1),), 100)))
+    pid = accountant_process.worker_pid()
+    assert pid is not None
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert os.getpriority(os.PRIO_PROCESS, pid) == min(19, mine + accountant_process.NICENESS)
+
+
+def test_an_error_in_the_worker_is_raised_in_the_caller_and_the_worker_lives_on() -> None:
+    with pytest.raises(ValueError, match="delta"):
+        asyncio.run(accountant_process.compute_level(SPEC, 2.0, (((100, 1),), 100)))
+    pid = accountant_process.worker_pid()
+    level = asyncio.run(accountant_process.compute_level(SPEC, DELTA, (((100, 1),), 100)))
+    assert level.batches == 1
+    assert accountant_process.worker_pid() == pid
+
+
+def test_a_killed_worker_is_replaced_and_the_call_still_answers() -> None:
+    asyncio.run(accountant_process.compute_level(SPEC, DELTA, (((100, 1),), 100)))
+    pid = accountant_process.worker_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until_gone(pid)
+    level = asyncio.run(accountant_process.compute_level(SPEC, DELTA, (((100, 2),), 100)))
+    assert level.batches == 2
+    assert accountant_process.worker_pid() not in (None, pid)
+
+
+def test_kill_9_of_the_service_leaves_no_worker_behind() -> None:
+    # a script with no __main__ guard: the worker must not re-import the caller's main
+    script = (
+        "import asyncio, sys, time\n"
+        "from aggregator import accountant_process\n"
+        "from edge.spec import MechanismSpec\n"
+        "spec = MechanismSpec(mechanism='coco', d=8, s=2, epsilon=1.0)\n"
+        "asyncio.run(accountant_process.compute_level(spec, 1e-6, (((100, 1),), 100)))\n"
+        "print(accountant_process.worker_pid(), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with subprocess.Popen(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+    ) as service:
+        try:
+            assert service.stdout is not None
+            worker = int(service.stdout.readline())
+            assert not gone(worker)
+            service.send_signal(signal.SIGKILL)
+            service.wait(timeout=10)
+            assert wait_until_gone(worker)
+            # nothing holds the service's stdout open any longer
+            assert service.stdout.read() == ""
+        finally:
+            if service.poll() is None:
+                service.kill()
