@@ -199,6 +199,7 @@ class EffectLog:
         self.path = Path(path)
         self.fsync = fsync
         self._fd: int | None = None
+        self._staged = bytearray()
         self.size = 0
 
     def replay(self) -> list[Effect]:
@@ -230,19 +231,38 @@ class EffectLog:
             raise StoreError(f"cannot open the shuffler log {self.path}: {exc}") from exc
 
     def append(self, effect: Effect) -> None:
-        """Write one record (one ``write(2)``; synced if ``fsync``)."""
-        if type(effect) is Accepted:
-            self.write(encode_accepted(effect))
-        else:
-            self.write(encode_effect(effect))
+        """Write one record (one ``write(2)``, with anything staged before it; synced if
+        ``fsync``)."""
+        self.stage(effect)
+        self.flush()
+
+    def stage(self, effect: Effect) -> None:
+        """Add one record to the next write (:meth:`flush`, or any write after this):
+        nothing is on disk until then. The ingest path stages the reports of one socket
+        read and writes them at once, before any of their PUBACKs."""
+        self._staged += (
+            encode_accepted(effect) if type(effect) is Accepted else encode_effect(effect)
+        )
 
     def extend(self, effects: Iterable[Effect]) -> None:
-        """Write several records in one ``write(2)``."""
-        data = b"".join(encode_effect(effect) for effect in effects)
-        if data:
-            self.write(data)
+        """Write several records (after anything staged) in one ``write(2)``."""
+        self._staged += b"".join(encode_effect(effect) for effect in effects)
+        self.flush()
 
-    def write(self, data: bytes) -> None:
+    @property
+    def staged(self) -> int:
+        """Bytes staged and not yet written."""
+        return len(self._staged)
+
+    def flush(self) -> None:
+        """Write what is staged (one ``write(2)``; synced if ``fsync``). On an error the
+        staged records are dropped: the caller fails, and none of them was acknowledged."""
+        if not self._staged:
+            return
+        data, self._staged = self._staged, bytearray()
+        self.write(data)
+
+    def write(self, data: bytes | bytearray) -> None:
         if self._fd is None:
             raise StoreError(f"the shuffler log {self.path} is not open")
         view = memoryview(data)
@@ -255,7 +275,9 @@ class EffectLog:
 
     def compact(self, effects: Iterable[Effect]) -> None:
         """Replace the log by ``effects`` (a snapshot of the state), atomically: written to
-        a temporary file, synced, then renamed over the log."""
+        a temporary file, synced, then renamed over the log. Anything staged is written
+        first (the snapshot includes it, and it must not follow the snapshot)."""
+        self.flush()
         temporary = self.path.with_name(self.path.name + ".compact")
         data = b"".join(encode_effect(effect) for effect in effects)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
@@ -274,7 +296,11 @@ class EffectLog:
         self.size = len(data)
 
     def close(self) -> None:
+        """Write what is staged (unless that fails: then it was never acknowledged) and
+        close the log."""
         if self._fd is not None:
+            with contextlib.suppress(OSError):
+                self.flush()
             os.close(self._fd)
             self._fd = None
 

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -579,5 +580,51 @@ def test_a_stop_mid_stream_acknowledges_only_what_it_handled(
             second, "coco_shuffler_reports_rejected_total", reason="duplicate_in_round"
         )
         assert rejected == 0
+
+    run(scenario(), 60)
+
+
+def test_a_failed_log_write_acknowledges_nothing_and_the_next_run_gets_it_all(
+    mosquitto: Broker, tmp_path: Path
+) -> None:
+    """The log's disk fails under a running shuffler (a real ``write(2)`` error: the log's
+    descriptor now refers to a read-only file). The shuffler stops with the error and
+    acknowledges none of the reports whose records were not written, so the broker
+    redelivers every one of them to the next run, which counts each once."""
+    cfg = config(mosquitto, state_dir=tmp_path / "state", round_seconds=60, min_batch=5)
+    first, second = CollectorRegistry(), CollectorRegistry()
+
+    def accepted(registry: CollectorRegistry) -> float:
+        return value(registry, "coco_shuffler_reports_accepted_total")
+
+    async def scenario() -> None:
+        async with running(cfg, CollectorRegistry()):
+            pass  # the persistent session exists from here on
+        r = current_round(60)
+        async with Shuffler(cfg, registry=first) as shuffler:
+            task = asyncio.create_task(shuffler.run())
+            async with asyncio.timeout(10):
+                await shuffler.connected.wait()
+            await publish(mosquitto, [(f"a{i}", report(r, i)) for i in range(10)])
+            await wait_until(lambda: accepted(first) == 10)
+            log = shuffler._log
+            assert log is not None
+            assert log._fd is not None
+            read_only = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(read_only, log._fd)  # writes to the log fail from here on (EBADF)
+            os.close(read_only)
+            await publish(mosquitto, [(f"b{i}", report(r, 100 + i)) for i in range(10)])
+            with pytest.raises(OSError, match="Bad file descriptor"):
+                async with asyncio.timeout(20):
+                    await task
+        async with running(cfg, second) as again:
+            await wait_until(lambda: accepted(second) >= 10)
+            await asyncio.sleep(0.5)  # anything delivered twice would be counted by now
+            assert accepted(second) == 10  # every b report, once
+            assert again.buffered == 20  # the a reports from the log, the b reports anew
+        duplicates = value(
+            second, "coco_shuffler_reports_rejected_total", reason="duplicate_in_round"
+        )
+        assert duplicates == 0
 
     run(scenario(), 60)

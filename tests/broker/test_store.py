@@ -103,3 +103,41 @@ def test_state_dir_lock_keys_and_modes(tmp_path: Path) -> None:
     (tmp_path / "s" / "token.key").write_bytes(b"short")
     with StateDir(tmp_path / "s") as state, pytest.raises(StoreError, match=r"token\.key"):
         state.token_key()
+
+
+def test_staged_records_reach_the_disk_only_when_written_and_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "effects.log"
+    log = EffectLog(path)
+    log.replay()
+    log.stage(EFFECTS[0])
+    log.stage(EFFECTS[1])
+    assert path.read_bytes() == b""  # nothing is on disk before the write
+    assert log.staged == len(encode_effect(EFFECTS[0])) + len(encode_effect(EFFECTS[1]))
+    log.flush()
+    assert log.staged == 0
+    assert decode_effects(path.read_bytes(), name="log")[0] == EFFECTS[:2]
+    log.stage(EFFECTS[2])
+    log.extend(EFFECTS[3:5])  # staged records go first, in one write
+    log.stage(EFFECTS[5])
+    log.append(EFFECTS[6])
+    assert decode_effects(path.read_bytes(), name="log")[0] == EFFECTS[:7]
+    log.stage(EFFECTS[7])
+    log.compact([Closed(5)])  # the snapshot replaces what was staged, nothing follows it
+    assert EffectLog(path).replay() == [Closed(5)]
+    log.stage(EFFECTS[8])
+    log.close()  # closing writes what is staged
+    assert EffectLog(path).replay() == [Closed(5), EFFECTS[8]]
+
+
+def test_a_failed_write_drops_the_staged_records(tmp_path: Path) -> None:
+    path = tmp_path / "effects.log"
+    log = EffectLog(path)
+    log.replay()
+    log.stage(EFFECTS[0])
+    assert log._fd is not None
+    os.close(log._fd)  # the descriptor is gone: the real write(2) fails (EBADF)
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        log.flush()
+    assert log.staged == 0  # none of them was acknowledged; the broker redelivers them
+    log._fd = None
+    assert path.read_bytes() == b""
