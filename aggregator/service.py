@@ -91,7 +91,7 @@ accountant); until it covers the newest batch the previous level is shown
 (``batches_accounted`` says how many it covers), and a request from another thread waits
 for it, up to :data:`REQUEST_WAIT`, off the loop. The kernel of a batch larger than
 :data:`INLINE_ELEMENTS` runs in a thread; the checkpoint is serialised and written in a
-thread, a piece at a time (:func:`~aggregator.checkpoint.encode_checkpoint`).
+thread, its ids formatted by numpy (:func:`~aggregator.checkpoint.encode_checkpoint`).
 
 Shutdown
 --------

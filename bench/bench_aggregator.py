@@ -17,7 +17,9 @@ service applies batches whose sizes are all new (1,000 to 30,000 reports at d=51
 needs a fresh epsilon_central), writes a checkpoint every 10 batches holding
 ``--retained-ids`` batch ids (100,000 by default, remembered before the probe starts), while
 a thread scrapes the registry and reads the ``/estimates`` document every 50 ms (as the
-HTTP server's threads would). It prints the max and the p99 lag.
+HTTP server's threads would), and the privacy loop and the publishing interval run as in
+:meth:`Aggregator.run` (the epsilons are computed in the accountant's process). It prints
+the max and the p99 lag.
 
 Benchmarks print; nothing here asserts a time (the machine they run on is shared).
 """
@@ -191,6 +193,12 @@ async def lag_probe(
 
             thread = threading.Thread(target=scraper, daemon=True)
             task = asyncio.create_task(probe())
+            # what run() starts beside the MQTT loop: the privacy loop (the accountant's
+            # process) and the publishing interval
+            background = [
+                asyncio.create_task(agg._privacy_loop()),
+                asyncio.create_task(agg._publish_loop()),
+            ]
             thread.start()
             await asyncio.sleep(0.05)
             start = time.perf_counter()
@@ -206,6 +214,9 @@ async def lag_probe(
             await asyncio.sleep(0.5)
             stop.set()
             await task
+            for job in background:
+                job.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
             await asyncio.to_thread(thread.join)
             snapshot = agg.snapshot()
     ordered = sorted(lags)
