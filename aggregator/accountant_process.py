@@ -37,6 +37,7 @@ identical. A worker that dies is replaced and the call retried once.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import logging
 import os
@@ -210,6 +211,21 @@ class _Worker:
         with self._lock:
             self._stop()
 
+    def at_exit(self) -> None:
+        """End the worker as the interpreter exits, without the lock: a daemon thread may
+        hold it, waiting for a result nobody will read (it then sees the pipe close)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    stream.close()
+
     @property
     def pid(self) -> int | None:
         proc = self._proc
@@ -217,6 +233,7 @@ class _Worker:
 
 
 _WORKER = _Worker()
+atexit.register(_WORKER.at_exit)
 
 
 async def _call(name: str, args: tuple[object, ...]) -> Any:

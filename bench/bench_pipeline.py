@@ -11,7 +11,7 @@ processes, one at a time:
 * ``fleet`` publisher -> aiomqtt / paho-mqtt (loop thread) / gmqtt sinks that count and
   ``decode_report`` every message;
 * ``fleet`` publisher -> the real :class:`broker.shuffler.Shuffler` alone (its ingest rate,
-  the number the goal "ingest >= half the raw Mosquitto rate" is about);
+  the number the goal "ingest >= 0.6 of the raw Mosquitto rate in every repeat" is about);
 * ``fleet`` publisher -> the shuffler -> the real :class:`aggregator.service.Aggregator`
   (end to end; the shuffler's ingest is reported again, now sharing the 2 cores with the
   aggregator).

@@ -11,14 +11,10 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import paho.mqtt.client as mqtt
 import typer
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.reasoncodes import ReasonCode
 
-from broker.shuffler import parse_broker_url
 from edge import CocoError, MechanismSpec
 from edge.announce import (
     DEFAULT_ROUND_SECONDS,
@@ -36,7 +32,12 @@ from edge.cli_options import (
     UsernameOption,
     resolve_password,
 )
+from edge.mqtt_url import parse_broker_url
 from edge.topics import spec_topic
+
+if TYPE_CHECKING:  # paho is imported when the command runs, not for --help
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.reasoncodes import ReasonCode
 
 
 class AnnouncedMechanism(StrEnum):
@@ -55,6 +56,9 @@ def publish_retained(
     ca_file: str | None = None,
 ) -> None:
     """Publish ``payload`` retained with QoS 1 and wait for the broker's PUBACK."""
+    import paho.mqtt.client as mqtt  # noqa: PLC0415
+    from paho.mqtt.enums import CallbackAPIVersion  # noqa: PLC0415
+
     host, port, tls = parse_broker_url(url)
     # The client id is the account's name: the broker binds device accounts to their own.
     client = mqtt.Client(

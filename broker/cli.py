@@ -7,13 +7,10 @@ import logging
 import signal
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import aiomqtt
 import typer
-from prometheus_client import CollectorRegistry, start_http_server
 
-from broker.shuffler import SessionTakenOverError, Shuffler, ShufflerConfig, parse_broker_url
 from edge import CocoError, MechanismSpec
 from edge.announce import decode_announcement, load_spec_file
 from edge.cli_options import (
@@ -28,6 +25,11 @@ from edge.cli_options import (
     resolve_password,
 )
 from edge.topics import spec_topic
+
+if TYPE_CHECKING:  # imported when a command runs, not for --help (MQTT clients, numpy)
+    from prometheus_client import CollectorRegistry
+
+    from broker.shuffler import ShufflerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,10 @@ async def read_announcement(
 
     ``client_id``: for an account bound to its client id (a device's, under the
     dynamic-security plugin); default: a random one."""
+    import aiomqtt  # noqa: PLC0415 (not for --help)
+
+    from broker.shuffler import parse_broker_url  # noqa: PLC0415
+
     host, port, tls = parse_broker_url(broker)
     tls_params = aiomqtt.TLSParameters(ca_certs=ca_file) if tls else None
     try:
@@ -80,6 +86,8 @@ async def read_announcement(
 
 
 async def _serve(config: ShufflerConfig, registry: CollectorRegistry) -> None:
+    from broker.shuffler import Shuffler  # noqa: PLC0415 (not for --help)
+
     loop = asyncio.get_running_loop()
     async with Shuffler(config, registry=registry) as shuffler:
         logger.info(
@@ -165,7 +173,9 @@ def shuffler(
     fsync: Annotated[
         bool,
         typer.Option(
-            envvar="COCO_FSYNC", help="Sync the log after every record (survives power loss)."
+            envvar="COCO_FSYNC",
+            help="Sync the log after every write, before the PUBACKs it covers "
+            "(survives power loss).",
         ),
     ] = False,
     client_id: Annotated[
@@ -185,6 +195,11 @@ def shuffler(
     announcement_timeout: Annotated[float, typer.Option(help="Seconds to wait for it.")] = 10.0,
 ) -> None:
     """Shuffle each round's ingress reports into signed batches of at least --min-batch."""
+    import aiomqtt  # noqa: PLC0415 (not for --help: the MQTT clients cost 0.1-0.2 s of CPU)
+    from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415
+
+    from broker.shuffler import SessionTakenOverError, ShufflerConfig  # noqa: PLC0415
+
     try:
         password = resolve_password(password, password_file)
         announced: int | None = None

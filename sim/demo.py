@@ -588,7 +588,7 @@ async def _run(
 
 async def _all_applied(config: DemoConfig, aggregator: Aggregator, released: int) -> bool:
     """Wait until the aggregator has applied ``released`` reports and, when it serves its
-    page, until its privacy level (computed in a worker thread) covers every batch, so that
+    page, until its privacy level (computed in the accountant's process) covers every batch, so that
     the page and ``/metrics`` end on the final epsilon. ``False`` after a timeout."""
     if not await _wait_until(lambda: aggregator.state.n >= released, 20):
         return False
