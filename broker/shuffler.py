@@ -93,7 +93,7 @@ from broker.core import (
     batch_id_of,
 )
 from broker.metrics import ShufflerMetrics
-from broker.store import EffectLog, StateDir, token_of
+from broker.store import EffectLog, StateDir, StoreError, token_of
 from edge import mqtt_url
 from edge.batch_auth import BatchSigner, load_or_create_signing_key
 from edge.codec import KIND_REPORT, REPORT_SIZE, VERSION, CodecError, decode_report
@@ -262,7 +262,10 @@ class _GroupCommit:
     """
 
     def __init__(
-        self, client: gmqtt.Client, flush_log: Callable[[], None], fail: Callable[[OSError], None]
+        self,
+        client: gmqtt.Client,
+        flush_log: Callable[[], None],
+        fail: Callable[[BaseException], None],
     ) -> None:
         self._client = client
         self._flush_log = flush_log
@@ -286,7 +289,7 @@ class _GroupCommit:
         acks, self._acks = self._acks, []
         try:
             self._flush_log()
-        except OSError as exc:
+        except (OSError, StoreError) as exc:
             self._fail(exc)  # nothing of this read is acknowledged: the broker redelivers it
             return
         if not acks:
@@ -620,8 +623,8 @@ class Shuffler:
                 self._fail(exc)
 
     def _fail(self, exc: BaseException) -> None:
-        logger.error("the shuffler state cannot be written (%s); stopping", exc)
         if self.failure is None:
+            logger.error("the shuffler state cannot be written (%s); stopping", exc)
             self.failure = exc
         self._stop_requested.set()
 
@@ -645,6 +648,10 @@ class Shuffler:
         return client
 
     def _flush_log(self) -> None:
+        """Write what this read staged; raises if the state failed before (then staged
+        records may have been dropped by another write, and nothing may be acknowledged)."""
+        if self.failure is not None:
+            raise OSError(f"the shuffler state failed earlier: {self.failure}")
         if self._log is not None:
             self._log.flush()
 
@@ -827,17 +834,21 @@ class Shuffler:
         effect = self.core.accept(time.time(), token, report)
         if isinstance(effect, str):
             return effect
-        if self._log is not None:
-            self._log.stage(effect)  # written with the rest of this read (_GroupCommit)
-            group = self._group
-            if group is not None:
-                group.note()
-        if self.core.apply_accepted(effect):
-            self.metrics.drop("carry_superseded", 1)  # it replaced a carried report
-        if self.core.due_early(effect.round):
-            release = self.core.release_early(effect.round, self._maker())
-            if release is not None:
-                self._commit([release])
+        try:
+            if self._log is not None:
+                self._log.stage(effect)  # written with the rest of this read (_GroupCommit)
+                group = self._group
+                if group is not None:
+                    group.note()
+            if self.core.apply_accepted(effect):
+                self.metrics.drop("carry_superseded", 1)  # it replaced a carried report
+            if self.core.due_early(effect.round):
+                release = self.core.release_early(effect.round, self._maker())
+                if release is not None:
+                    self._commit([release])
+        except OSError as exc:
+            self._fail(exc)
+            raise  # unacknowledged: the broker redelivers it to the session
         return None
 
     def _topic_reason(self, topic: object) -> str | None:

@@ -201,6 +201,10 @@ class EffectLog:
         self._fd: int | None = None
         self._staged = bytearray()
         self.size = 0
+        self.failure: OSError | None = None
+        """The first write error: from then on nothing more is written (a record after a
+        torn one would be unreadable) and every write raises, so nothing staged since can
+        be acknowledged as written."""
 
     def replay(self) -> list[Effect]:
         """Every effect in the log, oldest first; truncates a record cut short at its end.
@@ -240,12 +244,14 @@ class EffectLog:
         """Add one record to the next write (:meth:`flush`, or any write after this):
         nothing is on disk until then. The ingest path stages the reports of one socket
         read and writes them at once, before any of their PUBACKs."""
+        self._check()
         self._staged += (
             encode_accepted(effect) if type(effect) is Accepted else encode_effect(effect)
         )
 
     def extend(self, effects: Iterable[Effect]) -> None:
         """Write several records (after anything staged) in one ``write(2)``."""
+        self._check()
         self._staged += b"".join(encode_effect(effect) for effect in effects)
         self.flush()
 
@@ -257,27 +263,37 @@ class EffectLog:
     def flush(self) -> None:
         """Write what is staged (one ``write(2)``; synced if ``fsync``). On an error the
         staged records are dropped: the caller fails, and none of them was acknowledged."""
+        self._check()
         if not self._staged:
             return
         data, self._staged = self._staged, bytearray()
         self.write(data)
 
     def write(self, data: bytes | bytearray) -> None:
+        self._check()
         if self._fd is None:
             raise StoreError(f"the shuffler log {self.path} is not open")
         view = memoryview(data)
-        while view:
-            written = os.write(self._fd, view)
-            view = view[written:]
-        if self.fsync:
-            os.fsync(self._fd)
+        try:
+            while view:
+                written = os.write(self._fd, view)
+                view = view[written:]
+            if self.fsync:
+                os.fsync(self._fd)
+        except OSError as exc:
+            self.failure = exc
+            raise
         self.size += len(data)
+
+    def _check(self) -> None:
+        if self.failure is not None:
+            raise OSError(f"the shuffler log {self.path} failed earlier: {self.failure}")
 
     def compact(self, effects: Iterable[Effect]) -> None:
         """Replace the log by ``effects`` (a snapshot of the state), atomically: written to
         a temporary file, synced, then renamed over the log. Anything staged is written
         first (the snapshot includes it, and it must not follow the snapshot)."""
-        self.flush()
+        self.flush()  # raises after a failed write: a log that failed is never replaced
         temporary = self.path.with_name(self.path.name + ".compact")
         data = b"".join(encode_effect(effect) for effect in effects)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
@@ -299,8 +315,9 @@ class EffectLog:
         """Write what is staged (unless that fails: then it was never acknowledged) and
         close the log."""
         if self._fd is not None:
-            with contextlib.suppress(OSError):
-                self.flush()
+            if self.failure is None:
+                with contextlib.suppress(OSError):
+                    self.flush()
             os.close(self._fd)
             self._fd = None
 

@@ -139,5 +139,15 @@ def test_a_failed_write_drops_the_staged_records(tmp_path: Path) -> None:
     with pytest.raises(OSError, match="Bad file descriptor"):
         log.flush()
     assert log.staged == 0  # none of them was acknowledged; the broker redelivers them
+    # the failure sticks: nothing more is staged or written (a record after a torn one
+    # would be unreadable), so nothing staged later can be taken for written
+    with pytest.raises(OSError, match="failed earlier"):
+        log.stage(EFFECTS[1])
+    with pytest.raises(OSError, match="failed earlier"):
+        log.flush()
+    with pytest.raises(OSError, match="failed earlier"):
+        log.extend(EFFECTS[2:3])
+    with pytest.raises(OSError, match="failed earlier"):
+        log.compact([Closed(5)])
     log._fd = None
     assert path.read_bytes() == b""
