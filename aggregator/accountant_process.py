@@ -59,6 +59,7 @@ __all__ = [
     "AccountantError",
     "compute_curve",
     "compute_level",
+    "level_now",
     "shutdown",
     "worker_pid",
 ]
@@ -113,6 +114,19 @@ def _functions() -> dict[str, Callable[..., object]]:
     return {"level": level, "curve": curve}
 
 
+def _portable(exc: Exception) -> Exception:
+    """``exc`` if it survives pickling both ways, else an exception of the nearest class
+    the service handles (ValueError, ArithmeticError) or a RuntimeError, with its text."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # any failure: send its text instead
+        for kind in (ValueError, ArithmeticError):
+            if isinstance(exc, kind):
+                return kind(repr(exc))
+        return RuntimeError(repr(exc))
+    return exc
+
+
 def _watch_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(PARENT_CHECK)
@@ -124,8 +138,12 @@ def main() -> None:
     with contextlib.suppress(OSError):  # not permitted (some sandboxes): normal priority
         os.nice(NICENESS)
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+    # the frames get a private copy of stdout; anything else printed goes to stderr, so a
+    # stray print cannot break the framing
+    stdout = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
     functions = _functions()
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdin = sys.stdin.buffer
     while True:
         try:
             name, args = _read(stdin)
@@ -134,11 +152,7 @@ def main() -> None:
         try:
             response: tuple[str, object] = ("ok", functions[name](*args))
         except Exception as exc:  # handed to the caller, who raises it
-            try:
-                pickle.dumps(exc)
-            except Exception:  # not picklable: its text is enough
-                exc = RuntimeError(repr(exc))
-            response = ("error", exc)
+            response = ("error", _portable(exc))
         try:
             _write(stdout, response)
         except BrokenPipeError:
@@ -154,6 +168,7 @@ class _Worker:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
+        self._exiting = False
 
     def _start(self) -> subprocess.Popen[bytes]:
         root = str(Path(__file__).resolve().parents[1])  # where the aggregator package is
@@ -161,7 +176,8 @@ class _Worker:
         env = {**os.environ, "PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}"}
         try:
             return subprocess.Popen(
-                [sys.executable, "-m", "aggregator.accountant_process"],
+                # -P: the working directory is not searched (PYTHONPATH names the package)
+                [sys.executable, "-P", "-m", "aggregator.accountant_process"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=env,
@@ -188,6 +204,8 @@ class _Worker:
         exception (call it from a thread)."""
         with self._lock:
             for attempt in (1, 2):
+                if self._exiting:
+                    raise AccountantError("the interpreter is exiting")
                 if self._proc is None:
                     self._proc = self._start()
                 proc = self._proc
@@ -196,9 +214,9 @@ class _Worker:
                 try:
                     _write(proc.stdin, (name, args))
                     status, value = _read(proc.stdout)
-                except (OSError, EOFError, pickle.UnpicklingError) as exc:
+                except (OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
                     self._stop()
-                    if attempt == 2:
+                    if attempt == 2 or self._exiting:
                         raise AccountantError(f"the accountant's process died: {exc}") from exc
                     logger.warning("the accountant's process died; starting a new one")
                     continue
@@ -213,7 +231,9 @@ class _Worker:
 
     def at_exit(self) -> None:
         """End the worker as the interpreter exits, without the lock: a daemon thread may
-        hold it, waiting for a result nobody will read (it then sees the pipe close)."""
+        hold it, waiting for a result nobody will read (it then sees the pipe close, and
+        starts no new worker)."""
+        self._exiting = True
         proc, self._proc = self._proc, None
         if proc is None:
             return
@@ -275,6 +295,12 @@ async def compute_curve(spec: MechanismSpec, delta: float, grid: Sequence[int]) 
     """:func:`~aggregator.metrics.epsilon_curve` on ``grid``, in the accountant's process."""
     curve: dict[int, float] = await _call("curve", (spec, delta, tuple(grid)))
     return curve
+
+
+def level_now(spec: MechanismSpec, delta: float, snapshot: Snapshot) -> PrivacyLevel:
+    """:func:`compute_level`, blocking the calling thread (for callers without a loop)."""
+    level: PrivacyLevel = _WORKER.call("level", (spec, delta, snapshot))
+    return level
 
 
 def shutdown() -> None:

@@ -41,6 +41,25 @@ class PrivacyLevel:
     epsilon_central_generic: dict[str, float | None]
     epsilon_total: float | None
     batches: int
+    sizes: dict[str, int | None]
+    """The batch sizes ``smallest`` and ``latest`` the per-batch epsilons are for."""
+
+    def for_sizes(self, *, smallest: int | None, latest: int | None) -> PrivacyLevel:
+        """This level with each per-batch epsilon kept only where its batch size is still
+        the current one (else ``None``). A level computed before a smaller batch arrived
+        would otherwise show the larger batch's epsilon, an overstatement of privacy, next
+        to the smaller size; ``epsilon_total`` is qualified by ``batches`` instead."""
+        current = {"smallest": smallest, "latest": latest}
+        keep = {label: self.sizes.get(label) == n for label, n in current.items()}
+        return PrivacyLevel(
+            epsilon_central={k: v if keep[k] else None for k, v in self.epsilon_central.items()},
+            epsilon_central_generic={
+                k: v if keep[k] else None for k, v in self.epsilon_central_generic.items()
+            },
+            epsilon_total=self.epsilon_total,
+            batches=self.batches,
+            sizes=current,
+        )
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -107,4 +126,5 @@ class PrivacyLedger:
             epsilon_central_generic=generic,
             epsilon_total=total,
             batches=sum(count for _, count in sizes),
+            sizes={"smallest": smallest, "latest": latest},
         )

@@ -517,12 +517,13 @@ class Aggregator:
             epsilon_central_generic={"smallest": None, "latest": None},
             epsilon_total=None,
             batches=0,
+            sizes={"smallest": None, "latest": None},
         )
         self._privacy_dirty = asyncio.Event()
+        self._first_level = asyncio.Event()  # the privacy loop's first level is done
         self._privacy_settled = threading.Event()
         """Set while the privacy level covers every batch applied."""
-        self._privacy_running = False
-        """Whether :meth:`_privacy_loop` runs (else a request accounts by itself)."""
+        self._privacy_running = False  # whether _privacy_loop runs (else a request accounts)
         self._unpublished = True
         """Whether anything published (estimates, gauges, ``/estimates``) is out of date."""
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -681,7 +682,8 @@ class Aggregator:
 
     async def _export_epsilon_curve(self) -> None:
         """Compute the certified epsilon curve once, in the accountant's process (about
-        3 s of CPU at d = 512)."""
+        3 s of CPU at d = 512), after the first privacy level: the level comes first."""
+        await self._first_level.wait()
         grid = epsilon_curve_grid(self.min_batch)
         try:
             curve = await accountant_process.compute_curve(self.spec, self.config.delta, grid)
@@ -710,10 +712,12 @@ class Aggregator:
             level = await accountant_process.compute_level(self.spec, self.config.delta, snapshot)
         except ACCOUNTING_ERRORS:  # accounting must not stop the service
             logger.exception("cannot compute the central privacy level; retrying later")
+            self._first_level.set()
             await asyncio.sleep(5.0)
             self._privacy_dirty.set()
             return
         self._privacy = level
+        self._first_level.set()
         if level.batches == self.counters.batches:
             self._privacy_settled.set()
         self._unpublished = True
@@ -1112,11 +1116,18 @@ class Aggregator:
             and not self._privacy_settled.is_set()
             and not (on_a_loop and self._entered)
         ):
-            level = self.ledger.compute(self.ledger.snapshot())
-            self._privacy = level
-            if level.batches == self.counters.batches:
-                self._privacy_settled.set()
-            self._unpublished = True
+            try:  # in the accountant's process, where its caches are
+                level = accountant_process.level_now(
+                    self.spec, self.config.delta, self.ledger.snapshot()
+                )
+            except ACCOUNTING_ERRORS:
+                logger.exception("cannot compute the central privacy level; serving the last")
+            else:
+                if level.batches >= self._privacy.batches:  # never replace a newer level
+                    self._privacy = level
+                if level.batches == self.counters.batches:
+                    self._privacy_settled.set()
+                self._unpublished = True
         if on_a_loop:
             self._publish()
             return
@@ -1142,14 +1153,15 @@ class Aggregator:
         """Rebuild the estimates, the gauges and the ``/estimates`` document (a new dict: the
         HTTP thread reads the old one whole) if anything changed. O(d) plus at most
         :data:`MAX_METRICS_DIMS` gauges: on an interval, on request, never per batch. The
-        central epsilons are the privacy ledger's latest level (computed in a worker
-        thread, :meth:`_privacy_loop`)."""
+        central epsilons are the privacy ledger's latest level (computed in the
+        accountant's process, :meth:`_privacy_loop`), each shown only while its batch size
+        is still the current smallest or latest one."""
         if not self._unpublished:
             return
         self._unpublished = False  # before reading: a change from another thread re-marks it
         estimates = self.state.estimate(confidence=self.config.confidence)
         self.metrics.set_estimates(estimates)
-        level = self._privacy
+        level = self._privacy.for_sizes(smallest=self.smallest_batch, latest=self.latest_batch)
         self.metrics.set_epsilon(**level.epsilon_central)
         self.metrics.set_epsilon_generic(**level.epsilon_central_generic)
         self.metrics.set_epsilon_total(level.epsilon_total)

@@ -88,3 +88,24 @@ def test_a_checkpoint_without_history_counts_every_batch_as_the_smallest(tmp_pat
     ):
         with pytest.raises(CheckpointError, match=field):
             load_checkpoint(_checkpoint(tmp_path, batch_sizes=bad))
+
+
+def test_a_level_is_shown_only_beside_the_batch_sizes_it_was_computed_for() -> None:
+    """A level computed before a smaller batch arrived must not show the larger batch's
+    epsilon (smaller: an overstatement of privacy) beside the new smallest size."""
+    ledger = PrivacyLedger(SPEC, delta=DELTA)
+    ledger.record(1000)
+    level = ledger.compute(ledger.snapshot())
+    assert level.sizes == {"smallest": 1000, "latest": 1000}
+    same = level.for_sizes(smallest=1000, latest=1000)
+    assert same.epsilon_central == level.epsilon_central
+    assert same.epsilon_central_generic == level.epsilon_central_generic
+    ledger.record(500)  # a smaller batch arrives before the level is recomputed
+    shown = level.for_sizes(smallest=ledger.smallest, latest=ledger.latest)
+    assert shown.epsilon_central == {"smallest": None, "latest": None}
+    assert shown.epsilon_central_generic == {"smallest": None, "latest": None}
+    assert shown.epsilon_total == level.epsilon_total  # qualified by batches instead
+    assert shown.batches == 1
+    ledger.record(1000)  # the latest size is again the one the level was computed for
+    shown = level.for_sizes(smallest=ledger.smallest, latest=ledger.latest)
+    assert shown.epsilon_central == {"smallest": None, "latest": level.epsilon_central["latest"]}
