@@ -214,10 +214,10 @@ async def lag_probe(
             await asyncio.sleep(0.5)
             stop.set()
             await task
+            await asyncio.to_thread(thread.join)  # before the privacy loop stops (see _refresh)
             for job in background:
                 job.cancel()
             await asyncio.gather(*background, return_exceptions=True)
-            await asyncio.to_thread(thread.join)
             snapshot = agg.snapshot()
     ordered = sorted(lags)
     p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]

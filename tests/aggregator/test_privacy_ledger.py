@@ -10,7 +10,7 @@ import pytest
 
 from aggregator.accountant import amplify_spec, blanket_pair_for_spec, epsilon_total_batches
 from aggregator.checkpoint import CheckpointError, load_checkpoint
-from aggregator.privacy_ledger import PrivacyLedger
+from aggregator.privacy_ledger import SIGNIFICANT_BITS, PrivacyLedger, accounting_size
 from edge.spec import MechanismSpec
 
 SPEC = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
@@ -35,8 +35,12 @@ def test_levels_are_the_accountant_s_for_the_batches_recorded() -> None:
         "smallest": small.epsilon_central_generic,
         "latest": latest.epsilon_central_generic,
     }
-    pairs = [blanket_pair_for_spec(SPEC, n=n) for n in (500, 1000, 1000, 2000)]
+    # epsilon_total composes the pairs of the accounting sizes (500 -> 496, 1000 -> 992,
+    # 2000 -> 1984: five significant bits), a pessimistic reading of the exact sizes
+    pairs = [blanket_pair_for_spec(SPEC, n=n) for n in (496, 992, 992, 1984)]
     assert level.epsilon_total == epsilon_total_batches(pairs=pairs, delta=DELTA)
+    exact = [blanket_pair_for_spec(SPEC, n=n) for n in (500, 1000, 1000, 2000)]
+    assert level.epsilon_total >= epsilon_total_batches(pairs=exact, delta=DELTA)
     # composing more batches never lowers the total; one batch costs its own epsilon at most
     assert level.epsilon_total is not None
     assert level.epsilon_total >= small.epsilon_central
@@ -109,3 +113,18 @@ def test_a_level_is_shown_only_beside_the_batch_sizes_it_was_computed_for() -> N
     ledger.record(1000)  # the latest size is again the one the level was computed for
     shown = level.for_sizes(smallest=ledger.smallest, latest=ledger.latest)
     assert shown.epsilon_central == {"smallest": None, "latest": level.epsilon_central["latest"]}
+
+
+def test_accounting_sizes_round_down_to_five_significant_bits_and_stay_few() -> None:
+    small = (1, 2, 31, 32, 33, 63, 64, 65, 1000)
+    assert [accounting_size(n) for n in small] == [1, 2, 31, 32, 32, 62, 64, 64, 992]
+    for n in range(1, 5000):
+        size = accounting_size(n)
+        assert size <= n  # never more reports than the batch holds: pessimistic
+        assert 16 * size >= 15 * n  # at most 1/16 fewer
+        # at most five significant bits: the low bits are zero
+        assert size % (1 << max(0, size.bit_length() - SIGNIFICANT_BITS)) == 0
+    # one size per 5-bit mantissa: 16 per doubling however many distinct batch sizes come
+    assert len({accounting_size(n) for n in range(10_000, 20_000)}) <= 17
+    with pytest.raises(ValueError, match="at least one report"):
+        accounting_size(0)
