@@ -70,6 +70,12 @@ NICENESS: Final = 10
 """Added to the worker's nice value: CFS then gives it about a tenth of the CPU share of a
 normal process while both want the CPU, and all of an idle one."""
 PARENT_CHECK: Final = 0.25
+_THREAD_VARIABLES: Final = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 _FRAME = struct.Struct(">I")
 
 
@@ -173,7 +179,12 @@ class _Worker:
     def _start(self) -> subprocess.Popen[bytes]:
         root = str(Path(__file__).resolve().parents[1])  # where the aggregator package is
         path = os.environ.get("PYTHONPATH")
-        env = {**os.environ, "PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}",
+            # one core at most: numpy's BLAS threads would otherwise take every core
+            **dict.fromkeys(_THREAD_VARIABLES, "1"),
+        }
         try:
             return subprocess.Popen(
                 # -P: the working directory is not searched (PYTHONPATH names the package)
