@@ -46,8 +46,6 @@ from edge.cli_options import (
     resolve_password,
 )
 from edge.errors import CocoError, InputError
-from edge.ledger import BudgetLedger
-from edge.publisher import DevicePublisher, PublisherConfig
 from edge.rounds import ClockError
 
 logger = logging.getLogger(__name__)
@@ -143,6 +141,10 @@ def device(
 ) -> None:
     """Publish one eps-LDP report per CSV row of sensor readings, in the current wall-clock
     round, after charging the device's privacy-budget ledger."""
+    # not for --help: the publisher brings paho and numpy
+    from edge.ledger import BudgetLedger  # noqa: PLC0415
+    from edge.publisher import DevicePublisher, PublisherConfig  # noqa: PLC0415
+
     lo_values = _floats("--lo", lo)
     hi_values = _floats("--hi", hi)
     published = refused = failed = 0

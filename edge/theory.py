@@ -35,13 +35,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
-import numpy as np
-from numpy.typing import NDArray
+if TYPE_CHECKING:  # numpy is imported where it is used: a spec needs it only to pick t
+    import numpy as np
+    from numpy.typing import NDArray
 
 Mechanism = Literal["coco", "collision"]
-FloatOrArray = TypeVar("FloatOrArray", float, NDArray[np.float64])
+FloatOrArray = TypeVar("FloatOrArray", float, "NDArray[np.float64]")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -166,6 +167,8 @@ def mean_mse_curve(
     mechanism: Mechanism, *, d: int, s: int, exp_eps_weight: int, unit: int, t: NDArray[np.int64]
 ) -> NDArray[np.float64]:
     """:meth:`ReportMoments.mean_mse` for an array of ``t`` values at once (same formulas)."""
+    import numpy as np  # noqa: PLC0415
+
     tf = t.astype(np.float64)
     e_w, u = float(exp_eps_weight), float(unit)
     q = 1.0 / tf
@@ -196,6 +199,8 @@ def optimal_t(mechanism: Mechanism, *, d: int, s: int, exp_eps_weight: int, unit
     t_max = min(MAX_T, max(t_min + 8 * step, int(4 * (s * exp_eps + 3 * s)) + 16))
     if t_max < t_min:
         return t_min
+    import numpy as np  # noqa: PLC0415
+
     ts = np.arange(t_min, t_max + 1, step, dtype=np.int64)
     curve = mean_mse_curve(mechanism, d=d, s=s, exp_eps_weight=exp_eps_weight, unit=unit, t=ts)
     return int(ts[int(np.argmin(curve))])

@@ -389,6 +389,24 @@ def test_command_help_imports_neither_scipy_nor_matplotlib(command: tuple[str, .
     assert imported_by_help(*command) & {"scipy", "matplotlib"} == set()
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("privacy",),
+        ("aggregator", "run"),
+        ("shuffler",),
+        ("announce",),
+        ("device",),
+        ("simulate",),
+        ("demo",),
+    ],
+)
+def test_service_and_device_help_imports_no_heavy_module(command: tuple[str, ...]) -> None:
+    """numpy, the MQTT clients and the crypto library are imported when a command runs,
+    not for its --help (bench/README.md: CPU seconds at start-up)."""
+    assert imported_by_help(*command) & set(HEAVY) == set()
+
+
 def test_listed_help_is_each_lazy_command_own() -> None:
     from sim import demo  # noqa: PLC0415
     from sim.cli import DEMO_DEVICES, LAZY_COMMANDS, load_command  # noqa: PLC0415
