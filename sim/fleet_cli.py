@@ -13,18 +13,18 @@ import time
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, Literal, TextIO
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TextIO
 
-import aiomqtt
 import typer
-from prometheus_client import CollectorRegistry, start_http_server
 
 from edge import CocoError, MechanismSpec
 from edge.announce import read_spec_file
 from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption, SpecFileOption
 from sim.credentials import DEFAULT_PREFIX, device_id, device_password, read_secret
-from sim.fleet import Fleet, FleetConfig, FleetError
 from sim.fleet_metrics import DEFAULT_METRICS_DIMS
+
+if TYPE_CHECKING:  # imported when the command runs, not for --help (gmqtt, numpy)
+    from sim.fleet import Fleet
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +154,10 @@ def _announced_spec(
 ) -> tuple[MechanismSpec, int]:
     """The retained announcement's spec and round_seconds, or a :class:`FleetError` that
     says what failed."""
+    import aiomqtt  # noqa: PLC0415 (not for --help)
+
     from broker.cli import read_announcement  # noqa: PLC0415 (the shuffler's: not for --help)
+    from sim.fleet import FleetError  # noqa: PLC0415
 
     try:
         announcement = asyncio.run(
@@ -308,6 +311,11 @@ def fleet(
 ) -> None:
     """Simulate a fleet of devices publishing privatised reports (simulation only: no
     budget ledger; a real device runs `coco device`)."""
+    import aiomqtt  # noqa: PLC0415 (not for --help: the MQTT clients and numpy)
+    from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415
+
+    from sim.fleet import Fleet, FleetConfig  # noqa: PLC0415
+
     logging.getLogger("gmqtt").setLevel(max(logging.WARNING, logging.getLogger().level))
     try:
         if qos not in (0, 1):

@@ -397,6 +397,7 @@ def test_command_help_imports_neither_scipy_nor_matplotlib(command: tuple[str, .
         ("shuffler",),
         ("announce",),
         ("device",),
+        ("fleet",),
         ("simulate",),
         ("demo",),
     ],
