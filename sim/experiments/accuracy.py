@@ -39,8 +39,9 @@ from numpy.typing import NDArray
 from edge import CocoError
 from sim.experiments.baselines.base import KVEstimate
 from sim.experiments.data import uniform_population
-from sim.experiments.mechanisms import PAPER_ORDER, TRule, registry
+from sim.experiments.mechanisms import TRule, registry
 from sim.experiments.metrics import estimate_errors
+from sim.experiments.names import PAPER_ORDER
 
 RAW_FIELDS = (
     "mechanism",

@@ -26,7 +26,8 @@ from edge import device
 from edge.spec import exp_eps_weight
 from edge.theory import Mechanism, optimal_t, paper_t
 from sim.experiments.accuracy import FULL_GRID, Grid
-from sim.experiments.mechanisms import PAPER_ORDER, ProductMechanism, TRule
+from sim.experiments.mechanisms import ProductMechanism, TRule
+from sim.experiments.names import PAPER_ORDER
 from sim.experiments.plots import Figure, figures_for
 
 BASELINES_WITH_ITEMS = ("PrivKV", "PCKV-UE", "PCKV-GRR", "PCKV-AGRR")

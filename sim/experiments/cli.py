@@ -10,8 +10,7 @@ from typing import Annotated
 
 import typer
 
-from sim.experiments.accuracy import FULL_GRID, QUICK_GRID, run_accuracy, with_overrides
-from sim.experiments.mechanisms import PAPER_ORDER
+from sim.experiments.names import PAPER_ORDER
 from sim.experiments.privacy_cli import amplification, tightness
 
 experiment_app = typer.Typer(
@@ -217,6 +216,14 @@ def _accuracy(
     epsilon: list[float] | None = None,
     t_rule: TRuleOption = TRuleOption.optimal,
 ) -> None:
+    # not for --help: the experiments bring numpy and the baselines
+    from sim.experiments.accuracy import (  # noqa: PLC0415
+        FULL_GRID,
+        QUICK_GRID,
+        run_accuracy,
+        with_overrides,
+    )
+
     try:
         grid = with_overrides(
             FULL_GRID if full else QUICK_GRID,

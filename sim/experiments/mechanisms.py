@@ -35,17 +35,6 @@ from sim.experiments.baselines.base import KVEstimate, KVMechanism
 TRule = Literal["optimal", "paper"]
 Factory = Callable[[int, int, float], KVMechanism]
 
-PAPER_ORDER: tuple[str, ...] = (
-    "Collision",
-    "CoCo",
-    "PrivKV",
-    "PCKV-UE",
-    "PCKV-GRR",
-    "PCKV-AGRR",
-    "SUCCINCT",
-)
-"""Every mechanism of the paper's experiments, in the order of its legend."""
-
 _NAMES: dict[Mechanism, str] = {"collision": "Collision", "coco": "CoCo"}
 
 

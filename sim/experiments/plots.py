@@ -40,7 +40,8 @@ from matplotlib.figure import Figure as MplFigure
 from matplotlib.ticker import FixedLocator, NullLocator
 from scipy import stats
 
-from sim.experiments.mechanisms import PAPER_ORDER, ProductMechanism, TRule
+from sim.experiments.mechanisms import ProductMechanism, TRule
+from sim.experiments.names import PAPER_ORDER
 
 STYLE: dict[str, tuple[str, str]] = {
     "Collision": ("tab:red", "o"),

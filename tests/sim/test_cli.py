@@ -400,6 +400,7 @@ def test_command_help_imports_neither_scipy_nor_matplotlib(command: tuple[str, .
         ("fleet",),
         ("simulate",),
         ("demo",),
+        ("experiment", "all"),
     ],
 )
 def test_service_and_device_help_imports_no_heavy_module(command: tuple[str, ...]) -> None:

@@ -24,7 +24,8 @@ from sim.experiments.accuracy import (
 )
 from sim.experiments.accuracy_report import BEGIN_MARKER, END_MARKER
 from sim.experiments.data import Population, uniform_population, uniform_subsets
-from sim.experiments.mechanisms import PAPER_ORDER, ProductMechanism, registry
+from sim.experiments.mechanisms import ProductMechanism, registry
+from sim.experiments.names import PAPER_ORDER
 
 K = 5.0
 """Standard errors allowed in the Monte Carlo checks (two-sided p ~ 6e-7 per check)."""
