@@ -198,17 +198,18 @@ class _Worker:
             raise AccountantError(f"cannot start the accountant's process: {exc}") from exc
 
     def _stop(self) -> None:
+        """Kill the worker, then close its pipes (a thread still reading one sees EOF)."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
         with contextlib.suppress(OSError):
             proc.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    stream.close()
 
     def call(self, name: str, args: tuple[object, ...]) -> Any:
         """Blocking: run ``name(*args)`` in the worker and return its result or raise its
@@ -245,17 +246,7 @@ class _Worker:
         hold it, waiting for a result nobody will read (it then sees the pipe close, and
         starts no new worker)."""
         self._exiting = True
-        proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        with contextlib.suppress(OSError):
-            proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=5)
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    stream.close()
+        self._stop()
 
     @property
     def pid(self) -> int | None:

@@ -716,12 +716,17 @@ class Aggregator:
             await asyncio.sleep(5.0)
             self._privacy_dirty.set()
             return
-        self._privacy = level
+        self._adopt(level)
         self._first_level.set()
+        self._publish()
+
+    def _adopt(self, level: PrivacyLevel) -> None:
+        """Show ``level`` from the next publication on, unless a newer one is shown."""
+        if level.batches >= self._privacy.batches:
+            self._privacy = level
         if level.batches == self.counters.batches:
             self._privacy_settled.set()
         self._unpublished = True
-        self._publish()
 
     async def _publish_loop(self) -> None:
         while True:
@@ -1123,11 +1128,7 @@ class Aggregator:
             except ACCOUNTING_ERRORS:
                 logger.exception("cannot compute the central privacy level; serving the last")
             else:
-                if level.batches >= self._privacy.batches:  # never replace a newer level
-                    self._privacy = level
-                if level.batches == self.counters.batches:
-                    self._privacy_settled.set()
-                self._unpublished = True
+                self._adopt(level)
         if on_a_loop:
             self._publish()
             return

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import Broker, free_port
+from tests.service_http import estimates
 
 pytestmark = pytest.mark.integration
 
@@ -64,15 +65,6 @@ def adapt(line: str, broker: Broker, ports: dict[str, int]) -> tuple[list[str], 
     words = ["2" if w == "10" and words[i - 1] == "--round-seconds" else w
              for i, w in enumerate(words)]  # fmt: skip
     return [str(w) for w in words], background
-
-
-def estimates(port: int) -> dict[str, Any] | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/estimates", timeout=5) as resp:
-            document: dict[str, Any] = json.loads(resp.read())
-            return document
-    except OSError:
-        return None
 
 
 def shuffler_metric(port: int, name: str) -> float:

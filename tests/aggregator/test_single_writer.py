@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +38,7 @@ from tests.aggregator.test_service import (
     reports,
 )
 from tests.conftest import Broker, free_port
+from tests.service_http import estimates as read_estimates
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -57,17 +57,12 @@ def coco_run(broker: Broker, tmp_path: Path, *args: str, spec: bool = True) -> l
     return [*COCO, "aggregator", "run", *options, *args]
 
 
+def estimates(port: int) -> dict[str, Any] | None:
+    return read_estimates(port, timeout=2)
+
+
 def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT), "COCO_LOG_LEVEL": "info"}
-
-
-def estimates(port: int) -> dict[str, Any] | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/estimates", timeout=2) as resp:
-            document: dict[str, Any] = json.loads(resp.read())
-            return document
-    except OSError:
-        return None
 
 
 def wait_for(
