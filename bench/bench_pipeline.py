@@ -735,6 +735,9 @@ def orchestrate(args: argparse.Namespace) -> None:
     runs: dict[int, list[dict[str, dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory() as tmp, own_mosquitto(Path(tmp)) as port:
         os.environ[KEY_ENV] = str(Path(tmp) / "signing.key")  # children inherit it
+        from edge.batch_auth import load_or_create_signing_key  # noqa: PLC0415
+
+        load_or_create_signing_key(Path(os.environ[KEY_ENV]))  # the shufflers never create it
         print(f"own mosquitto on 127.0.0.1:{port}; {n:,} messages of as many devices")
         lines = Path(tmp) / "lines.txt"
         lines.write_bytes(b"".join(b"%016d\n" % i for i in range(n)))

@@ -9,68 +9,106 @@ Event sourcing
 --------------
 Every change of state is an *effect* (:data:`Effect`): a small immutable record that
 :meth:`ShufflerCore.apply` folds into the state, deterministically. The live service asks
-the core what to do (:meth:`ShufflerCore.accept`, :meth:`ShufflerCore.tick`), writes the
-returned effects to its write-ahead log, then applies them; on start it replays the log
-through :meth:`ShufflerCore.apply` and arrives at the same state, pools, duplicate tokens
-and unacknowledged batches (with their exact bytes) included. :meth:`ShufflerCore.snapshot`
-gives a short list of effects that rebuilds the current state, to compact the log.
+the core what to do (:meth:`ShufflerCore.offer` and :meth:`ShufflerCore.settle`,
+:meth:`ShufflerCore.tick`), writes the returned effects to its write-ahead log, then
+applies them; on start it replays the log through :meth:`ShufflerCore.apply` and arrives
+at the same state, pools, duplicate tokens and unacknowledged batches (with their exact
+bytes) included. :meth:`ShufflerCore.snapshot` gives a short list of bulk effects (one per
+round's tokens, one per pool) that rebuilds the current state, to compact the log.
+
+Admission in two steps
+----------------------
+:meth:`ShufflerCore.offer` checks one report against everything that needs no lookup (the
+spec, the round window, the per-round cap) and queues it; :meth:`ShufflerCore.settle`
+decides every queued report at once: the first report of a device in a round is admitted,
+any other is ``duplicate_in_round``. The shell offers the reports of one socket read and
+settles them before writing the log and sending their PUBACKs (group commit), so the
+duplicate check is a few numpy calls per read, not a lookup per report. A settle must
+follow the offers before time passes (:meth:`ShufflerCore.tick` refuses pending offers).
 
 Rounds (docs/protocol.md, "Rounds")
 -----------------------------------
-Round ``r`` is Unix time ``[r L, (r + 1) L)`` with ``L = round_seconds`` from the
-announcement. With ``S = max_skew`` seconds of tolerated clock error and ``G =
-late_seconds`` of tolerated delivery delay, at time ``now`` the core accepts exactly the
-rounds
+Round ``r`` is Unix time ``[r L, (r + 1) L)`` with ``L = round_seconds``. With ``S =
+max_skew`` seconds of tolerated clock error and ``G = late_seconds``, at time ``now`` the
+core accepts exactly the rounds
 
-    floor((now - S - G) / L)  <=  r  <=  floor((now + S) / L),   and  r > closed_through,
+    floor((now - S - G) / L)  <=  r  <=  floor((now + S) / L),   and  (r + 1) L > closed,
 
-and rejects the others as ``round_too_old`` / ``round_in_future`` without changing any
-state: no report, however hostile its round number, opens, closes or evicts a round.
+where ``closed`` is a Unix time (:class:`Closed`): every round that ends at or before it
+is *closed* and accepts nothing more (``round_too_old``). The others are rejected without
+changing any state: no report, however hostile its round number, opens, closes or evicts a
+round. ``closed`` is a time, not a round number, so it keeps its meaning when
+``round_seconds`` changes between runs (:meth:`ShufflerCore.reconfigure`).
 
-Round ``r`` *ends* once ``now - S >= (r + 1) L``: its pool is released (below). A report of
-an ended round that arrives within ``G`` (queued at the broker while the shuffler was away,
-a device that retried for a while) is still accepted, into a fresh pool of that round,
-released or carried at the next tick. Round ``r`` is *closed* once ``now - S - G >= (r + 1)
-L``: its duplicate tokens are forgotten, which is safe because no report of a closed round
-is accepted again: ``closed_through`` only grows and is part of the durable state, so a
-restart, or a clock stepped backwards, cannot reopen a round. The tokens kept are those of
-about ``(2 S + G) / L + 2`` rounds.
+The one closed-round rule: round ``r`` is *due* once ``now - S >= (r + 1) L``; at the next
+:meth:`ShufflerCore.tick` its pool is released (or carried, or dropped) and the round is
+closed in the same step. A round whose pool has left is closed: a report of it that arrives
+later is ``round_too_old``, so one device cannot feed an old round after its release. The
+duplicate tokens kept are those of the open rounds only (usually one or two).
+
+``late_seconds`` is for a shuffler that was away: the shell ticks with ``hold=True`` while
+it is not subscribed and until the broker's queued backlog has drained after a
+(re)subscription, and a held tick releases only rounds that ended more than ``S + G`` ago.
+A round that ended while the shuffler was away therefore stays open for the reports the
+broker queued for it, and is released whole once they are in.
 
 Release
 -------
-A closed round's pool is released whole, as one batch, split into near-equal slices only
-above ``max_batch`` (each slice >= ``min_batch`` since ``max_batch >= 2 min_batch``). A
-closed pool below ``min_batch`` follows the policy: ``carry`` merges it into the pool of the
+A due round's pool is released whole, as one batch, split into near-equal slices only
+above ``max_batch`` (each slice >= ``min_batch`` since ``max_batch >= 2 min_batch``). A due
+pool below ``min_batch`` follows the policy: ``carry`` merges it into the pool of the
 earliest open round (the batch then bears that round's number), ``drop`` discards it
 (``small_round``). With ``release_size`` set, a pool that reaches it is released at once,
-before its round closes (a latency cap that still respects the floor).
+before its round is due (a latency cap that still respects the floor; the round stays open).
 
 Invariants (property-tested in tests/broker/test_core.py)
 ---------------------------------------------------------
 1. No batch holds fewer than ``min_batch`` records.
 2. No batch holds two reports whose tokens are equal (one device, one report per batch):
-   a device has at most one report per round (``duplicate_in_round``), and where a carried
-   report meets a report of the same device in the target pool, the newer one wins and the
-   other is counted as dropped (``carry_superseded``).
+   a device has at most one report per round (``duplicate_in_round``), and where carried
+   reports meet a report of the same device, the newest one wins and the others are
+   counted as dropped (``carry_superseded``) when the pool leaves. A release checks it.
 3. Every accepted report is released exactly once or counted as dropped with a reason.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-import struct
+from array import array
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
+from broker.effects import (
+    Acked,
+    Admitted,
+    Carried,
+    Closed,
+    Configured,
+    Dropped,
+    Effect,
+    Outboxed,
+    Pooled,
+    Released,
+    Seen,
+    batch_count_of,
+    batch_id_of,
+    batch_round_of,
+)
+from broker.state import U64, Pool, TokenSet, as_u16, as_u32, as_u64
 from edge.codec import encode_batch_header
 from edge.rounds import check_round_seconds
 
 __all__ = [
-    "Accepted",
     "Acked",
+    "Admitted",
     "BatchMaker",
+    "Carried",
     "Closed",
+    "Configured",
     "CoreConfig",
     "Dropped",
     "Effect",
@@ -79,15 +117,16 @@ __all__ = [
     "Released",
     "Seen",
     "ShufflerCore",
+    "batch_count_of",
+    "batch_id_of",
+    "batch_round_of",
 ]
 
 RoundPolicy = Literal["carry", "drop"]
-_RECORD = struct.Struct(">IH")  # one batch record: seed u32, z u16 (edge/codec.py)
+_RECORDS = np.dtype([("seed", ">u4"), ("z", ">u2")])  # one batch record (edge/codec.py)
 MAX_BATCH_LIMIT = 40_000
 """Largest ``max_batch``: a sealed batch of 40,000 records is 240,094 bytes, under the
 shipped broker's ``max_packet_size`` of 256 KiB (deploy/mosquitto/mosquitto.conf)."""
-BATCH_ID_OFFSET = 10
-BATCH_ID_SIZE = 16
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,137 +189,18 @@ class BatchMaker:
     seal: Callable[[bytes], bytes]
 
 
-# --- effects ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Accepted:
-    """A report joins round ``round``: its token is seen and it is pooled."""
-
-    round: int
-    token: bytes
-    seed: int
-    z: int
-
-
-@dataclass(frozen=True, slots=True)
-class Seen:
-    """Only the duplicate token of a report of ``round`` (snapshots of released rounds)."""
-
-    round: int
-    token: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class Pooled:
-    """Only a pool entry (snapshots: a carried report keeps its token in the pool, not in
-    the duplicate set of the round it was carried into)."""
-
-    round: int
-    token: bytes
-    seed: int
-    z: int
-
-
-@dataclass(frozen=True, slots=True)
-class Released:
-    """The pool of ``round`` leaves as these sealed batch messages (outbox until acked)."""
-
-    round: int
-    messages: tuple[bytes, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Outboxed:
-    """Sealed batches waiting for their PUBACK, without a pool (snapshots)."""
-
-    messages: tuple[bytes, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Carried:
-    """The pool of ``source`` merges into the pool of ``target`` (policy ``carry``)."""
-
-    source: int
-    target: int
-
-
-@dataclass(frozen=True, slots=True)
-class Dropped:
-    """The pool of ``round`` is discarded (``reason``: ``small_round``)."""
-
-    round: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Closed:
-    """Rounds up to ``through`` are closed: never accepted again, their tokens forgotten."""
-
-    through: int
-
-
-@dataclass(frozen=True, slots=True)
-class Acked:
-    """The batch ``batch_id`` was acknowledged by the broker: it leaves the outbox."""
-
-    batch_id: bytes
-
-
-Effect = Accepted | Seen | Pooled | Released | Outboxed | Carried | Dropped | Closed | Acked
-
-
-def batch_id_of(message: bytes) -> bytes:
-    """The 16-byte ``batch_id`` of a (sealed) batch message."""
-    return message[BATCH_ID_OFFSET : BATCH_ID_OFFSET + BATCH_ID_SIZE]
-
-
-def batch_count_of(message: bytes) -> int:
-    """The record count of a (sealed) batch message."""
-    return int.from_bytes(message[26:30], "big")
-
-
 # --- state ------------------------------------------------------------------------------
 
 
-class _Pool:
-    """Accepted reports of one round waiting for release, in arrival order."""
+class _Pending:
+    """Reports offered since the last settle, for one round."""
 
-    __slots__ = ("index", "seeds", "tokens", "zs")
+    __slots__ = ("seeds", "tokens", "zs")
 
     def __init__(self) -> None:
-        self.seeds: list[int] = []
-        self.zs: list[int] = []
-        self.tokens: list[bytes] = []
-        self.index: dict[bytes, int] = {}
-
-    def __len__(self) -> int:
-        return len(self.seeds)
-
-    def add(self, token: bytes, seed: int, z: int) -> bool:
-        """Add a report; one of the same device already here (carried from an older round)
-        is replaced. Returns ``True`` if a report was replaced."""
-        position = self.index.get(token)
-        if position is not None:
-            self.seeds[position] = seed
-            self.zs[position] = z
-            return True
-        self.index[token] = len(self.seeds)
-        self.seeds.append(seed)
-        self.zs.append(z)
-        self.tokens.append(token)
-        return False
-
-    def merge_into(self, target: _Pool) -> int:
-        """Move these reports into ``target``; returns how many were superseded (the
-        device already has a report in ``target``, which is kept)."""
-        superseded = 0
-        for token, seed, z in zip(self.tokens, self.seeds, self.zs, strict=True):
-            if token in target.index:
-                superseded += 1
-            else:
-                target.add(token, seed, z)
-        return superseded
+        self.tokens = array("Q")
+        self.seeds = array("I")
+        self.zs = array("H")
 
 
 @dataclass
@@ -288,6 +208,7 @@ class Applied:
     """What applying one effect changed, for counters (never for decisions)."""
 
     dropped: dict[str, int] = field(default_factory=dict)
+    admitted: int = 0
     released_batches: int = 0
     released_reports: int = 0
     acked_reports: int = 0
@@ -298,18 +219,29 @@ class ShufflerCore:
 
     def __init__(self, config: CoreConfig) -> None:
         self.config = config
-        self._pools: dict[int, _Pool] = {}
-        self._seen: dict[int, set[bytes]] = {}
+        self._pools: dict[int, Pool] = {}
+        self._seen: dict[int, TokenSet] = {}
+        self._pending: dict[int, _Pending] = {}
+        self._pending_count = 0
         self._outbox: dict[bytes, bytes] = {}  # batch_id -> sealed message, in release order
-        self._closed_through = -1
+        self._closed = 0
         self._buffered = 0
         self._outbox_reports = 0
+        self.late_offers = 0
+        """Offers of rounds already due (a backlog being delivered), ever: the shell
+        watches it to tell when a backlog has drained."""
+        # What the state was built under (Configured effects; a log without one was built
+        # under the current configuration).
+        self._units = config.round_seconds
+        self._fingerprint = config.fingerprint
+        self._configured = False
 
     # --- read-only views ----------------------------------------------------------------
 
     @property
-    def closed_through(self) -> int:
-        return self._closed_through
+    def closed(self) -> int:
+        """Unix time up to which every round is closed."""
+        return self._closed
 
     @property
     def buffered(self) -> int:
@@ -321,55 +253,123 @@ class ShufflerCore:
         """Reports in released batches not yet acknowledged."""
         return self._outbox_reports
 
+    @property
+    def state_config(self) -> tuple[int, int] | None:
+        """``(round_seconds, fingerprint)`` the state was recorded under, if recorded."""
+        return (self._units, self._fingerprint) if self._configured else None
+
     def outbox(self) -> list[bytes]:
         """Sealed batches waiting for their PUBACK, oldest first."""
         return list(self._outbox.values())
 
     def pool_sizes(self) -> dict[int, int]:
-        return {round_: len(pool) for round_, pool in self._pools.items()}
+        return {round_: pool.size() for round_, pool in self._pools.items()}
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the duplicate tokens and the pools' columns."""
+        return sum(s.nbytes() for s in self._seen.values()) + sum(
+            p.nbytes() for p in self._pools.values()
+        )
 
     def open_rounds(self, now: float) -> tuple[int, int]:
         """``(lowest, highest)`` round accepted at ``now`` (late rounds included)."""
         cfg = self.config
         lowest = math.floor((now - cfg.max_skew - cfg.late_seconds) / cfg.round_seconds)
-        return max(lowest, self._closed_through + 1), math.floor(
+        return max(lowest, self._closed // cfg.round_seconds), math.floor(
             (now + cfg.max_skew) / cfg.round_seconds
         )
 
     def first_unended(self, now: float) -> int:
-        """The oldest round that has not ended at ``now``: pools of older rounds are due."""
+        """The oldest round that is not due at ``now``: pools of older rounds are due."""
         return math.floor((now - self.config.max_skew) / self.config.round_seconds)
 
-    # --- decisions ----------------------------------------------------------------------
+    # --- admission ----------------------------------------------------------------------
 
-    def check(self, now: float, fingerprint: int, round_: int, z: int, token: bytes) -> str | None:
-        """``None`` if the report would be accepted now, else the rejection reason."""
-        if fingerprint != self.config.fingerprint:
+    def offer(self, now: float, token: int, report: tuple[int, int, int, int]) -> str | None:
+        """Queue a decoded report ``(fingerprint, round, seed, z)`` of the sender whose
+        keyed token is ``token`` (a u64) for :meth:`settle`, or return the reason it is
+        rejected now. Nothing but the queue changes."""
+        fingerprint, round_, seed, z = report
+        cfg = self.config
+        if fingerprint != cfg.fingerprint:
             return "unknown_fingerprint"
-        if z >= self.config.t:
+        if z >= cfg.t:
             return "z_out_of_range"
-        lowest, highest = self.open_rounds(now)
-        if round_ < lowest:
-            return "round_too_old"
-        if round_ > highest:
+        length = cfg.round_seconds
+        skewed = now - cfg.max_skew
+        if round_ > math.floor((now + cfg.max_skew) / length):
             return "round_in_future"
+        if (round_ + 1) * length <= self._closed or round_ < math.floor(
+            (skewed - cfg.late_seconds) / length
+        ):
+            return "round_too_old"
+        pending = self._pending.get(round_)
+        if pending is None:
+            pending = self._pending[round_] = _Pending()
         seen = self._seen.get(round_)
-        if seen is not None:
-            if token in seen:
-                return "duplicate_in_round"
-            if len(seen) >= self.config.max_reports_per_round:
-                return "round_full"
+        if (0 if seen is None else seen.count) + len(pending.seeds) >= cfg.max_reports_per_round:
+            return "round_full"
+        if (round_ + 1) * length <= skewed:
+            self.late_offers += 1
+        pending.tokens.append(token)
+        pending.seeds.append(seed)
+        pending.zs.append(z)
+        self._pending_count += 1
         return None
 
-    def accept(self, now: float, token: bytes, report: tuple[int, int, int, int]) -> Accepted | str:
-        """The :class:`Accepted` effect of a decoded report ``(fingerprint, round, seed,
-        z)`` of the sender whose keyed token is ``token``, not yet applied; or the reason it
-        is rejected. Rejection changes nothing."""
-        fingerprint, round_, seed, z = report
-        reason = self.check(now, fingerprint, round_, z, token)
+    @property
+    def pending(self) -> int:
+        """Reports offered and not yet settled."""
+        return self._pending_count
+
+    def settle(self) -> tuple[list[Admitted], int]:
+        """The :class:`Admitted` effects of the offered reports (not yet applied), one per
+        round, and how many were duplicates (``duplicate_in_round``: a device already seen
+        in that round, or seen earlier among these offers, whose first report wins)."""
+        if not self._pending:
+            return [], 0
+        pending, self._pending = self._pending, {}
+        self._pending_count = 0
+        effects: list[Admitted] = []
+        duplicates = 0
+        for round_, offered in pending.items():
+            tokens = as_u64(offered.tokens)
+            order = np.argsort(tokens, kind="stable")  # equal tokens: arrival order
+            ranked = tokens[order]
+            first = np.ones(ranked.size, dtype=np.bool_)
+            first[1:] = ranked[1:] != ranked[:-1]
+            seen = self._seen.get(round_)
+            if seen is not None:
+                first &= ~seen.contains(ranked)
+            keep = order[first]
+            keep.sort()
+            duplicates += int(tokens.size - keep.size)
+            if not keep.size:
+                continue
+            if keep.size == tokens.size:
+                effects.append(
+                    Admitted(round_, bytes(offered.tokens), bytes(offered.seeds), bytes(offered.zs))
+                )
+            else:
+                effects.append(
+                    Admitted(
+                        round_,
+                        tokens[keep].tobytes(),
+                        as_u32(offered.seeds)[keep].tobytes(),
+                        as_u16(offered.zs)[keep].tobytes(),
+                    )
+                )
+        return effects, duplicates
+
+    def accept(self, now: float, token: int, report: tuple[int, int, int, int]) -> Admitted | str:
+        """One report alone: :meth:`offer` then :meth:`settle` (tests, tools)."""
+        reason = self.offer(now, token, report)
         if reason is not None:
             return reason
-        return Accepted(round_, token, seed, z)
+        effects, _ = self.settle()
+        return effects[0] if effects else "duplicate_in_round"
+
+    # --- release ------------------------------------------------------------------------
 
     def due_early(self, round_: int) -> bool:
         """Whether the pool of ``round_`` has reached ``release_size`` (release it now)."""
@@ -377,27 +377,57 @@ class ShufflerCore:
         if size is None:
             return False
         pool = self._pools.get(round_)
-        return pool is not None and len(pool) >= size
+        return pool is not None and len(pool) >= size and pool.size() >= size
 
-    def tick(self, now: float, maker: BatchMaker) -> list[Effect]:
-        """The effects of time passing: close rounds, then release, carry or drop the pools
-        of ended rounds, oldest first. A small pool is carried into the oldest round that
-        has not ended, which this tick never releases. Effects must be applied in order
-        (:meth:`apply`) before the next call. While the outbox is full, pools wait."""
-        lowest, _ = self.open_rounds(now)
+    def pieces(self, effect: Admitted) -> list[Admitted]:
+        """``effect`` cut where its round's pool reaches ``release_size``, so that a pool
+        released early (:meth:`release_early` after each piece) holds exactly that many."""
+        size = self.config.release_size
+        n = len(effect)
+        if size is None:
+            return [effect]
+        pool = self._pools.get(effect.round)
+        first = max(size - (0 if pool is None else len(pool)), 1)
+        cuts = [0, *range(min(first, n), n, size), n]
+        return [
+            Admitted(
+                effect.round,
+                effect.tokens[8 * a : 8 * b],
+                effect.seeds[4 * a : 4 * b],
+                effect.zs[2 * a : 2 * b],
+            )
+            for a, b in itertools.pairwise(cuts)
+            if b > a
+        ]
+
+    def tick(self, now: float, maker: BatchMaker, *, hold: bool = False) -> list[Effect]:
+        """The effects of time passing: close the due rounds, then release, carry or drop
+        their pools, oldest first. ``hold``: only rounds that ended more than ``max_skew +
+        late_seconds`` ago are due (module docstring). A small pool is carried into the
+        oldest open round, which this tick never releases. Effects must be applied in
+        order (:meth:`apply`) before the next call. While the outbox is full, pools wait
+        (their rounds are closed all the same)."""
+        if self._pending:
+            raise RuntimeError("settle the offered reports before time passes")
+        cfg = self.config
+        length = cfg.round_seconds
+        due = self.first_unended(now)
+        if hold:
+            due = min(due, math.floor((now - cfg.max_skew - cfg.late_seconds) / length))
         effects: list[Effect] = []
-        if lowest - 1 > self._closed_through:
-            effects.append(Closed(lowest - 1))
-        target = max(self.first_unended(now), self._closed_through + 1, lowest)
+        if due * length > self._closed:
+            effects.append(Closed(due * length))
+        target = max(due, max(self._closed, due * length) // length)
         queued = len(self._outbox)
         for round_ in sorted(r for r in self._pools if r < target):
-            if len(self._pools[round_]) >= self.config.min_batch:
+            pool = self._pools[round_]
+            if pool.size() >= cfg.min_batch:
                 release = self._release(round_, maker, queued)
                 if release is None:
                     break  # outbox full: keep the pools, retry on the next tick
                 effects.append(release)
                 queued += len(release.messages)
-            elif self.config.round_policy == "carry":
+            elif cfg.round_policy == "carry":
                 effects.append(Carried(round_, target))
             else:
                 effects.append(Dropped(round_, "small_round"))
@@ -411,91 +441,135 @@ class ShufflerCore:
 
     def release_pool(self, round_: int, maker: BatchMaker) -> Released | None:
         """The :class:`Released` effect of the pool of ``round_`` now, whether or not its
-        round has closed (a shuffler without durable state, stopping); ``None`` if the
-        pool is below ``min_batch`` or the outbox is full."""
+        round is due (a shuffler without durable state, stopping); ``None`` if the pool is
+        below ``min_batch`` or the outbox is full."""
         pool = self._pools.get(round_)
-        if pool is None or len(pool) < self.config.min_batch:
+        if pool is None or pool.size() < self.config.min_batch:
             return None
         return self._release(round_, maker)
 
+    def reconfigure(self, maker: BatchMaker) -> list[Effect]:
+        """Effects that bring a recovered state to the current configuration (none when it
+        matches). A new ``round_seconds`` renumbers the open rounds (:class:`Configured`);
+        a new spec (fingerprint) cannot share a pool with the old one: each pool of the
+        old spec is released now under the old fingerprint if it holds ``min_batch``
+        reports, else dropped (``spec_changed``). ``min_batch`` and the other rules need
+        nothing: they apply to the next release."""
+        cfg = self.config
+        if self._configured and (self._units, self._fingerprint) == (
+            cfg.round_seconds,
+            cfg.fingerprint,
+        ):
+            return []
+        effects: list[Effect] = []
+        if self._fingerprint != cfg.fingerprint:
+            for round_ in sorted(self._pools):
+                if self._pools[round_].size() >= cfg.min_batch:
+                    release = self._release(
+                        round_, maker, fingerprint=self._fingerprint, force=True
+                    )
+                    assert release is not None  # forced
+                    effects.append(release)
+                else:
+                    effects.append(Dropped(round_, "spec_changed"))
+        effects.append(Configured(cfg.round_seconds, cfg.fingerprint))
+        return effects
+
     def _release(
-        self, round_: int, maker: BatchMaker, queued: int | None = None
+        self,
+        round_: int,
+        maker: BatchMaker,
+        queued: int | None = None,
+        *,
+        fingerprint: int | None = None,
+        force: bool = False,
     ) -> Released | None:
         """Shuffle the pool of ``round_`` (>= min_batch) into sealed batch messages, or
         ``None`` while the outbox is full."""
+        cfg = self.config
         pool = self._pools[round_]
-        n = len(pool)
-        if n < self.config.min_batch:  # defence in depth: never release a small batch
+        keep, _ = pool.resolve()
+        tokens, seeds, zs = pool.columns(keep)
+        n = int(seeds.size)
+        if n < cfg.min_batch:  # defence in depth: never release a small batch
             raise AssertionError("refusing to release a batch below min_batch")
-        slices = math.ceil(n / self.config.max_batch)
+        if np.unique(tokens).size != n:  # defence in depth: one report per device
+            raise AssertionError("refusing to release two reports of one device together")
+        slices = math.ceil(n / cfg.max_batch)
         queued = len(self._outbox) if queued is None else queued
-        if queued and queued + slices > self.config.max_outbox_batches:
+        if not force and queued and queued + slices > cfg.max_outbox_batches:
             return None  # ``queued`` batches wait already (released in this tick included)
         order = list(range(n))
         maker.shuffle(order)
+        permutation = np.array(order, dtype=np.intp)
+        records = np.empty(n, dtype=_RECORDS)
+        records["seed"] = seeds
+        records["z"] = zs
+        fp = cfg.fingerprint if fingerprint is None else fingerprint
         messages = []
         for k in range(slices):
-            part = order[k * n // slices : (k + 1) * n // slices]
-            if len(part) < self.config.min_batch:
+            part = permutation[k * n // slices : (k + 1) * n // slices]
+            if part.size < cfg.min_batch:
                 raise AssertionError("a slice below min_batch")  # max_batch >= 2 min_batch
-            header = encode_batch_header(
-                self.config.fingerprint, round_, maker.new_batch_id(), len(part)
-            )
-            seeds, zs = pool.seeds, pool.zs
-            # seeds and z were range-checked when their reports were decoded
-            batch = header + b"".join([_RECORD.pack(seeds[i], zs[i]) for i in part])
-            messages.append(maker.seal(batch))
+            header = encode_batch_header(fp, round_, maker.new_batch_id(), int(part.size))
+            messages.append(maker.seal(header + records[part].tobytes()))
         return Released(round_, tuple(messages))
 
     # --- state changes ------------------------------------------------------------------
 
-    def apply_accepted(self, effect: Accepted) -> bool:
-        """:meth:`apply` of an :class:`Accepted` (the per-report hot path, without the
-        dispatch); returns ``True`` if it replaced a carried report of the same device
-        (counted as dropped, ``carry_superseded``)."""
-        seen = self._seen.get(effect.round)
-        if seen is None:
-            seen = self._seen[effect.round] = set()
-        seen.add(effect.token)
-        if self._pool(effect.round).add(effect.token, effect.seed, effect.z):
-            return True
-        self._buffered += 1
-        return False
-
-    def apply(self, effect: Effect) -> Applied:  # noqa: PLR0912  # one case per effect type
+    def apply(self, effect: Effect) -> Applied:  # noqa: PLR0912, PLR0915  # one case per effect type
         """Fold one effect into the state (live, or replaying the log)."""
         applied = Applied()
         match effect:
-            case Accepted(round_, token, seed, z) | Pooled(round_, token, seed, z):
-                if isinstance(effect, Accepted):
-                    self._seen.setdefault(round_, set()).add(token)
-                if self._pool(round_).add(token, seed, z):
-                    applied.dropped["carry_superseded"] = 1  # the fresh report replaced it
-                else:
-                    self._buffered += 1
-            case Seen(round_, token):
-                self._seen.setdefault(round_, set()).add(token)
+            case Admitted(round_, tokens, seeds, zs):
+                ranked = as_u64(tokens).copy()
+                ranked.sort()
+                self._tokens(round_).add(ranked)
+                self._pool(round_).extend(tokens, seeds, zs)
+                applied.admitted = len(effect)
+                self._buffered += applied.admitted
+            case Seen(round_, tokens):
+                ranked = as_u64(tokens).copy()
+                ranked.sort()
+                self._tokens(round_).add(ranked)
+            case Pooled(round_, carried, tokens, seeds, zs):
+                pool = Pool()
+                pool.extend(tokens, seeds, zs)
+                pool.carried = carried
+                earlier = self._pools.get(round_)
+                if earlier is not None:
+                    pool.absorb(earlier)
+                self._pools[round_] = pool
+                self._buffered += len(seeds) // 4
+                if len(seeds) > 4 * carried and (round_ + 1) * self._units > self._closed:
+                    fresh = as_u64(tokens)[carried:].copy()
+                    fresh.sort()
+                    self._tokens(round_).add(fresh)
             case Released(round_, messages):
-                pool = self._pools.pop(round_)
+                pool = self._take(round_)  # (a repaired log may lack it)
                 self._buffered -= len(pool)
                 self._add_outbox(messages)
+                released = sum(batch_count_of(m) for m in messages)
                 applied.released_batches = len(messages)
-                applied.released_reports = len(pool)
+                applied.released_reports = released
+                if len(pool) > released:
+                    applied.dropped["carry_superseded"] = len(pool) - released
             case Outboxed(messages):
                 self._add_outbox(messages)
             case Carried(source, target):
-                pool = self._pools.pop(source)
-                superseded = pool.merge_into(self._pool(target))
-                self._buffered -= superseded
+                pool = self._take(source)
+                self._pool(target).absorb(pool)
+            case Dropped(round_, reason):
+                pool = self._take(round_)
+                self._buffered -= len(pool)
+                _, superseded = pool.resolve()
+                applied.dropped[reason] = len(pool) - superseded
                 if superseded:
                     applied.dropped["carry_superseded"] = superseded
-            case Dropped(round_, reason):
-                pool = self._pools.pop(round_)
-                self._buffered -= len(pool)
-                applied.dropped[reason] = len(pool)
-            case Closed(through):
-                self._closed_through = max(self._closed_through, through)
-                for round_ in [r for r in self._seen if r <= self._closed_through]:
+            case Closed(until):
+                self._closed = max(self._closed, until)
+                units = self._units
+                for round_ in [r for r in self._seen if (r + 1) * units <= self._closed]:
                     del self._seen[round_]
             case Acked(batch_id):
                 message = self._outbox.pop(batch_id, None)
@@ -503,12 +577,48 @@ class ShufflerCore:
                     count = batch_count_of(message)
                     self._outbox_reports -= count
                     applied.acked_reports = count
+            case Configured(round_seconds, fingerprint):
+                if round_seconds != self._units:
+                    self._renumber(self._units, round_seconds)
+                self._units, self._fingerprint = round_seconds, fingerprint
+                self._configured = True
         return applied
 
-    def _pool(self, round_: int) -> _Pool:
+    def _renumber(self, old: int, new: int) -> None:
+        """Round numbers of ``old``-second rounds to ``new``-second ones: each round goes to
+        the new round holding its start. Two old rounds in one new round merge: their
+        tokens are united, and the older pool is carried into the newer."""
+        seen: dict[int, list[np.ndarray]] = {}
+        for round_, tokens in self._seen.items():
+            seen.setdefault(round_ * old // new, []).append(tokens.tokens())
+        self._seen = {}
+        for round_, parts in seen.items():
+            self._tokens(round_).add(np.unique(np.concatenate(parts)).astype(U64))
+        pools, self._pools = self._pools, {}
+        for round_ in sorted(pools):
+            pool = pools[round_]
+            target = round_ * old // new
+            earlier = self._pools.get(target)
+            if earlier is not None:
+                pool.absorb(earlier)
+            self._pools[target] = pool
+
+    def _take(self, round_: int) -> Pool:
+        """Remove and return the pool of ``round_`` (an empty one if there is none: a log
+        salvaged by ``coco shuffler repair`` may miss the records that made it)."""
+        pool = self._pools.pop(round_, None)
+        return Pool() if pool is None else pool
+
+    def _tokens(self, round_: int) -> TokenSet:
+        tokens = self._seen.get(round_)
+        if tokens is None:
+            tokens = self._seen[round_] = TokenSet()
+        return tokens
+
+    def _pool(self, round_: int) -> Pool:
         pool = self._pools.get(round_)
         if pool is None:
-            pool = self._pools[round_] = _Pool()
+            pool = self._pools[round_] = Pool()
         return pool
 
     def _add_outbox(self, messages: Iterable[bytes]) -> None:
@@ -519,24 +629,36 @@ class ShufflerCore:
     # --- compaction ---------------------------------------------------------------------
 
     def snapshot(self) -> Iterator[Effect]:
-        """Effects that rebuild the current state from an empty core, in order."""
-        if self._closed_through >= 0:
-            yield Closed(self._closed_through)
-        for round_, seen in self._seen.items():
-            for token in seen:
-                yield Seen(round_, token)
+        """Bulk effects that rebuild the current state from an empty core, in order: one
+        per round's tokens and one per pool, not one per report."""
+        yield Configured(self._units, self._fingerprint)
+        if self._closed:
+            yield Closed(self._closed)
         for round_, pool in self._pools.items():
-            for token, seed, z in zip(pool.tokens, pool.seeds, pool.zs, strict=True):
-                yield Pooled(round_, token, seed, z)
+            yield Pooled(
+                round_, pool.carried, bytes(pool.tokens), bytes(pool.seeds), bytes(pool.zs)
+            )
+        for round_, seen in self._seen.items():
+            tokens = seen.tokens()
+            same = self._pools.get(round_)
+            if same is not None:  # the pool's fresh tokens come back with it (Pooled)
+                tokens = np.setdiff1d(tokens, as_u64(same.tokens)[same.carried :])
+            if tokens.size:
+                yield Seen(round_, tokens.astype(U64).tobytes())
         if self._outbox:
             yield Outboxed(tuple(self._outbox.values()))
 
     def state_digest(self) -> tuple[object, ...]:
         """A comparable summary of the whole state (tests: replay == live)."""
         return (
-            self._closed_through,
-            {r: frozenset(s) for r, s in self._seen.items()},
-            {r: (tuple(p.tokens), tuple(p.seeds), tuple(p.zs)) for r, p in self._pools.items()},
+            self._closed,
+            self._units,
+            self._fingerprint,
+            {r: s.tokens().tobytes() for r, s in self._seen.items()},
+            {
+                r: (p.carried, bytes(p.tokens), bytes(p.seeds), bytes(p.zs))
+                for r, p in self._pools.items()
+            },
             tuple(self._outbox.items()),
             self._buffered,
             self._outbox_reports,

@@ -37,6 +37,7 @@ DROP_REASONS: tuple[str, ...] = (
     "at_shutdown",
     "carry_superseded",
     "unpublished_at_shutdown",
+    "spec_changed",
 )
 """Why accepted reports left the shuffler without being released (see ``broker.shuffler``);
 ``at_shutdown`` and ``unpublished_at_shutdown`` happen only without a state directory."""
@@ -159,12 +160,15 @@ class ShufflerMetrics:
         for reason in DROP_REASONS:
             self.dropped.labels(reason=reason)
 
-    def reject(self, reason: str) -> None:
-        """Count one received-and-rejected message; ``reason`` must be in the fixed set."""
+    def reject(self, reason: str, count: int = 1, *, received: bool = True) -> None:
+        """Count ``count`` rejected messages; ``reason`` must be in the fixed set.
+        ``received``: count them as received too (not when they were counted on arrival
+        and rejected when settled)."""
         if reason not in REJECT_REASONS:  # never let an unexpected string become a series
             raise ValueError(f"unknown rejection reason {reason!r}")
-        self.live.received += 1
-        self.reports_rejected.labels(reason=reason).inc()
+        if received:
+            self.live.received += count
+        self.reports_rejected.labels(reason=reason).inc(count)
 
     def drop(self, reason: str, count: int) -> None:
         """Count ``count`` accepted reports discarded without release."""

@@ -27,7 +27,7 @@ The ingest connection (gmqtt) has a **persistent session** by default: client id
 ``client_id`` (default: the ``username``, else ``coco-shuffler-<deployment>``), clean start
 off, session expiry ``session_expiry``. A report's PUBACK is sent to the broker only
 *after* its effect is written to the state directory's log (:meth:`_handle_report`, called
-synchronously from gmqtt's read loop, stages the record; :class:`_GroupCommit` writes the
+synchronously from gmqtt's read loop, stages the record; :class:`GroupCommit` writes the
 records of one socket read in one ``write(2)`` and then sends their PUBACKs).
 So a report the broker handed over is either in the log (and survives ``kill -9``) or not
 acknowledged, and the broker redelivers it to the session. Released batches are written to
@@ -66,7 +66,6 @@ import secrets
 import ssl
 import struct
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -81,6 +80,7 @@ from prometheus_client import CollectorRegistry
 
 from broker.core import (
     Acked,
+    Admitted,
     Applied,
     BatchMaker,
     CoreConfig,
@@ -91,17 +91,34 @@ from broker.core import (
     ShufflerCore,
     batch_count_of,
     batch_id_of,
+    batch_round_of,
 )
+from broker.ingest import (
+    MQTT_LOGGER,
+    Acks,
+    GroupCommit,
+    IngestError,
+    SessionTakenOverError,
+    ack_after_handling,
+)
+from broker.keys import check_announced, load_signer
 from broker.metrics import ShufflerMetrics
-from broker.store import EffectLog, StateDir, StoreError, token_of
+from broker.store import EffectLog, StateDir, token_of
 from edge import mqtt_url
-from edge.batch_auth import BatchSigner, load_or_create_signing_key
+from edge.batch_auth import BatchSigner
 from edge.codec import KIND_REPORT, REPORT_SIZE, VERSION, CodecError, decode_report
 from edge.rounds import check_round_seconds
 from edge.spec import MechanismSpec
 from edge.topics import MAX_NAME, batches_topic, check_name, ingress_filter
 
-__all__ = ["INGEST_MAX_PACKET", "RoundPolicy", "Shuffler", "ShufflerConfig", "parse_broker_url"]
+__all__ = [
+    "INGEST_MAX_PACKET",
+    "RoundPolicy",
+    "SessionTakenOverError",
+    "Shuffler",
+    "ShufflerConfig",
+    "parse_broker_url",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -117,27 +134,6 @@ _QUICK_LOSS_SECONDS = 2.0
 _QUICK_LOSSES = 3
 """A subscribed session lost within 2 s, three times in a row, means another client keeps
 taking the client id over (Mosquitto 2.0 closes the old connection without a reason)."""
-
-
-class _WithholdDetails(logging.Filter):
-    """The MQTT library's log records name topics, hence device ids, and print payloads at
-    DEBUG (and topics in some warnings). None of that may reach a log: records below
-    WARNING are dropped, and the others keep only their level and a fixed text."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
-            return False
-        record.msg = "MQTT client library reported a %s (details withheld: they may name a device)"
-        record.args = (record.levelname.lower(),)
-        record.exc_info = record.exc_text = None
-        return True
-
-
-_MQTT_LOGGER = logging.getLogger("broker.shuffler.mqtt")
-_MQTT_LOGGER.addFilter(_WithholdDetails())
-for _module in ("client", "mqtt.protocol", "mqtt.package", "mqtt.connection", "mqtt.handler"):
-    logging.getLogger(f"gmqtt.{_module}").addFilter(_WithholdDetails())
-logging.getLogger("gmqtt.mqtt.utils").addFilter(_WithholdDetails())
 
 
 def parse_broker_url(url: str) -> tuple[str, int, bool]:
@@ -181,7 +177,16 @@ class ShufflerConfig:
     state_dir: Path | None = None
     fsync: bool = False
     signing_key: Path | None = None
+    create_signing_key: bool = False
+    """Create ``signing_key`` (default ``<state_dir>/signing.key``) if it does not exist;
+    otherwise a missing key is an error (broker/keys.py)."""
+    announced_public_key: str | None = None
+    """The announcement's ``batch_public_key``: the shuffler refuses any other key."""
     signer: BatchSigner | None = field(default=None, repr=False)
+    backlog_quiet: float = 2.0
+    """After a (re)subscription, rounds that ended while the shuffler was away are held
+    open until no report of an ended round has arrived for this long (bounded by
+    ``late_seconds``), so the broker's queued backlog is still accepted."""
     max_reports_per_round: int = 1_000_000
     max_outbox_batches: int = 1_000
     compact_bytes: int = 64 << 20
@@ -241,130 +246,6 @@ class ShufflerConfig:
         return self.client_id or self.username or f"coco-shuffler-{self.deployment}"
 
 
-_PUBACK = struct.Struct(">BBH")
-"""A PUBACK: type 4, remaining length 2, the packet id. The same bytes in MQTT 3.1.1 and 5
-(reason code 0 and no properties may be omitted, MQTT 5 section 3.4.2.1)."""
-
-
-class _GroupCommit:
-    """The log records and PUBACKs of one socket read of the ingest connection, written
-    together once the read is handled.
-
-    gmqtt parses a whole socket read (up to 64 KiB: hundreds of reports) in one synchronous
-    pass, calling the shuffler for each report. Each report's record is staged in the log
-    (:meth:`broker.store.EffectLog.stage`) and its PUBACK noted here; the first one schedules
-    :meth:`flush` for right after the pass (``call_soon``), which writes the staged records
-    (one ``write(2)``, one ``fsync`` with ``--fsync``) and only then every PUBACK of the read,
-    in arrival order, in one write to the socket. So a PUBACK still never leaves before its
-    report is on disk, and a failed log write sends none of them (the broker redelivers).
-    Measured in ``bench/bench_pipeline.py``: one ``write(2)`` per report to the log and one
-    ``send(2)`` per PUBACK were the shuffler's largest costs after the MQTT parsing.
-    """
-
-    def __init__(
-        self,
-        client: gmqtt.Client,
-        flush_log: Callable[[], None],
-        fail: Callable[[BaseException], None],
-    ) -> None:
-        self._client = client
-        self._flush_log = flush_log
-        self._fail = fail
-        self._acks: list[int] = []
-        self._scheduled = False
-
-    def note(self) -> None:
-        """Something was staged: flush after this read."""
-        if not self._scheduled:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
-
-    def ack(self, mid: int) -> None:
-        self._acks.append(mid)
-        self.note()
-
-    def flush(self) -> None:
-        """Write the staged records, then send the PUBACKs (also called before a DISCONNECT)."""
-        self._scheduled = False
-        acks, self._acks = self._acks, []
-        try:
-            self._flush_log()
-        except (OSError, StoreError) as exc:
-            self._fail(exc)  # nothing of this read is acknowledged: the broker redelivers it
-            return
-        if not acks:
-            return
-        connection = self._client._connection
-        transport = getattr(connection, "_transport", None)
-        if transport is None or transport.is_closing():
-            return  # lost: the broker redelivers them, and the log calls them duplicates
-        connection.send_package(b"".join([_PUBACK.pack(0x40, 2, mid) for mid in acks]))
-
-
-def _ack_after_handling(
-    client: gmqtt.Client, handle: Callable[[str, object, object], bool], group: _GroupCommit
-) -> None:
-    """Make ``client`` acknowledge a QoS 1 report only after ``handle`` returned ``True``,
-    through ``group`` (after its record is written).
-
-    gmqtt's optimistic mode acknowledges *before* the message handler runs, and its
-    non-optimistic mode only for coroutine handlers (a task per message). This replaces
-    the one method that handles an incoming QoS 1 PUBLISH, so the synchronous handler
-    stages the report's record, and the PUBACK follows once it is written, in arrival
-    order. A handler that returns ``False`` or raises leaves the message unacknowledged
-    (the broker redelivers it to the session).
-    """
-    handler = client._package_handler  # no public hook exists (gmqtt pinned in pyproject)
-
-    def handle_qos_1(mid: int, packet: object, topic: str, properties: object) -> None:
-        if handle(topic, packet, properties):
-            group.ack(mid)
-
-    handler._handle_qos_1_publish_packet = handle_qos_1
-
-
-class _IngestError(Exception):
-    """The gmqtt ingest connection was lost or its subscription refused."""
-
-
-class SessionTakenOverError(Exception):
-    """Another client connected with the shuffler's client id: it stops instead of fighting."""
-
-
-class _Acks:
-    """SUBACK waits and loss detection of one gmqtt ingest connection."""
-
-    def __init__(self, timeout: float) -> None:
-        self.timeout = timeout
-        self.lost = asyncio.Event()
-        self.reason: int | None = None
-        self.pending: dict[int, asyncio.Future[tuple[int, ...]]] = {}
-
-    def on_ack(self, _client: object, mid: int, codes: object, *_: object) -> None:
-        future = self.pending.get(mid)
-        if future is not None and not future.done():
-            future.set_result(tuple(codes) if isinstance(codes, tuple | list) else ())
-
-    def on_disconnect(self, _client: object, packet: object = None, *_: object) -> None:
-        if isinstance(packet, bytes | bytearray) and packet:
-            self.reason = packet[0]
-        self.lost.set()
-        for future in self.pending.values():
-            if not future.done():
-                future.set_exception(_IngestError("connection lost"))
-
-    async def wait(self, mid: int) -> tuple[int, ...]:
-        if self.lost.is_set():
-            raise _IngestError("connection lost")
-        future: asyncio.Future[tuple[int, ...]] = asyncio.get_running_loop().create_future()
-        self.pending[mid] = future
-        try:
-            async with asyncio.timeout(self.timeout):
-                return await future
-        finally:
-            del self.pending[mid]
-
-
 class Shuffler:
     """The shuffling bridge as an async context manager: ``async with Shuffler(cfg) as s:
     await s.run()``. Reusable after exit, not re-entrant.
@@ -390,8 +271,9 @@ class Shuffler:
         self._state: StateDir | None = None
         self._log: EffectLog | None = None
         self._compacted_size = 0
-        self._group: _GroupCommit | None = None
+        self._group: GroupCommit | None = None
         self._token_key = b""
+        self._recovered = False
         self.signer: BatchSigner | None = config.signer
         self._reset_events()
 
@@ -404,6 +286,8 @@ class Shuffler:
         self._consumption_done = asyncio.Event()
         self._closing = asyncio.Event()
         self._subscribed_at: float | None = None
+        self._late_offers = 0
+        self._last_late = 0.0
         self.failure: BaseException | None = None
 
     async def __aenter__(self) -> Self:
@@ -432,35 +316,65 @@ class Shuffler:
     def _open_state(self) -> None:
         cfg = self.config
         self.core = ShufflerCore(cfg.core_config())
+        self._recovered = False
         if cfg.state_dir is None:
             self._token_key = secrets.token_bytes(32)  # a fresh key per run
-            if cfg.signer is not None:
-                self.signer = cfg.signer
-            elif cfg.signing_key is not None:
-                key = load_or_create_signing_key(cfg.signing_key)
-                self.signer = BatchSigner(key, cfg.deployment)
-            else:
-                self.signer = BatchSigner.generate(cfg.deployment)
+            self.signer = self._memory_signer()
+            self._recovered = True
             return
+        # the key first: a missing or wrong one refuses before anything is created
+        if cfg.signer is not None:
+            check_announced(cfg.signer.public_key_hex, cfg.announced_public_key, "(in memory)")
+            self.signer = cfg.signer
+        else:
+            self.signer = load_signer(
+                cfg.signing_key or cfg.state_dir / "signing.key",
+                cfg.deployment,
+                create=cfg.create_signing_key,
+                announced=cfg.announced_public_key,
+            )
         self._state = StateDir(cfg.state_dir).__enter__()
         self._token_key = self._state.token_key()
-        self.signer = cfg.signer or self._state.signer(cfg.deployment, cfg.signing_key)
-        self._log = self._state.log(fsync=cfg.fsync)
+        self._state.publish_public_key(self.signer.public_key_hex)
+        self._log = self._state.log(fsync=cfg.fsync, round_seconds=cfg.round_seconds)
         for effect in self._log.replay():
             self.core.apply(effect)
+        before = self.core.state_config
+        self._commit(self.core.reconfigure(self._maker()), compact=False)
+        if before is not None and before != self.core.state_config:
+            logger.warning(
+                "state %s: recorded under round_seconds %d and spec %08x, now %d and %08x: "
+                "open rounds renumbered, pools of another spec released or dropped",
+                cfg.state_dir,
+                *before,
+                cfg.round_seconds,
+                cfg.spec.fingerprint_int,
+            )
         self._log.compact(self.core.snapshot())
         self._compacted_size = self._log.size
         recovered = self.core.buffered + self.core.outbox_reports
         self.metrics.recovered_reports.set(recovered)
+        self._recovered = True
         logger.info(
             "state %s: %d reports in pools and %d in %d unacknowledged batches recovered; "
-            "rounds closed through %d",
+            "rounds closed until %d",
             cfg.state_dir,
             self.core.buffered,
             self.core.outbox_reports,
             len(self.core.outbox()),
-            self.core.closed_through,
+            self.core.closed,
         )
+
+    def _memory_signer(self) -> BatchSigner:
+        cfg = self.config
+        if cfg.signer is not None:
+            signer = cfg.signer
+        elif cfg.signing_key is not None:
+            signer = load_signer(cfg.signing_key, cfg.deployment, create=cfg.create_signing_key)
+        else:
+            signer = BatchSigner.generate(cfg.deployment)
+        check_announced(signer.public_key_hex, cfg.announced_public_key, "(in memory)")
+        return signer
 
     def _close_state(self) -> None:
         if self._log is not None:
@@ -493,8 +407,9 @@ class Shuffler:
 
     # --- effects ------------------------------------------------------------------------
 
-    def _commit(self, effects: list[Effect]) -> None:
-        """Log ``effects`` (one write), then apply them and count what they did."""
+    def _commit(self, effects: list[Effect], *, compact: bool = True) -> None:
+        """Log ``effects`` (one write, after anything staged), then apply them and count
+        what they did."""
         if not effects:
             return
         if self._log is not None:
@@ -503,9 +418,35 @@ class Shuffler:
             self._count(self.core.apply(effect), effect)
         if any(isinstance(e, Released) for e in effects):
             self._outbox_changed.set()
+        if compact:
+            self._maybe_compact()
+
+    def _settle(self) -> None:
+        """Decide the reports offered since the last settle (one socket read), write their
+        effects (one write), apply them, and count: the step before their PUBACKs."""
+        effects, duplicates = self.core.settle()
+        if duplicates:
+            self.metrics.reject("duplicate_in_round", duplicates, received=False)
+        if self.core.late_offers != self._late_offers:
+            self._late_offers = self.core.late_offers
+            self._last_late = time.monotonic()
+        if not effects:
+            return
+        if self.config.release_size is None:
+            self._commit(list(effects), compact=False)
+        else:  # a latency cap: each pool leaves as soon as it holds release_size reports
+            for effect in effects:
+                for piece in self.core.pieces(effect):
+                    self._commit([piece], compact=False)
+                    release = self.core.release_early(piece.round, self._maker())
+                    if release is not None:
+                        self._commit([release], compact=False)
         self._maybe_compact()
 
     def _count(self, applied: Applied, effect: Effect) -> None:
+        if isinstance(effect, Admitted):
+            self.metrics.live.accepted += applied.admitted
+            return
         for reason, count in applied.dropped.items():
             self.metrics.drop(reason, count)
             if isinstance(effect, Dropped):
@@ -525,7 +466,27 @@ class Shuffler:
             self._compacted_size = log.size
 
     def _tick(self) -> None:
-        self._commit(self.core.tick(time.time(), self._maker()))
+        if self.core.pending:  # reports offered in a read whose flush has not run yet
+            if self._group is not None:
+                self._group.flush()
+            else:
+                self._settle()
+        if self.core.pending:
+            return  # the flush failed: the shuffler is stopping
+        self._commit(self.core.tick(time.time(), self._maker(), hold=self._holding()))
+
+    def _holding(self) -> bool:
+        """Whether rounds that ended while the shuffler was away are held open: until it is
+        subscribed and no report of an ended round has arrived for ``backlog_quiet`` s
+        (the broker's queued backlog has drained); the core bounds the hold by
+        ``late_seconds``."""
+        if self._log is None:
+            return False  # nothing was queued for a shuffler without a state directory
+        subscribed = self._subscribed_at
+        if subscribed is None or not self._connected.is_set():
+            return True
+        quiet = time.monotonic() - max(subscribed, self._last_late)
+        return quiet < self.config.backlog_quiet
 
     def _maker(self) -> BatchMaker:
         signer = self.signer
@@ -637,23 +598,22 @@ class Shuffler:
             kwargs["session_expiry_interval"] = cfg.session_expiry
             kwargs["maximum_packet_size"] = INGEST_MAX_PACKET
         client = gmqtt.Client(
-            cfg.ingest_client_id, clean_session=False, logger=_MQTT_LOGGER, **kwargs
+            cfg.ingest_client_id, clean_session=False, logger=MQTT_LOGGER, **kwargs
         )
         client.set_config({"reconnect_retries": _GMQTT_NO_AUTO_RECONNECT})
         if cfg.username is not None:
             client.set_auth_credentials(cfg.username, cfg.password)
-        self._group = _GroupCommit(client, self._flush_log, self._fail)
-        _ack_after_handling(client, self._on_message, self._group)
+        self._group = GroupCommit(client, self._flush_log, self._fail)
+        ack_after_handling(client, self._on_message, self._group)
         client.on_message = self._on_unacknowledged_message
         return client
 
     def _flush_log(self) -> None:
-        """Write what this read staged; raises if the state failed before (then staged
-        records may have been dropped by another write, and nothing may be acknowledged)."""
+        """Settle and write what this read offered; raises if the state failed before (then
+        nothing may be acknowledged)."""
         if self.failure is not None:
             raise OSError(f"the shuffler state failed earlier: {self.failure}")
-        if self._log is not None:
-            self._log.flush()
+        self._settle()
 
     def _gmqtt_ssl(self) -> ssl.SSLContext | bool:
         if not self._tls:
@@ -683,7 +643,7 @@ class Shuffler:
                 self._fail(exc)
                 self._consumption_done.set()
                 return
-            except (OSError, TimeoutError, gmqtt.MQTTConnectError, _IngestError) as exc:
+            except (OSError, TimeoutError, gmqtt.MQTTConnectError, IngestError) as exc:
                 subscribed = self._subscribed_at
                 quick = (
                     subscribed is not None and time.monotonic() - subscribed < _QUICK_LOSS_SECONDS
@@ -725,7 +685,7 @@ class Shuffler:
         """
         cfg = self.config
         client = self._make_gmqtt_client()
-        acks = _Acks(cfg.publish_timeout)
+        acks = Acks(cfg.publish_timeout)
         client.on_subscribe = acks.on_ack
         client.on_disconnect = acks.on_disconnect
         version = MQTTv311 if cfg.mqtt_version == "3.1.1" else MQTTv50
@@ -739,7 +699,7 @@ class Shuffler:
                     version=version,
                 )
             if acks.lost.is_set():
-                raise _IngestError("connection lost")
+                raise IngestError("connection lost")
             logger.info("connected to %s as %s", cfg.broker, cfg.ingest_client_id)
             # Retain As Published (MQTT 5): a report a device publishes with the retain
             # flag keeps it on the way here and is rejected (``retained``), as is a retained
@@ -750,7 +710,7 @@ class Shuffler:
                 )
             )
             if not codes or codes[0] >= 0x80:
-                raise _IngestError(f"subscription to {self._ingress} refused {codes!r}")
+                raise IngestError(f"subscription to {self._ingress} refused {codes!r}")
             logger.info("subscribed to %s", self._ingress)
             self._subscribed_at = time.monotonic()
             self._connected.set()
@@ -768,7 +728,7 @@ class Shuffler:
                         f"another client connected as {cfg.ingest_client_id} to {cfg.broker}: "
                         "is a second shuffler running for this deployment?"
                     )
-                raise _IngestError("connection lost")
+                raise IngestError("connection lost")
             await self._disconnect_gmqtt(client)
             self._consumption_done.set()
             logger.info("stopped consuming ingress")
@@ -808,17 +768,19 @@ class Shuffler:
             # lost and the report, once logged, come back as a duplicate. Leave it to the
             # session: the next run gets it (or, at QoS 0, nobody: QoS 0 allows that).
             return False
-        reason = self._accept(topic, payload, retain=retain)
+        reason = self._offer(topic, payload, retain=retain)
         if reason is not None:
             self.metrics.reject(reason)
             return True
-        live = self.metrics.live
-        live.received += 1
-        live.accepted += 1
+        self.metrics.live.received += 1
+        group = self._group
+        if group is not None:
+            group.note()  # settled, written and acknowledged after this read
         return True
 
-    def _accept(self, topic: object, payload: object, *, retain: bool) -> str | None:
-        """Log and pool the report and return ``None``, or return the rejection reason."""
+    def _offer(self, topic: object, payload: object, *, retain: bool) -> str | None:
+        """Offer the report to the core (settled after this read) and return ``None``, or
+        return the rejection reason."""
         reason = self._topic_reason(topic)
         if reason is not None:
             return reason
@@ -831,25 +793,7 @@ class Shuffler:
         device = topic[len(self._ingress_prefix) :]
         token = token_of(self._token_key, device)
         del device  # the id is not needed past this point
-        effect = self.core.accept(time.time(), token, report)
-        if isinstance(effect, str):
-            return effect
-        try:
-            if self._log is not None:
-                self._log.stage(effect)  # written with the rest of this read (_GroupCommit)
-                group = self._group
-                if group is not None:
-                    group.note()
-            if self.core.apply_accepted(effect):
-                self.metrics.drop("carry_superseded", 1)  # it replaced a carried report
-            if self.core.due_early(effect.round):
-                release = self.core.release_early(effect.round, self._maker())
-                if release is not None:
-                    self._commit([release])
-        except OSError as exc:
-            self._fail(exc)
-            raise  # unacknowledged: the broker redelivers it to the session
-        return None
+        return self.core.offer(time.time(), token, report)
 
     def _topic_reason(self, topic: object) -> str | None:
         """``None`` for an ingress topic with a valid device id, else the reason."""
@@ -970,7 +914,7 @@ class Shuffler:
             self._fail(exc)
             return
         count = batch_count_of(message)
-        round_ = int.from_bytes(message[6:10], "big")
+        round_ = batch_round_of(message)
         self.metrics.batches_released.inc()
         self.metrics.reports_released.inc(count)
         self.metrics.batch_size.observe(count)

@@ -2,229 +2,192 @@
 
 A report whose PUBACK a device received is a promise: it is released exactly once or
 counted as dropped with a reason. The shuffler keeps that promise across a crash by
-writing every effect of :mod:`broker.core` (a report accepted, a pool released as sealed
-batches, a batch acknowledged, a round closed...) to an append-only log *before* the effect
-takes place outside the process: before the report's PUBACK goes to the broker, before a
+writing every effect of :mod:`broker.core` (reports admitted, a pool released as sealed
+batches, a batch acknowledged, rounds closed...) to an append-only log *before* the effect
+takes place outside the process: before the reports' PUBACKs go to the broker, before a
 batch is published. On start, :meth:`EffectLog.replay` feeds the log back through
 :meth:`broker.core.ShufflerCore.apply` and the shuffler continues where it stopped, with its
 pools, its duplicate tokens and its unacknowledged batches (re-sent with the same bytes and
 ``batch_id``, which the aggregator deduplicates).
 
-Durability: each record is one ``write(2)`` to the log file, so it survives a crash of the
+Durability: each write is one ``write(2)`` to the log file, so it survives a crash of the
 process (``kill -9``) as soon as the call returns. It survives a crash of the *machine*
-only after ``fsync``: with ``fsync=True`` every record is synced (slow: a disk flush per
-report); by default only compactions are. bench/bench_pipeline.py measures both.
+only after ``fsync``: with ``fsync=True`` every write is synced; by default only
+compactions are. bench/bench_pipeline.py measures both.
 
-Record format (all integers big-endian)::
+Format and damage (:mod:`broker.records`): a checked file header, then framed records with
+a marker and separate checksums over each record's head and body. Only the last record can
+be torn by a crash: a record cut short (or garbled) at the end, with no valid record after
+it, is discarded and the file truncated to the last whole record, with a WARNING. Anything
+else that does not read, a damaged length or body with intact records after it, is
+*damage*: :class:`LogDamagedError` names the file and the offset and the shuffler refuses to
+start; ``coco shuffler repair`` (:mod:`broker.repair`) salvages every intact record.
+A version-1 log (no header) is read through :mod:`broker.logv1` and rewritten.
 
-    type u8 | length u32 | body (length bytes) | crc32(type | length | body) u32
+A failed write (a full disk) writes nothing: the file is cut back to its last whole record
+(``ftruncate``), and the error is :class:`LogFullError` when the disk is full (the caller may
+retry later) or sticky otherwise (nothing more is written: see :attr:`EffectLog.failure`).
 
-A record cut short at the end of the file (a write the crash interrupted) is discarded
-and the file truncated to the last whole record; a damaged record anywhere else raises
-:class:`StoreError` naming the file and the offset. The log holds no device id: a sender is
-only the 16-byte keyed token of :func:`token_of`, under a key that never leaves the state
-directory.
+The log holds no device id: a sender is only the 8-byte keyed token of :func:`token_of`,
+under a key that never leaves the state directory.
 
 The state directory (``--state-dir``) holds, all mode 0600::
 
     lock         flock'ed while a shuffler runs: a second one on the same directory refuses
     token.key    32 random bytes: the key of the duplicate tokens (persistent, so a replay
                  after a restart is still recognised as a duplicate)
-    signing.key  the Ed25519 key that seals batches (edge/batch_auth.py); signing.pub beside
-                 it holds the public key for the aggregator
+    signing.pub  the public key of the batch signing key in use (for the aggregator)
     effects.log  the write-ahead log
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import logging
 import os
 import secrets
-import struct
-import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from broker.core import (
-    Accepted,
-    Acked,
-    Carried,
-    Closed,
-    Dropped,
-    Effect,
-    Outboxed,
-    Pooled,
-    Released,
-    Seen,
+from broker.effects import Effect
+from broker.logv1 import V1Error, decode_v1
+from broker.records import (
+    FILE_HEADER_SIZE,
+    MAGIC,
+    TYPE_NAMES,
+    Problem,
+    encode_effect,
+    encode_effects,
+    file_header,
+    read_header,
+    scan,
 )
-from edge.batch_auth import BatchSigner, load_or_create_signing_key
 from edge.errors import CocoError
 
-__all__ = ["EffectLog", "StateDir", "StoreError", "decode_effects", "encode_effect", "token_of"]
+__all__ = [
+    "EffectLog",
+    "LogDamagedError",
+    "LogFullError",
+    "StateDir",
+    "StoreError",
+    "token_of",
+]
 
 logger = logging.getLogger(__name__)
 
-TOKEN_SIZE = 16
 _KEY_SIZE = 32
-_HEAD = struct.Struct(">BI")
-_CRC = struct.Struct(">I")
-_REPORT = struct.Struct(">I16sIH")  # round, token, seed, z
-_SEEN = struct.Struct(">I16s")
-_U32 = struct.Struct(">I")
-_TWO_U32 = struct.Struct(">II")
-_MAX_RECORD = 1 << 30
-
-_ACCEPTED, _SEEN_T, _POOLED, _RELEASED, _OUTBOXED, _CARRIED, _DROPPED, _CLOSED, _ACKED = range(
-    1, 10
-)
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class StoreError(CocoError):
     """The state directory or its log cannot be used (the message names the file)."""
 
 
-def token_of(key: bytes, device: str) -> bytes:
-    """The keyed token that stands for ``device`` in the duplicate state (BLAKE2b-128)."""
-    return hashlib.blake2b(device.encode(), key=key, digest_size=TOKEN_SIZE).digest()
+class LogDamagedError(StoreError):
+    """The log is damaged before its end (not a torn tail): refuse, repair."""
+
+    def __init__(self, path: Path, problem: Problem) -> None:
+        kind = "" if problem.kind is None else f" ({TYPE_NAMES.get(problem.kind, '?')} record)"
+        super().__init__(
+            f"shuffler log {path} is damaged at offset {problem.offset}{kind}: "
+            f"{problem.reason}, and intact records follow at offset {problem.next_good}; "
+            f"refusing to start (run: coco shuffler repair --state-dir {path.parent})"
+        )
+        self.problem = problem
 
 
-def _messages(messages: tuple[bytes, ...]) -> bytes:
-    return _U32.pack(len(messages)) + b"".join(_U32.pack(len(m)) + m for m in messages)
+class LogFullError(OSError):
+    """A write failed because the disk is full; nothing of it is in the log."""
 
 
-def _read_messages(body: bytes, offset: int) -> tuple[bytes, ...]:
-    (count,) = _U32.unpack_from(body, offset)
-    offset += 4
-    out = []
-    for _ in range(count):
-        (size,) = _U32.unpack_from(body, offset)
-        offset += 4
-        out.append(body[offset : offset + size])
-        offset += size
-    if offset != len(body):
-        raise ValueError("trailing bytes after the batch messages")
-    return tuple(out)
+def token_of(key: bytes, device: str) -> int:
+    """The keyed token that stands for ``device`` in the duplicate state: the first 8 bytes
+    (little-endian u64) of its keyed BLAKE2b-128 (broker/state.py: why 8 bytes suffice)."""
+    digest = hashlib.blake2b(device.encode(), key=key, digest_size=16).digest()
+    return int.from_bytes(digest[:8], "little")
 
 
-_ACCEPTED_HEAD = _HEAD.pack(_ACCEPTED, _REPORT.size)
-_ACCEPTED_CRC = zlib.crc32(_ACCEPTED_HEAD)
-
-
-def encode_accepted(effect: Accepted) -> bytes:
-    """:func:`encode_effect` of an :class:`Accepted` (the per-report hot path)."""
-    body = _REPORT.pack(effect.round, effect.token, effect.seed, effect.z)
-    return _ACCEPTED_HEAD + body + _CRC.pack(zlib.crc32(body, _ACCEPTED_CRC))
-
-
-def encode_effect(effect: Effect) -> bytes:
-    """One log record."""
-    match effect:
-        case Accepted(round_, token, seed, z):
-            kind, body = _ACCEPTED, _REPORT.pack(round_, token, seed, z)
-        case Pooled(round_, token, seed, z):
-            kind, body = _POOLED, _REPORT.pack(round_, token, seed, z)
-        case Seen(round_, token):
-            kind, body = _SEEN_T, _SEEN.pack(round_, token)
-        case Released(round_, messages):
-            kind, body = _RELEASED, _U32.pack(round_) + _messages(messages)
-        case Outboxed(messages):
-            kind, body = _OUTBOXED, _messages(messages)
-        case Carried(source, target):
-            kind, body = _CARRIED, _TWO_U32.pack(source, target)
-        case Dropped(round_, reason):
-            kind, body = _DROPPED, _U32.pack(round_) + reason.encode("ascii")
-        case Closed(through):
-            kind, body = _CLOSED, _U32.pack(through)
-        case Acked(batch_id):
-            kind, body = _ACKED, bytes(batch_id)
-    head = _HEAD.pack(kind, len(body))
-    return head + body + _CRC.pack(zlib.crc32(body, zlib.crc32(head)))
-
-
-def _decode_body(kind: int, body: bytes) -> Effect:
-    if kind in (_ACCEPTED, _POOLED):
-        round_, token, seed, z = _REPORT.unpack(body)
-        return (Accepted if kind == _ACCEPTED else Pooled)(round_, token, seed, z)
-    if kind == _SEEN_T:
-        round_, token = _SEEN.unpack(body)
-        return Seen(round_, token)
-    if kind == _RELEASED:
-        return Released(_U32.unpack_from(body)[0], _read_messages(body, 4))
-    if kind == _OUTBOXED:
-        return Outboxed(_read_messages(body, 0))
-    if kind == _CARRIED:
-        return Carried(*_TWO_U32.unpack(body))
-    if kind == _DROPPED:
-        return Dropped(_U32.unpack_from(body)[0], body[4:].decode("ascii"))
-    if kind == _CLOSED:
-        return Closed(_U32.unpack(body)[0])
-    if kind == _ACKED and len(body) == 16:
-        return Acked(body)
-    raise ValueError(f"unknown record type {kind}")
-
-
-def decode_effects(data: bytes, *, name: str = "log") -> tuple[list[Effect], int]:
-    """The effects in ``data`` and the length of its whole records (a record cut short at
-    the end is left out); :class:`StoreError` for a damaged record before the end."""
-    effects: list[Effect] = []
-    offset, size = 0, len(data)
-    while offset < size:
-        if size - offset < _HEAD.size:
-            break  # a header cut short: the tail of an interrupted write
-        kind, length = _HEAD.unpack_from(data, offset)
-        end = offset + _HEAD.size + length + _CRC.size
-        if length > _MAX_RECORD:
-            raise StoreError(f"{name}: record at offset {offset} claims {length} bytes")
-        if end > size:
-            break  # cut short at the end of the file
-        body = data[offset + _HEAD.size : end - _CRC.size]
-        (crc,) = _CRC.unpack_from(data, end - _CRC.size)
-        if zlib.crc32(body, zlib.crc32(data[offset : offset + _HEAD.size])) != crc:
-            raise StoreError(f"{name}: damaged record (bad checksum) at offset {offset}")
+def read_log(path: Path, round_seconds: int) -> tuple[list[Effect], int, int | None, int]:
+    """``(effects, whole, salt, size)``: the effects of the log at ``path`` and the length
+    of its whole records (``salt`` None: version 1 or empty). :class:`LogDamagedError` for
+    damage before the end; a torn tail is left out of ``whole``."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return [], 0, None, 0
+    except OSError as exc:
+        raise StoreError(f"cannot read the shuffler log {path}: {exc}") from exc
+    if not data:
+        return [], 0, None, 0
+    salt = read_header(data)
+    if salt is None:
+        if data[: len(MAGIC)] == MAGIC or len(data) < 5:
+            if len(data) < FILE_HEADER_SIZE and MAGIC.startswith(data[: len(MAGIC)]):
+                return [], 0, None, len(data)  # a header cut short: nothing was written
+            raise StoreError(
+                f"shuffler log {path}: damaged file header; refusing to start "
+                f"(run: coco shuffler repair --state-dir {path.parent})"
+            )
         try:
-            effects.append(_decode_body(kind, body))
-        except (ValueError, struct.error) as exc:
-            raise StoreError(f"{name}: bad record at offset {offset}: {exc}") from None
-        offset = end
-    return effects, offset
+            effects, whole = decode_v1(data, round_seconds, name=str(path))
+        except V1Error as exc:
+            raise StoreError(
+                f"{exc}: neither a readable version-1 log nor a version-2 one; refusing to "
+                f"start (run: coco shuffler repair --state-dir {path.parent})"
+            ) from None
+        logger.info("shuffler log %s: version 1, read and rewritten as version 2", path)
+        return effects, whole, None, len(data)
+    result = scan(data, FILE_HEADER_SIZE, salt)
+    problem = result.problem
+    if problem is not None and problem.next_good is not None:
+        raise LogDamagedError(path, problem)
+    return result.effects, result.end, salt, len(data)
 
 
 class EffectLog:
     """The append-only log of one shuffler's effects (module docstring)."""
 
-    def __init__(self, path: Path, *, fsync: bool = False) -> None:
+    def __init__(self, path: Path, *, fsync: bool = False, round_seconds: int = 60) -> None:
         self.path = Path(path)
         self.fsync = fsync
+        self.round_seconds = round_seconds
+        """Only to read a version-1 log, whose closed rounds are round numbers."""
         self._fd: int | None = None
+        self._salt = 0
         self._staged = bytearray()
         self.size = 0
+        self.version = 2
         self.failure: OSError | None = None
-        """The first write error: from then on nothing more is written (a record after a
-        torn one would be unreadable) and every write raises, so nothing staged since can
-        be acknowledged as written."""
+        """The first write error that could not be undone: from then on nothing more is
+        written and every write raises, so nothing staged since can be acknowledged."""
 
     def replay(self) -> list[Effect]:
-        """Every effect in the log, oldest first; truncates a record cut short at its end.
-        Opens the log for appending."""
-        try:
-            data = self.path.read_bytes()
-        except FileNotFoundError:
-            data = b""
-        except OSError as exc:
-            raise StoreError(f"cannot read the shuffler log {self.path}: {exc}") from exc
-        effects, whole = decode_effects(data, name=str(self.path))
-        if whole < len(data):
+        """Every effect in the log, oldest first; truncates a torn tail (with a WARNING);
+        raises :class:`LogDamagedError` for damage before the end. Opens the log for appending
+        (a version-1 log is rewritten at the next :meth:`compact`)."""
+        effects, whole, salt, size = read_log(self.path, self.round_seconds)
+        if whole < size:
             logger.warning(
-                "shuffler log %s: discarding an interrupted record (%d bytes) at its end",
+                "shuffler log %s: discarding a torn record (%d bytes) at its end, offset %d",
                 self.path,
-                len(data) - whole,
+                size - whole,
+                whole,
             )
             os.truncate(self.path, whole)
+        if salt is None and whole:  # version 1: appends go to a fresh version-2 file
+            self.version = 1
+            self.compact(effects)
+            return effects
         self._open()
-        self.size = whole
+        if salt is None:  # empty
+            header, self._salt = file_header()
+            self.write(header)
+        else:
+            self._salt = salt
+            self.size = whole
         return effects
 
     def _open(self) -> None:
@@ -233,26 +196,22 @@ class EffectLog:
             self._fd = os.open(self.path, flags, 0o600)
         except OSError as exc:
             raise StoreError(f"cannot open the shuffler log {self.path}: {exc}") from exc
+        self.size = os.fstat(self._fd).st_size
 
     def append(self, effect: Effect) -> None:
-        """Write one record (one ``write(2)``, with anything staged before it; synced if
-        ``fsync``)."""
+        """Write one record (one ``write(2)``, with anything staged before it)."""
         self.stage(effect)
         self.flush()
 
     def stage(self, effect: Effect) -> None:
-        """Add one record to the next write (:meth:`flush`, or any write after this):
-        nothing is on disk until then. The ingest path stages the reports of one socket
-        read and writes them at once, before any of their PUBACKs."""
+        """Add one record to the next write (:meth:`flush`): nothing is on disk until then."""
         self._check()
-        self._staged += (
-            encode_accepted(effect) if type(effect) is Accepted else encode_effect(effect)
-        )
+        self._staged += encode_effect(effect, self._salt)
 
     def extend(self, effects: Iterable[Effect]) -> None:
         """Write several records (after anything staged) in one ``write(2)``."""
         self._check()
-        self._staged += b"".join(encode_effect(effect) for effect in effects)
+        self._staged += encode_effects(effects, self._salt)
         self.flush()
 
     @property
@@ -270,6 +229,9 @@ class EffectLog:
         self.write(data)
 
     def write(self, data: bytes | bytearray) -> None:
+        """Append ``data`` whole, or nothing: after an error the file is cut back to its
+        size before the write (:class:`LogFullError` when the disk is full; any other error,
+        or a failed cut, is sticky)."""
         self._check()
         if self._fd is None:
             raise StoreError(f"the shuffler log {self.path} is not open")
@@ -281,6 +243,13 @@ class EffectLog:
             if self.fsync:
                 os.fsync(self._fd)
         except OSError as exc:
+            try:
+                os.ftruncate(self._fd, self.size)  # no torn record in the middle of the log
+            except OSError:
+                self.failure = exc
+                raise exc from None
+            if exc.errno in _FULL:
+                raise LogFullError(exc.errno, f"{exc.strerror}: {self.path}") from exc
             self.failure = exc
             raise
         self.size += len(data)
@@ -289,13 +258,17 @@ class EffectLog:
         if self.failure is not None:
             raise OSError(f"the shuffler log {self.path} failed earlier: {self.failure}")
 
-    def compact(self, effects: Iterable[Effect]) -> None:
+    def compact(self, effects: Iterable[Effect]) -> bool:
         """Replace the log by ``effects`` (a snapshot of the state), atomically: written to
         a temporary file, synced, then renamed over the log. Anything staged is written
-        first (the snapshot includes it, and it must not follow the snapshot)."""
+        first. A snapshot larger than the log it would replace is not written (compaction
+        never grows the log): returns whether it replaced the log."""
         self.flush()  # raises after a failed write: a log that failed is never replaced
+        header, salt = file_header()
+        data = header + encode_effects(effects, salt)
+        if self.version == 2 and self._fd is not None and len(data) >= self.size:
+            return False
         temporary = self.path.with_name(self.path.name + ".compact")
-        data = b"".join(encode_effect(effect) for effect in effects)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
         fd = os.open(temporary, flags, 0o600)
         try:
@@ -303,13 +276,20 @@ class EffectLog:
             while view:
                 view = view[os.write(fd, view) :]
             os.fsync(fd)
-        finally:
+        except OSError:
             os.close(fd)
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            raise
+        os.close(fd)
         os.replace(temporary, self.path)
         _fsync_directory(self.path.parent)
         self.close()
         self._open()
+        self._salt = salt
+        self.version = 2
         self.size = len(data)
+        return True
 
     def close(self) -> None:
         """Write what is staged (unless that fails: then it was never acknowledged) and
@@ -376,23 +356,19 @@ class StateDir:
             raise StoreError(f"{path} must hold {_KEY_SIZE} bytes, got {len(key)}")
         return key
 
-    def signer(self, deployment: str, key_file: Path | None = None) -> BatchSigner:
-        """The batch signer (``key_file``, default ``signing.key`` here, created if absent);
-        writes its public key to ``signing.pub`` beside the state."""
-        key = load_or_create_signing_key(key_file or self.path / "signing.key")
-        signer = BatchSigner(key, deployment)
+    def publish_public_key(self, public_key_hex: str) -> None:
+        """Write ``signing.pub`` (the key that verifies this shuffler's batches)."""
         public = self.path / "signing.pub"
-        text = signer.public_key_hex + "\n"
+        text = public_key_hex + "\n"
         with contextlib.suppress(FileNotFoundError):
             if public.read_text() == text:
-                return signer
+                return
         temporary = public.with_name("signing.pub.tmp")
         temporary.write_text(text)
         os.replace(temporary, public)
-        return signer
 
-    def log(self, *, fsync: bool = False) -> EffectLog:
-        return EffectLog(self.path / "effects.log", fsync=fsync)
+    def log(self, *, fsync: bool = False, round_seconds: int = 60) -> EffectLog:
+        return EffectLog(self.path / "effects.log", fsync=fsync, round_seconds=round_seconds)
 
 
 def _write_private(path: Path, data: bytes) -> None:

@@ -24,8 +24,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.core import (
-    Accepted,
     Acked,
+    Admitted,
     BatchMaker,
     CoreConfig,
     Effect,
@@ -33,7 +33,7 @@ from broker.core import (
     ShufflerCore,
     batch_id_of,
 )
-from broker.store import decode_effects, encode_effect
+from broker.records import FILE_HEADER_SIZE, encode_effect, file_header, scan
 from edge.codec import decode_batch, encode_batch
 
 L = 10  # round_seconds
@@ -67,8 +67,11 @@ def maker(seed: int = 0) -> BatchMaker:
     )
 
 
-def token(device: int) -> bytes:
-    return device.to_bytes(16, "big")
+def token(device: int) -> int:
+    return (device * 0x9E3779B97F4A7C15 + 1) % 2**64  # distinct, spread over the u64 range
+
+
+SALT = 0x5A17
 
 
 def report(round_: int, seed: int, z: int = 0, fp: int = FP) -> tuple[int, int, int, int]:
@@ -91,10 +94,12 @@ class Harness:
 
     def __post_init__(self) -> None:
         self.core = ShufflerCore(self.cfg)
+        self.log.append(file_header(SALT)[0])
+        self.commit(self.core.reconfigure(maker()))
 
     def commit(self, effects: list[Effect]) -> None:
         for effect in effects:
-            self.log.append(encode_effect(effect))
+            self.log.append(encode_effect(effect, SALT))
             applied = self.core.apply(effect)
             self.dropped += sum(applied.dropped.values())
             if isinstance(effect, Released):
@@ -127,9 +132,9 @@ class Harness:
                 self.commit([release])
         return None
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float, *, hold: bool = False) -> None:
         self.rng_seed += 1
-        self.commit(self.core.tick(now, maker(self.rng_seed)))
+        self.commit(self.core.tick(now, maker(self.rng_seed), hold=hold))
 
     def ack_oldest(self) -> None:
         outbox = self.core.outbox()
@@ -138,17 +143,22 @@ class Harness:
 
     def restart(self, *, compact: bool) -> None:
         """Crash and restart: a new core replays the log (or its compaction)."""
-        effects, whole = decode_effects(b"".join(self.log))
-        assert whole == sum(map(len, self.log))
+        data = b"".join(self.log)
+        result = scan(data, FILE_HEADER_SIZE, SALT)
+        assert result.problem is None
+        assert result.end == len(data)
         fresh = ShufflerCore(self.cfg)
-        for effect in effects:
+        for effect in result.effects:
             fresh.apply(effect)
         assert fresh.state_digest() == self.core.state_digest()
+        assert fresh.reconfigure(maker()) == []
         if compact:
-            snapshot = list(fresh.snapshot())
-            self.log = [encode_effect(e) for e in snapshot]
+            snapshot = [file_header(SALT)[0]] + [encode_effect(e, SALT) for e in fresh.snapshot()]
+            # one bulk record per round and pool: never much more than the log it replaces
+            assert sum(map(len, snapshot)) <= len(data) + 8 * len(fresh.pool_sizes()) + 64
+            self.log = snapshot
             again = ShufflerCore(self.cfg)
-            for effect in decode_effects(b"".join(self.log))[0]:
+            for effect in scan(b"".join(self.log), FILE_HEADER_SIZE, SALT).effects:
                 again.apply(effect)
             assert again.state_digest() == fresh.state_digest()
             fresh = again
@@ -178,7 +188,7 @@ events = st.lists(
         _burst,
         _burst,
         st.tuples(st.just("wait"), st.sampled_from([0.5, 1.0, 3.0, 4.5, 6.0, 9.5, 10.0, 25.0])),
-        st.tuples(st.just("tick")),
+        st.tuples(st.just("tick"), st.booleans()),
         st.tuples(st.just("ack")),
         st.tuples(st.just("restart"), st.booleans()),
     ),
@@ -226,8 +236,8 @@ def test_invariants_over_random_event_sequences(
             case ("wait", seconds):
                 assert isinstance(seconds, float)
                 now += seconds
-            case ("tick",):
-                h.tick(now)
+            case ("tick", hold):
+                h.tick(now, hold=bool(hold))
             case ("ack",):
                 h.ack_oldest()
             case ("restart", compact):
@@ -238,7 +248,7 @@ def test_invariants_over_random_event_sequences(
         now += 3 * L
         h.tick(now)
         h.conserved()
-    assert h.core.buffered < h.cfg.min_batch
+    assert sum(h.core.pool_sizes().values()) < h.cfg.min_batch  # superseded ones aside
 
 
 def test_round_window_and_hostile_rounds_change_nothing() -> None:
@@ -260,25 +270,54 @@ def test_round_window_and_hostile_rounds_change_nothing() -> None:
     assert h.send(T0 + L + 1, 4, current, 1) is None
 
 
-def test_late_reports_of_an_ended_round_within_late_seconds() -> None:
-    """A report queued while the shuffler was away still counts, once, within the late
-    window; after it, its round is closed for good."""
-    h = Harness(config(min_batch=3, max_skew=2.0, late_seconds=30.0))
+def test_a_released_round_is_closed_and_accepts_nothing_more() -> None:
+    """The one closed-round rule: once a round's pool has left, a report of that round is
+    ``round_too_old``, however much of ``late_seconds`` is left; so one device cannot
+    make an old round accept (and carry) report after report."""
+    h = Harness(config(min_batch=3, max_skew=2.0, late_seconds=300.0))
     r = int(T0 // L)
     for device in range(3):
         assert h.send(T0 + 1, device, r, 1) is None
     h.tick(T0 + L + 2)
-    assert len(h.batches) == 1  # round r ended and was released
-    late = T0 + L + 20
+    assert len(h.batches) == 1  # round r was due and released
     for device in range(3, 6):
-        assert h.send(late, device, r, 1) is None
-    assert h.send(late, 0, r, 2) == "duplicate_in_round"  # its tokens are kept
-    h.tick(late)
-    assert len(h.batches) == 2  # the late reports leave as a batch of round r
-    assert decode_batch(h.batches[1])[1] == r
-    h.tick(T0 + L + 2 + 30)
-    assert h.core.closed_through == r
-    assert h.send(T0 + L + 2 + 30, 9, r, 1) == "round_too_old"
+        assert h.send(T0 + L + 20, device, r, 1) == "round_too_old"
+    # the 100-past-rounds inflation: every round before the current one is closed
+    now = T0 + 101 * L + 3
+    h.tick(now)
+    current = int(now // L)
+    for back in range(1, 30):
+        assert h.send(now, 7, current - back, back) == "round_too_old"
+    assert h.accepted == 3
+    h.conserved()
+
+
+def test_a_held_round_takes_the_queued_backlog_then_leaves_whole() -> None:
+    """While the shell holds (not subscribed, or a backlog still arriving), a round that
+    ended stays open for reports queued at the broker; released whole once the hold ends,
+    and the hold never outlasts ``late_seconds``."""
+    h = Harness(config(min_batch=3, max_skew=2.0, late_seconds=30.0))
+    r = int(T0 // L)
+    for device in range(3):
+        assert h.send(T0 + 1, device, r, 1) is None
+    h.tick(T0 + L + 2, hold=True)
+    assert not h.batches  # held: ended, but the backlog may hold more of it
+    for device in range(3, 6):
+        assert h.send(T0 + L + 20, device, r, 1) is None
+    assert h.send(T0 + L + 20, 0, r, 2) == "duplicate_in_round"  # its tokens are kept
+    h.tick(T0 + L + 21)  # the backlog drained: hold over
+    (batch,) = h.batches
+    assert decode_batch(batch)[1] == r
+    assert len(decode_batch(batch)[3]) == 6  # the whole round, in one batch
+    assert h.send(T0 + L + 22, 9, r, 1) == "round_too_old"
+    # a hold never outlasts late_seconds: a round that ended S + G ago is released anyway
+    r2 = r + 10
+    for device in range(3):
+        assert h.send(r2 * L + 1, device, r2, 5) is None
+    h.tick((r2 + 1) * L + 2 + 29, hold=True)
+    assert len(h.batches) == 1
+    h.tick((r2 + 1) * L + 2 + 30, hold=True)
+    assert len(h.batches) == 2
     h.conserved()
 
 
@@ -288,7 +327,7 @@ def test_reports_of_other_specs_and_out_of_range_z_are_rejected() -> None:
     r = int(now // L)
     assert core.accept(now, token(1), report(r, 1, fp=FP + 1)) == "unknown_fingerprint"
     assert core.accept(now, token(1), report(r, 1, z=TPARAM)) == "z_out_of_range"
-    assert isinstance(core.accept(now, token(1), report(r, 1, z=TPARAM - 1)), Accepted)
+    assert isinstance(core.accept(now, token(1), report(r, 1, z=TPARAM - 1)), Admitted)
 
 
 def test_whole_round_released_as_one_batch_when_it_closes() -> None:
@@ -302,7 +341,7 @@ def test_whole_round_released_as_one_batch_when_it_closes() -> None:
     h.tick(T0 + L + 2.0)
     assert len(h.batches) == 1
     assert len(decode_batch(h.batches[0])[3]) == 50
-    assert h.core.closed_through == r
+    assert h.core.closed == (r + 1) * L
     # the closed round never reopens, whatever the clock says afterwards
     assert h.send(T0 + 1, 99, r, 1) == "round_too_old"
 
@@ -390,3 +429,74 @@ def test_config_refuses_unsafe_sizes() -> None:
         config(max_skew=float("nan"))
     with pytest.raises(ValueError, match="late_seconds"):
         config(late_seconds=-1.0)
+
+
+def restarted(h: Harness, **overrides: object) -> Harness:
+    """The harness's log replayed by a core of another configuration, reconfigured."""
+    data = b"".join(h.log)
+    again = Harness(config(**{**_settings(h.cfg), **overrides}))
+    again.log = list(h.log)
+    again.core = ShufflerCore(again.cfg)
+    for effect in scan(data, FILE_HEADER_SIZE, SALT).effects:
+        again.core.apply(effect)
+    again.accepted, again.released, again.dropped = h.accepted, h.released, h.dropped
+    again.commit(again.core.reconfigure(maker(99)))
+    return again
+
+
+def _settings(cfg: CoreConfig) -> dict[str, object]:
+    return {name: getattr(cfg, name) for name in ("min_batch", "max_batch", "max_skew")}
+
+
+def test_a_new_round_seconds_keeps_closed_rounds_closed_and_open_ones_open() -> None:
+    """round_seconds 10 -> 20 between runs: what is closed is a time, so it stays closed
+    (and not 'every round too old for decades'); the open round's pool and tokens move
+    to the new round that holds its start."""
+    h = Harness(config(min_batch=3))
+    r = int(T0 // L)
+    for device in range(3):
+        h.send(T0 + 1, device, r, 1)
+    h.tick(T0 + L + 2)  # round r released and closed
+    h.send(T0 + L + 3, 1, r + 1, 2)
+    h.send(T0 + L + 3, 2, r + 1, 2)
+    again = restarted(h, round_seconds=20)
+    now = T0 + L + 4
+    new_round = int(now // 20)
+    assert again.core.pool_sizes() == {(r + 1) * L // 20: 2}
+    assert again.send(now, 1, new_round, 3) == "duplicate_in_round"  # its token moved
+    assert again.send(now, 5, new_round, 3) is None
+    assert again.send(now, 6, int((T0 - 30) // 20), 3) == "round_too_old"
+    again.tick((new_round + 1) * 20 + 2)
+    assert len(again.batches) == 1
+    assert len(decode_batch(again.batches[0])[3]) == 3
+    again.conserved()
+
+
+def test_a_higher_min_batch_after_a_restart_holds_the_pool_back() -> None:
+    h = Harness(config(min_batch=3, max_batch=20))
+    r = int(T0 // L)
+    for device in range(4):
+        h.send(T0 + 1, device, r, 1)
+    again = restarted(h, min_batch=5, max_batch=20)
+    assert again.core.reconfigure(maker()) == []  # nothing recorded depends on min_batch
+    again.tick(T0 + L + 2)
+    assert not again.batches  # 4 < 5: carried, never released small
+    assert again.core.pool_sizes() == {r + 1: 4}
+
+
+def test_a_new_spec_releases_or_drops_the_old_spec_s_pools() -> None:
+    """Reports of the old spec never share a batch with the new one: a full pool leaves
+    at once under the old fingerprint, a small one is dropped (spec_changed)."""
+    h = Harness(config(min_batch=3))
+    r = int(T0 // L)
+    for device in range(4):
+        h.send(T0 + 1, device, r, 1)
+    assert h.send(T0 + 9, 9, r + 1, 1) is None
+    again = restarted(h, fingerprint=FP + 1)
+    (batch,) = again.batches
+    assert decode_batch(batch)[0] == FP  # the old spec's batch
+    assert again.dropped == 1
+    assert again.core.pool_sizes() == {}
+    new = FP + 1
+    assert again.core.accept(T0 + 9, token(9), report(r + 1, 9, fp=new)) == "duplicate_in_round"
+    assert isinstance(again.core.accept(T0 + 9, token(11), report(r + 1, 1, fp=new)), Admitted)

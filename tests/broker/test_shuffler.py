@@ -68,6 +68,7 @@ def config(broker: Broker, **overrides: Any) -> ShufflerConfig:
         "reconnect_min": 0.05,
         "reconnect_max": 0.5,
         "drain_timeout": 5.0,
+        "create_signing_key": True,
         **overrides,
     }
     return ShufflerConfig(**settings)

@@ -1,0 +1,143 @@
+"""The effects of the shuffler's core: immutable records of every change of its state.
+
+:meth:`broker.core.ShufflerCore.apply` folds them into the state; :mod:`broker.store`
+writes them to the log (its record formats) and reads them back. Columns of reports are
+packed little-endian arrays: tokens u64, seeds u32, z u16 (:mod:`broker.state`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "BATCH_ID_OFFSET",
+    "BATCH_ID_SIZE",
+    "Acked",
+    "Admitted",
+    "Carried",
+    "Closed",
+    "Configured",
+    "Dropped",
+    "Effect",
+    "Outboxed",
+    "Pooled",
+    "Released",
+    "Seen",
+    "batch_count_of",
+    "batch_id_of",
+    "batch_round_of",
+]
+
+BATCH_ID_OFFSET = 10
+BATCH_ID_SIZE = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """Reports of ``round`` accepted together (one socket read): their tokens are seen and
+    the reports pooled, in arrival order."""
+
+    round: int
+    tokens: bytes
+    seeds: bytes
+    zs: bytes
+
+    def __len__(self) -> int:
+        return len(self.seeds) // 4
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """Every duplicate token of ``round`` (snapshots)."""
+
+    round: int
+    tokens: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Pooled:
+    """A whole pool (snapshots): its first ``carried`` entries were carried in, and carry
+    their tokens only in the pool, not in the round's duplicate tokens."""
+
+    round: int
+    carried: int
+    tokens: bytes
+    seeds: bytes
+    zs: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """The pool of ``round`` leaves as these sealed batch messages (outbox until acked)."""
+
+    round: int
+    messages: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Outboxed:
+    """Sealed batches waiting for their PUBACK, without a pool (snapshots)."""
+
+    messages: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """The pool of ``source`` merges into the pool of ``target`` (policy ``carry``)."""
+
+    source: int
+    target: int
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """The pool of ``round`` is discarded (``reason``: ``small_round``, ``spec_changed``,
+    ``at_shutdown``)."""
+
+    round: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """Every round that ends at or before Unix time ``until`` is closed: never accepted
+    again, its tokens forgotten."""
+
+    until: int
+
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    """The batch ``batch_id`` was acknowledged by the broker: it leaves the outbox."""
+
+    batch_id: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Configured:
+    """From here on, round numbers are in units of ``round_seconds`` and reports are of the
+    spec ``fingerprint``. A change of ``round_seconds`` renumbers the open rounds' tokens
+    and pools (:meth:`ShufflerCore.reconfigure`)."""
+
+    round_seconds: int
+    fingerprint: int
+
+
+Effect = (
+    Admitted | Seen | Pooled | Released | Outboxed | Carried | Dropped | Closed | Acked | Configured
+)
+
+
+def batch_id_of(message: bytes) -> bytes:
+    """The 16-byte ``batch_id`` of a (sealed) batch message."""
+    return message[BATCH_ID_OFFSET : BATCH_ID_OFFSET + BATCH_ID_SIZE]
+
+
+def batch_count_of(message: bytes) -> int:
+    """The record count of a (sealed) batch message."""
+    return int.from_bytes(message[26:30], "big")
+
+
+def batch_round_of(message: bytes) -> int:
+    """The round of a (sealed) batch message."""
+    return int.from_bytes(message[6:10], "big")

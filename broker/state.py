@@ -1,0 +1,181 @@
+"""Compact round state of the shuffler: duplicate tokens and pools in packed arrays.
+
+A shard of a million devices keeps, for every open round, one 8-byte token per device that
+reported (:class:`TokenSet`) and, until its round is released, 14 bytes per pooled report
+(:class:`Pool`: token, seed, z). Nothing here is a Python object per report: tokens live in
+sorted ``uint64`` arrays, pools in growable ``array.array`` columns, and every check that
+touches many reports is one numpy call.
+
+Tokens are the first 8 bytes of a keyed BLAKE2b of the device id
+(:func:`broker.store.token_of`), so they are uniform 64-bit integers. Two devices share a
+token with probability about ``n / 2**64`` per report (``n`` the devices of the round):
+the second one's report would be refused as ``duplicate_in_round``. That costs accuracy
+for one report in about 10^13 at a million devices, and never privacy: a false duplicate
+only ever removes a report.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["Pool", "TokenSet", "as_u16", "as_u32", "as_u64"]
+
+if sys.byteorder != "little":  # pragma: no cover  # the packed columns are little-endian
+    raise ImportError("broker.state needs a little-endian machine")
+
+U64 = np.dtype("<u8")
+U32 = np.dtype("<u4")
+U16 = np.dtype("<u2")
+_SMALL_FLOOR = 4096
+"""Sorted runs of recent inserts are merged into the base array once they hold more than
+an eighth of it (and at least this many): lookups stay one ``searchsorted`` on the base
+plus a few small runs, and each token is copied O(log n) times in all."""
+
+Tokens = npt.NDArray[np.uint64]
+
+
+def as_u64(data: bytes | bytearray | memoryview | array[int]) -> Tokens:
+    return np.frombuffer(data, dtype=U64)
+
+
+def as_u32(data: bytes | bytearray | memoryview | array[int]) -> npt.NDArray[np.uint32]:
+    return np.frombuffer(data, dtype=U32)
+
+
+def as_u16(data: bytes | bytearray | memoryview | array[int]) -> npt.NDArray[np.uint16]:
+    return np.frombuffer(data, dtype=U16)
+
+
+def _merge(runs: list[Tokens]) -> Tokens:
+    merged = np.concatenate(runs)
+    merged.sort(kind="stable")  # timsort: sorted runs merge in linear time
+    return merged
+
+
+class TokenSet:
+    """The duplicate tokens of one round: a sorted base array plus a few sorted runs of
+    recent inserts (binary-counter merging). Insert and lookup work on sorted arrays of
+    many tokens at once."""
+
+    __slots__ = ("_base", "_runs", "_small", "count")
+
+    def __init__(self) -> None:
+        self._base: Tokens = np.empty(0, dtype=U64)
+        self._runs: list[Tokens] = []
+        self._small = 0
+        self.count = 0
+
+    def contains(self, queries: Tokens) -> npt.NDArray[np.bool_]:
+        """Which of ``queries`` (sorted) are in the set."""
+        hit = np.zeros(queries.size, dtype=np.bool_)
+        for level in (self._base, *self._runs):
+            if level.size:
+                index = level.searchsorted(queries)
+                np.minimum(index, level.size - 1, out=index)
+                hit |= level[index] == queries
+        return hit
+
+    def add(self, tokens: Tokens) -> None:
+        """Add ``tokens``: sorted, distinct, none of them in the set yet."""
+        if not tokens.size:
+            return
+        self.count += int(tokens.size)
+        runs = self._runs
+        runs.append(tokens)
+        self._small += int(tokens.size)
+        while len(runs) > 1 and runs[-2].size <= runs[-1].size:
+            last = runs.pop()
+            runs.append(_merge([runs.pop(), last]))
+        if self._small > max(_SMALL_FLOOR, self._base.size >> 3):
+            self._base = _merge([self._base, *runs])
+            self._runs = []
+            self._small = 0
+
+    def tokens(self) -> Tokens:
+        """Every token, sorted (a snapshot)."""
+        if self._runs:
+            self._base = _merge([self._base, *self._runs])
+            self._runs = []
+            self._small = 0
+        return self._base
+
+    def nbytes(self) -> int:
+        return int(self._base.nbytes) + sum(int(run.nbytes) for run in self._runs)
+
+
+class Pool:
+    """Reports of one round waiting for release: packed columns, in arrival order.
+
+    The first ``carried`` entries were carried in from older rounds (policy ``carry``); one
+    device may appear there more than once, and again among the fresh reports. Where it
+    does, the newest report wins (the fresh one, else the last carried one) and the others
+    are superseded: :meth:`resolve` does that in one vectorised pass, when the pool is
+    released, carried on or dropped, never per report.
+    """
+
+    __slots__ = ("carried", "seeds", "tokens", "zs")
+
+    def __init__(self) -> None:
+        self.tokens = array("Q")
+        self.seeds = array("I")
+        self.zs = array("H")
+        self.carried = 0
+
+    def __len__(self) -> int:
+        """Entries, superseded ones included."""
+        return len(self.seeds)
+
+    def extend(self, tokens: bytes, seeds: bytes, zs: bytes) -> None:
+        self.tokens.frombytes(tokens)
+        self.seeds.frombytes(seeds)
+        self.zs.frombytes(zs)
+
+    def absorb(self, older: Pool) -> None:
+        """Take ``older``'s entries (a round before this one) as carried entries."""
+        # The carried part becomes: this pool's carried entries, then all of older's
+        # (its carried ones, then its fresh ones), then this pool's fresh entries follow.
+        # Carries happen oldest round first, so later entries are newer reports.
+        tokens, seeds, zs = array("Q"), array("I"), array("H")
+        cut = self.carried
+        for column, mine, theirs in (
+            (tokens, self.tokens, older.tokens),
+            (seeds, self.seeds, older.seeds),
+            (zs, self.zs, older.zs),
+        ):
+            column.extend(mine[:cut])
+            column.extend(theirs)
+            column.extend(mine[cut:])
+        self.tokens, self.seeds, self.zs = tokens, seeds, zs
+        self.carried = cut + len(older)
+
+    def resolve(self) -> tuple[npt.NDArray[np.intp] | None, int]:
+        """``(keep, superseded)``: the indices of the entries that stay (``None``: all of
+        them, in order) and how many are superseded (module docstring of :class:`Pool`)."""
+        if not self.carried:
+            return None, 0
+        tokens = as_u64(self.tokens)
+        # the last occurrence of each token wins: unique over the reversed order
+        _, first_in_reversed = np.unique(tokens[::-1], return_index=True)
+        keep = np.sort(tokens.size - 1 - first_in_reversed)
+        return keep, int(tokens.size - keep.size)
+
+    def size(self) -> int:
+        """Reports that would be released (superseded ones left out)."""
+        if not self.carried:
+            return len(self)
+        return len(self) - self.resolve()[1]
+
+    def columns(
+        self, keep: npt.NDArray[np.intp] | None
+    ) -> tuple[Tokens, npt.NDArray[np.uint32], npt.NDArray[np.uint16]]:
+        tokens, seeds, zs = as_u64(self.tokens), as_u32(self.seeds), as_u16(self.zs)
+        if keep is None:
+            return tokens, seeds, zs
+        return tokens[keep], seeds[keep], zs[keep]
+
+    def nbytes(self) -> int:
+        return sum(c.itemsize * c.buffer_info()[1] for c in (self.tokens, self.seeds, self.zs))
