@@ -167,9 +167,18 @@ def shuffler(
         Path | None,
         typer.Option(
             envvar="COCO_SIGNING_KEY",
-            help="Ed25519 batch key (default: signing.key in the state directory).",
+            help="Ed25519 batch key (default: signing.key in the state directory); "
+            "never created unless --create-signing-key.",
         ),
     ] = None,
+    create_signing_key: Annotated[
+        bool,
+        typer.Option(
+            envvar="COCO_CREATE_SIGNING_KEY",
+            help="Create the signing key if it does not exist (otherwise: coco credentials "
+            "--batch-key-dir).",
+        ),
+    ] = False,
     fsync: Annotated[
         bool,
         typer.Option(
@@ -204,6 +213,7 @@ def shuffler(
         password = resolve_password(password, password_file)
         announced: int | None = None
         announced_round: int | None = None
+        announced_key: str | None = None
         if spec is not None:
             mechanism = load_spec_file(spec)
         else:
@@ -220,6 +230,8 @@ def shuffler(
             mechanism = MechanismSpec.from_dict(announcement["spec"])
             announced = int(announcement["min_batch"])
             announced_round = int(announcement["round_seconds"])
+            key = announcement.get("batch_public_key")
+            announced_key = key if isinstance(key, str) else None
         if round_seconds is None:
             if announced_round is None:
                 raise ValueError("--round-seconds is required with --spec")
@@ -249,6 +261,8 @@ def shuffler(
             late_seconds=late_seconds,
             state_dir=state_dir or Path("coco-state") / deployment / "shuffler",
             signing_key=signing_key,
+            create_signing_key=create_signing_key,
+            announced_public_key=announced_key,
             fsync=fsync,
             client_id=client_id,
             username=username,
