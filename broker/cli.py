@@ -17,7 +17,6 @@ from edge.cli_options import (
     DEFAULT_BROKER,
     BrokerOption,
     CaFileOption,
-    DeploymentOption,
     PasswordFileOption,
     PasswordOption,
     SpecFileOption,
@@ -85,6 +84,27 @@ async def read_announcement(
     raise TimeoutError  # pragma: no cover  # the iterator only ends by raising
 
 
+def _repair(state_dir: Path | None, round_seconds: int | None) -> None:
+    """``coco shuffler repair``: one JSON report on stdout; exit 1 if nothing to repair
+    could be opened."""
+    import json  # noqa: PLC0415
+
+    from broker.core import CoreConfig  # noqa: PLC0415
+    from broker.repair import repair  # noqa: PLC0415
+
+    if state_dir is None:
+        typer.echo("error: repair needs --state-dir", err=True)
+        raise typer.Exit(2)
+    # Rules do not matter to a repair; round_seconds only reads a version-1 log's rounds.
+    config = CoreConfig(fingerprint=0, t=1, round_seconds=round_seconds or 60, min_batch=2)
+    try:
+        report = repair(state_dir, config)
+    except (CocoError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(json.dumps(report.as_dict(), indent=2))
+
+
 async def _serve(config: ShufflerConfig, registry: CollectorRegistry) -> None:
     from broker.shuffler import Shuffler  # noqa: PLC0415 (not for --help)
 
@@ -115,8 +135,23 @@ async def _serve(config: ShufflerConfig, registry: CollectorRegistry) -> None:
                 loop.remove_signal_handler(sig)
 
 
+class Action(StrEnum):
+    run = "run"
+    repair = "repair"
+
+
 def shuffler(
-    deployment: DeploymentOption,
+    action: Annotated[
+        Action,
+        typer.Argument(
+            help="run (default): the service. repair: salvage a damaged log in --state-dir "
+            "(the shuffler stopped), keeping a copy and printing what was dropped.",
+        ),
+    ] = Action.run,
+    deployment: Annotated[
+        str | None,
+        typer.Option(envvar="COCO_DEPLOYMENT", help="Deployment name (one topic level)."),
+    ] = None,
     broker: BrokerOption = DEFAULT_BROKER,
     spec: SpecFileOption = None,
     min_batch: Annotated[
@@ -204,6 +239,12 @@ def shuffler(
     announcement_timeout: Annotated[float, typer.Option(help="Seconds to wait for it.")] = 10.0,
 ) -> None:
     """Shuffle each round's ingress reports into signed batches of at least --min-batch."""
+    if action == Action.repair:
+        _repair(state_dir, round_seconds)
+        return
+    if deployment is None:
+        typer.echo("error: --deployment is required (or COCO_DEPLOYMENT)", err=True)
+        raise typer.Exit(2)
     import aiomqtt  # noqa: PLC0415 (not for --help: the MQTT clients cost 0.1-0.2 s of CPU)
     from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415
 

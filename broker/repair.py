@@ -1,0 +1,178 @@
+"""``coco shuffler repair``: salvage a damaged shuffler log.
+
+The shuffler refuses to start on a log damaged before its end (:class:`broker.store.
+LogDamagedError`), because reading on would silently lose acknowledged reports or apply
+garbage. The repair keeps what can be trusted and says what could not be:
+
+1. it locks the state directory (a running shuffler is never repaired under its feet) and
+   copies the damaged log to ``effects.log.damaged-<unix time>``;
+2. it reads every intact record, before the damage and after it (each record carries a
+   marker and its own checksums, so reading resumes at the next valid record), and skips
+   each damaged stretch, counting its records (where their heads are intact) and bytes;
+3. it tells, where the framing allows, which reports were lost: the reports of a damaged
+   ``admitted`` or ``pooled`` record whose head survived; and it flags a release whose
+   record was lost (an acknowledgement of a batch it never saw), since that pool may then
+   be released again;
+4. it replays the salvaged records and writes their snapshot as the new log.
+
+The report is one JSON document (``coco shuffler repair`` prints it), the same numbers as
+the log lines at WARNING.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import struct
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from broker.core import CoreConfig, ShufflerCore
+from broker.effects import Acked, Effect, Outboxed, Released, batch_id_of
+from broker.logv1 import V1Error, decode_v1
+from broker.records import (
+    ADMITTED,
+    FILE_HEADER_SIZE,
+    HEAD_SIZE,
+    MAGIC,
+    POOLED,
+    TYPE_NAMES,
+    read_header,
+    scan,
+)
+from broker.store import EffectLog, StateDir
+
+__all__ = ["RepairReport", "repair"]
+
+logger = logging.getLogger(__name__)
+_U32 = struct.Struct("<I")
+
+
+@dataclass
+class RepairReport:
+    """What a repair kept and dropped."""
+
+    log: str
+    copy: str | None = None
+    records_kept: int = 0
+    damaged_stretches: list[dict[str, object]] = field(default_factory=list)
+    bytes_dropped: int = 0
+    records_dropped: int | None = 0
+    """Records known lost (``None``: a damaged head hid how many)."""
+    reports_lost: int = 0
+    """Reports in damaged records whose head told their kind and size."""
+    lost_releases: int = 0
+    """Acknowledgements of batches whose release record was lost: each such pool may be
+    released twice (check the aggregator's duplicates and ``coco_shuffler`` metrics)."""
+    pooled_after: int = 0
+    outbox_after: int = 0
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _guess_salt(data: bytes) -> int | None:
+    """The salt of a damaged header: the stored one, or one bit away from it, whichever
+    makes the first record's checksums hold."""
+    if len(data) < FILE_HEADER_SIZE:
+        return None
+    stored = int(_U32.unpack_from(data, 12)[0])
+    for salt in (stored, *(stored ^ (1 << bit) for bit in range(32))):
+        result = scan(data[: FILE_HEADER_SIZE + (1 << 20)], FILE_HEADER_SIZE, salt)
+        if result.records:
+            return salt
+    return None
+
+
+def _reports_in(kind: int | None, length: int | None) -> int:
+    if kind == ADMITTED and length is not None and length >= 8:
+        return (length - 8) // 14
+    if kind == POOLED and length is not None and length >= 12:
+        return (length - 12) // 14
+    return 0
+
+
+def salvage(data: bytes, salt: int, report: RepairReport) -> list[Effect]:
+    """Every intact record of a version-2 log, skipping damaged stretches (counted)."""
+    effects: list[Effect] = []
+    offset = FILE_HEADER_SIZE
+    while offset < len(data):
+        result = scan(data, offset, salt)
+        effects += result.effects
+        report.records_kept += result.records
+        problem = result.problem
+        if problem is None:
+            break
+        end = problem.next_good if problem.next_good is not None else len(data)
+        stretch: dict[str, object] = {
+            "offset": problem.offset,
+            "bytes": end - problem.offset,
+            "reason": problem.reason,
+            "torn_tail": problem.next_good is None,
+        }
+        if problem.kind is not None:
+            stretch["record"] = TYPE_NAMES.get(problem.kind, f"type-{problem.kind}")
+            lost = _reports_in(problem.kind, problem.length)
+            stretch["reports"] = lost
+            report.reports_lost += lost
+            if report.records_dropped is not None:
+                report.records_dropped += 1
+        else:
+            report.records_dropped = None  # a damaged head: how many records, unknown
+        report.damaged_stretches.append(stretch)
+        report.bytes_dropped += end - problem.offset
+        if problem.next_good is None:
+            break
+        offset = problem.next_good
+    return effects
+
+
+def repair(state_dir: Path, config: CoreConfig) -> RepairReport:
+    """Salvage ``state_dir``'s log in place (module docstring)."""
+    with StateDir(state_dir) as state:
+        path = state.path / "effects.log"
+        report = RepairReport(log=str(path))
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return report
+        copy = path.with_name(f"effects.log.damaged-{int(time.time())}")
+        shutil.copy2(path, copy)
+        os.chmod(copy, 0o600)
+        report.copy = str(copy)
+        salt = read_header(data)
+        if salt is None and data[: len(MAGIC)] != MAGIC and len(data) >= HEAD_SIZE:
+            try:  # version 1: what reads before the damage
+                effects, whole = decode_v1(data, config.round_seconds, name=str(path))
+            except V1Error:
+                effects, whole = [], 0
+            report.records_kept = len(effects)
+            report.bytes_dropped = len(data) - whole
+            report.records_dropped = None if whole < len(data) else 0
+        else:
+            salt = salt if salt is not None else _guess_salt(data)
+            if salt is None:
+                report.bytes_dropped = len(data)
+                report.records_dropped = None
+                effects = []
+            else:
+                effects = salvage(data, salt, report)
+        core = ShufflerCore(config)
+        known: set[bytes] = set()  # batch ids released or outboxed in the salvaged records
+        for effect in effects:
+            if isinstance(effect, Released | Outboxed):
+                known.update(batch_id_of(m) for m in effect.messages)
+            if isinstance(effect, Acked) and effect.batch_id not in known:
+                report.lost_releases += 1
+            core.apply(effect)
+        log = EffectLog(path, round_seconds=config.round_seconds)
+        log.version = 1  # whatever the file holds: replace it
+        log.compact(core.snapshot())
+        log.close()
+        report.pooled_after = core.buffered
+        report.outbox_after = core.outbox_reports
+    for stretch in report.damaged_stretches:
+        logger.warning("shuffler log %s: dropped %s", path, stretch)
+    return report
