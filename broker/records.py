@@ -297,3 +297,19 @@ def scan(data: bytes | bytearray, start: int, salt: int) -> Scan:
         problem = Problem(offset, reason, next_valid(view, offset + 1, salt), kind, length)
         return Scan(effects, offset, records, problem)
     return Scan(effects, offset, records, None)
+
+
+def record_spans(data: bytes, salt: int) -> list[tuple[int, int, int]]:
+    """``(offset, kind, end)`` of each whole record from the header on, up to the first
+    problem (tools and tests: where to look in a log)."""
+    view = memoryview(data)
+    spans = []
+    offset = FILE_HEADER_SIZE
+    while offset < len(data):
+        found = _record_at(view, offset, salt)
+        if isinstance(found, str):
+            break
+        kind, end, _ = found
+        spans.append((offset, kind, end))
+        offset = end
+    return spans
