@@ -234,7 +234,8 @@ def shuffler(
     password_file: PasswordFileOption = None,
     ca_file: CaFileOption = None,
     metrics_port: Annotated[
-        int | None, typer.Option(envvar="COCO_METRICS_PORT", help="Serve /metrics here.")
+        int | None,
+        typer.Option(envvar="COCO_METRICS_PORT", help="Serve /metrics and /ready here."),
     ] = None,
     announcement_timeout: Annotated[float, typer.Option(help="Seconds to wait for it.")] = 10.0,
 ) -> None:
@@ -246,8 +247,9 @@ def shuffler(
         typer.echo("error: --deployment is required (or COCO_DEPLOYMENT)", err=True)
         raise typer.Exit(2)
     import aiomqtt  # noqa: PLC0415 (not for --help: the MQTT clients cost 0.1-0.2 s of CPU)
-    from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
+    from broker.metrics import serve_http  # noqa: PLC0415
     from broker.shuffler import SessionTakenOverError, ShufflerConfig  # noqa: PLC0415
 
     try:
@@ -312,7 +314,7 @@ def shuffler(
         )
         registry = CollectorRegistry()
         if metrics_port is not None:
-            start_http_server(metrics_port, registry=registry)
+            serve_http(metrics_port, registry)  # /metrics and /ready
         asyncio.run(_serve(config, registry))
     except (
         CocoError,

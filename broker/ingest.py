@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import gmqtt  # type: ignore[import-untyped]
 
-from broker.store import StoreError
+from broker.store import LogFullError, StoreError
 
 __all__ = [
     "MQTT_LOGGER",
@@ -73,10 +73,12 @@ class GroupCommit:
         client: gmqtt.Client,
         flush_log: Callable[[], None],
         fail: Callable[[BaseException], None],
+        pause: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._client = client
         self._flush_log = flush_log
         self._fail = fail
+        self._pause = pause or fail
         self._acks: list[int] = []
         self._scheduled = False
 
@@ -96,6 +98,9 @@ class GroupCommit:
         acks, self._acks = self._acks, []
         try:
             self._flush_log()
+        except LogFullError as exc:
+            self._pause(exc)  # nothing of this read is acknowledged: redelivered later
+            return
         except (OSError, StoreError) as exc:
             self._fail(exc)  # nothing of this read is acknowledged: the broker redelivers it
             return

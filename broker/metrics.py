@@ -9,10 +9,19 @@ not reveal when its first event happened.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
@@ -150,6 +159,22 @@ class ShufflerMetrics:
             "Reports found in the state directory at start (pools and unacknowledged batches).",
             registry=registry,
         )
+        self.ready = Gauge(
+            "coco_shuffler_ready",
+            "1 once the state is recovered and the ingest subscribed (GET /ready: 200), else 0.",
+            registry=registry,
+        )
+        self.log_paused = Gauge(
+            "coco_shuffler_log_paused",
+            "1 while writes to the state directory's log fail for lack of space: nothing is "
+            "acknowledged, the ingest is disconnected, writes are retried.",
+            registry=registry,
+        )
+        self.log_full = Counter(
+            "coco_shuffler_log_full",
+            "Writes to the log that failed for lack of space (each one retried later).",
+            registry=registry,
+        )
         self.reconnects = Counter(
             "coco_shuffler_reconnects",
             "Connection attempts after a lost or failed connection.",
@@ -176,3 +201,35 @@ class ShufflerMetrics:
             raise ValueError(f"unknown drop reason {reason!r}")
         if count:
             self.dropped.labels(reason=reason).inc(count)
+
+
+def serve_http(port: int, registry: CollectorRegistry, host: str = "") -> ThreadingHTTPServer:
+    """``GET /metrics`` (Prometheus text) and ``GET /ready`` (200 once
+    ``coco_shuffler_ready`` is 1: the state recovered and the ingest subscribed; 503
+    before, while reconnecting, or while a full disk pauses it), in a daemon thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # the http.server API
+            path = self.path.split("?", 1)[0]
+            if path == "/ready":
+                ready = registry.get_sample_value("coco_shuffler_ready") == 1
+                self._reply(200 if ready else 503, b"ready\n" if ready else b"not ready\n")
+            elif path in ("/metrics", "/"):
+                self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            else:
+                self._reply(404, b"not found\n")
+
+        def _reply(self, code: int, body: bytes, kind: str = "text/plain") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_: object) -> None:  # no access log
+            return
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="shuffler-http", daemon=True).start()
+    return server

@@ -103,7 +103,7 @@ from broker.ingest import (
 )
 from broker.keys import check_announced, load_signer
 from broker.metrics import ShufflerMetrics
-from broker.store import EffectLog, StateDir, token_of
+from broker.store import EffectLog, LogFullError, StateDir, token_of
 from edge import mqtt_url
 from edge.batch_auth import BatchSigner
 from edge.codec import KIND_REPORT, REPORT_SIZE, VERSION, CodecError, decode_report
@@ -259,8 +259,15 @@ class Shuffler:
         self.config = config
         self.metrics = ShufflerMetrics(registry)
         self.metrics.min_batch.set(config.min_batch)
-        self.metrics.buffer_reports.set_function(lambda: self.core.buffered)
-        self.metrics.outbox_reports.set_function(lambda: self.core.outbox_reports)
+        # Not zeros before the state is recovered: an operator's "drained" check must not
+        # pass while a log of pooled reports is being replayed.
+        nan = math.nan
+        self.metrics.buffer_reports.set_function(
+            lambda: self.core.buffered if self._recovered else nan
+        )
+        self.metrics.outbox_reports.set_function(
+            lambda: self.core.outbox_reports if self._recovered else nan
+        )
         self._host, self._port, self._tls = parse_broker_url(config.broker)
         self._ingress = ingress_filter(config.deployment)
         self._ingress_prefix = self._ingress[:-1]
@@ -288,6 +295,8 @@ class Shuffler:
         self._subscribed_at: float | None = None
         self._late_offers = 0
         self._last_late = 0.0
+        self._paused = asyncio.Event()
+        self._unlogged_acks: dict[bytes, bytes] = {}
         self.failure: BaseException | None = None
 
     async def __aenter__(self) -> Self:
@@ -480,8 +489,6 @@ class Shuffler:
         subscribed and no report of an ended round has arrived for ``backlog_quiet`` s
         (the broker's queued backlog has drained); the core bounds the hold by
         ``late_seconds``."""
-        if self._log is None:
-            return False  # nothing was queued for a shuffler without a state directory
         subscribed = self._subscribed_at
         if subscribed is None or not self._connected.is_set():
             return True
@@ -541,7 +548,8 @@ class Shuffler:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(cfg.drain_timeout):
                 await self._consumption_done.wait()
-        self._tick()
+        with contextlib.suppress(LogFullError):  # paused: the pools stay in the log
+            self._tick()
         if self._log is None:
             self._commit(self._release_all())
         remaining = max(deadline - time.monotonic(), 0.0)
@@ -579,9 +587,48 @@ class Shuffler:
         while True:
             await asyncio.sleep(self.config.flush_interval)
             try:
-                self._tick()
+                if self._paused.is_set():
+                    self._try_resume()
+                else:
+                    self._tick()
+            except LogFullError as exc:
+                self._pause(exc)
             except OSError as exc:
                 self._fail(exc)
+
+    # --- a full disk: pause, retry, resume ----------------------------------------------
+
+    def _pause(self, exc: BaseException) -> None:
+        """The log could not be written for lack of space: nothing it held was applied or
+        acknowledged. Stop consuming (the ingest disconnects, keeping its session: the
+        broker keeps and later redelivers every unacknowledged report), keep the
+        published-but-unlogged acknowledgements, and retry every flush interval."""
+        self.metrics.log_full.inc()
+        if self._paused.is_set():
+            return
+        logger.error(
+            "the shuffler log in %s cannot be written (%s): acknowledgements paused, ingest "
+            "disconnected, retrying every %.1f s",
+            self.config.state_dir,
+            exc,
+            self.config.flush_interval,
+        )
+        self._paused.set()
+        self.metrics.log_paused.set(1)
+
+    def _try_resume(self) -> None:
+        """Write what waits (acknowledgements of published batches, or a no-op record):
+        once that succeeds there is space again, and consumption resumes."""
+        pending: list[Effect] = [Acked(batch_id) for batch_id in self._unlogged_acks]
+        probe = pending or [next(iter(self.core.snapshot()))]  # Configured: a no-op
+        self._commit(probe, compact=False)  # raises LogFullError while the disk is full
+        for batch_id in list(self._unlogged_acks):
+            self._count_ack(batch_id)
+        self._unlogged_acks.clear()
+        self._paused.clear()
+        self.metrics.log_paused.set(0)
+        self._outbox_changed.set()
+        logger.error("the shuffler log in %s is writable again: resuming", self.config.state_dir)
 
     def _fail(self, exc: BaseException) -> None:
         if self.failure is None:
@@ -603,7 +650,7 @@ class Shuffler:
         client.set_config({"reconnect_retries": _GMQTT_NO_AUTO_RECONNECT})
         if cfg.username is not None:
             client.set_auth_credentials(cfg.username, cfg.password)
-        self._group = GroupCommit(client, self._flush_log, self._fail)
+        self._group = GroupCommit(client, self._flush_log, self._fail, self._pause)
         ack_after_handling(client, self._on_message, self._group)
         client.on_message = self._on_unacknowledged_message
         return client
@@ -660,18 +707,21 @@ class Shuffler:
                     )
                     self._consumption_done.set()
                     return
-                logger.warning(
-                    "broker %s: connection lost or refused (%s); retry in %.1f s",
-                    cfg.broker,
-                    exc,
-                    backoff,
-                )
+                if not self._paused.is_set():
+                    logger.warning(
+                        "broker %s: connection lost or refused (%s); retry in %.1f s",
+                        cfg.broker,
+                        exc,
+                        backoff,
+                    )
             if self._stop_requested.is_set():
                 self._consumption_done.set()
                 return
             stop = asyncio.ensure_future(self._stop_requested.wait())
             try:
                 await asyncio.wait({stop}, timeout=backoff)
+                while self._paused.is_set() and not self._stop_requested.is_set():
+                    await asyncio.wait({stop}, timeout=self.config.flush_interval)
             finally:
                 stop.cancel()
             backoff = min(backoff * 2, cfg.reconnect_max)
@@ -715,13 +765,19 @@ class Shuffler:
             self._subscribed_at = time.monotonic()
             self._connected.set()
             self.metrics.connected.set(1)
+            self.metrics.ready.set(1 if self._recovered else 0)
             stop = asyncio.ensure_future(self._stop_requested.wait())
             gone = asyncio.ensure_future(acks.lost.wait())
+            paused = asyncio.ensure_future(self._paused.wait())
             try:
-                await asyncio.wait({stop, gone}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({stop, gone, paused}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 stop.cancel()
                 gone.cancel()
+                paused.cancel()
+            if self._paused.is_set() and not acks.lost.is_set():
+                await self._disconnect_gmqtt(client)  # the session keeps what is not acked
+                raise IngestError("paused: the state directory's disk is full")
             if acks.lost.is_set():
                 if acks.reason == _SESSION_TAKEN_OVER:
                     raise SessionTakenOverError(
@@ -735,6 +791,7 @@ class Shuffler:
         finally:
             self._connected.clear()
             self.metrics.connected.set(0)
+            self.metrics.ready.set(0)
             if not acks.lost.is_set() and not self._consumption_done.is_set():
                 await self._disconnect_gmqtt(client)
 
@@ -763,10 +820,11 @@ class Shuffler:
     def _handle_report(self, topic: object, payload: object, *, retain: bool) -> bool:
         """Validate, log and pool one report; ``True`` once it is durable (or rejected),
         when it may be acknowledged. ``False`` (or raising) leaves it unacknowledged."""
-        if self._stop_requested.is_set():
-            # Stopping: the DISCONNECT may already be on its way, so a PUBACK now could be
-            # lost and the report, once logged, come back as a duplicate. Leave it to the
-            # session: the next run gets it (or, at QoS 0, nobody: QoS 0 allows that).
+        if self._stop_requested.is_set() or self._paused.is_set():
+            # Stopping (or paused: the log cannot be written): the DISCONNECT may already
+            # be on its way, so a PUBACK now could be lost and the report, once logged,
+            # come back as a duplicate. Leave it to the session: the next connection gets
+            # it (or, at QoS 0, nobody: QoS 0 allows that).
             return False
         reason = self._offer(topic, payload, retain=retain)
         if reason is not None:
@@ -886,7 +944,7 @@ class Shuffler:
 
     async def _publish_loop(self) -> None:
         while True:
-            outbox = self.core.outbox()
+            outbox = [m for m in self.core.outbox() if batch_id_of(m) not in self._unlogged_acks]
             if not outbox:
                 self._outbox_changed.clear()
                 await self._outbox_changed.wait()
@@ -908,11 +966,20 @@ class Shuffler:
             self._on_batch_acked(message)
 
     def _on_batch_acked(self, message: bytes) -> None:
+        batch_id = batch_id_of(message)
         try:
-            self._commit([Acked(batch_id_of(message))])
+            self._commit([Acked(batch_id)])
+        except LogFullError as exc:  # published; its Acked is written once there is space
+            self._unlogged_acks[batch_id] = message
+            self._pause(exc)
+            return
         except OSError as exc:
             self._fail(exc)
             return
+        self._count_ack(batch_id, message)
+
+    def _count_ack(self, batch_id: bytes, message: bytes | None = None) -> None:
+        message = message or self._unlogged_acks[batch_id]
         count = batch_count_of(message)
         round_ = batch_round_of(message)
         self.metrics.batches_released.inc()

@@ -1,0 +1,177 @@
+"""The shuffler's state under operation, against a real Mosquitto: readiness (an HTTP
+endpoint and a gauge, false until the state is recovered and the ingest subscribed; no
+zeros served before recovery), a full disk (acknowledgements pause and are retried, and
+once space returns nothing is lost or doubled: a real, small tmpfs filled and freed), and
+the signing key (never created by accident, refused when it is not the announced one)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from broker.keys import SigningKeyError
+from broker.metrics import serve_http
+from broker.shuffler import Shuffler
+from edge.batch_auth import BatchSigner, load_or_create_signing_key, public_key_hex
+from edge.rounds import current_round
+from tests.broker.test_shuffler import config, publish, report, run, running, value, wait_until
+from tests.conftest import Broker, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def ready(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_readiness_only_once_recovered_and_subscribed(mosquitto: Broker, tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    port = free_port()
+    server = serve_http(port, registry, "127.0.0.1")
+    cfg = config(mosquitto, state_dir=tmp_path / "state", round_seconds=60)
+
+    async def scenario() -> None:
+        async with running(cfg, CollectorRegistry()) as first:
+            await publish(mosquitto, [(f"r{i}", report(current_round(60), i)) for i in range(7)])
+            await wait_until(lambda: first.buffered == 7)
+        shuffler = Shuffler(cfg, registry=registry)
+        # before recovery: not ready, and the pool gauges are not zeros
+        assert await asyncio.to_thread(ready, port) == 503
+        assert value(registry, "coco_shuffler_ready") == 0
+        assert math.isnan(registry.get_sample_value("coco_shuffler_buffer_reports") or 0.0)
+        assert math.isnan(registry.get_sample_value("coco_shuffler_outbox_reports") or 0.0)
+        async with shuffler:
+            assert value(registry, "coco_shuffler_buffer_reports") == 7  # recovered
+            assert await asyncio.to_thread(ready, port) == 503  # not subscribed yet
+            task = asyncio.create_task(shuffler.run())
+            await wait_until(lambda: value(registry, "coco_shuffler_ready") == 1)
+            assert await asyncio.to_thread(ready, port) == 200
+            shuffler.stop()
+            await task
+        assert value(registry, "coco_shuffler_ready") == 0
+        assert await asyncio.to_thread(ready, port) == 503
+
+    try:
+        run(scenario(), 60)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A real 1 MiB tmpfs (root only), unmounted at the end."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)],
+        check=False,
+        capture_output=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(directory: Path) -> Path:
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    with contextlib.suppress(OSError):
+        while True:
+            os.write(fd, b"\0" * 4096)
+    os.close(fd)
+    return filler
+
+
+def test_a_full_disk_pauses_acknowledgements_and_loses_or_doubles_nothing(
+    mosquitto: Broker, small_fs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The state directory's disk fills while reports stream in: the shuffler does not
+    exit; it stops acknowledging (an ERROR line, ``coco_shuffler_log_paused`` 1, not
+    ready), and once space is freed it resumes: every report published is accepted once,
+    none twice, none lost (the broker kept what was not acknowledged)."""
+    caplog.set_level(logging.INFO)
+    registry = CollectorRegistry()
+    cfg = config(mosquitto, state_dir=small_fs / "state", round_seconds=60, min_batch=5)
+
+    def accepted() -> float:
+        return value(registry, "coco_shuffler_reports_accepted_total")
+
+    async def scenario() -> None:
+        async with running(cfg, CollectorRegistry()):
+            pass  # the persistent session exists from here on
+        round_ = current_round(60)
+        async with running(cfg, registry) as shuffler:
+            await publish(mosquitto, [(f"a{i}", report(round_, i)) for i in range(50)])
+            await wait_until(lambda: accepted() == 50)
+            filler = fill(small_fs)
+            publisher = asyncio.create_task(
+                publish(mosquitto, [(f"b{i}", report(round_, 100 + i)) for i in range(400)])
+            )
+            await wait_until(lambda: value(registry, "coco_shuffler_log_paused") == 1, 30)
+            assert value(registry, "coco_shuffler_ready") == 0
+            assert shuffler.failure is None  # paused, not stopped
+            await asyncio.sleep(1.0)
+            assert value(registry, "coco_shuffler_log_paused") == 1  # still retrying
+            filler.unlink()
+            await publisher
+            await wait_until(lambda: accepted() == 450, 30)
+            await wait_until(lambda: value(registry, "coco_shuffler_ready") == 1)
+            await asyncio.sleep(0.5)  # anything delivered twice would be counted by now
+            assert accepted() == 450
+            assert shuffler.buffered == 450
+            rejected = value(
+                registry, "coco_shuffler_reports_rejected_total", reason="duplicate_in_round"
+            )
+            assert rejected == 0
+            assert value(registry, "coco_shuffler_log_full_total") >= 1
+        async with running(cfg, CollectorRegistry()) as again:
+            assert again.buffered == 450  # all of it in the log
+
+    run(scenario(), 120)
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("acknowledgements paused" in line for line in errors)
+    assert any("writable again" in line for line in errors)
+
+
+def test_a_signing_key_is_never_created_by_a_typo_and_must_be_the_announced_one(
+    mosquitto: Broker, tmp_path: Path
+) -> None:
+    key = tmp_path / "keys" / "signing.key"
+    announced = public_key_hex(load_or_create_signing_key(key))
+    typo = tmp_path / "keys" / "signing.kye"
+    cfg = config(mosquitto, state_dir=tmp_path / "state", create_signing_key=False)
+
+    async def open_with(**overrides: object) -> None:
+        settings = {**cfg.__dict__, **overrides}
+        async with Shuffler(type(cfg)(**settings), registry=CollectorRegistry()):
+            pass
+
+    with pytest.raises(SigningKeyError, match=rf"{typo} does not exist.*coco credentials"):
+        run(open_with(signing_key=typo))
+    assert not typo.exists()
+    assert not (tmp_path / "state").exists()  # refused before anything was created
+    other = BatchSigner.generate("testdep").public_key_hex
+    with pytest.raises(SigningKeyError, match=rf"{key} has public key {announced}.*{other}"):
+        run(open_with(signing_key=key, announced_public_key=other))
+    run(open_with(signing_key=key, announced_public_key=announced))  # the right one: runs
+    run(open_with(signing_key=typo, create_signing_key=True))  # explicitly: created
+    assert typo.exists()
