@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -492,6 +493,15 @@ async def run_fleet(p: Pipeline, attack: Callable[[], object], *, seed: int) -> 
 
     await wait_until(settled, TIMEOUT)
 
+    def accounted() -> bool:  # the accountant's process has caught up with the batches
+        assert p.aggregator is not None
+        level = p.aggregator_registry.get_sample_value(
+            "coco_aggregator_epsilon_central", {"batch": "smallest"}
+        )
+        return level is not None and not math.isnan(level)
+
+    await wait_until(accounted, TIMEOUT)
+
 
 def check_honest_reports_all_aggregated(
     p: Pipeline, extra: Counter[tuple[int, int]] | None = None
@@ -704,19 +714,22 @@ def test_round_numbers_at_the_end_of_time_and_zero_change_nothing(
 # -- row 2: a replay after a shuffler restart -------------------------------------------------
 
 
-def test_a_report_replayed_after_a_shuffler_restart_is_a_duplicate(
+def test_a_report_replayed_after_its_round_was_released_is_refused_across_a_restart(
     shipped_broker: Broker, tmp_path: Path, debug_logs: pytest.LogCaptureFixture
 ) -> None:
     """The shuffler stops and restarts twice (same state directory): once while the fleet
     publishes (what it had not handled stays with the session and goes to the next run;
     nothing it handled comes back, so no honest report is a duplicate), and once after the
     attacker's report of a round was released. The attacker then sends the same bytes
-    again, and another report of that round: two ``duplicate_in_round``, exactly, and its
-    report counts once."""
+    again, and another report of that round: the round is closed (released), across the
+    restart too, so both are ``round_too_old``, exactly, and its report counts once."""
     genuine = (4242, 3)
 
     def duplicates(registry: CollectorRegistry) -> float:
         return value(registry, "coco_shuffler_reports_rejected_total", reason="duplicate_in_round")
+
+    def too_old(registry: CollectorRegistry) -> float:
+        return value(registry, "coco_shuffler_reports_rejected_total", reason="round_too_old")
 
     async def scenario() -> Pipeline:
         async with pipeline(shipped_broker, tmp_path, accounts=True) as p:
@@ -746,7 +759,7 @@ def test_a_report_replayed_after_a_shuffler_restart_is_a_duplicate(
                     other = report_now(4343, 1, round_=round_)
                     assert await device.publish(topic, other) in ACCEPTED
                     registry = p.shuffler_registries[-1]
-                    await wait_until(lambda: duplicates(registry) == 2, TIMEOUT)
+                    await wait_until(lambda: too_old(registry) == 2, TIMEOUT)
                     assert shuffler.failure is None
 
             await run_fleet(p, attack, seed=2)
@@ -754,9 +767,9 @@ def test_a_report_replayed_after_a_shuffler_restart_is_a_duplicate(
 
     p = run(scenario(), 100)
     first, second, third = p.shuffler_registries
-    assert duplicates(first) == duplicates(second) == 0
-    assert duplicates(third) == 2  # the attacker's replay and its second report
-    assert p.rejected() == {"duplicate_in_round": 2}
+    assert duplicates(first) == duplicates(second) == duplicates(third) == 0
+    assert too_old(third) == 2  # the attacker's replay and its second report
+    assert p.rejected() == {"round_too_old": 2}
     assert p.shuffled("coco_shuffler_reports_accepted_total") == HONEST * ROUNDS + 1
     check_honest_reports_all_aggregated(p, extra=Counter([genuine]))
     check_logs_link_nothing(debug_logs.records, p)
