@@ -235,6 +235,8 @@ class ShufflerCore:
         self._units = config.round_seconds
         self._fingerprint = config.fingerprint
         self._configured = False
+        self._window_from = self._window_until = 0.0  # empty: computed on first use
+        self._highest = self._unended = self._lowest = 0
 
     # --- read-only views ----------------------------------------------------------------
 
@@ -290,18 +292,16 @@ class ShufflerCore:
         keyed token is ``token`` (a u64) for :meth:`settle`, or return the reason it is
         rejected now. Nothing but the queue changes."""
         fingerprint, round_, seed, z = report
+        if not self._window_from <= now < self._window_until:
+            self._window(now)
         cfg = self.config
         if fingerprint != cfg.fingerprint:
             return "unknown_fingerprint"
         if z >= cfg.t:
             return "z_out_of_range"
-        length = cfg.round_seconds
-        skewed = now - cfg.max_skew
-        if round_ > math.floor((now + cfg.max_skew) / length):
+        if round_ > self._highest:
             return "round_in_future"
-        if (round_ + 1) * length <= self._closed or round_ < math.floor(
-            (skewed - cfg.late_seconds) / length
-        ):
+        if round_ < self._lowest:
             return "round_too_old"
         pending = self._pending.get(round_)
         if pending is None:
@@ -309,13 +309,29 @@ class ShufflerCore:
         seen = self._seen.get(round_)
         if (0 if seen is None else seen.count) + len(pending.seeds) >= cfg.max_reports_per_round:
             return "round_full"
-        if (round_ + 1) * length <= skewed:
+        if round_ < self._unended:
             self.late_offers += 1
         pending.tokens.append(token)
         pending.seeds.append(seed)
         pending.zs.append(z)
         self._pending_count += 1
         return None
+
+    def _window(self, now: float) -> None:
+        """The round window at ``now`` (module docstring), and the interval of time over
+        which it stays the same (the per-report path compares, nothing more)."""
+        cfg = self.config
+        length, skew, late = cfg.round_seconds, cfg.max_skew, cfg.late_seconds
+        self._highest = math.floor((now + skew) / length)
+        self._unended = math.floor((now - skew) / length)
+        late_bound = math.floor((now - skew - late) / length)
+        self._lowest = max(late_bound, self._closed // length)
+        self._window_from = now
+        self._window_until = min(
+            (self._highest + 1) * length - skew,
+            (self._unended + 1) * length + skew,
+            (late_bound + 1) * length + skew + late,
+        )
 
     @property
     def pending(self) -> int:
@@ -568,6 +584,7 @@ class ShufflerCore:
                     applied.dropped["carry_superseded"] = superseded
             case Closed(until):
                 self._closed = max(self._closed, until)
+                self._window_until = 0.0  # the lowest open round may have moved
                 units = self._units
                 for round_ in [r for r in self._seen if (r + 1) * units <= self._closed]:
                     del self._seen[round_]
