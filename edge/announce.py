@@ -192,14 +192,21 @@ def load_spec_file(path: Path) -> MechanismSpec:
 def read_spec_file(path: Path) -> tuple[MechanismSpec, int | None]:
     """As :func:`load_spec_file`, with the file's ``round_seconds`` when it holds a whole
     announcement (``None`` for a bare spec)."""
+    spec, announcement = read_spec_or_announcement(path)
+    return spec, None if announcement is None else announcement["round_seconds"]
+
+
+def read_spec_or_announcement(path: Path) -> tuple[MechanismSpec, dict[str, Any] | None]:
+    """The spec in a JSON file, and the whole decoded announcement when the file holds one
+    (``None`` for a bare spec); :class:`SpecError` otherwise."""
     try:
         data: Any = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise SpecError(f"cannot read the spec file {path}: {exc}") from exc
-    round_seconds: int | None = None
+    announcement: dict[str, Any] | None = None
     if isinstance(data, dict) and "protocol" in data:
         announcement = decode_announcement(json.dumps(data).encode())
-        data, round_seconds = announcement["spec"], announcement["round_seconds"]
+        data = announcement["spec"]
     if not isinstance(data, dict):
         raise SpecError(f"the spec file {path} must hold a JSON object")
-    return MechanismSpec.from_dict(data), round_seconds
+    return MechanismSpec.from_dict(data), announcement

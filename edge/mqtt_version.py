@@ -24,7 +24,10 @@ What each version gives the services (docs/brokers.md has the per-broker detail)
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import ssl
 from typing import Literal
 
 __all__ = [
@@ -34,6 +37,8 @@ __all__ = [
     "VersionChoice",
     "check_mqtt_version",
     "is_version_refusal",
+    "negotiate",
+    "probe",
 ]
 
 logger = logging.getLogger(__name__)
@@ -57,6 +62,65 @@ def is_version_refusal(code: object) -> bool:
     says the broker does not speak the protocol version that was asked for."""
     value = getattr(code, "value", code)
     return value in (UNSUPPORTED_PROTOCOL_VERSION_5, UNACCEPTABLE_PROTOCOL_VERSION_311)
+
+
+_PROBE_CONNECT = bytes.fromhex("100d00044d5154540502000a000000")
+"""An MQTT 5 CONNECT: protocol name MQTT, level 5, clean start, keepalive 10 s, no
+properties, an empty client id (the broker assigns one)."""
+_DISCONNECT = bytes.fromhex("e000")
+
+
+async def probe(
+    host: str, port: int, *, tls: ssl.SSLContext | None = None, timeout: float = 10.0
+) -> Negotiated:
+    """Whether the broker at ``host:port`` speaks MQTT 5: ``"5"``, or ``"3.1.1"`` if it
+    answers an MQTT 5 CONNECT with a protocol-version refusal (module docs).
+
+    Any other answer, an authentication refusal included, means the broker parsed MQTT 5:
+    ``"5"``. Raises :class:`OSError` or :class:`TimeoutError` when the broker cannot be
+    reached or does not answer. Library-independent (raw bytes), so each client library
+    then connects with the version found."""
+    async with asyncio.timeout(timeout):
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=tls, server_hostname=host if tls is not None else None
+        )
+        try:
+            writer.write(_PROBE_CONNECT)
+            await writer.drain()
+            head = await reader.readexactly(2)
+            if head[0] >> 4 != 2:  # not a CONNACK
+                raise OSError(f"{host}:{port} answered an MQTT CONNECT with packet {head[0]:#x}")
+            body = await reader.readexactly(head[1]) if head[1] < 128 else b""
+            code = body[1] if len(body) >= 2 else None
+            if code is not None and is_version_refusal(code):
+                return "3.1.1"
+            if code == 0:
+                with contextlib.suppress(OSError):
+                    writer.write(_DISCONNECT)
+                    await writer.drain()
+            return "5"
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError, ssl.SSLError):
+                await writer.wait_closed()
+
+
+async def negotiate(
+    requested: MqttVersion,
+    host: str,
+    port: int,
+    *,
+    tls: ssl.SSLContext | None = None,
+    timeout: float = 10.0,
+) -> Negotiated:
+    """The version to connect with: ``requested`` itself, or for ``auto`` what
+    :func:`probe` finds (logged at INFO when it is 3.1.1)."""
+    if requested != "auto":
+        return requested
+    found = await probe(host, port, tls=tls, timeout=timeout)
+    if found == "3.1.1":
+        logger.info("%s:%d does not speak MQTT 5; using MQTT 3.1.1", host, port)
+    return found
 
 
 class VersionChoice:

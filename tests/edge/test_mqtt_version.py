@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
 import pytest
 
-from edge.mqtt_version import VersionChoice, check_mqtt_version, is_version_refusal
+from edge.mqtt_version import (
+    VersionChoice,
+    check_mqtt_version,
+    is_version_refusal,
+    negotiate,
+    probe,
+)
+from tests.conftest import Broker, free_port
 
 
 class _ReasonCode:
@@ -44,3 +59,50 @@ def test_unknown_versions_are_refused() -> None:
     for bad in ("4", "3", "v5", "", "AUTO"):
         with pytest.raises(ValueError, match="--mqtt-version"):
             check_mqtt_version(bad)
+
+
+# --- against real brokers -------------------------------------------------------------------
+
+
+def _nats_mqtt(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A single NATS server with JetStream and its MQTT listener (MQTT 3.1.1 only)."""
+    port, client_port = free_port(), free_port()
+    config = tmp_path / "nats.conf"
+    config.write_text(
+        f"listen: 127.0.0.1:{client_port}\nserver_name: probe\n"
+        f"jetstream {{ store_dir: {tmp_path / 'js'} }}\n"
+        f"mqtt {{ listen: 127.0.0.1:{port} }}\n"
+    )
+    proc = subprocess.Popen(
+        [NATS_SERVER, "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return proc, port
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail("nats-server did not open its MQTT listener")
+
+
+NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(not Path(NATS_SERVER).exists(), reason="nats-server is not installed")
+def test_probe_tells_a_311_only_broker_from_an_mqtt5_one(tmp_path: Path, mosquitto: Broker) -> None:
+    proc, port = _nats_mqtt(tmp_path)
+    try:
+        assert asyncio.run(probe("127.0.0.1", port)) == "3.1.1"
+        assert asyncio.run(negotiate("auto", "127.0.0.1", port)) == "3.1.1"
+        assert asyncio.run(negotiate("5", "127.0.0.1", port)) == "5"  # as asked, unprobed
+    finally:
+        proc.kill()
+        proc.wait()
+    assert asyncio.run(probe("127.0.0.1", mosquitto.port)) == "5"
+    assert asyncio.run(negotiate("auto", "127.0.0.1", mosquitto.port)) == "5"
+
+
+def test_probe_of_a_closed_port_raises() -> None:
+    with pytest.raises(ConnectionRefusedError):
+        asyncio.run(probe("127.0.0.1", free_port(), timeout=5))
