@@ -290,9 +290,10 @@ def dynsec_config(
     A device may publish to ``coco/v1/<deployment>/ingress/<its name>`` (and to
     ``ingress/<any shard>/<its name>``) and read the spec, nothing else, and may connect
     only with its name as client id (the plugin's ``clientid``): no device can connect as
-    another device or as a service. Duplicate names, unknown service accounts, device names that are a service's client id, and device
-    names the plugin would substitute (``%c``, ``%u``: Mosquitto 2.1 replaces such a topic
-    level by the client id or username, which would let a device pick its ingress topic)
+    another device or as a service. Duplicate names, unknown service accounts, device names
+    that are a service's client id, and device names the plugin would substitute (``%c``,
+    ``%u``: Mosquitto 2.1 replaces such a topic level by the client id or username, which
+    would let a device pick its ingress topic)
     are refused.
     """
     roles_of_services = service_roles(deployment)
