@@ -76,7 +76,7 @@ from prometheus_client import CollectorRegistry
 
 from edge import CocoError, LocalMechanism
 from edge.codec import encode_report
-from edge.mqtt_url import parse_broker_url
+from edge.mqtt_url import parse_broker_urls
 from edge.mqtt_version import MQTT_VERSIONS, MqttVersion, Negotiated, negotiate
 from edge.rounds import check_round_seconds, current_round, round_start
 from edge.shards import ShardLayout, ShardPlan
@@ -194,7 +194,7 @@ class FleetConfig:
     """The announced shard layouts (``None``: an unsharded deployment)."""
 
     def __post_init__(self) -> None:
-        parse_broker_url(self.broker)
+        parse_broker_urls(self.broker)
         if self.mqtt_version not in MQTT_VERSIONS:
             raise ValueError(f"mqtt_version must be one of {MQTT_VERSIONS}")
         check_name("deployment", self.deployment)
@@ -361,6 +361,8 @@ class _Connection:
         handler._handle_puback_packet = on_puback  # looked up by name on the instance
         self.window = window
         self.connected = False
+        self.node = 0
+        """Index of the broker node this connection uses (moves on after a failure)."""
         self._on_lost = on_lost
         self._room = asyncio.Event()
         self._room.set()
@@ -506,7 +508,10 @@ class Fleet:
         self._rand_rngs = [
             np.random.default_rng(c) for c in seed_children(config.seed)[2].spawn(config.devices)
         ]
-        self._host, self._port, tls = parse_broker_url(config.broker)
+        self._nodes = parse_broker_urls(config.broker)
+        """The broker's nodes: connection ``k`` starts on node ``k mod n`` and moves to the
+        next node each time it fails (a cluster node that died)."""
+        self._host, self._port, tls = self._nodes[0]
         self._tls: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=config.ca_file) if tls else False
         )
@@ -679,6 +684,12 @@ class Fleet:
     # -- connections --
 
     def _make_connections(self) -> list[_Connection]:
+        conns = self._new_connections()
+        for k, conn in enumerate(conns):
+            conn.node = k  # spread over the nodes of a cluster
+        return conns
+
+    def _new_connections(self) -> list[_Connection]:
         cfg = self.config
         if cfg.mode == "connections":
             secret = cfg.credentials_secret
@@ -727,6 +738,7 @@ class Fleet:
         return len(range(k, n, len(self._conns)))
 
     def _lost(self, conn: _Connection) -> None:
+        conn.node += 1  # reconnect to the next node (the lost one may have died)
         self._connected -= self._devices_on(conn)
         self.metrics.connected.set(self._connected)
 
@@ -746,8 +758,9 @@ class Fleet:
             async with gate:
                 if self.stopping:
                     return
+                host, port, _ = self._nodes[conn.node % len(self._nodes)]
                 reason = await conn.connect(
-                    self._host, self._port, self._tls, cfg.connect_timeout, self.version
+                    host, port, self._tls, cfg.connect_timeout, self.version
                 )
             if reason is None:
                 if self.stopping:
@@ -757,6 +770,7 @@ class Fleet:
                 self.stats.peak_connected = max(self.stats.peak_connected, self._connected)
                 self.metrics.connected.set(self._connected)
             else:
+                conn.node += 1  # the next attempt goes to the next node of a cluster
                 self.connect_failures[reason] += 1
                 self.metrics.connect_failure(reason)
                 logger.debug("connection refused or failed: %s", reason)
