@@ -15,14 +15,17 @@ from edge import CocoError, MechanismSpec
 from edge.announce import decode_announcement, load_spec_file
 from edge.cli_options import (
     DEFAULT_BROKER,
+    DEFAULT_MQTT_VERSION,
     BrokerOption,
     CaFileOption,
+    MqttVersionOption,
     PasswordFileOption,
     PasswordOption,
     SpecFileOption,
     UsernameOption,
     resolve_password,
 )
+from edge.mqtt_version import check_mqtt_version
 from edge.topics import spec_topic
 
 if TYPE_CHECKING:  # imported when a command runs, not for --help (MQTT clients, numpy)
@@ -233,6 +236,7 @@ def shuffler(
     password: PasswordOption = None,
     password_file: PasswordFileOption = None,
     ca_file: CaFileOption = None,
+    mqtt_version: MqttVersionOption = DEFAULT_MQTT_VERSION,
     metrics_port: Annotated[
         int | None,
         typer.Option(envvar="COCO_METRICS_PORT", help="Serve /metrics and /ready here."),
@@ -305,6 +309,7 @@ def shuffler(
             state_dir=state_dir or Path("coco-state") / deployment / "shuffler",
             signing_key=signing_key,
             create_signing_key=create_signing_key,
+            mqtt_version=check_mqtt_version(mqtt_version),
             announced_public_key=announced_key,
             fsync=fsync,
             client_id=client_id,

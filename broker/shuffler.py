@@ -69,7 +69,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Self
+from typing import Self
 
 import aiomqtt
 import gmqtt  # type: ignore[import-untyped]
@@ -107,6 +107,7 @@ from broker.store import EffectLog, LogFullError, StateDir, token_of
 from edge import mqtt_url
 from edge.batch_auth import BatchSigner
 from edge.codec import KIND_REPORT, REPORT_SIZE, VERSION, CodecError, decode_report
+from edge.mqtt_version import MqttVersion, Negotiated, check_mqtt_version, negotiate
 from edge.rounds import check_round_seconds
 from edge.spec import MechanismSpec
 from edge.topics import MAX_NAME, batches_topic, check_name, ingress_filter
@@ -172,8 +173,12 @@ class ShufflerConfig:
     ca_file: str | None = None
     client_id: str | None = None
     session_expiry: int = 7 * 24 * 3600
-    mqtt_version: Literal["5", "3.1.1"] = "5"
-    """MQTT 3.1.1 is for brokers without MQTT 5 (the demo's embedded amqtt)."""
+    mqtt_version: MqttVersion = "auto"
+    """``auto``: MQTT 5, or 3.1.1 where the broker refuses 5 (probed once per process,
+    :func:`edge.mqtt_version.negotiate`). On 3.1.1 the session is ``clean_session=0`` (kept
+    until a clean connection), there is no Maximum Packet Size (the broker's own limit
+    applies; the ingest checks every payload's length first) and no DISCONNECT 0x8E on a
+    takeover (only the quick-loss rule, or a shard lease, tells)."""
     state_dir: Path | None = None
     fsync: bool = False
     signing_key: Path | None = None
@@ -222,6 +227,7 @@ class ShufflerConfig:
             )
         if self.client_id is not None and not self.client_id:
             raise ValueError("client_id must be None (derived from the account) or non-empty")
+        check_mqtt_version(self.mqtt_version)
         if self.compact_bytes < 1:
             raise ValueError(f"compact_bytes must be >= 1, got {self.compact_bytes}")
 
@@ -281,6 +287,9 @@ class Shuffler:
         self._group: GroupCommit | None = None
         self._token_key = b""
         self._recovered = False
+        self._version: Negotiated | None = (
+            None if config.mqtt_version == "auto" else (config.mqtt_version)
+        )
         self.signer: BatchSigner | None = config.signer
         self._reset_events()
 
@@ -638,10 +647,24 @@ class Shuffler:
 
     # --- ingest (gmqtt) -----------------------------------------------------------------
 
+    async def _negotiated(self) -> Negotiated:
+        """The MQTT version to speak, probed once for ``auto`` (raises ``OSError`` or
+        ``TimeoutError`` while the broker cannot be reached: the callers retry)."""
+        if self._version is None:
+            tls = ssl.create_default_context(cafile=self.config.ca_file) if self._tls else None
+            self._version = await negotiate(
+                self.config.mqtt_version,
+                self._host,
+                self._port,
+                tls=tls,
+                timeout=self.config.publish_timeout,
+            )
+        return self._version
+
     def _make_gmqtt_client(self) -> gmqtt.Client:
         cfg = self.config
         kwargs: dict[str, object] = {}
-        if cfg.mqtt_version == "5":
+        if self._version == "5":
             kwargs["session_expiry_interval"] = cfg.session_expiry
             kwargs["maximum_packet_size"] = INGEST_MAX_PACKET
         client = gmqtt.Client(
@@ -734,11 +757,12 @@ class Shuffler:
         broker queues what arrives while the shuffler is away.
         """
         cfg = self.config
+        await self._negotiated()
         client = self._make_gmqtt_client()
         acks = Acks(cfg.publish_timeout)
         client.on_subscribe = acks.on_ack
         client.on_disconnect = acks.on_disconnect
-        version = MQTTv311 if cfg.mqtt_version == "3.1.1" else MQTTv50
+        version = MQTTv311 if self._version == "3.1.1" else MQTTv50
         try:
             async with asyncio.timeout(cfg.publish_timeout):
                 await client.connect(
@@ -756,7 +780,7 @@ class Shuffler:
             # report delivered on subscription (with either protocol version).
             codes = await acks.wait(
                 client.subscribe(
-                    self._ingress, qos=cfg.qos, retain_as_published=cfg.mqtt_version == "5"
+                    self._ingress, qos=cfg.qos, retain_as_published=self._version == "5"
                 )
             )
             if not codes or codes[0] >= 0x80:
@@ -884,7 +908,7 @@ class Shuffler:
         cfg = self.config
         tls_context = ssl.create_default_context(cafile=cfg.ca_file) if self._tls else None
         session: dict[str, object]
-        if cfg.mqtt_version == "3.1.1":
+        if self._version == "3.1.1":
             session = {"protocol": aiomqtt.ProtocolVersion.V311, "clean_session": True}
         else:
             properties = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
@@ -910,13 +934,14 @@ class Shuffler:
         backoff = self.config.reconnect_min
         while not self._closing.is_set():
             try:
+                await self._negotiated()
                 async with self._make_client() as client:
                     self._client = client
                     self._publisher_ready.set()
                     backoff = self.config.reconnect_min
                     await self._watch_publisher(client)
                     return
-            except aiomqtt.MqttError as exc:
+            except (aiomqtt.MqttError, OSError, TimeoutError) as exc:
                 logger.warning(
                     "broker %s: publishing connection lost or refused (%s); retry in %.1f s",
                     self.config.broker,

@@ -64,9 +64,7 @@ def damaged_state_dir(tmp_path: Path, where: str) -> Path:
 
 
 @pytest.mark.parametrize("where", ["length", "body"])
-def test_repair_keeps_every_intact_record_and_reports_the_loss(
-    tmp_path: Path, where: str
-) -> None:
+def test_repair_keeps_every_intact_record_and_reports_the_loss(tmp_path: Path, where: str) -> None:
     state = damaged_state_dir(tmp_path, where)
     original = (state / "effects.log").read_bytes()
     report = repair(state, CONFIG)

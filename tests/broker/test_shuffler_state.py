@@ -27,6 +27,7 @@ from edge.batch_auth import BatchSigner, load_or_create_signing_key, public_key_
 from edge.rounds import current_round
 from tests.broker.test_shuffler import config, publish, report, run, running, value, wait_until
 from tests.conftest import Broker, free_port
+from tests.edge.test_mqtt_version import NATS_SERVER, _nats_mqtt
 
 pytestmark = pytest.mark.integration
 
@@ -175,3 +176,45 @@ def test_a_signing_key_is_never_created_by_a_typo_and_must_be_the_announced_one(
     run(open_with(signing_key=key, announced_public_key=announced))  # the right one: runs
     run(open_with(signing_key=typo, create_signing_key=True))  # explicitly: created
     assert typo.exists()
+
+
+@pytest.mark.skipif(not Path(NATS_SERVER).exists(), reason="nats-server is not installed")
+def test_auto_speaks_mqtt_311_to_a_broker_without_5_and_keeps_its_session(
+    tmp_path: Path,
+) -> None:
+    """NATS's MQTT listener speaks only 3.1.1: ``auto`` finds that, the ingest keeps a
+    persistent session (``clean_session=0``: reports published while the shuffler is away
+    wait for it), and a replay after a restart is a duplicate."""
+    proc, port = _nats_mqtt(tmp_path)
+    nats = Broker(tmp_path, port)  # only its url and port are used: the process is NATS's
+    registry = CollectorRegistry()
+    cfg = config(nats, state_dir=tmp_path / "state", round_seconds=60, min_batch=5)
+    assert cfg.mqtt_version == "auto"
+
+    async def scenario() -> None:
+        async with running(cfg, CollectorRegistry()) as first:
+            assert first._version == "3.1.1"
+        round_ = current_round(60)
+        reports = [(f"n{i}", report(round_, i)) for i in range(6)]
+        await publish(nats, reports)  # the shuffler is away: its session keeps them
+        async with running(cfg, registry) as again:
+            await wait_until(lambda: again.buffered == 6, 30)
+            await publish(nats, reports[:2])  # replays
+            await wait_until(
+                lambda: (
+                    value(
+                        registry,
+                        "coco_shuffler_reports_rejected_total",
+                        reason="duplicate_in_round",
+                    )
+                    == 2
+                ),
+                30,
+            )
+            assert again.buffered == 6
+
+    try:
+        run(scenario(), 90)
+    finally:
+        proc.terminate()
+        proc.wait(10)
