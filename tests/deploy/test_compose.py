@@ -182,7 +182,9 @@ def test_resolve_catches_unknown_options_and_bad_values() -> None:
     with pytest.raises(pytest.fail.Exception, match="Invalid value for '--metrics-port'"):
         resolve([*base, "--metrics-port", "http"])
     with pytest.raises(pytest.fail.Exception, match="Missing option"):
-        resolve(["coco", "shuffler"])
+        resolve(
+            ["coco", "announce"]
+        )  # (coco shuffler alone is `run` without --deployment: refused when it runs)
     with pytest.raises(AssertionError, match="no command"):
         resolve(["coco", "no-such-command"])
 
