@@ -218,3 +218,31 @@ def test_auto_speaks_mqtt_311_to_a_broker_without_5_and_keeps_its_session(
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_new_round_seconds_between_runs_keeps_accepting(
+    mosquitto: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 19: round_seconds 2 -> 5 between runs used to reject every report as
+    round_too_old (the closed round was kept in the old units). Now the closed rounds are
+    a time: the new run accepts the current 5-s round's reports and releases them."""
+    caplog.set_level(logging.WARNING)
+    registry = CollectorRegistry()
+    state = tmp_path / "state"
+
+    async def scenario() -> None:
+        async with running(config(mosquitto, state_dir=state, round_seconds=2), registry) as s:
+            round_ = current_round(2)
+            await publish(mosquitto, [(f"o{i}", report(round_, i)) for i in range(5)])
+            await wait_until(lambda: value(registry, "coco_shuffler_reports_released_total") == 5)
+            assert s.core.closed >= (round_ + 1) * 2
+        again = CollectorRegistry()
+        async with running(config(mosquitto, state_dir=state, round_seconds=5), again) as s:
+            round_ = current_round(5)
+            await publish(mosquitto, [(f"p{i}", report(round_, 10 + i)) for i in range(5)])
+            await wait_until(lambda: value(again, "coco_shuffler_reports_accepted_total") == 5)
+            assert value(again, "coco_shuffler_reports_rejected_total", reason="round_too_old") == 0
+            await wait_until(lambda: value(again, "coco_shuffler_reports_released_total") == 5, 30)
+
+    run(scenario(), 90)
+    assert any("renumbered" in r.getMessage() for r in caplog.records)
