@@ -98,7 +98,7 @@ from broker.effects import (
     batch_id_of,
     batch_round_of,
 )
-from broker.state import U64, Pool, TokenSet, as_u16, as_u32, as_u64
+from broker.state import U64, Pool, TokenSet, as_u16, as_u32, as_u64, distinct, without
 from edge.codec import encode_batch_header
 from edge.rounds import check_round_seconds
 
@@ -509,7 +509,7 @@ class ShufflerCore:
         n = int(seeds.size)
         if n < cfg.min_batch:  # defence in depth: never release a small batch
             raise AssertionError("refusing to release a batch below min_batch")
-        if np.unique(tokens).size != n:  # defence in depth: one report per device
+        if distinct(tokens).size != n:  # defence in depth: one report per device
             raise AssertionError("refusing to release two reports of one device together")
         slices = math.ceil(n / cfg.max_batch)
         queued = len(self._outbox) if queued is None else queued
@@ -610,7 +610,7 @@ class ShufflerCore:
             seen.setdefault(round_ * old // new, []).append(tokens.tokens())
         self._seen = {}
         for round_, parts in seen.items():
-            self._tokens(round_).add(np.unique(np.concatenate(parts)).astype(U64))
+            self._tokens(round_).add(distinct(np.concatenate(parts)))
         pools, self._pools = self._pools, {}
         for round_ in sorted(pools):
             pool = pools[round_]
@@ -656,10 +656,15 @@ class ShufflerCore:
                 round_, pool.carried, bytes(pool.tokens), bytes(pool.seeds), bytes(pool.zs)
             )
         for round_, seen in self._seen.items():
-            tokens = seen.tokens()
+            # the pool's fresh tokens come back with it (Pooled): only the others here
             same = self._pools.get(round_)
-            if same is not None:  # the pool's fresh tokens come back with it (Pooled)
-                tokens = np.setdiff1d(tokens, as_u64(same.tokens)[same.carried :])
+            if (round_ + 1) * self._units <= self._closed:
+                same = None  # (only a repaired log has tokens of a closed round)
+            if same is not None and len(same) - same.carried == seen.count:
+                continue  # all of the round's tokens are its pool's fresh ones
+            tokens = seen.tokens()
+            if same is not None:
+                tokens = without(tokens, as_u64(same.tokens)[same.carried :])
             if tokens.size:
                 yield Seen(round_, tokens.astype(U64).tobytes())
         if self._outbox:

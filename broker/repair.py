@@ -35,14 +35,12 @@ from broker.logv1 import V1Error, decode_v1
 from broker.records import (
     ADMITTED,
     FILE_HEADER_SIZE,
-    HEAD_SIZE,
-    MAGIC,
     POOLED,
     TYPE_NAMES,
     read_header,
     scan,
 )
-from broker.store import EffectLog, StateDir
+from broker.store import EffectLog, StateDir, looks_like_v1
 
 __all__ = ["RepairReport", "repair"]
 
@@ -143,7 +141,7 @@ def repair(state_dir: Path, config: CoreConfig) -> RepairReport:
         os.chmod(copy, 0o600)
         report.copy = str(copy)
         salt = read_header(data)
-        if salt is None and data[: len(MAGIC)] != MAGIC and len(data) >= HEAD_SIZE:
+        if salt is None and looks_like_v1(data):
             try:  # version 1: what reads before the damage
                 effects, whole = decode_v1(data, config.round_seconds, name=str(path))
             except V1Error:

@@ -22,7 +22,7 @@ from array import array
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Pool", "TokenSet", "as_u16", "as_u32", "as_u64"]
+__all__ = ["Pool", "TokenSet", "as_u16", "as_u32", "as_u64", "distinct", "without"]
 
 if sys.byteorder != "little":  # pragma: no cover  # the packed columns are little-endian
     raise ImportError("broker.state needs a little-endian machine")
@@ -48,6 +48,30 @@ def as_u32(data: bytes | bytearray | memoryview | array[int]) -> npt.NDArray[np.
 
 def as_u16(data: bytes | bytearray | memoryview | array[int]) -> npt.NDArray[np.uint16]:
     return np.frombuffer(data, dtype=U16)
+
+
+def distinct(tokens: Tokens) -> Tokens:
+    """The sorted distinct values of ``tokens`` (by sorting: numpy's hash-based
+    ``unique`` is far slower on u64 here)."""
+    ranked = np.sort(tokens)
+    if ranked.size < 2:
+        return ranked
+    keep = np.empty(ranked.size, dtype=np.bool_)
+    keep[0] = True
+    np.not_equal(ranked[1:], ranked[:-1], out=keep[1:])
+    result: Tokens = ranked[keep]
+    return result
+
+
+def without(ranked: Tokens, others: Tokens) -> Tokens:
+    """The values of ``ranked`` (sorted) that are not in ``others``."""
+    if not others.size or not ranked.size:
+        return ranked
+    other = np.sort(others)
+    index = other.searchsorted(ranked)
+    np.minimum(index, other.size - 1, out=index)
+    result: Tokens = ranked[other[index] != ranked]
+    return result
 
 
 def _merge(runs: list[Tokens]) -> Tokens:
@@ -158,9 +182,13 @@ class Pool:
         if not self.carried:
             return None, 0
         tokens = as_u64(self.tokens)
-        # the last occurrence of each token wins: unique over the reversed order
-        _, first_in_reversed = np.unique(tokens[::-1], return_index=True)
-        keep = np.sort(tokens.size - 1 - first_in_reversed)
+        # the last occurrence of each token wins: the first one in the reversed order
+        reversed_ = tokens[::-1]
+        order = np.argsort(reversed_, kind="stable")
+        ranked = reversed_[order]
+        first = np.ones(ranked.size, dtype=np.bool_)
+        np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
+        keep = np.sort(tokens.size - 1 - order[first])
         return keep, int(tokens.size - keep.size)
 
     def size(self) -> int:

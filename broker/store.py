@@ -57,6 +57,7 @@ from broker.logv1 import V1Error, decode_v1
 from broker.records import (
     FILE_HEADER_SIZE,
     MAGIC,
+    MARKER,
     TYPE_NAMES,
     Problem,
     encode_effect,
@@ -110,6 +111,16 @@ def token_of(key: bytes, device: str) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
+def looks_like_v1(data: bytes) -> bool:
+    """Whether ``data`` (no valid version-2 header) is a version-1 log: it starts with a
+    record type 1-9. Anything that resembles a version-2 header (most of its magic, or a
+    record marker where the first record starts) is a damaged one, never read as a
+    version-1 log (which would find nothing in it and truncate it)."""
+    resembles = sum(a == b for a, b in zip(data[: len(MAGIC)], MAGIC, strict=False)) >= 4
+    marker = data[FILE_HEADER_SIZE : FILE_HEADER_SIZE + len(MARKER)] == MARKER
+    return not resembles and not marker and len(data) >= 5 and 1 <= data[0] <= 9
+
+
 def read_log(path: Path, round_seconds: int) -> tuple[list[Effect], int, int | None, int]:
     """``(effects, whole, salt, size)``: the effects of the log at ``path`` and the length
     of its whole records (``salt`` None: version 1 or empty). :class:`LogDamagedError` for
@@ -124,9 +135,9 @@ def read_log(path: Path, round_seconds: int) -> tuple[list[Effect], int, int | N
         return [], 0, None, 0
     salt = read_header(data)
     if salt is None:
-        if data[: len(MAGIC)] == MAGIC or len(data) < 5:
-            if len(data) < FILE_HEADER_SIZE and MAGIC.startswith(data[: len(MAGIC)]):
-                return [], 0, None, len(data)  # a header cut short: nothing was written
+        if len(data) < FILE_HEADER_SIZE and MAGIC.startswith(data[: len(MAGIC)]):
+            return [], 0, None, len(data)  # a header cut short: nothing was written
+        if not looks_like_v1(data):
             raise StoreError(
                 f"shuffler log {path}: damaged file header; refusing to start "
                 f"(run: coco shuffler repair --state-dir {path.parent})"

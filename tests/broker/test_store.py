@@ -39,6 +39,7 @@ from broker.core import (
     ShufflerCore,
 )
 from broker.records import FILE_HEADER_SIZE, encode_effect, file_header, scan
+from broker.repair import repair
 from broker.store import (
     EffectLog,
     LogDamagedError,
@@ -344,3 +345,29 @@ def test_scan_reports_where_the_next_intact_record_is() -> None:
     assert result.problem is not None
     assert result.problem.offset == STARTS[5]
     assert result.problem.next_good == STARTS[6]
+
+
+@settings(max_examples=200, deadline=None)
+@given(offset=st.integers(0, len(LOG) - 1), bit=st.integers(0, 7))
+def test_repair_after_one_flipped_bit_keeps_every_other_record(
+    tmp_path_factory: pytest.TempPathFactory, offset: int, bit: int
+) -> None:
+    """Whatever bit flips (the header's included: its salt is found again), the repair
+    keeps every record but the damaged one."""
+    state = tmp_path_factory.mktemp("state")
+    damaged = bytearray(LOG)
+    damaged[offset] ^= 1 << bit
+    (state / "effects.log").write_bytes(bytes(damaged))
+    report = repair(state, CoreConfig(fingerprint=1, t=8, round_seconds=10, min_batch=2))
+    hit = sum(1 for start in STARTS if start <= offset)  # 0: the header
+    expected = [e for i, e in enumerate(LOG_EFFECTS) if i != hit - 1]
+    recovered = EffectLog(state / "effects.log").replay()
+
+    def state_of(effects: list[Effect]) -> tuple[object, ...]:
+        core = ShufflerCore(CoreConfig(fingerprint=1, t=8, round_seconds=10, min_batch=2))
+        for effect in effects:
+            core.apply(effect)
+        return core.state_digest()
+
+    assert state_of(recovered) == state_of(expected)
+    assert report.records_kept == len(expected)
