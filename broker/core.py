@@ -97,9 +97,10 @@ from broker.effects import (
     batch_count_of,
     batch_id_of,
     batch_round_of,
+    is_manifest,
 )
 from broker.state import U64, Pool, TokenSet, as_u16, as_u32, as_u64, distinct, without
-from edge.codec import encode_batch_header
+from edge.codec import encode_batch_header, encode_manifest
 from edge.rounds import check_round_seconds
 
 __all__ = [
@@ -187,6 +188,9 @@ class BatchMaker:
     shuffle: Callable[[list[int]], None]
     new_batch_id: Callable[[], bytes]
     seal: Callable[[bytes], bytes]
+    seal_manifest: Callable[[bytes], bytes] | None = None
+    """Seals the release's manifest (docs/protocol.md: one per release, published after
+    its batches); ``None``: no manifest."""
 
 
 # --- state ------------------------------------------------------------------------------
@@ -529,6 +533,10 @@ class ShufflerCore:
                 raise AssertionError("a slice below min_batch")  # max_batch >= 2 min_batch
             header = encode_batch_header(fp, round_, maker.new_batch_id(), int(part.size))
             messages.append(maker.seal(header + records[part].tobytes()))
+        if maker.seal_manifest is not None:
+            entries = [(batch_id_of(m), batch_count_of(m)) for m in messages]
+            manifest = encode_manifest(fp, round_, maker.new_batch_id(), entries)
+            messages.append(maker.seal_manifest(manifest))
         return Released(round_, tuple(messages))
 
     # --- state changes ------------------------------------------------------------------
@@ -566,7 +574,7 @@ class ShufflerCore:
                 self._buffered -= len(pool)
                 self._add_outbox(messages)
                 released = sum(batch_count_of(m) for m in messages)
-                applied.released_batches = len(messages)
+                applied.released_batches = sum(1 for m in messages if not is_manifest(m))
                 applied.released_reports = released
                 if len(pool) > released:
                     applied.dropped["carry_superseded"] = len(pool) - released

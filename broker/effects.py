@@ -26,10 +26,12 @@ __all__ = [
     "batch_count_of",
     "batch_id_of",
     "batch_round_of",
+    "is_manifest",
 ]
 
 BATCH_ID_OFFSET = 10
 BATCH_ID_SIZE = 16
+KIND_MANIFEST = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,8 @@ class Pooled:
 
 @dataclass(frozen=True, slots=True)
 class Released:
-    """The pool of ``round`` leaves as these sealed batch messages (outbox until acked)."""
+    """The pool of ``round`` leaves as these sealed batch messages, followed by the
+    release's sealed manifest where there is one (outbox until acked, in this order)."""
 
     round: int
     messages: tuple[bytes, ...]
@@ -129,12 +132,20 @@ Effect = (
 
 
 def batch_id_of(message: bytes) -> bytes:
-    """The 16-byte ``batch_id`` of a (sealed) batch message."""
+    """The 16-byte ``batch_id`` of a (sealed) batch message (a manifest's ``release_id``:
+    at the same offset)."""
     return message[BATCH_ID_OFFSET : BATCH_ID_OFFSET + BATCH_ID_SIZE]
 
 
+def is_manifest(message: bytes) -> bool:
+    """Whether an outbox message is a release's manifest (kind 3), not a batch."""
+    return message[1] == KIND_MANIFEST
+
+
 def batch_count_of(message: bytes) -> int:
-    """The record count of a (sealed) batch message."""
+    """The record count of a (sealed) batch message; 0 for a manifest."""
+    if message[1] == KIND_MANIFEST:
+        return 0
     return int.from_bytes(message[26:30], "big")
 
 

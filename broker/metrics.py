@@ -111,6 +111,12 @@ class ShufflerMetrics:
             "Shuffled batches published and acknowledged by the broker.",
             registry=registry,
         )
+        self.manifests_published = Counter(
+            "coco_shuffler_manifests_published",
+            "Signed release manifests published and acknowledged by the broker (one per "
+            "release, after its batches).",
+            registry=registry,
+        )
         self.reports_released = Counter(
             "coco_shuffler_reports_released",
             "Reports inside published, acknowledged batches.",

@@ -93,6 +93,7 @@ from broker.core import (
     batch_id_of,
     batch_round_of,
 )
+from broker.effects import is_manifest
 from broker.ingest import (
     MQTT_LOGGER,
     Acks,
@@ -110,7 +111,7 @@ from edge.codec import KIND_REPORT, REPORT_SIZE, VERSION, CodecError, decode_rep
 from edge.mqtt_version import MqttVersion, Negotiated, check_mqtt_version, negotiate
 from edge.rounds import check_round_seconds
 from edge.spec import MechanismSpec
-from edge.topics import MAX_NAME, batches_topic, check_name, ingress_filter
+from edge.topics import MAX_NAME, batches_topic, check_name, ingress_filter, manifests_topic
 
 __all__ = [
     "INGEST_MAX_PACKET",
@@ -278,6 +279,7 @@ class Shuffler:
         self._ingress = ingress_filter(config.deployment)
         self._ingress_prefix = self._ingress[:-1]
         self._batches = batches_topic(config.deployment)
+        self._manifests = manifests_topic(config.deployment)
         self._random = random.SystemRandom()
         self._lock = asyncio.Lock()
         self.core = ShufflerCore(config.core_config())
@@ -512,6 +514,7 @@ class Shuffler:
             shuffle=self._random.shuffle,
             new_batch_id=lambda: secrets.token_bytes(16),
             seal=signer.seal,
+            seal_manifest=signer.seal_manifest,
         )
 
     # --- main loop ----------------------------------------------------------------------
@@ -982,7 +985,10 @@ class Shuffler:
             message = outbox[0]
             try:
                 await client.publish(
-                    self._batches, message, qos=self.config.qos, timeout=self.config.publish_timeout
+                    self._manifests if is_manifest(message) else self._batches,
+                    message,
+                    qos=self.config.qos,
+                    timeout=self.config.publish_timeout,
                 )
             except aiomqtt.MqttError as exc:
                 logger.warning("batch publish failed (%s); will retry", exc)
@@ -1005,6 +1011,10 @@ class Shuffler:
 
     def _count_ack(self, batch_id: bytes, message: bytes | None = None) -> None:
         message = message or self._unlogged_acks[batch_id]
+        if is_manifest(message):
+            self.metrics.manifests_published.inc()
+            self._outbox_changed.set()
+            return
         count = batch_count_of(message)
         round_ = batch_round_of(message)
         self.metrics.batches_released.inc()

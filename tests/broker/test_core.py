@@ -34,7 +34,7 @@ from broker.core import (
     batch_id_of,
 )
 from broker.records import FILE_HEADER_SIZE, encode_effect, file_header, scan
-from edge.codec import decode_batch, encode_batch
+from edge.codec import KIND_MANIFEST, decode_batch, encode_batch
 
 L = 10  # round_seconds
 T0 = 1_800_000_000.0  # a Unix time after the clock floor, at a round boundary
@@ -104,7 +104,8 @@ class Harness:
             self.dropped += sum(applied.dropped.values())
             if isinstance(effect, Released):
                 for message in effect.messages:
-                    self.check_batch(message)
+                    if message[1] != KIND_MANIFEST:
+                        self.check_batch(message)
 
     def check_batch(self, message: bytes) -> None:
         _, _, _, seeds, _ = decode_batch(message)
@@ -500,3 +501,31 @@ def test_a_new_spec_releases_or_drops_the_old_spec_s_pools() -> None:
     new = FP + 1
     assert again.core.accept(T0 + 9, token(9), report(r + 1, 9, fp=new)) == "duplicate_in_round"
     assert isinstance(again.core.accept(T0 + 9, token(11), report(r + 1, 1, fp=new)), Admitted)
+
+
+def test_each_release_has_one_manifest_after_its_batches() -> None:
+    from edge.codec import decode_manifest  # noqa: PLC0415
+
+    h = Harness(config(min_batch=3, max_batch=7))
+    r = int(T0 // L)
+    for device in range(15):
+        h.send(T0, device, r, 1)
+    manifests = maker(5)
+    with_manifest = BatchMaker(
+        shuffle=manifests.shuffle,
+        new_batch_id=manifests.new_batch_id,
+        seal=manifests.seal,
+        seal_manifest=lambda manifest: manifest + b"S" * 64,
+    )
+    h.commit(h.core.tick(T0 + L + 2, with_manifest))
+    outbox = h.core.outbox()
+    assert len(outbox) == 4  # three slices, then the manifest
+    fingerprint, round_, release_id, entries = decode_manifest(outbox[-1][:-64])
+    assert (fingerprint, round_) == (FP, r)
+    assert entries == [(batch_id_of(m), len(decode_batch(m)[3])) for m in outbox[:3]]
+    assert release_id not in {batch_id_of(m) for m in outbox[:3]}
+    assert h.core.outbox_reports == 15  # the manifest holds no report
+    for message in outbox:
+        h.commit([Acked(batch_id_of(message))])
+    assert h.core.outbox_reports == 0
+    assert h.core.outbox() == []

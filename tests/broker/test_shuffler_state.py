@@ -17,14 +17,17 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiomqtt
 import pytest
 from prometheus_client import CollectorRegistry
 
 from broker.keys import SigningKeyError
 from broker.metrics import serve_http
 from broker.shuffler import Shuffler
-from edge.batch_auth import BatchSigner, load_or_create_signing_key, public_key_hex
+from edge.batch_auth import BatchSigner, BatchVerifier, load_or_create_signing_key, public_key_hex
+from edge.codec import decode_batch, decode_manifest
 from edge.rounds import current_round
+from edge.topics import batches_topic, manifests_topic
 from tests.broker.test_shuffler import config, publish, report, run, running, value, wait_until
 from tests.conftest import Broker, free_port
 from tests.edge.test_mqtt_version import NATS_SERVER, _nats_mqtt
@@ -246,3 +249,42 @@ def test_a_new_round_seconds_between_runs_keeps_accepting(
 
     run(scenario(), 90)
     assert any("renumbered" in r.getMessage() for r in caplog.records)
+
+
+def test_a_signed_manifest_follows_each_release(mosquitto: Broker) -> None:
+    """One manifest per release on ``coco/v1/<dep>/manifests``, signed like a batch, after
+    the release's batches, listing each batch id with its count."""
+    signer = BatchSigner.generate("testdep")
+    verifier = BatchVerifier(signer.public_key_hex, "testdep")
+    arrivals: list[tuple[str, bytes]] = []
+
+    async def scenario() -> None:
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+            await client.subscribe(batches_topic("testdep"), qos=1)
+            await client.subscribe(manifests_topic("testdep"), qos=1)
+
+            async def collect() -> None:
+                async for message in client.messages:
+                    payload = message.payload
+                    assert isinstance(payload, bytes)
+                    arrivals.append((str(message.topic), payload))
+
+            task = asyncio.create_task(collect())
+            cfg = config(mosquitto, signer=signer, min_batch=5, max_batch=10, round_seconds=2)
+            async with running(cfg, CollectorRegistry()):
+                round_ = current_round(2)
+                await publish(mosquitto, [(f"m{i}", report(round_, i)) for i in range(23)])
+                await wait_until(lambda: len(arrivals) == 4, 30)
+            task.cancel()
+
+    run(scenario(), 60)
+    topics = [topic for topic, _ in arrivals]
+    assert topics == [batches_topic("testdep")] * 3 + [manifests_topic("testdep")]
+    batches = [decode_batch(bytes(verifier.open(payload))) for _, payload in arrivals[:3]]
+    fingerprint, round_, _release, entries = decode_manifest(
+        bytes(verifier.open_manifest(arrivals[3][1]))
+    )
+    assert fingerprint == batches[0][0]
+    assert round_ == batches[0][1]
+    assert entries == [(b[2], len(b[3])) for b in batches]
+    assert sum(count for _, count in entries) == 23
