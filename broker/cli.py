@@ -26,6 +26,7 @@ from edge.cli_options import (
     resolve_password,
 )
 from edge.mqtt_version import check_mqtt_version
+from edge.shards import ShardPlan
 from edge.topics import spec_topic
 
 if TYPE_CHECKING:  # imported when a command runs, not for --help (MQTT clients, numpy)
@@ -85,6 +86,54 @@ async def read_announcement(
     except (OSError, aiomqtt.MqttError) as exc:
         raise CocoError(f"cannot read the spec announcement from {broker}: {exc}") from exc
     raise TimeoutError  # pragma: no cover  # the iterator only ends by raising
+
+
+def _rules(
+    round_seconds: int | None,
+    announced_round: int | None,
+    min_batch: int | None,
+    announced: int | None,
+) -> tuple[int, int]:
+    """``(round_seconds, min_batch)`` from the options and the announcement."""
+    if round_seconds is None:
+        if announced_round is None:
+            raise ValueError("--round-seconds is required with --spec")
+        round_seconds = announced_round
+    elif announced_round is not None and round_seconds != announced_round:
+        raise ValueError(
+            f"--round-seconds {round_seconds} differs from the announced {announced_round}"
+        )
+    if min_batch is None:
+        if announced is None:
+            raise ValueError("--min-batch is required with --spec")
+        min_batch = announced
+    if announced is not None and min_batch < announced:
+        raise ValueError(f"--min-batch {min_batch} is below the announced min_batch {announced}")
+    return round_seconds, min_batch
+
+
+def _shard_key(
+    deployment: str, shard: str | None, plan: ShardPlan | None, announced: str | None
+) -> str | None:
+    """The announced public key this shuffler must sign with: its shard's in a sharded
+    deployment (where --shard is required), else the announcement's batch_public_key."""
+    if plan is not None:
+        if shard is None:
+            raise ValueError(
+                f"deployment {deployment} is sharded ({', '.join(plan.labels)}): pass --shard LABEL"
+            )
+        key = plan.key_of(shard)
+        if key is None:
+            raise ValueError(
+                f"--shard {shard} is not one of the announced shards ({', '.join(plan.labels)})"
+            )
+        return key
+    if shard is not None:
+        raise ValueError(
+            f"--shard {shard}: deployment {deployment} is not sharded (its announcement "
+            "has no shards; with --spec there is none)"
+        )
+    return announced
 
 
 def _repair(state_dir: Path | None, round_seconds: int | None) -> None:
@@ -209,6 +258,18 @@ def shuffler(
             "never created unless --create-signing-key.",
         ),
     ] = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            envvar="COCO_SHARD",
+            help="This shuffler's shard (g<generation>s<index>, e.g. g0s1) in a sharded "
+            "deployment: required there, refused elsewhere.",
+        ),
+    ] = None,
+    lease_ttl: Annotated[
+        float,
+        typer.Option(envvar="COCO_LEASE_TTL", help="Seconds a shard lease lives unless renewed."),
+    ] = 30.0,
     create_signing_key: Annotated[
         bool,
         typer.Option(
@@ -253,6 +314,7 @@ def shuffler(
     import aiomqtt  # noqa: PLC0415 (not for --help: the MQTT clients cost 0.1-0.2 s of CPU)
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
+    from broker.lease import LeaseRefusedError  # noqa: PLC0415
     from broker.metrics import serve_http  # noqa: PLC0415
     from broker.shuffler import SessionTakenOverError, ShufflerConfig  # noqa: PLC0415
 
@@ -261,6 +323,7 @@ def shuffler(
         announced: int | None = None
         announced_round: int | None = None
         announced_key: str | None = None
+        plan: ShardPlan | None = None
         if spec is not None:
             mechanism = load_spec_file(spec)
         else:
@@ -279,22 +342,10 @@ def shuffler(
             announced_round = int(announcement["round_seconds"])
             key = announcement.get("batch_public_key")
             announced_key = key if isinstance(key, str) else None
-        if round_seconds is None:
-            if announced_round is None:
-                raise ValueError("--round-seconds is required with --spec")
-            round_seconds = announced_round
-        elif announced_round is not None and round_seconds != announced_round:
-            raise ValueError(
-                f"--round-seconds {round_seconds} differs from the announced {announced_round}"
-            )
-        if min_batch is None:
-            if announced is None:
-                raise ValueError("--min-batch is required with --spec")
-            min_batch = announced
-        if announced is not None and min_batch < announced:
-            raise ValueError(
-                f"--min-batch {min_batch} is below the announced min_batch {announced}"
-            )
+            if announcement.get("shards") is not None:
+                plan = ShardPlan.from_json(announcement["shards"])
+        announced_key = _shard_key(deployment, shard, plan, announced_key)
+        round_seconds, min_batch = _rules(round_seconds, announced_round, min_batch, announced)
         config = ShufflerConfig(
             broker=broker,
             deployment=deployment,
@@ -306,9 +357,13 @@ def shuffler(
             round_seconds=round_seconds,
             max_skew=max_skew,
             late_seconds=late_seconds,
-            state_dir=state_dir or Path("coco-state") / deployment / "shuffler",
+            state_dir=state_dir
+            or Path("coco-state") / deployment / ("shuffler" + (f"-{shard}" if shard else "")),
             signing_key=signing_key,
             create_signing_key=create_signing_key,
+            shard=shard,
+            plan=plan,
+            lease_ttl=lease_ttl,
             mqtt_version=check_mqtt_version(mqtt_version),
             announced_public_key=announced_key,
             fsync=fsync,
@@ -328,6 +383,7 @@ def shuffler(
         TimeoutError,
         aiomqtt.MqttError,
         SessionTakenOverError,
+        LeaseRefusedError,
     ) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc

@@ -231,6 +231,9 @@ class ShufflerCore:
         self._closed = 0
         self._buffered = 0
         self._outbox_reports = 0
+        self.end_round: int | None = None
+        """A sharded shuffler's first round of the next layout (its shard retires before
+        it): a small pool is never carried into it, but dropped (``small_round``)."""
         self.late_offers = 0
         """Offers of rounds already due (a backlog being delivered), ever: the shell
         watches it to tell when a backlog has drained."""
@@ -447,7 +450,9 @@ class ShufflerCore:
                     break  # outbox full: keep the pools, retry on the next tick
                 effects.append(release)
                 queued += len(release.messages)
-            elif cfg.round_policy == "carry":
+            elif cfg.round_policy == "carry" and (
+                self.end_round is None or target < self.end_round
+            ):
                 effects.append(Carried(round_, target))
             else:
                 effects.append(Dropped(round_, "small_round"))

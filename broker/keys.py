@@ -44,18 +44,22 @@ def load_signer(
     *,
     create: bool = False,
     announced: str | None = None,
+    shard: str | None = None,
 ) -> BatchSigner:
-    """The batch signer of the key in ``path``, checked against the ``announced`` public
-    key (64 hex digits) when there is one."""
+    """The batch signer of the key in ``path`` (for ``shard``'s label in a sharded
+    deployment), checked against the ``announced`` public key when there is one."""
     key = load_signing_key(path, create=create)
-    check_announced(public_key_hex(key), announced, path)
-    return BatchSigner(key, deployment)
+    check_announced(public_key_hex(key), announced, path, shard)
+    return BatchSigner(key, deployment, shard)
 
 
-def check_announced(public: str, announced: str | None, path: Path | str) -> None:
+def check_announced(
+    public: str, announced: str | None, path: Path | str, shard: str | None = None
+) -> None:
     if announced is not None and public != announced.strip().lower():
+        which = "batch_public_key" if shard is None else f"key of shard {shard}"
         raise SigningKeyError(
             f"the signing key {path} has public key {public}, but the announcement's "
-            f"batch_public_key is {announced.strip()}: every batch would be rejected; "
+            f"{which} is {announced.strip()}: every batch would be rejected; "
             "start with the announced key's private key, or announce this one"
         )

@@ -38,6 +38,7 @@ REJECT_REASONS: tuple[str, ...] = (
     "retained",
     "bad_topic",
     "bad_device_id",
+    "wrong_shard",
 )
 """Why an ingress message was refused (the ``reason`` label of the rejection counter)."""
 

@@ -103,13 +103,16 @@ from broker.ingest import (
     ack_after_handling,
 )
 from broker.keys import check_announced, load_signer
+from broker.lease import LeaseLostError, ShardControl
 from broker.metrics import ShufflerMetrics
 from broker.store import EffectLog, LogFullError, StateDir, token_of
 from edge import mqtt_url
 from edge.batch_auth import BatchSigner
 from edge.codec import KIND_REPORT, REPORT_SIZE, VERSION, CodecError, decode_report
+from edge.errors import SpecError
 from edge.mqtt_version import MqttVersion, Negotiated, check_mqtt_version, negotiate
 from edge.rounds import check_round_seconds
+from edge.shards import ShardPlan, parse_label
 from edge.spec import MechanismSpec
 from edge.topics import MAX_NAME, batches_topic, check_name, ingress_filter, manifests_topic
 
@@ -123,6 +126,14 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+try:  # the C XXH32 (same values as edge.device.xxh32, the protocol's reference)
+    from xxhash import xxh32_intdigest as _xxh32_c
+
+    def xxh32(data: bytes, seed: int) -> int:
+        return int(_xxh32_c(data, seed))
+except ImportError:  # pragma: no cover
+    from edge.device import xxh32
 
 INGEST_MAX_PACKET = 512
 """Largest MQTT packet the ingest connection accepts (a report's PUBLISH is under 100 bytes)."""
@@ -189,6 +200,14 @@ class ShufflerConfig:
     announced_public_key: str | None = None
     """The announcement's ``batch_public_key``: the shuffler refuses any other key."""
     signer: BatchSigner | None = field(default=None, repr=False)
+    shard: str | None = None
+    """This shuffler's shard label (``g0s1``) in a sharded deployment; ``plan`` is then the
+    announced layouts (:class:`edge.shards.ShardPlan`)."""
+    plan: ShardPlan | None = None
+    lease_ttl: float = 30.0
+    """The shard lease's time to live (broker/lease.py); renewed every third of it."""
+    lease_settle: float = 1.0
+    """How long a lease claim waits before it reads the retained value back."""
     backlog_quiet: float = 2.0
     """After a (re)subscription, rounds that ended while the shuffler was away are held
     open until no report of an ended round has arrived for this long (bounded by
@@ -229,6 +248,16 @@ class ShufflerConfig:
         if self.client_id is not None and not self.client_id:
             raise ValueError("client_id must be None (derived from the account) or non-empty")
         check_mqtt_version(self.mqtt_version)
+        if (self.shard is None) != (self.plan is None):
+            raise ValueError("a sharded shuffler needs both shard and plan (the announcement's)")
+        if self.shard is not None and self.plan is not None:
+            if self.plan.layout_of_label(self.shard) is None:
+                raise ValueError(
+                    f"shard {self.shard} is not one of the announced shards "
+                    f"({', '.join(self.plan.labels)})"
+                )
+            if self.signer is not None and self.signer.shard != self.shard:
+                raise ValueError(f"the signer is not shard {self.shard}'s")
         if self.compact_bytes < 1:
             raise ValueError(f"compact_bytes must be >= 1, got {self.compact_bytes}")
 
@@ -249,8 +278,10 @@ class ShufflerConfig:
 
     @property
     def ingest_client_id(self) -> str:
-        """The persistent session's client id: derived from the account."""
-        return self.client_id or self.username or f"coco-shuffler-{self.deployment}"
+        """The persistent session's client id: derived from the account, and fixed per
+        shard (``-<label>``), so the broker lets one connection consume a shard's session."""
+        base = self.client_id or self.username or f"coco-shuffler-{self.deployment}"
+        return base if self.shard is None else f"{base}-{self.shard}"
 
 
 class Shuffler:
@@ -276,10 +307,20 @@ class Shuffler:
             lambda: self.core.outbox_reports if self._recovered else nan
         )
         self._host, self._port, self._tls = parse_broker_url(config.broker)
-        self._ingress = ingress_filter(config.deployment)
+        shard = config.shard
+        self._ingress = ingress_filter(config.deployment, shard)
         self._ingress_prefix = self._ingress[:-1]
-        self._batches = batches_topic(config.deployment)
-        self._manifests = manifests_topic(config.deployment)
+        self._batches = batches_topic(config.deployment, shard)
+        self._manifests = manifests_topic(config.deployment, shard)
+        self._plan = config.plan
+        self._layout = (
+            None if config.plan is None or shard is None else (config.plan.layout_of_label(shard))
+        )
+        self._shard_index = -1 if shard is None else parse_label(shard)[1]
+        self._serves: dict[int, bool] = {}  # round -> whether this shard's layout serves it
+        self._control: ShardControl | None = None
+        self._owner = secrets.token_hex(16)  # a state directory's persistent id replaces it
+        self.retired = False
         self._random = random.SystemRandom()
         self._lock = asyncio.Lock()
         self.core = ShufflerCore(config.core_config())
@@ -336,6 +377,8 @@ class Shuffler:
     def _open_state(self) -> None:
         cfg = self.config
         self.core = ShufflerCore(cfg.core_config())
+        if self._plan is not None:
+            self._set_plan(self._plan)
         self._recovered = False
         if cfg.state_dir is None:
             self._token_key = secrets.token_bytes(32)  # a fresh key per run
@@ -352,9 +395,11 @@ class Shuffler:
                 cfg.deployment,
                 create=cfg.create_signing_key,
                 announced=cfg.announced_public_key,
+                shard=cfg.shard,
             )
         self._state = StateDir(cfg.state_dir).__enter__()
         self._token_key = self._state.token_key()
+        self._owner = self._state.owner_id()
         self._state.publish_public_key(self.signer.public_key_hex)
         self._log = self._state.log(fsync=cfg.fsync, round_seconds=cfg.round_seconds)
         for effect in self._log.replay():
@@ -390,9 +435,11 @@ class Shuffler:
         if cfg.signer is not None:
             signer = cfg.signer
         elif cfg.signing_key is not None:
-            signer = load_signer(cfg.signing_key, cfg.deployment, create=cfg.create_signing_key)
+            signer = load_signer(
+                cfg.signing_key, cfg.deployment, create=cfg.create_signing_key, shard=cfg.shard
+            )
         else:
-            signer = BatchSigner.generate(cfg.deployment)
+            signer = BatchSigner.generate(cfg.deployment, cfg.shard)
         check_announced(signer.public_key_hex, cfg.announced_public_key, "(in memory)")
         return signer
 
@@ -494,6 +541,7 @@ class Shuffler:
         if self.core.pending:
             return  # the flush failed: the shuffler is stopping
         self._commit(self.core.tick(time.time(), self._maker(), hold=self._holding()))
+        self._check_retired()
 
     def _holding(self) -> bool:
         """Whether rounds that ended while the shuffler was away are held open: until it is
@@ -528,7 +576,11 @@ class Shuffler:
             raise RuntimeError("use 'async with Shuffler(...) as shuffler: await shuffler.run()'")
         cancelled = False
         self._outbox_changed.set()  # recovered batches go out first
+        if self._layout is not None:
+            await self._acquire_shard()  # LeaseRefusedError: another shuffler has it
         async with asyncio.TaskGroup() as tg:
+            if self._control is not None:
+                tg.create_task(self._hold_shard(), name="shuffler-lease")
             ingest = tg.create_task(self._ingest_loop(), name="shuffler-ingest")
             publisher_connection = tg.create_task(
                 self._connection_loop(), name="shuffler-publisher-connection"
@@ -549,6 +601,8 @@ class Shuffler:
             )
             for task in pending:
                 task.cancel()
+        if self.retired and self._control is not None:
+            await self._control.release()
         if cancelled:
             raise asyncio.CancelledError
         if self.failure is not None:
@@ -594,6 +648,86 @@ class Shuffler:
                     continue
             effects.append(Dropped(round_, "at_shutdown"))
         return effects
+
+    # --- shards: lease, announcement, retirement --------------------------------------
+
+    async def _acquire_shard(self) -> None:
+        cfg = self.config
+        assert cfg.shard is not None
+        version = await self._negotiated()
+        control = ShardControl(
+            host=self._host,
+            port=self._port,
+            tls=self._tls,
+            ca_file=cfg.ca_file,
+            username=cfg.username,
+            password=cfg.password,
+            client_id=cfg.ingest_client_id,
+            deployment=cfg.deployment,
+            shard=cfg.shard,
+            owner=self._owner,
+            ttl=cfg.lease_ttl,
+            settle=cfg.lease_settle,
+            mqtt5=version == "5",
+            timeout=cfg.publish_timeout,
+        )
+        control.on_announcement = self._on_announcement
+        await control.acquire()
+        self._control = control
+
+    async def _hold_shard(self) -> None:
+        assert self._control is not None
+        try:
+            await self._control.hold(self._closing)
+        except LeaseLostError as exc:
+            self._fail(exc)
+
+    def _set_plan(self, plan: ShardPlan) -> None:
+        """The layouts in force; this shard's rounds end where a newer layout starts."""
+        shard = self.config.shard
+        assert shard is not None
+        layout = plan.layout_of_label(shard)
+        if layout is None:
+            return  # this shard's layout was dropped from the announcement: keep the last
+        self._plan, self._layout = plan, layout
+        self._serves.clear()
+        end = plan.rounds_of(layout)[1]
+        if end != self.core.end_round:
+            self.core.end_round = end
+            if end is not None:
+                logger.info(
+                    "shard %s serves rounds before %d: a layout of generation %d takes over "
+                    "from there",
+                    shard,
+                    end,
+                    plan.layout_for_round(end).generation,  # type: ignore[union-attr]
+                )
+
+    def _on_announcement(self, announcement: dict[str, object]) -> None:
+        shards = announcement.get("shards")
+        if shards is None:
+            return
+        try:
+            self._set_plan(ShardPlan.from_json(shards))
+        except (SpecError, ValueError) as exc:
+            logger.warning("an announced shard plan is ignored (%s)", exc)
+
+    def _check_retired(self) -> None:
+        """A shard whose rounds are over, all released and acknowledged, retires: its
+        manifests are published (they are in the outbox), one INFO line, exit 0."""
+        end = self.core.end_round
+        if end is None or self.retired or self.core.closed < end * self.config.round_seconds:
+            return
+        core = self.core
+        if core.pool_sizes() or core.outbox() or core.pending or self._unlogged_acks:
+            return
+        self.retired = True
+        logger.info(
+            "shard %s retired: every round before %d is released and acknowledged; exiting",
+            self.config.shard,
+            end,
+        )
+        self.stop()
 
     async def _flush_loop(self) -> None:
         while True:
@@ -877,8 +1011,27 @@ class Shuffler:
         assert isinstance(topic, str)  # checked by _topic_reason
         device = topic[len(self._ingress_prefix) :]
         token = token_of(self._token_key, device)
+        if self._layout is not None and not self._in_shard(device, report[1]):
+            return "wrong_shard"
         del device  # the id is not needed past this point
         return self.core.offer(time.time(), token, report)
+
+    def _in_shard(self, device: str, round_: int) -> bool:
+        """Whether ``device``'s report of ``round_`` is this shard's: the layout in force
+        for that round is this shard's layout, and it puts the device in this shard."""
+        layout = self._layout
+        plan = self._plan
+        if layout is None or plan is None:
+            return True
+        serves = self._serves.get(round_)
+        if serves is None:
+            if len(self._serves) > 4096:  # hostile round numbers cannot grow it
+                self._serves.clear()
+            serves = self._serves[round_] = plan.layout_for_round(round_) is layout
+        if not serves:
+            return False
+        digest = xxh32(device.encode(), layout.seed)
+        return (digest * layout.count) >> 32 == self._shard_index
 
     def _topic_reason(self, topic: object) -> str | None:
         """``None`` for an ingress topic with a valid device id, else the reason."""

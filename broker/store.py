@@ -367,6 +367,22 @@ class StateDir:
             raise StoreError(f"{path} must hold {_KEY_SIZE} bytes, got {len(key)}")
         return key
 
+    def owner_id(self) -> str:
+        """This state directory's persistent id (``owner.id``, created once): the owner in
+        a shard lease, so a restart on the same directory takes its shard over at once."""
+        path = self.path / "owner.id"
+        try:
+            text = path.read_text().strip()
+        except FileNotFoundError:
+            text = secrets.token_hex(16)
+            _write_private(path, (text + "\n").encode())
+            return text
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc}") from exc
+        if len(text) != 32 or any(c not in "0123456789abcdef" for c in text):
+            raise StoreError(f"{path} must hold 32 lowercase hex digits")
+        return text
+
     def publish_public_key(self, public_key_hex: str) -> None:
         """Write ``signing.pub`` (the key that verifies this shuffler's batches)."""
         public = self.path / "signing.pub"
