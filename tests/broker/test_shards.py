@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -19,12 +21,19 @@ from prometheus_client import CollectorRegistry
 
 from broker.lease import Lease, LeaseRefusedError
 from broker.shuffler import Shuffler, ShufflerConfig
+from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner, BatchVerifier
 from edge.codec import decode_batch, decode_manifest, encode_report
 from edge.rounds import current_round
 from edge.shards import ShardLayout, ShardPlan
 from edge.spec import MechanismSpec
-from edge.topics import batches_filter, ingress_topic, manifests_filter, shard_lease_topic
+from edge.topics import (
+    batches_filter,
+    ingress_topic,
+    manifests_filter,
+    shard_lease_topic,
+    spec_topic,
+)
 from tests.broker.test_shuffler import run, value, wait_until
 from tests.conftest import Broker
 
@@ -320,3 +329,122 @@ def test_a_reshard_from_one_to_two_shards_loses_and_doubles_nothing(
         assert all(count == 1 for count in counts.values())  # one device once per round
     assert sum(released.values()) + pooled == sent  # nothing lost (the rest is pooled)
     assert sent == 12 * len(per_round) or sent >= 12 * 4
+
+
+# --- as `coco shuffler --shard`, real processes -----------------------------------------------
+
+
+def coco_shuffler(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", "from sim.cli import main; main()", "shuffler", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def write_key(path: Path, signer_seed: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(signer_seed.hex() + "\n")
+    path.chmod(0o600)
+
+
+def test_coco_shuffler_shard_refuses_an_owned_shard_and_a_wrong_key_then_retires(
+    mosquitto: Broker, tmp_path: Path
+) -> None:
+    """Real processes: ``coco shuffler --shard g0s0`` takes its shard; a second one with
+    another state directory exits 1 with one line naming the shard; one with a key that is
+    not the shard's announced key exits 1 naming both keys; and once a newer layout is
+    announced, the first one releases its last round and exits 0 with one INFO line."""
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (  # noqa: PLC0415
+        Ed25519PrivateKey,
+    )
+
+    seeds = {label: Ed25519PrivateKey.generate() for label in ("g0s0", "g1s0", "other")}
+    raw = {
+        label: key.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+        for label, key in seeds.items()
+    }
+    for label, seed in raw.items():
+        write_key(tmp_path / "keys" / f"{label}.key", seed)
+    public = {label: BatchSigner(key, DEP, label).public_key_hex for label, key in seeds.items()}
+    first = ShardLayout(count=1, from_round=0, generation=0, seed=7, keys=(public["g0s0"],))
+
+    def announce(plan: ShardPlan) -> None:
+        payload = encode_announcement(
+            SPEC.to_dict(), min_batch=5, delta=1e-6, round_seconds=L, shards=plan
+        )
+
+        async def send() -> None:
+            async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+                await client.publish(spec_topic(DEP), payload, qos=1, retain=True)
+
+        asyncio.run(send())
+
+    announce(ShardPlan((first,)))
+    common = ["--broker", mosquitto.url, "--deployment", DEP, "--shard", "g0s0"]
+    common += ["--max-skew", "0.5", "--flush-interval", "0.1", "--lease-ttl", "30"]
+    owner = coco_shuffler(
+        *common,
+        *("--state-dir", str(tmp_path / "a"), "--signing-key", str(tmp_path / "keys/g0s0.key")),
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "a" / "effects.log").exists() or not lease_held(mosquitto):
+            assert owner.poll() is None, owner.communicate()[0]
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        second = coco_shuffler(
+            *common,
+            *("--state-dir", str(tmp_path / "b")),
+            *("--signing-key", str(tmp_path / "keys/g0s0.key")),
+        )
+        out, _ = second.communicate(timeout=60)
+        errors = [line for line in out.splitlines() if line.startswith("error:")]
+        assert second.returncode == 1, out
+        assert len(errors) == 1, out
+        assert "shard g0s0 is held by another shuffler" in errors[0]
+        wrong = coco_shuffler(
+            *common,
+            *("--state-dir", str(tmp_path / "c")),
+            *("--signing-key", str(tmp_path / "keys/other.key")),
+        )
+        out, _ = wrong.communicate(timeout=60)
+        errors = [line for line in out.splitlines() if line.startswith("error:")]
+        assert wrong.returncode == 1, out
+        assert len(errors) == 1, out
+        assert public["other"] in errors[0]
+        assert public["g0s0"] in errors[0]
+        assert "key of shard g0s0" in errors[0]
+        # a reshard: generation 1 serves from two rounds ahead; g0s0 retires
+        second_layout = ShardLayout(
+            count=1, from_round=current_round(L) + 2, generation=1, seed=9, keys=(public["g1s0"],)
+        )
+        announce(ShardPlan((first, second_layout)))
+        out, _ = owner.communicate(timeout=60)
+        assert owner.returncode == 0, out
+        retired = [line for line in out.splitlines() if "retired" in line]
+        assert len(retired) == 1, out
+        assert "shard g0s0 retired" in retired[0]
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.communicate()
+
+
+def lease_held(broker: Broker) -> bool:
+    async def read() -> bool:
+        async with aiomqtt.Client("127.0.0.1", broker.port) as client:
+            await client.subscribe(shard_lease_topic(DEP, "g0s0"), qos=1)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    async for message in client.messages:
+                        return bool(message.payload)
+        return False
+
+    return asyncio.run(read())
