@@ -1,15 +1,19 @@
 """The shuffling bridge: per-device ingress reports in, uniformly permuted signed batches out.
 
-Devices publish 16-byte eps-LDP reports to ``coco/v1/<dep>/ingress/<device-id>``. The
-:class:`Shuffler` subscribes to ``coco/v1/<dep>/ingress/+`` (and to nothing else), validates
-each report, and publishes shuffled, Ed25519-sealed batches (:mod:`edge.batch_auth`) of at
-least ``min_batch`` reports to ``coco/v1/<dep>/batches``. It is a thin shell: every decision
+Devices publish 16-byte eps-LDP reports to ``coco/v1/<dep>/ingress/<device-id>`` (in a
+sharded deployment ``ingress/<shard>/<device-id>``). The :class:`Shuffler` subscribes to its
+ingress filter (and to nothing else), validates each report, and publishes shuffled,
+Ed25519-sealed batches (:mod:`edge.batch_auth`) of at least ``min_batch`` reports to
+``coco/v1/<dep>/batches`` (``batches/<shard>``), each release followed by its signed
+manifest on ``manifests`` (``manifests/<shard>``). It is a thin shell: every decision
 (rounds, pools, duplicates, release) is :mod:`broker.core`'s, every durable write
-:mod:`broker.store`'s. Privacy rests on four properties:
+:mod:`broker.store`'s; the ingest is :mod:`broker.ingesting`, the publishing
+:mod:`broker.publishing`, a shard's lease and retirement :mod:`broker.sharding`.
+Privacy rests on four properties:
 
 1. **No batch smaller than** ``min_batch`` (:mod:`broker.core`, invariant 1).
 2. **No sender identity leaves the process.** The device id (last topic level) is turned
-   at once into a keyed BLAKE2b token (:func:`broker.store.token_of`) under a secret key of
+   at once into a keyed 8-byte token (:func:`broker.store.token_of`) under a secret key of
    the state directory, used only for the one-report-per-device-per-round rule; the id is
    never logged at any level, never a metric label, never persisted. A batch holds only
    ``seed | z`` records; publishes carry no properties.
@@ -19,16 +23,20 @@ least ``min_batch`` reports to ``coco/v1/<dep>/batches``. It is a thin shell: ev
 
 Rounds are wall-clock rounds (:mod:`edge.rounds`); a report outside the acceptance window
 around the shuffler's clock is rejected (``round_too_old``, ``round_in_future``) and changes
-nothing. Each round is released whole when it closes (split above ``max_batch``).
+nothing. Each round is released whole when it is due (split above ``max_batch``), and is
+closed from then on; after a (re)subscription the rounds that ended while the shuffler was
+away are held open until the broker's backlog has drained (at most ``late_seconds``).
 
 Delivery: a PUBACK is a promise
 -------------------------------
 The ingest connection (gmqtt) has a **persistent session** by default: client id
 ``client_id`` (default: the ``username``, else ``coco-shuffler-<deployment>``), clean start
-off, session expiry ``session_expiry``. A report's PUBACK is sent to the broker only
-*after* its effect is written to the state directory's log (:meth:`_handle_report`, called
-synchronously from gmqtt's read loop, stages the record; :class:`GroupCommit` writes the
-records of one socket read in one ``write(2)`` and then sends their PUBACKs).
+off, session expiry ``session_expiry`` (MQTT 3.1.1: ``clean_session=0``). A report's PUBACK
+is sent to the broker only *after* its effect is written to the state directory's log
+(``_handle_report``, called synchronously from gmqtt's read loop, offers the report to the
+core; :class:`broker.ingest.GroupCommit` then settles the read's reports at once, writes
+their record in one ``write(2)`` and only then sends their PUBACKs). A full disk pauses
+that (nothing acknowledged, the ingest disconnected, retried) instead of stopping.
 So a report the broker handed over is either in the log (and survives ``kill -9``) or not
 acknowledged, and the broker redelivers it to the session. Released batches are written to
 the log before they are published and leave it when the broker acknowledges them; after a
