@@ -64,6 +64,7 @@ class ShellState:
     _subscribed_at: float | None
     _late_offers: int
     _last_late: float
+    _backlog_drained: float | None
     _paused: asyncio.Event
     _unlogged_acks: dict[bytes, bytes]
 

@@ -181,6 +181,7 @@ class Shuffler(ShardMixin, IngestMixin, PublishMixin):
         self._subscribed_at: float | None = None
         self._late_offers = 0
         self._last_late = 0.0
+        self._backlog_drained: float | None = None
         self._paused = asyncio.Event()
         self._unlogged_acks: dict[bytes, bytes] = {}
         self.failure: BaseException | None = None
@@ -380,13 +381,19 @@ class Shuffler(ShardMixin, IngestMixin, PublishMixin):
     def _holding(self) -> bool:
         """Whether rounds that ended while the shuffler was away are held open: until it is
         subscribed and no report of an ended round has arrived for ``backlog_quiet`` s
-        (the broker's queued backlog has drained); the core bounds the hold by
-        ``late_seconds``."""
+        (the broker's queued backlog has drained), once per subscription, so that a device
+        whose clock lags cannot hold rounds back in steady state; the core bounds the hold
+        by ``late_seconds``."""
         subscribed = self._subscribed_at
         if subscribed is None or not self._connected.is_set():
             return True
+        if self._backlog_drained == subscribed:
+            return False  # drained after this subscription: late reports hold nothing more
         quiet = time.monotonic() - max(subscribed, self._last_late)
-        return quiet < self.config.backlog_quiet
+        if quiet < self.config.backlog_quiet:
+            return True
+        self._backlog_drained = subscribed
+        return False
 
     def _maker(self) -> BatchMaker:
         signer = self.signer

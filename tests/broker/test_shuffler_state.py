@@ -288,3 +288,26 @@ def test_a_signed_manifest_follows_each_release(mosquitto: Broker) -> None:
     assert round_ == batches[0][1]
     assert entries == [(b[2], len(b[3])) for b in batches]
     assert sum(count for _, count in entries) == 23
+
+
+def test_the_hold_ends_once_per_subscription(mosquitto: Broker) -> None:
+    """Rounds are held while not subscribed and until the backlog drained after a
+    subscription; after that, a late report (a lagging device clock) holds nothing back."""
+    import time as clock  # noqa: PLC0415
+
+    shuffler = Shuffler(config(mosquitto, backlog_quiet=0.2), registry=CollectorRegistry())
+    assert shuffler._holding()  # not subscribed
+    shuffler._connected.set()
+    shuffler._subscribed_at = clock.monotonic()
+    assert shuffler._holding()  # the backlog may still be arriving
+    shuffler._last_late = clock.monotonic()
+    assert shuffler._holding()
+    clock.sleep(0.25)
+    assert not shuffler._holding()  # quiet: drained
+    shuffler._last_late = clock.monotonic()  # a late report now holds nothing
+    assert not shuffler._holding()
+    shuffler._connected.clear()  # lost: held again until the next backlog drained
+    assert shuffler._holding()
+    shuffler._connected.set()
+    shuffler._subscribed_at = clock.monotonic()
+    assert shuffler._holding()

@@ -1,0 +1,297 @@
+"""The shuffler's durable state: bytes per device-round, recovery time against log size,
+the log's size across restarts, and the per-report ingest path, for two trees side by side.
+
+Run: ``.venv/bin/python bench/bench_shuffler_state.py [--devices 100000 1000000]
+[--rounds 3] [--repeats 3] [--before PATH] [--json PATH]``. ``--before`` is a checkout of
+an older tree (for instance ``git archive <commit> broker edge | tar -x -C /tmp/before``):
+every case then runs once with that tree's ``broker`` and once with this one's, each in a
+fresh process (so RSS is its own), and the table shows both with their ratio.
+
+Cases, for ``D`` devices reporting in each of ``W`` rounds, all reports pooled (the state
+of a shuffler holding ``W`` open rounds: the late window after a restart):
+
+* ``state``: build the state through the core's own per-report path, then the resident
+  memory it added (``VmRSS`` after ``gc.collect()``, minus before), per device-round;
+* ``log``: the same reports written through the real ``EffectLog`` as the service writes
+  them (records of one socket read of 500 reports at a time), its size per device-round;
+* ``recover``: a fresh process replays that log into a core and compacts it, as
+  ``coco shuffler`` does on start: seconds, peak RSS of the process (``ru_maxrss``), the
+  log's size after; then twice more (restart after restart: the size must not grow);
+* ``ingest``: 100,000 reports through the shuffler's message handler (topic check, decode,
+  token, core, log, the group commit every 200 reports as after a socket read), durable
+  state: microseconds per report. No broker: bench_pipeline.py measures it end to end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parents[1]
+READ = 500
+
+
+def _rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def _tree_is_new() -> bool:
+    from broker import core  # noqa: PLC0415
+
+    return hasattr(core.ShufflerCore, "offer")
+
+
+def _config(rounds: int, devices: int) -> Any:
+    from broker.core import CoreConfig  # noqa: PLC0415
+
+    return CoreConfig(
+        fingerprint=1,
+        t=64,
+        round_seconds=60,
+        min_batch=100,
+        max_batch=20_000,
+        max_skew=5.0,
+        late_seconds=60.0 * (rounds + 1),
+        max_reports_per_round=devices + 1,
+    )
+
+
+def _feed(devices: int, rounds: int, log: Any = None) -> Any:
+    """A core holding ``devices`` x ``rounds`` pooled reports (and the log written)."""
+    from broker.core import ShufflerCore  # noqa: PLC0415
+
+    core: Any = ShufflerCore(_config(rounds, devices))  # either tree's API
+    now = 1_800_000_000.0
+    last = int(now // 60)
+    new = _tree_is_new()
+    for w in range(rounds):
+        round_ = last - rounds + 1 + w
+        for start in range(0, devices, READ):
+            for device in range(start, min(start + READ, devices)):
+                report = (1, round_, device * 7 + w, device % 64)
+                token = (device * 0x9E3779B97F4A7C15 + 12345) % 2**64
+                if new:
+                    core.offer(now, token, report)
+                else:
+                    effect = core.accept(now, token.to_bytes(16, "little"), report)
+                    if log is not None:
+                        log.stage(effect)
+                    core.apply_accepted(effect)
+            if new:
+                effects, _ = core.settle()
+                for effect in effects:
+                    if log is not None:
+                        log.stage(effect)
+                    core.apply(effect)
+            if log is not None:
+                log.flush()
+    return core
+
+
+def case_state(devices: int, rounds: int) -> dict[str, Any]:
+    import broker.core  # noqa: PLC0415  # modules (numpy...) loaded before measuring
+    import broker.store  # noqa: PLC0415, F401
+
+    _feed(200, 1)  # and the core's code paths warmed up
+    gc.collect()
+    before = _rss()
+    t0 = time.perf_counter()
+    core = _feed(devices, rounds)
+    seconds = time.perf_counter() - t0
+    gc.collect()
+    grown = _rss() - before
+    assert core.buffered == devices * rounds
+    return {"bytes_per_device_round": grown / (devices * rounds), "build_s": seconds}
+
+
+def _log(path: Path) -> Any:
+    from broker.store import EffectLog  # noqa: PLC0415
+
+    return EffectLog(path)
+
+
+def case_log(devices: int, rounds: int, path: str) -> dict[str, Any]:
+    log = _log(Path(path))
+    log.replay()
+    _feed(devices, rounds, log)
+    log.close()
+    size = Path(path).stat().st_size
+    return {"log_bytes": size, "log_bytes_per_device_round": size / (devices * rounds)}
+
+
+def case_recover(devices: int, rounds: int, path: str) -> dict[str, Any]:
+    from broker.core import ShufflerCore  # noqa: PLC0415
+
+    before = Path(path).stat().st_size
+    t0 = time.perf_counter()
+    log = _log(Path(path))
+    core = ShufflerCore(_config(rounds, devices))
+    for effect in log.replay():
+        core.apply(effect)
+    log.compact(core.snapshot())
+    seconds = time.perf_counter() - t0
+    log.close()
+    assert core.buffered == devices * rounds, core.buffered
+    return {
+        "recover_s": seconds,
+        "log_bytes_before": before,
+        "log_bytes_after": Path(path).stat().st_size,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    }
+
+
+def case_ingest(n: int, state: str) -> dict[str, Any]:
+    import asyncio  # noqa: PLC0415
+
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    from broker.shuffler import Shuffler, ShufflerConfig  # noqa: PLC0415
+    from edge.batch_auth import load_or_create_signing_key  # noqa: PLC0415
+    from edge.codec import encode_report  # noqa: PLC0415
+    from edge.spec import MechanismSpec  # noqa: PLC0415
+
+    spec = MechanismSpec(mechanism="collision", d=512, s=16, epsilon=1.0)
+    key = Path(state) / "key" / "signing.key"
+    load_or_create_signing_key(key)
+    config = ShufflerConfig(
+        broker="mqtt://127.0.0.1:1",
+        deployment="bench",
+        spec=spec,
+        min_batch=1_000,
+        max_batch=10_000,
+        release_size=10_000,
+        round_seconds=3600,
+        max_reports_per_round=2 * n,
+        state_dir=Path(state) / "shuffler",
+        signing_key=key,
+    )
+    round_ = int(time.time() // 3600)
+    topics = [f"coco/v1/bench/ingress/dev-{i:07d}" for i in range(n)]
+    payloads = [encode_report(spec.fingerprint_int, round_, i, i % spec.t) for i in range(n)]
+
+    async def run() -> float:
+        async with Shuffler(config, registry=CollectorRegistry()) as shuffler:
+            handle = shuffler._handle_report
+            flush = shuffler._flush_log
+            t0 = time.perf_counter()
+            for start in range(0, n, 200):
+                for i in range(start, min(start + 200, n)):
+                    handle(topics[i], payloads[i], retain=False)
+                flush()
+            return time.perf_counter() - t0
+
+    seconds = asyncio.run(run())
+    return {"us_per_report": seconds / n * 1e6}
+
+
+def child(args: list[str]) -> None:
+    name, *rest = args
+    if name == "state":
+        out = case_state(int(rest[0]), int(rest[1]))
+    elif name == "log":
+        out = case_log(int(rest[0]), int(rest[1]), rest[2])
+    elif name == "recover":
+        out = case_recover(int(rest[0]), int(rest[1]), rest[2])
+    else:
+        out = case_ingest(int(rest[0]), rest[1])
+    print(json.dumps(out), flush=True)
+
+
+def run_child(tree: Path, *args: object) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child", *map(str, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tree,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def measure(tree: Path, devices: int, rounds: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "effects.log")
+        out = run_child(tree, "state", devices, rounds)
+        out.update(run_child(tree, "log", devices, rounds, path))
+        recoveries = [run_child(tree, "recover", devices, rounds, path) for _ in range(3)]
+    out["recover_s"] = recoveries[0]["recover_s"]
+    out["peak_rss_bytes"] = recoveries[0]["peak_rss_bytes"]
+    out["log_bytes_after_restarts"] = [r["log_bytes_after"] for r in recoveries]
+    return out
+
+
+def _mmm(values: list[float], fmt: str) -> str:
+    return " / ".join(format(v, fmt) for v in (min(values), statistics.median(values), max(values)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--devices", type=int, nargs="+", default=[100_000, 1_000_000])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ingest", type=int, default=100_000)
+    parser.add_argument("--before", type=Path, default=None)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--child", nargs="+", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    trees = {"current": HERE}
+    if args.before is not None:
+        trees = {"before": args.before.resolve(), **trees}
+    results: dict[str, Any] = {}
+    for devices in args.devices:
+        by_tree: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+        for _ in range(args.repeats):  # interleaved: a busy moment hits both trees alike
+            for name, tree in trees.items():
+                by_tree[name].append(measure(tree, devices, args.rounds))
+        for name, runs in by_tree.items():
+            results[f"{name} {devices}"] = runs
+            print(f"{name:8} D={devices:>9,} W={args.rounds}", flush=True)
+            state = _mmm([r["bytes_per_device_round"] for r in runs], ".1f")
+            log = _mmm([r["log_bytes_per_device_round"] for r in runs], ".1f")
+            recover = _mmm([r["recover_s"] for r in runs], ".2f")
+            peak = _mmm([r["peak_rss_bytes"] / 1e6 for r in runs], ".0f")
+            after = [round(b / 1e6, 1) for b in runs[0]["log_bytes_after_restarts"]]
+            print(f"  state B/device-round {state} | log B/device-round {log}")
+            print(
+                f"  log MB {runs[0]['log_bytes'] / 1e6:.1f} | recover s {recover} | "
+                f"peak RSS MB {peak} | log MB after 3 restarts {after}",
+                flush=True,
+            )
+    ingest: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    with tempfile.TemporaryDirectory() as tmp:
+        for k in range(args.repeats):
+            for name, tree in trees.items():
+                ingest[name].append(run_child(tree, "ingest", args.ingest, f"{tmp}/{name}{k}"))
+    for name, runs in ingest.items():
+        results[f"{name} ingest"] = runs
+        print(
+            f"{name:8} ingest us/report (durable, in process) "
+            f"{_mmm([r['us_per_report'] for r in runs], '.2f')}",
+            flush=True,
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
