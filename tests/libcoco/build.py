@@ -313,3 +313,36 @@ def linked_size(out: Path, board: Board, name: str, probe: str) -> tuple[Size, S
         elif "libgcc.a" in file:
             gcc_helpers[kind] += size
     return Size(**lib), Size(**gcc_helpers)
+
+
+# --- the MQTT example ---------------------------------------------------------------------------
+
+
+def compile_example(out: Path) -> Path:
+    """libcoco/examples/mosquitto_publish.c against Debian's libmosquitto-dev."""
+    cc = tool("cc", "gcc")
+    if not Path("/usr/include/mosquitto.h").exists():
+        message = "libmosquitto-dev is not installed (scripts/test installs it with apt-get)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true: {message}")
+        pytest.skip(message)
+    binary = out / "mosquitto_publish"
+    _run(
+        [
+            cc,
+            "-std=c99",
+            "-pedantic",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            *FLOAT,
+            "-O2",
+            f"-I{INCLUDE}",
+            str(LIBCOCO / "examples" / "mosquitto_publish.c"),
+            *map(str, SOURCES),
+            "-lmosquitto",
+            "-o",
+            str(binary),
+        ]
+    )
+    return binary
