@@ -21,7 +21,7 @@ import pytest
 
 from edge import CoCo, Collision, LocalMechanism, device
 from tests.libcoco import build, scripts
-from tests.libcoco.commands import Script, Spec, add_spec, sparse_args
+from tests.libcoco.commands import Script, Spec, Stream, add_spec, sparse_args, ternarise_int
 
 pytestmark = pytest.mark.integration
 
@@ -250,3 +250,36 @@ def test_spec_command_expectations_cover_every_status() -> None:
     script = Script()
     add_spec(script, Spec("coco", 10, 3, 8, 33554431))
     assert script.cases[0][1] == ["ok 3728897868 match"]
+
+
+def test_integer_encoder_draws_like_the_double_one() -> None:
+    """For integer readings the two encoders of the reference (which the harness matches
+    command by command) draw the same channels in the same order, and their signs differ
+    only where a 32-bit draw falls between the double threshold and the exact one."""
+    rng = random.Random(9)
+    differ = 0
+    for _ in range(400):
+        d = rng.randint(1, 24)
+        s = rng.randint(1, d)
+        lo = [rng.randint(-5000, 5000) for _ in range(d)]
+        hi = [a + rng.choice([1, 3, 1023, 4095, 65535]) for a in lo]
+        values = [rng.randint(a, b) for a, b in zip(lo, hi, strict=True)]
+        double_bits, int_bits = Stream(seed := rng.getrandbits(32)), Stream(seed)
+        dkeys, dsigns = device.ternarise(
+            [float(v) for v in values], [float(v) for v in lo], [float(v) for v in hi], s,
+            double_bits,
+        )  # fmt: skip
+        ikeys, isigns = ternarise_int(values, lo, hi, s, clip=False, bits=int_bits)
+        assert dkeys == ikeys
+        assert double_bits.used == int_bits.used
+        words = device.xxh32_stream(seed)
+        draws = [words(32) for _ in range(double_bits.used)][-s:]  # the sign draws
+        for j, b, dsign, isign in zip(ikeys, draws, dsigns, isigns, strict=True):
+            v = 2.0 * (values[j] - lo[j]) / (hi[j] - lo[j]) - 1.0
+            t_double = int((1.0 + max(-1.0, min(1.0, v))) * 2147483648.0)
+            t_exact = ((values[j] - lo[j]) << 32) // (hi[j] - lo[j])
+            assert abs(t_double - t_exact) <= 2
+            if dsign != isign:
+                differ += 1
+                assert min(t_double, t_exact) <= b < max(t_double, t_exact)
+    assert differ == 0  # a unit of 2^-32 is never hit by 400 x s draws in practice
