@@ -251,8 +251,9 @@ def _decoded(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def random_announcements(rng: random.Random, count: int) -> Script:
-    """Valid announcements of random specs and changes of them (a field, a byte, a cut):
-    libcoco accepts exactly what the services accept, with the same fields."""
+    """Valid announcements of random specs, changes of them (a field, a byte, a cut, a
+    splice) and garbage: libcoco accepts exactly what the services accept, with the same
+    fields."""
     script = Script()
     for _ in range(count):
         spec = _random_spec(rng)
@@ -267,7 +268,7 @@ def random_announcements(rng: random.Random, count: int) -> Script:
         elif rng.random() < 0.3:
             doc["shards"] = [layout(rng.randint(1, 4), rng.randint(0, 99), 0, rng.getrandbits(32))]
         payload = dumps(doc)
-        kind = rng.randrange(4)
+        kind = rng.randrange(6)
         if kind == 1:  # one byte replaced by another JSON-ish byte
             i = rng.randrange(len(payload))
             payload = payload[:i] + bytes([rng.choice(b'0123456789{}[]",:.-e ')]) + payload[i + 1 :]
@@ -277,6 +278,14 @@ def random_announcements(rng: random.Random, count: int) -> Script:
             key = rng.choice(sorted(doc["spec"]))
             doc["spec"][key] = rng.choice([0, 1, 2, 65535, 2**32, -1, 0.5, "x", None, True])
             payload = dumps(doc)
+        elif kind == 4:  # a splice of two announcements' bytes
+            cut = rng.randrange(len(payload))
+            payload = payload[:cut] + dumps(announcement_doc())[cut // 2 :]
+        elif kind == 5:  # garbage of JSON's alphabet, or any bytes
+            alphabet = b'{}[]",:0123456789.-eE truefalsn\\/u\x00\xff'
+            payload = bytes(rng.choice(alphabet) for _ in range(rng.randrange(60)))
+            if rng.random() < 0.3:
+                payload = bytes(rng.getrandbits(8) for _ in range(rng.randrange(60)))
         if _has_duplicate_keys(payload):
             continue  # JSON allows them, the services keep the last, libcoco refuses them
         add_announcement(script, payload)
