@@ -36,14 +36,14 @@ def test_cmake_builds_the_library_and_the_example(tmp_path: Path) -> None:
 
 
 def test_cmake_cross_builds_for_a_cortex_m(tmp_path: Path) -> None:
-    """A firmware project's toolchain file, in three lines."""
+    """A firmware project's toolchain file, in four lines (libcoco needs no libc)."""
     gcc = build.tool("arm-none-eabi-gcc", "gcc-arm-none-eabi")
     toolchain = tmp_path / "arm.cmake"
     toolchain.write_text(
         "set(CMAKE_SYSTEM_NAME Generic)\n"
         f"set(CMAKE_C_COMPILER {gcc})\n"
         "set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)\n"
-        'set(CMAKE_C_FLAGS_INIT "-mcpu=cortex-m0plus -mthumb -Os")\n'
+        'set(CMAKE_C_FLAGS_INIT "-mcpu=cortex-m0plus -mthumb -Os -ffreestanding")\n'
     )
     out = tmp_path / "build"
     cmake("-S", str(build.LIBCOCO), "-B", str(out), f"-DCMAKE_TOOLCHAIN_FILE={toolchain}")
