@@ -473,7 +473,7 @@ static int spec_member(cursor *c, int index, void *state) {
     coco_spec *spec = &a->spec;
     char buf[STRING_CAP];
     uint8_t fp[4];
-    uint64_t v;
+    uint64_t v = 0;
     size_t n;
     int rc;
     switch (index) {
