@@ -299,14 +299,18 @@ typedef struct coco_announcement {
  * constant memory, without recursion or malloc. Checks every key of protocol 10.5 and of the
  * optional shards layouts: required keys present, no unknown or repeated key, integers in
  * range, the spec's fields (coco_spec_check), hash_version 1 (else
- * COCO_ERR_SPEC_HASH_VERSION), unit_weight 2^24, and the fingerprint against SHA-256 of the
- * canonical string (COCO_ERR_FINGERPRINT). Not checked (the services check them; a device
- * does not use them): that the shards' public keys are distinct, and that delta and epsilon
- * round to the same double the host would read. *out is valid only on COCO_OK. */
+ * COCO_ERR_SPEC_HASH_VERSION), unit_weight 2^24, the fingerprint against SHA-256 of the
+ * canonical string (COCO_ERR_FINGERPRINT), and epsilon against exp_eps_weight
+ * (ln(E/U) <= epsilon < ln((E+1)/U), up to 2^-16, with an integer logarithm). Not checked
+ * (the services check them; a device does not use them): that the shards' public keys are
+ * distinct, and that delta rounds to a double in (0, 1). The first problem met decides the
+ * code: COCO_ERR_JSON for syntax, COCO_ERR_ANNOUNCEMENT for a key or value. *out is valid
+ * only on COCO_OK. */
 int coco_announcement_parse(const uint8_t *json, size_t len, coco_announcement *out);
 
 /* A decimal JSON number (e.g. "0.5", "1e-05") in units of 2^-32, rounded up (round_up != 0)
- * or down: exact integer arithmetic. COCO_ERR_ARG for a negative number or one >= 2^31. */
+ * or down, exactly, in integer arithmetic. COCO_ERR_ARG for text that is not exactly one
+ * JSON number, a negative number, or one >= 2^31. */
 int coco_decimal_units(const char *text, size_t len, int round_up, uint64_t *units);
 
 /* The layout in force for round r: the one with the largest from_round <= r. Unsharded
