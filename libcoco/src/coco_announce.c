@@ -1,7 +1,8 @@
 /* The announcement (protocol 10.5, with the optional shards layouts): a schema-directed JSON
  * parser in constant memory. No recursion, no malloc: the announcement has a fixed shape
  * (root object -> spec object; shards list -> layout objects -> key lists), and an unknown
- * key is an error, so nothing of unknown shape ever has to be skipped. */
+ * key is an error, so nothing of unknown shape ever has to be skipped. Its decimal numbers
+ * are read by coco_decimal.c. */
 #include "coco_internal.h"
 
 typedef struct {
@@ -125,51 +126,20 @@ static int string(cursor *c, char *buf, size_t cap, size_t *n) {
     return COCO_OK;
 }
 
-static int is_digit(const cursor *c) { return c->p < c->end && *c->p >= '0' && *c->p <= '9'; }
-
-/* JSON number grammar: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? */
+/* A JSON number at the cursor (its span and whether it is an integer). */
 static int scan_number(cursor *c, number *out) {
     int ch = peek(c);
-    out->text = c->p;
-    out->is_int = 1;
-    if (ch != '-' && !is_digit(c)) {
+    const uint8_t *after;
+    if (ch != '-' && !(ch >= '0' && ch <= '9')) {
         return wrong_type(c);
     }
-    if (ch == '-') {
-        c->p++;
-    }
-    if (!is_digit(c)) {
+    after = coco__json_number(c->p, c->end, &out->is_int);
+    if (after == NULL) {
         return COCO_ERR_JSON;
     }
-    if (*c->p++ != '0') {
-        while (is_digit(c)) {
-            c->p++;
-        }
-    }
-    if (c->p < c->end && *c->p == '.') {
-        c->p++;
-        out->is_int = 0;
-        if (!is_digit(c)) {
-            return COCO_ERR_JSON;
-        }
-        while (is_digit(c)) {
-            c->p++;
-        }
-    }
-    if (c->p < c->end && (*c->p == 'e' || *c->p == 'E')) {
-        c->p++;
-        out->is_int = 0;
-        if (c->p < c->end && (*c->p == '+' || *c->p == '-')) {
-            c->p++;
-        }
-        if (!is_digit(c)) {
-            return COCO_ERR_JSON;
-        }
-        while (is_digit(c)) {
-            c->p++;
-        }
-    }
-    out->len = (size_t)(c->p - out->text);
+    out->text = c->p;
+    out->len = (size_t)(after - c->p);
+    c->p = after;
     return COCO_OK;
 }
 
@@ -297,153 +267,6 @@ static int object(cursor *c, const char *const *names, int count, uint32_t requi
         }
     }
     return (seen & required) == required ? COCO_OK : COCO_ERR_ANNOUNCEMENT;
-}
-
-/* --- the decimal numbers epsilon and delta, in units of 2^-32 ------------------------- */
-
-int coco_decimal_units(const char *text, size_t len, int round_up, uint64_t *units) {
-    /* value = integer part (exact, < 2^31) + fraction. 2^-32 = 5^32 10^-32, so value 2^32
-     * = (first 32 fractional digits) 2^32 + (the rest) 2^32, where the first term's
-     * fractional part is a multiple of 5^-32 and the second is below 10^-32 2^32 = 5^-32:
-     * the floor depends on the first 32 fractional digits only, and the value is a multiple
-     * of 2^-32 only if all further digits are zero. Exact, in fixed memory. */
-    uint8_t frac[32];
-    cursor c;
-    number num;
-    uint64_t whole = 0;
-    uint32_t fbits = 0;
-    long exp10, dot = -1, ndigits = 0, pos, exp_value = 0;
-    int sticky = 0, negative = 0, rest = 0, exp_negative = 0;
-    size_t i, e;
-    unsigned b;
-    if (text == NULL || units == NULL) {
-        return COCO_ERR_NULL;
-    }
-    c.p = (const uint8_t *)text;
-    c.end = c.p + len;
-    if (scan_number(&c, &num) != COCO_OK || num.text != (const uint8_t *)text || c.p != c.end) {
-        return COCO_ERR_ARG; /* not exactly one JSON number */
-    }
-    for (i = 0; i < sizeof frac; i++) {
-        frac[i] = 0;
-    }
-    i = 0;
-    if (text[0] == '-') {
-        negative = 1;
-        i = 1;
-    }
-    /* the exponent (clamped: beyond 10^6 everything is far out of range or below 2^-32) */
-    for (e = i; e < len && text[e] != 'e' && text[e] != 'E'; e++) {
-    }
-    if (e < len) {
-        size_t k = e + 1;
-        if (text[k] == '+' || text[k] == '-') {
-            exp_negative = text[k] == '-';
-            k++;
-        }
-        for (; k < len; k++) {
-            if (exp_value < 1000000L) {
-                exp_value = exp_value * 10 + (text[k] - '0');
-            }
-        }
-    }
-    exp10 = exp_negative ? -exp_value : exp_value;
-    len = e;
-    /* digit number k (from 0) of the mantissa counts 10^(before - 1 - k + exp10), where
-     * `before` is the number of digits before the point */
-    for (pos = (long)i; pos < (long)len; pos++) {
-        if (text[pos] == '.') {
-            dot = ndigits;
-        } else {
-            ndigits++;
-        }
-    }
-    if (dot < 0) {
-        dot = ndigits;
-    }
-    for (pos = (long)i; pos < (long)len; pos++) {
-        long k, place;
-        int digit;
-        if (text[pos] == '.') {
-            continue;
-        }
-        digit = text[pos] - '0';
-        if (digit == 0) {
-            continue;
-        }
-        if (negative) {
-            return COCO_ERR_ARG;
-        }
-        k = (pos - (long)i) - (pos > (long)i + dot ? 1 : 0);
-        place = dot - 1 - k + exp10;
-        if (place >= 10) {
-            return COCO_ERR_ARG; /* >= 10^10 > 2^31 */
-        }
-        if (place >= 0) {
-            uint64_t p = 1;
-            long q;
-            for (q = 0; q < place; q++) {
-                p *= 10u;
-            }
-            whole += (uint64_t)digit * p;
-        } else if (place >= -32) {
-            frac[-place - 1] = (uint8_t)digit;
-        } else {
-            sticky = 1;
-        }
-    }
-    if (whole >= (COCO_U64(1) << 31)) {
-        return COCO_ERR_ARG;
-    }
-    /* floor(fraction 2^32): double the 32 decimal digits 32 times, collecting the carries */
-    for (b = 0; b < 32; b++) {
-        unsigned carry = 0;
-        int k;
-        for (k = 31; k >= 0; k--) {
-            unsigned x = 2u * frac[k] + carry;
-            carry = x >= 10u;
-            frac[k] = (uint8_t)(x - 10u * carry);
-        }
-        fbits = (fbits << 1) | carry;
-    }
-    for (i = 0; i < sizeof frac; i++) {
-        rest |= frac[i] != 0;
-    }
-    *units = (whole << 32) + fbits + (uint64_t)(round_up && (rest || sticky));
-    return COCO_OK;
-}
-
-/* ln(x / 2^24) in units of 2^-32 for 2^24 < x < 2^53, within a few units: log2 bit by bit
- * (square, compare with 2, halve) on a 31-bit fraction, times ln 2. Integer arithmetic. */
-static uint64_t ln_units(uint64_t x) {
-    const uint64_t ln2 = 2977044472u; /* ln 2 * 2^32, rounded */
-    uint32_t n = 0, frac = 0, bit;
-    uint64_t y;
-    while ((x >> n) > 1u) {
-        n++; /* n = floor(log2 x) >= 24 */
-    }
-    y = n >= 31u ? x >> (n - 31u) : x << (31u - n); /* x / 2^n in [1, 2) as Q1.31 */
-    for (bit = 0; bit < 32; bit++) {
-        y = (y * y) >> 31; /* < 2^33 */
-        frac <<= 1;
-        if (y >= (COCO_U64(1) << 32)) {
-            frac |= 1u;
-            y >>= 1;
-        }
-    }
-    return (uint64_t)(n - 24u) * ln2 + ((COCO_U64(frac) * ln2) >> 32);
-}
-
-/* The announced epsilon matches E = floor(e^epsilon 2^24): ln(E/U) <= epsilon <
- * ln((E+1)/U), checked with a slack of 2^-16 for the integer logarithm's error. The
- * fingerprint covers E but not epsilon, and the ledger charges epsilon: a device must not
- * charge less than the level its E realises. */
-#define LN_SLACK (COCO_U64(1) << 16)
-static int epsilon_matches(uint64_t e, uint64_t eps_up, uint64_t eps_down) {
-    if (e <= COCO_UNIT_WEIGHT || e >= COCO_OMEGA_LIMIT - 1) {
-        return 1; /* coco_spec_check() refuses this E itself */
-    }
-    return ln_units(e) <= eps_up + LN_SLACK && eps_down <= ln_units(e + 1) + LN_SLACK;
 }
 
 static int decimal_value(cursor *c, int round_up, uint64_t *units) {
@@ -659,7 +482,7 @@ int coco_announcement_parse(const uint8_t *json, size_t len, coco_announcement *
         rc = COCO_ERR_ANNOUNCEMENT; /* sharded: the keys are per shard */
     }
     if (rc == COCO_OK &&
-        !epsilon_matches(out->spec.exp_eps_weight, out->epsilon_units, st.epsilon_down)) {
+        !coco__epsilon_matches(out->spec.exp_eps_weight, out->epsilon_units, st.epsilon_down)) {
         rc = COCO_ERR_ANNOUNCEMENT; /* epsilon and exp_eps_weight disagree */
     }
     if (rc != COCO_OK) {

@@ -35,6 +35,13 @@ static inline uint32_t coco__get32(const uint8_t *p) {
            (uint32_t)p[3];
 }
 
+/* The end of the JSON number that starts at p (NULL if none); *is_int when it has neither
+ * a fraction nor an exponent. */
+const uint8_t *coco__json_number(const uint8_t *p, const uint8_t *end, int *is_int);
+
+/* Whether epsilon (in units of 2^-32, rounded up and down) matches E = exp_eps_weight. */
+int coco__epsilon_matches(uint64_t e, uint64_t eps_up, uint64_t eps_down);
+
 /* Appends the decimal digits of v at buf[*pos..] if they fit below cap; returns 0 or -1. */
 int coco__put_decimal(char *buf, size_t cap, size_t *pos, uint64_t v);
 

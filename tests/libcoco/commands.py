@@ -10,19 +10,19 @@ the ``> name: result`` lines the harness prints with the expectations, exactly.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
+import random
 import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
 
 import xxhash
 
-from edge import announce, codec, device, rounds, topics
+from edge import codec, device, rounds, topics
 from edge.errors import SpecError
+from edge.spec import MechanismSpec
 
 MECH_CODE = {"coco": 1, "collision": 2}
 UNIT = device.WEIGHT_UNIT
@@ -469,120 +469,17 @@ def add_topic(script: Script, deployment: bytes, device_id: bytes, shard: str | 
     script.add(command, f"coco/v1/{dep}/ingress{level}/{dev}".encode().hex())
 
 
-# --- the announcement -----------------------------------------------------------------------
-
-_LAYOUT_KEYS = {"count", "from_round", "generation", "keys", "seed"}
-
-
-def _int_in(value: object, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
-def check_shards(value: object) -> list[dict[str, int]]:
-    """The layouts of DESIGN D2 (docs/protocol.md, sharded deployments); SpecError else."""
-    if not isinstance(value, list) or not 1 <= len(value) <= 2:
-        raise SpecError("shards: one or two layouts")
-    layouts: list[dict[str, int]] = []
-    for item in value:
-        if not isinstance(item, dict) or set(item) != _LAYOUT_KEYS:
-            raise SpecError(
-                "shards: a layout has exactly count, from_round, generation, keys, seed"
-            )
-        ok = (
-            _int_in(item["count"], 1, 256)
-            and _int_in(item["from_round"], 0, U32)
-            and _int_in(item["generation"], 0, 65535)
-            and _int_in(item["seed"], 0, U32)
-            and isinstance(item["keys"], list)
-            and len(item["keys"]) == item["count"]
-            and all(
-                isinstance(k, str) and len(k) == 64 and all(c in "0123456789abcdef" for c in k)
-                for k in item["keys"]
-            )
-        )
-        if not ok:
-            raise SpecError("shards: a field is out of range")
-        if layouts and (
-            item["from_round"] <= layouts[-1]["from_round"]
-            or item["generation"] <= layouts[-1]["generation"]
-        ):
-            raise SpecError("shards: layouts sorted by from_round and generation")
-        layouts.append({k: item[k] for k in ("count", "from_round", "generation", "seed")})
-    return layouts
-
-
-def reference_announcement(payload: bytes) -> dict[str, Any] | None:
-    """The announcement as the services read it, or None if they refuse it. ``shards`` is
-    checked here by the rules of DESIGN D2 when this checkout's edge.announce predates it."""
-    try:
-        message = json.loads(payload.decode("utf-8"))
-    except (ValueError, RecursionError):
-        return None
-    layouts: list[dict[str, int]] = []
-    knows_shards = "shards" in getattr(announce, "_OPTIONAL_KEYS", frozenset())
-    if isinstance(message, dict) and "shards" in message and not knows_shards:
-        try:
-            layouts = check_shards(message.pop("shards"))
-        except SpecError:
-            return None
-        if "batch_public_key" in message:
-            return None
-        payload = json.dumps(message).encode()
-    try:
-        decoded = announce.decode_announcement(payload)
-    except SpecError:
-        return None
-    if "shards" in decoded:
-        layouts = check_shards(decoded["shards"])
-    decoded["layouts"] = layouts
-    return decoded
-
-
-def announcement_result(payload: bytes) -> str:
-    """The line ``ann`` prints for ``payload``: ``ok <fields>`` or ``err *``."""
-    decoded = reference_announcement(payload)
-    if decoded is None:
-        return "err *"
-    spec = decoded["spec"]
-    if spec["s"] > COCO_MAX_S:
-        return err("spec_s_max")
-    fields = [
-        "ok",
-        MECH_CODE[spec["mechanism"]],
-        spec["d"],
-        spec["s"],
-        spec["t"],
-        spec["exp_eps_weight"],
-        spec["hash_version"],
-        int(spec["fingerprint"], 16),
-        decoded["round_seconds"],
-        decoded["min_batch"],
-        math.ceil(Fraction(spec["epsilon"]) * (1 << 32)),
-        decoded.get("batch_public_key", "-"),
-        len(decoded["layouts"]),
-    ]
-    for layout in decoded["layouts"]:
-        fields += [layout["count"], layout["from_round"], layout["generation"], layout["seed"]]
-    return " ".join(str(v) for v in fields)
-
-
-def add_announcement(script: Script, payload: bytes, expected: str | None = None) -> None:
-    script.add(f"ann {payload.hex() or '-'}", expected or announcement_result(payload))
-
-
-def device_topic(decoded: dict[str, Any], deployment: str, device_id: str, round_: int) -> str:
-    """The ingress topic (in hex, as the harness prints it) of a device's report of
-    ``round_`` (DESIGN D2), or the error."""
-    layouts = decoded["layouts"]
-    if not layouts:
-        return f"coco/v1/{deployment}/ingress/{device_id}".encode().hex()
-    in_force = [layout for layout in layouts if layout["from_round"] <= round_]
-    if not in_force:
-        return err("no_layout")
-    layout = in_force[-1]
-    index = shard_index(device_id.encode(), layout["seed"], layout["count"])
-    shard = label(layout["generation"], index)
-    return f"coco/v1/{deployment}/ingress/{shard}/{device_id}".encode().hex()
+def random_spec(rng: random.Random) -> MechanismSpec:
+    """A valid spec of random mechanism, d, s (at most COCO_MAX_S), epsilon and t."""
+    mech = rng.choice(["coco", "collision"])
+    d = rng.choice([1, 2, 3, 6, 10, 64, 100, 1000, 2**20, 2**30])
+    s = rng.randint(1, min(d, COCO_MAX_S, 12 if rng.random() < 0.8 else COCO_MAX_S))
+    if mech == "coco" and d < 2:
+        mech = "collision"
+    eps = rng.choice([0.05, 0.5, 0.6931471805599453, 1.0, 2.0, 5.0, 12.0])
+    low = 2 * s + 2 if mech == "coco" else s + 1
+    t = None if rng.random() < 0.5 else low + (2 if mech == "coco" else 1) * rng.randint(0, 40)
+    return MechanismSpec(mechanism=mech, d=d, s=s, epsilon=eps, t=t)  # type: ignore[arg-type]
 
 
 # --- the ledger -----------------------------------------------------------------------------

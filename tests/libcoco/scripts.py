@@ -1,6 +1,6 @@
 """The scripts libcoco runs in the tests: every published vector, the worked examples of
-docs/protocol.md, hand-written announcements and error paths, and seeded random cases
-against the Python reference (:mod:`tests.libcoco.commands`)."""
+docs/protocol.md, error paths, and seeded random cases against the Python reference
+(:mod:`tests.libcoco.commands`); announcements are in :mod:`tests.libcoco.announcements`."""
 
 from __future__ import annotations
 
@@ -8,18 +8,16 @@ import json
 import random
 import struct
 from pathlib import Path
-from typing import Any
 
 from edge import device, doc_vectors
-from edge.announce import encode_announcement
 from edge.spec import MechanismSpec
+from tests.libcoco.announcements import add_announcement, announcement_cases
 from tests.libcoco.commands import (
     COCO_MAX_S,
     Ledger,
     Script,
     Spec,
     Stream,
-    add_announcement,
     add_batch,
     add_decode_batch,
     add_decode_report,
@@ -34,11 +32,9 @@ from tests.libcoco.commands import (
     add_ternint,
     add_topic,
     add_units,
-    announcement_result,
-    device_topic,
     err,
     ledger_record,
-    reference_announcement,
+    random_spec,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -116,210 +112,7 @@ def _protocol_examples(script: Script) -> None:
     add_decode_batch(script, doc_vectors.sealed_batch().batch)
 
 
-# --- announcements --------------------------------------------------------------------------
-
-KEY_A = doc_vectors.batch_public_key()
-
-
-def _keys(count: int, tag: str) -> list[str]:
-    import hashlib  # noqa: PLC0415
-
-    return [hashlib.sha256(f"{tag}/{i}".encode()).hexdigest() for i in range(count)]
-
-
-def announcement_doc(mechanism: MechanismSpec | None = None, **changes: Any) -> dict[str, Any]:
-    """A valid announcement as a dict, to change before encoding."""
-    mechanism = mechanism or MechanismSpec(mechanism="collision", d=6, s=2, epsilon=1.0)
-    doc: dict[str, Any] = json.loads(
-        encode_announcement(mechanism.to_dict(), min_batch=100, delta=1e-6, round_seconds=10)
-    )
-    doc.update(changes)
-    return doc
-
-
-def dumps(doc: Any) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-
-
-def layout(
-    count: int, from_round: int, generation: int, seed: int, tag: str = "k"
-) -> dict[str, Any]:
-    return {
-        "count": count,
-        "from_round": from_round,
-        "generation": generation,
-        "keys": _keys(count, f"{tag}{generation}"),
-        "seed": seed,
-    }
-
-
-def announcement_cases(*, large: bool = True) -> Script:
-    """Hand-written announcements: valid ones (unsharded, with a batch key, sharded with one
-    and two layouts) with their fields, and refusals with the documented status. ``large``
-    adds a layout of 256 shards (17 KB of JSON; too large for the emulated boards' buffer)."""
-    script = Script()
-    good = announcement_doc()
-    add_announcement(script, dumps(good))
-    add_announcement(script, dumps(announcement_doc(batch_public_key=KEY_A)))
-    pretty = json.dumps(good, indent=2).encode()  # whitespace anywhere JSON allows it
-    add_announcement(script, pretty, announcement_result(dumps(good)))
-    sharded = announcement_doc(shards=[layout(3, 0, 0, 7)])
-    add_announcement(script, dumps(sharded))
-    two = announcement_doc(
-        shards=[layout(2, 100, 4, 1), layout(256 if large else 5, 200, 5, 0xFFFFFFFF)]
-    )
-    add_announcement(script, dumps(two))
-    for round_ in (99, 100, 199, 200, 0xFFFFFFFF):
-        script.add(
-            f"devtopic {b'lab'.hex()} {b'sensor-7'.hex()} {round_}",
-            device_topic(_decoded(two), "lab", "sensor-7", round_),
-        )
-    add_announcement(script, dumps(sharded))
-    for i in range(6):
-        dev = f"dev-{i}"
-        script.add(
-            f"devtopic {b'lab'.hex()} {dev.encode().hex()} 5",
-            device_topic(_decoded(sharded), "lab", dev, 5),
-        )
-    big_s = MechanismSpec(mechanism="coco", d=64, s=COCO_MAX_S + 1, epsilon=1.0)
-    spec_d = announcement_doc()["spec"]
-    refusals: list[tuple[bytes, str]] = [
-        (b"", "json"),
-        (b"[]", "json"),
-        (b"{", "json"),
-        (dumps(good)[:-1], "json"),
-        (dumps(good) + b"x", "json"),
-        (dumps(good) + b" \n", "ok*"),
-        (b"\xef\xbb\xbf" + dumps(good), "json"),  # a UTF-8 BOM
-        (dumps(good).replace(b'"protocol":"coco/v1"', b'"protocol":"coco/v2"'), "announcement"),
-        (dumps({k: v for k, v in good.items() if k != "min_batch"}), "announcement"),
-        (dumps(announcement_doc(extra=1)), "announcement"),
-        (dumps(announcement_doc(round_seconds=0)), "announcement"),
-        (dumps(announcement_doc(round_seconds=86401)), "announcement"),
-        (dumps(announcement_doc(round_seconds=60.0)), "announcement"),
-        (dumps(announcement_doc(round_seconds="60")), "announcement"),
-        (dumps(announcement_doc(round_seconds=True)), "announcement"),
-        (dumps(announcement_doc(min_batch=0)), "announcement"),
-        (dumps(announcement_doc(min_batch=2**32)), "announcement"),
-        (dumps(announcement_doc(delta=1)), "announcement"),
-        (dumps(announcement_doc(delta=0)), "announcement"),
-        (dumps(announcement_doc(delta=-1e-6)), "announcement"),
-        (dumps(announcement_doc(batch_public_key=KEY_A.upper())), "announcement"),
-        (dumps(announcement_doc(batch_public_key=KEY_A[:-2])), "announcement"),
-        (dumps(announcement_doc(spec={**spec_d, "hash_version": 2})), "spec_hash_version"),
-        (dumps(announcement_doc(spec={**spec_d, "fingerprint": "00000000"})), "fingerprint"),
-        (dumps(announcement_doc(spec={**spec_d, "unit_weight": 1 << 23})), "announcement"),
-        (dumps(announcement_doc(spec={**spec_d, "mechanism": "olh"})), "announcement"),
-        (dumps(announcement_doc(spec={**spec_d, "d": 0})), "spec_d"),
-        (dumps(announcement_doc(spec={**spec_d, "s": 7})), "spec_s"),
-        (dumps(announcement_doc(spec={**spec_d, "t": 2})), "spec_t"),
-        (dumps(announcement_doc(spec={**spec_d, "exp_eps_weight": 1 << 24})), "spec_weight"),
-        (dumps(announcement_doc(spec={**spec_d, "epsilon": 0})), "announcement"),
-        (dumps(announcement_doc(spec={**spec_d, "epsilon": 20.5})), "announcement"),
-        (dumps(announcement_doc(spec={k: v for k, v in spec_d.items() if k != "t"})),
-         "announcement"),
-        (dumps(announcement_doc(spec=big_s.to_dict())), "spec_s_max"),
-        (dumps(announcement_doc(spec=[1])), "announcement"),
-        (dumps(announcement_doc(shards=[])), "announcement"),
-        (dumps(announcement_doc(shards=[layout(1, 0, 0, 0)] * 3)), "announcement"),
-        (dumps(announcement_doc(shards=[layout(2, 5, 1, 0), layout(2, 5, 2, 0)])), "announcement"),
-        (dumps(announcement_doc(shards=[layout(2, 5, 1, 0), layout(2, 6, 1, 0)])), "announcement"),
-        (dumps(announcement_doc(shards=[layout(0, 0, 0, 0)])), "announcement"),
-        *([(dumps(announcement_doc(shards=[layout(257, 0, 0, 0)])), "announcement")]
-          if large else []),
-        (dumps(announcement_doc(shards=[{**layout(2, 0, 0, 0), "keys": _keys(1, "x")}])),
-         "announcement"),
-        (dumps(announcement_doc(shards=[{**layout(1, 0, 0, 0), "extra": 1}])), "announcement"),
-        (dumps(announcement_doc(shards=[layout(1, 0, 65536, 0)])), "announcement"),
-        (dumps(announcement_doc(shards=[layout(1, 0, 0, 2**32)])), "announcement"),
-        (dumps(announcement_doc(shards=[layout(1, 0, 0, 0)], batch_public_key=KEY_A)),
-         "announcement"),
-    ]  # fmt: skip
-    for payload, status in refusals:
-        expected = status if status.endswith("*") else err(status)
-        reference = reference_announcement(payload)
-        # the services refuse what libcoco refuses, but for libcoco's own limit on s
-        assert (reference is None) == (status not in ("ok*", "spec_s_max")), (payload, status)
-        add_announcement(script, payload, expected)
-    return script
-
-
-def _decoded(doc: dict[str, Any]) -> dict[str, Any]:
-    decoded = reference_announcement(dumps(doc))
-    assert decoded is not None
-    return decoded
-
-
-def random_announcements(rng: random.Random, count: int) -> Script:
-    """Valid announcements of random specs, changes of them (a field, a byte, a cut, a
-    splice) and garbage: libcoco accepts exactly what the services accept, with the same
-    fields."""
-    script = Script()
-    for _ in range(count):
-        spec = _random_spec(rng)
-        doc = announcement_doc(
-            spec,
-            min_batch=rng.randint(1, 2**32 - 1),
-            delta=rng.choice([1e-6, 1e-9, 0.5, 1e-300]),
-            round_seconds=rng.randint(1, 86400),
-        )
-        if rng.random() < 0.3:
-            doc["batch_public_key"] = KEY_A
-        elif rng.random() < 0.3:
-            doc["shards"] = [layout(rng.randint(1, 4), rng.randint(0, 99), 0, rng.getrandbits(32))]
-        payload = dumps(doc)
-        kind = rng.randrange(6)
-        if kind == 1:  # one byte replaced by another JSON-ish byte
-            i = rng.randrange(len(payload))
-            payload = payload[:i] + bytes([rng.choice(b'0123456789{}[]",:.-e ')]) + payload[i + 1 :]
-        elif kind == 2:  # cut short
-            payload = payload[: rng.randrange(len(payload))]
-        elif kind == 3:  # one field of the spec changed
-            key = rng.choice(sorted(doc["spec"]))
-            doc["spec"][key] = rng.choice([0, 1, 2, 65535, 2**32, -1, 0.5, "x", None, True])
-            payload = dumps(doc)
-        elif kind == 4:  # a splice of two announcements' bytes
-            cut = rng.randrange(len(payload))
-            payload = payload[:cut] + dumps(announcement_doc())[cut // 2 :]
-        elif kind == 5:  # garbage of JSON's alphabet, or any bytes
-            alphabet = b'{}[]",:0123456789.-eE truefalsn\\/u\x00\xff'
-            payload = bytes(rng.choice(alphabet) for _ in range(rng.randrange(60)))
-            if rng.random() < 0.3:
-                payload = bytes(rng.getrandbits(8) for _ in range(rng.randrange(60)))
-        if _has_duplicate_keys(payload):
-            continue  # JSON allows them, the services keep the last, libcoco refuses them
-        add_announcement(script, payload)
-    return script
-
-
-def _has_duplicate_keys(payload: bytes) -> bool:
-    found = False
-
-    def hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        nonlocal found
-        found = found or len({k for k, _ in pairs}) != len(pairs)
-        return dict(pairs)
-
-    try:
-        json.loads(payload, object_pairs_hook=hook)
-    except ValueError:
-        return False
-    return found
-
-
 # --- seeded random cases against the reference -----------------------------------------------
-
-
-def _random_spec(rng: random.Random) -> MechanismSpec:
-    mech = rng.choice(["coco", "collision"])
-    d = rng.choice([1, 2, 3, 6, 10, 64, 100, 1000, 2**20, 2**30])
-    s = rng.randint(1, min(d, COCO_MAX_S, 12 if rng.random() < 0.8 else COCO_MAX_S))
-    if mech == "coco" and d < 2:
-        mech = "collision"
-    eps = rng.choice([0.05, 0.5, 0.6931471805599453, 1.0, 2.0, 5.0, 12.0])
-    low = 2 * s + 2 if mech == "coco" else s + 1
-    t = None if rng.random() < 0.5 else low + (2 if mech == "coco" else 1) * rng.randint(0, 40)
-    return MechanismSpec(mechanism=mech, d=d, s=s, epsilon=eps, t=t)  # type: ignore[arg-type]
 
 
 def _random_input(rng: random.Random, d: int, s: int) -> tuple[list[int], list[int]]:
@@ -347,7 +140,7 @@ def _colliding_input(spec: MechanismSpec, seed: int) -> tuple[list[int], list[in
 def random_randomisers(rng: random.Random, count: int) -> Script:
     script = Script()
     for _ in range(count):
-        sp = _random_spec(rng)
+        sp = random_spec(rng)
         spec = Spec(sp.mechanism, sp.d, sp.s, sp.t, sp.exp_eps_weight)
         add_spec(script, spec)
         for _ in range(2):

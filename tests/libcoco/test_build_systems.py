@@ -57,6 +57,14 @@ def test_cmake_cross_builds_for_a_cortex_m(tmp_path: Path) -> None:
     assert "elf32-littlearm" in headers.stdout
 
 
+def test_cmake_lists_every_source() -> None:
+    cmake_lists = (build.LIBCOCO / "CMakeLists.txt").read_text()
+    listed = sorted(
+        line.strip() for line in cmake_lists.splitlines() if line.strip().startswith("src/")
+    )
+    assert listed == [f"src/{source.name}" for source in build.SOURCES]
+
+
 def test_arduino_and_platformio_layouts() -> None:
     properties = dict(
         line.split("=", 1)

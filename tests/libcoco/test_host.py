@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from edge import CoCo, Collision, LocalMechanism, device
-from tests.libcoco import build, scripts
+from tests.libcoco import announcements, build, scripts
 from tests.libcoco.commands import Script, Spec, Stream, add_spec, sparse_args, ternarise_int
 
 pytestmark = pytest.mark.integration
@@ -35,7 +35,7 @@ def test_published_vectors_are_bit_exact(host: Path) -> None:
 
 
 def test_announcements(host: Path) -> None:
-    run(host, scripts.announcement_cases())
+    run(host, announcements.announcement_cases())
 
 
 def test_error_paths_return_documented_codes(host: Path) -> None:
@@ -53,7 +53,7 @@ def test_random_cases_match_the_reference(host: Path) -> None:
     script.extend(scripts.random_encoders(rng, 150))
     script.extend(scripts.random_wire(rng, 150))
     script.extend(scripts.random_rounds_units_topics(rng, 300))
-    script.extend(scripts.random_announcements(rng, 300))
+    script.extend(announcements.random_announcements(rng, 300))
     run(host, script)
 
 

@@ -2,251 +2,29 @@
  * stdin) and on an emulated Cortex-M (commands compiled in). Each command prints one line
  * (or a few, for `law` and `patterns`); tests/libcoco/commands.py writes the commands and
  * the lines the Python reference expects. No libc: it runs bare-metal. */
-#include "platform.h"
-
-#include "coco.h"
-
-#ifndef DRIVER_MAX_ITEMS
-#define DRIVER_MAX_ITEMS 256
-#endif
-#ifndef DRIVER_MAX_BYTES
-#define DRIVER_MAX_BYTES 65536
-#endif
-#define OUT_SIZE 256
-
-/* --- output ------------------------------------------------------------------------- */
-
-static char out_buf[OUT_SIZE];
-static size_t out_len;
-
-static void out_flush(void) {
-    if (out_len > 0) {
-        plat_write(out_buf, out_len);
-        out_len = 0;
-    }
-}
-
-static void out_ch(char c) {
-    if (out_len == OUT_SIZE) {
-        out_flush();
-    }
-    out_buf[out_len++] = c;
-}
-
-static void out_str(const char *s) {
-    while (*s != 0) {
-        out_ch(*s++);
-    }
-}
-
-static void out_sep(void) {
-    if (out_len > 0 && out_buf[out_len - 1] != ' ') {
-        out_ch(' ');
-    }
-}
-
-static void out_digits(uint64_t v) {
-    char digits[20];
-    int n = 0;
-    do {
-        digits[n++] = (char)('0' + (int)(v % 10u));
-        v /= 10u;
-    } while (v > 0);
-    while (n > 0) {
-        out_ch(digits[--n]);
-    }
-}
-
-static void out_u64(uint64_t v) {
-    out_sep();
-    out_digits(v);
-}
-
-static void out_i64(int64_t v) {
-    out_sep();
-    if (v < 0) {
-        out_ch('-');
-    }
-    out_digits(v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v);
-}
-
-static void out_word(const char *s) {
-    out_sep();
-    out_str(s);
-}
-
-static void out_hex(const uint8_t *p, size_t n) {
-    static const char hex[] = "0123456789abcdef";
-    size_t i;
-    out_sep();
-    if (n == 0) {
-        out_ch('-');
-    }
-    for (i = 0; i < n; i++) {
-        out_ch(hex[p[i] >> 4]);
-        out_ch(hex[p[i] & 15]);
-    }
-}
-
-static void out_err(int rc) {
-    out_word("err");
-    out_word(coco_strerror(rc));
-}
-
-static void out_end(void) {
-    out_ch('\n');
-    out_flush();
-}
-
-/* --- input -------------------------------------------------------------------------- */
-
-typedef struct {
-    const char *p;
-    const char *end;
-    int bad;
-} line_t;
-
-static int token(line_t *l, const char **s, size_t *n) {
-    while (l->p < l->end && *l->p == ' ') {
-        l->p++;
-    }
-    *s = l->p;
-    while (l->p < l->end && *l->p != ' ') {
-        l->p++;
-    }
-    *n = (size_t)(l->p - *s);
-    if (*n == 0) {
-        l->bad = 1;
-    }
-    return *n > 0;
-}
-
-static uint64_t get_u64(line_t *l) {
-    const char *s;
-    size_t n, i;
-    uint64_t v = 0;
-    if (!token(l, &s, &n)) {
-        return 0;
-    }
-    for (i = 0; i < n; i++) {
-        if (s[i] < '0' || s[i] > '9') {
-            l->bad = 1;
-            return 0;
-        }
-        v = v * 10u + (uint64_t)(s[i] - '0');
-    }
-    return v;
-}
-
-static uint32_t get_u32(line_t *l) { return (uint32_t)get_u64(l); }
-
-static int64_t get_i64(line_t *l) {
-    const char *s;
-    size_t n, i = 0;
-    uint64_t v = 0;
-    int neg = 0;
-    if (!token(l, &s, &n)) {
-        return 0;
-    }
-    if (s[0] == '-') {
-        neg = 1;
-        i = 1;
-    }
-    for (; i < n; i++) {
-        if (s[i] < '0' || s[i] > '9') {
-            l->bad = 1;
-            return 0;
-        }
-        v = v * 10u + (uint64_t)(s[i] - '0');
-    }
-    return neg ? (int64_t)(0 - v) : (int64_t)v;
-}
-
-static int hex_digit(char c) {
-    if (c >= '0' && c <= '9') {
-        return c - '0';
-    }
-    if (c >= 'a' && c <= 'f') {
-        return c - 'a' + 10;
-    }
-    return -1;
-}
-
-/* Hex bytes ("-" for none) into buf; returns the count. */
-static size_t get_hex(line_t *l, uint8_t *buf, size_t cap) {
-    const char *s;
-    size_t n, i;
-    if (!token(l, &s, &n)) {
-        return 0;
-    }
-    if (n == 1 && s[0] == '-') {
-        return 0;
-    }
-    if (n % 2 != 0 || n / 2 > cap) {
-        l->bad = 1;
-        return 0;
-    }
-    for (i = 0; i < n / 2; i++) {
-        int hi = hex_digit(s[2 * i]), lo = hex_digit(s[2 * i + 1]);
-        if (hi < 0 || lo < 0) {
-            l->bad = 1;
-            return 0;
-        }
-        buf[i] = (uint8_t)(hi * 16 + lo);
-    }
-    return n / 2;
-}
-
-/* An IEEE double given as the 16 hex digits of its bits. */
-static double get_double(line_t *l) {
-    uint8_t b[8];
-    union {
-        uint64_t bits;
-        double value;
-    } u;
-    size_t i;
-    u.bits = 0;
-    if (get_hex(l, b, 8) != 8) {
-        l->bad = 1;
-        return 0.0;
-    }
-    for (i = 0; i < 8; i++) {
-        u.bits = (u.bits << 8) | b[i];
-    }
-    return u.value;
-}
-
-static int word_is(const char *s, size_t n, const char *w) {
-    size_t i;
-    for (i = 0; i < n; i++) {
-        if (w[i] != s[i]) {
-            return 0;
-        }
-    }
-    return w[n] == '\0';
-}
+#include "driver.h"
 
 /* --- state -------------------------------------------------------------------------- */
 
-static coco_spec spec;
-static coco_announcement announcement;
-static coco_test_stream stream;
-static coco_rng rng = {coco_test_stream_fill, &stream};
-static uint32_t keys[DRIVER_MAX_ITEMS], keys2[DRIVER_MAX_ITEMS];
-static int8_t signs[DRIVER_MAX_ITEMS];
-static double dv[DRIVER_MAX_ITEMS], dlo[DRIVER_MAX_ITEMS], dhi[DRIVER_MAX_ITEMS];
-static int32_t iv[DRIVER_MAX_ITEMS], ilo[DRIVER_MAX_ITEMS], ihi[DRIVER_MAX_ITEMS];
-static uint8_t bytes[DRIVER_MAX_BYTES];
-static char text[COCO_TOPIC_SIZE], text2[COCO_TOPIC_SIZE]; /* names: up to 256 bytes */
-static char topic_buf[COCO_TOPIC_SIZE];
+coco_spec spec;
+coco_announcement announcement;
+coco_test_stream stream;
+coco_rng rng = {coco_test_stream_fill, &stream};
+uint32_t keys[DRIVER_MAX_ITEMS], keys2[DRIVER_MAX_ITEMS];
+int8_t signs[DRIVER_MAX_ITEMS];
+double dv[DRIVER_MAX_ITEMS], dlo[DRIVER_MAX_ITEMS], dhi[DRIVER_MAX_ITEMS];
+int32_t iv[DRIVER_MAX_ITEMS], ilo[DRIVER_MAX_ITEMS], ihi[DRIVER_MAX_ITEMS];
+uint8_t bytes[DRIVER_MAX_BYTES];
+char text[COCO_TOPIC_SIZE], text2[COCO_TOPIC_SIZE]; /* names: up to 256 bytes */
+char topic_buf[COCO_TOPIC_SIZE];
 
-static void start_stream(uint32_t seed) {
+void start_stream(uint32_t seed) {
     stream.seed = seed;
     stream.index = 0;
 }
 
 /* n items of a sparse input: n keys then n signs */
-static uint32_t get_sparse(line_t *l) {
+uint32_t get_sparse(line_t *l) {
     uint32_t n = get_u32(l), i;
     if (n > DRIVER_MAX_ITEMS) {
         l->bad = 1;
@@ -275,11 +53,8 @@ static void out_sparse(uint32_t n) {
 }
 
 /* The ledger's storage, in memory. */
-static struct {
-    uint8_t record[COCO_LEDGER_RECORD_SIZE];
-    int present, fail_load, fail_store;
-} storage;
-static coco_ledger ledger;
+struct storage storage;
+coco_ledger ledger;
 
 static int mem_load(void *ctx, uint8_t record[COCO_LEDGER_RECORD_SIZE]) {
     int i;
@@ -309,7 +84,7 @@ static int mem_store(void *ctx, const uint8_t record[COCO_LEDGER_RECORD_SIZE]) {
     return 0;
 }
 
-static const coco_ledger_io mem_io = {mem_load, mem_store, 0};
+const coco_ledger_io mem_io = {mem_load, mem_store, 0};
 
 static void out_ledger(int rc) {
     if (rc != COCO_OK) {
@@ -319,105 +94,6 @@ static void out_ledger(int rc) {
     }
     out_u64(ledger.spent_units);
     out_u64(ledger.reports);
-}
-
-/* Random sources that fail. */
-static int fail_fill(void *ctx, unsigned char *buf, size_t len) {
-    (void)ctx;
-    (void)buf;
-    (void)len;
-    return 1;
-}
-
-static int ones_fill(void *ctx, unsigned char *buf, size_t len) {
-    size_t i;
-    (void)ctx;
-    for (i = 0; i < len; i++) {
-        buf[i] = 0xFF;
-    }
-    return 0;
-}
-
-/* A source that delivers value[0], value[1], then zeros. */
-static struct {
-    uint32_t value[2];
-    uint32_t used;
-} words;
-
-static int script_fill(void *ctx, unsigned char *buf, size_t len) {
-    uint32_t w = words.used < 2 ? words.value[words.used] : 0;
-    size_t i;
-    (void)ctx;
-    words.used++;
-    for (i = 0; i < len; i++) {
-        buf[i] = (unsigned char)(w >> (24 - 8 * (i % 4)));
-    }
-    return 0;
-}
-
-/* --- exact law by enumeration (builds with -DCOCO_TEST_RANDBELOW=driver_oracle) -------- */
-
-#define LAW_DEPTH 8
-static struct {
-    uint64_t value[LAW_DEPTH];
-    uint64_t n[LAW_DEPTH];
-    unsigned len, used;
-    int overflow;
-} script;
-
-int driver_oracle(uint64_t n, uint64_t *out);
-int driver_oracle(uint64_t n, uint64_t *out) {
-    if (script.used < script.len) {
-        *out = script.value[script.used];
-        script.n[script.used++] = n;
-        return *out < n ? COCO_OK : COCO_ERR_ARG;
-    }
-    if (script.used < LAW_DEPTH) {
-        script.n[script.used] = n; /* the next draw to enumerate */
-    } else {
-        script.overflow = 1;
-    }
-    return COCO_ERR_RNG; /* stops the randomiser here */
-}
-
-#ifdef COCO_TEST_RANDBELOW
-uint64_t coco__test_unit = COCO_UNIT_WEIGHT;
-#endif
-
-/* Every path of randbelow outcomes, depth first: one "leaf z denominator" line per path,
- * where denominator is the product of the n of its draws (its probability is 1 / that). */
-static void law_paths(uint64_t unit, uint32_t seed, uint32_t n) {
-    uint16_t z;
-    int rc;
-    script.used = 0;
-#ifdef COCO_TEST_RANDBELOW
-    coco__test_unit = unit;
-#else
-    (void)unit;
-#endif
-    rc = coco_randomise(&spec, keys, signs, n, seed, &rng, &z);
-    if (rc == COCO_OK && script.used == script.len) {
-        uint64_t denominator = 1;
-        unsigned i;
-        for (i = 0; i < script.len; i++) {
-            denominator *= script.n[i];
-        }
-        out_word("leaf");
-        out_u64(z);
-        out_u64(denominator);
-        out_end();
-    } else if (rc == COCO_ERR_RNG && script.used == script.len && !script.overflow) {
-        uint64_t v, count = script.n[script.len];
-        script.len++;
-        for (v = 0; v < count; v++) {
-            script.value[script.len - 1] = v;
-            law_paths(unit, seed, n);
-        }
-        script.len--;
-    } else {
-        out_err(rc == COCO_OK ? COCO_ERR_ARG : rc);
-        out_end();
-    }
 }
 
 /* --- commands ----------------------------------------------------------------------- */
@@ -689,162 +365,6 @@ static void cmd_topic(line_t *l) {
     }
 }
 
-static void cmd_nulls(void) {
-    /* Every public entry point with a NULL where a pointer is required. */
-    uint8_t report[COCO_REPORT_SIZE];
-    uint16_t z;
-    uint32_t u;
-    uint64_t w;
-    int h2;
-    coco_report r;
-    coco_batch_header bh;
-    const coco_shard_layout *layout;
-    coco_rng null_rng = {0, 0};
-    out_word(coco_strerror(coco_spec_check(0)));
-    out_word(coco_strerror(coco_spec_fingerprint(0, &u)));
-    out_word(coco_strerror(coco_spec_fingerprint(&spec, 0)));
-    out_word(coco_strerror(coco_check_input(&spec, 0, signs, spec.s)));
-    out_word(coco_strerror(coco_randomise(&spec, keys, signs, spec.s, 0, 0, &z)));
-    out_word(coco_strerror(coco_randomise(&spec, keys, signs, spec.s, 0, &null_rng, &z)));
-    out_word(coco_strerror(coco_randomise(&spec, keys, signs, spec.s, 0, &rng, 0)));
-    out_word(coco_strerror(coco_randomise(&spec, 0, signs, spec.s, 0, &rng, &z)));
-    out_word(coco_strerror(coco_random_u32(&null_rng, &u)));
-    out_word(coco_strerror(coco_randbelow(&rng, 5, 0)));
-    out_word(coco_strerror(coco_ternarise(0, dlo, dhi, 1, 1, 0, &rng, keys, signs)));
-    out_word(coco_strerror(coco_ternarise(dv, dlo, dhi, 1, 1, 0, &null_rng, keys, signs)));
-    out_word(coco_strerror(coco_ternarise_int(iv, ilo, ihi, 1, 1, 0, &rng, keys, 0)));
-    out_word(coco_strerror(coco_pad_key_values(0, dv, 1, 5, 2, 1, &rng, keys, signs)));
-    out_word(coco_strerror(coco_encode_report(1, 1, 1, 1, 0)));
-    out_word(coco_strerror(coco_decode_report(0, 16, &r)));
-    out_word(coco_strerror(coco_decode_batch_header(bytes, 30, 0)));
-    out_word(coco_strerror(coco_batch_record(bytes, 30, 0, 0, &z)));
-    out_word(coco_strerror(coco_round_of(1800000000, 60, 0)));
-    out_word(coco_strerror(coco_seconds_to_next_round(1800000000, 60, 0)));
-    out_word(coco_strerror(coco_announcement_parse(0, 3, &announcement)));
-    out_word(coco_strerror(coco_announcement_parse(bytes, 3, 0)));
-    out_word(coco_strerror(coco_decimal_units(0, 1, 1, &w)));
-    out_word(coco_strerror(coco_layout_for_round(0, 1, &layout)));
-    out_word(coco_strerror(coco_shard_label(0, 0, 0, 8)));
-    out_word(coco_strerror(coco_spec_topic(0, topic_buf, sizeof topic_buf)));
-    out_word(coco_strerror(coco_ingress_topic("dep", 0, 0, topic_buf, sizeof topic_buf)));
-    out_word(coco_strerror(coco_ingress_topic("dep", "dev", 0, 0, 8)));
-    out_word(coco_strerror(
-        coco_device_ingress_topic(0, "dep", "dev", 1, topic_buf, sizeof topic_buf)));
-    out_word(coco_strerror(coco_ledger_open(0, &mem_io, 1)));
-    out_word(coco_strerror(coco_ledger_open(&ledger, 0, 1)));
-    out_word(coco_strerror(coco_ledger_charge(0, 1)));
-    out_word(coco_strerror(coco_make_report(&spec, 1, keys, signs, spec.s, &rng, 0, 1, report)));
-    out_word(coco_strerror(coco_test_stream_fill(0, report, 4) == 0 ? COCO_OK : COCO_ERR_NULL));
-    /* functions that return values rather than codes accept NULL where documented */
-    coco_coco_hash(1, 2, 3, 0, &h2);
-    coco_coco_hash(1, 2, 3, &u, 0);
-    out_u64(coco_xxh32(0, 5, 0));
-    out_u64(coco_shard_index(0, 0, 0, 4));
-    (void)bh;
-}
-
-static void cmd_rngfail(int stuck) {
-    /* A source that fails (or repeats all-ones forever): every drawing function refuses. */
-    coco_rng bad = {stuck ? ones_fill : fail_fill, 0};
-    uint8_t report[COCO_REPORT_SIZE];
-    uint16_t z;
-    uint32_t u, i;
-    uint64_t w;
-    for (i = 0; i < spec.s && i < DRIVER_MAX_ITEMS; i++) { /* a valid input */
-        keys[i] = i;
-        signs[i] = 1;
-    }
-    dv[0] = 0.5;
-    dlo[0] = 0.0;
-    dhi[0] = 1.0;
-    out_word(coco_strerror(coco_randbelow(&bad, 3, &w)));
-    out_word(coco_strerror(coco_random_u32(&bad, &u)));
-    out_word(coco_strerror(coco_randomise(&spec, keys, signs, spec.s, 7, &bad, &z)));
-    out_word(coco_strerror(coco_make_report(&spec, 1, keys, signs, spec.s, &bad, &ledger, 1, report)));
-    out_word(coco_strerror(coco_ternarise(dv, dlo, dhi, 1, 1, 0, &bad, keys, signs)));
-}
-
-/* One measured operation of `bench`: returns a status. */
-static int bench_once(const char *kind, size_t kind_len, uint32_t n, size_t ann_len) {
-    static const uint32_t round = 29401920;
-    uint8_t report[COCO_REPORT_SIZE];
-    uint16_t z;
-    uint32_t seed;
-    int rc;
-    if (word_is(kind, kind_len, "report")) { /* seed, randomise, encode */
-        rc = coco_random_u32(&rng, &seed);
-        if (rc == COCO_OK) {
-            rc = coco_randomise(&spec, keys, signs, n, seed, &rng, &z);
-        }
-        if (rc == COCO_OK) {
-            rc = coco_encode_report(spec.fingerprint, round, seed, z, report);
-        }
-        return rc;
-    }
-    if (word_is(kind, kind_len, "make")) { /* the same with the ledger charge */
-        return coco_make_report(&spec, round, keys, signs, n, &rng, &ledger, 1, report);
-    }
-    if (word_is(kind, kind_len, "tern")) {
-        return coco_ternarise(dv, dlo, dhi, spec.d, spec.s, 0, &rng, keys, signs);
-    }
-    if (word_is(kind, kind_len, "ternint")) {
-        return coco_ternarise_int(iv, ilo, ihi, spec.d, spec.s, 0, &rng, keys, signs);
-    }
-    if (word_is(kind, kind_len, "ann")) {
-        return coco_announcement_parse(bytes, ann_len, &announcement);
-    }
-    if (word_is(kind, kind_len, "fingerprint")) {
-        return coco_spec_verify_fingerprint(&spec);
-    }
-    return COCO_ERR_ARG;
-}
-
-static void cmd_bench(line_t *l) {
-    /* bench <kind> <repeats> [n keys signs | hex]: SysTick ticks for `repeats` operations
-     * (the firmware prints how many instructions a tick is) and the stack they used. */
-    const char *kind;
-    size_t kind_len, ann_len = 0;
-    uint32_t repeats, n = 0, i, before, after, top, used;
-    token(l, &kind, &kind_len);
-    repeats = get_u32(l);
-    if (word_is(kind, kind_len, "report") || word_is(kind, kind_len, "make")) {
-        n = get_sparse(l);
-    } else if (word_is(kind, kind_len, "ann")) {
-        ann_len = get_hex(l, bytes, sizeof bytes);
-    }
-    if (l->bad || repeats == 0) {
-        l->bad = 1;
-        return;
-    }
-    for (i = 0; i < spec.d && i < DRIVER_MAX_ITEMS; i++) { /* readings for the encoders */
-        dv[i] = (double)i / (double)spec.d;
-        dlo[i] = 0.0;
-        dhi[i] = 1.0;
-        iv[i] = (int32_t)i;
-        ilo[i] = 0;
-        ihi[i] = 4095;
-    }
-    if (!plat_has_bench()) {
-        out_word("-");
-        return;
-    }
-    start_stream(1);
-    top = plat_sp();
-    plat_stack_paint();
-    before = plat_instructions();
-    for (i = 0; i < repeats; i++) {
-        int rc = bench_once(kind, kind_len, n, ann_len);
-        if (rc != COCO_OK) {
-            out_err(rc);
-            return;
-        }
-    }
-    after = plat_instructions();
-    used = plat_stack_used(top);
-    out_u64((after - before) & 0x00FFFFFFu);
-    out_u64(used);
-}
-
 static int run_line(const char *p, const char *end) {
     line_t l;
     const char *cmd;
@@ -1002,46 +522,9 @@ static int run_line(const char *p, const char *end) {
     } else if (word_is(cmd, n, "rngstuck")) {
         cmd_rngfail(1);
     } else if (word_is(cmd, n, "patterns")) {
-        /* randbelow(n) fed every k-bit pattern, then zeros: value and words used */
-        uint64_t bound = get_u64(&l), pattern, m;
-        unsigned k = 0;
-        for (m = bound - 1; bound > 0 && m > 0; m >>= 1) {
-            k++;
-        }
-        if (k == 0 || k > 16) {
-            l.bad = 1;
-        }
-        for (pattern = 0; !l.bad && pattern < ((uint64_t)1 << k); pattern++) {
-            uint64_t r;
-            int rc;
-            coco_rng scripted = {script_fill, 0};
-            words.value[0] = (uint32_t)(pattern << (32 - k)); /* then zeros */
-            words.value[1] = 0;
-            words.used = 0;
-            rc = coco_randbelow(&scripted, bound, &r);
-            out_end();
-            out_str("> patterns:");
-            if (rc != COCO_OK) {
-                out_err(rc);
-            } else {
-                out_u64(pattern);
-                out_u64(r);
-                out_u64(words.used);
-            }
-        }
+        cmd_patterns(&l);
     } else if (word_is(cmd, n, "law")) {
-        uint64_t unit = get_u64(&l);
-        uint32_t seed = get_u32(&l), count = get_sparse(&l);
-#ifndef COCO_TEST_RANDBELOW
-        l.bad = 1; /* only in builds whose randbelow is the enumerating oracle */
-#endif
-        if (!l.bad) {
-            script.len = 0;
-            script.overflow = 0;
-            out_end();
-            law_paths(unit, seed, count);
-            out_str("> law: end");
-        }
+        cmd_law(&l);
     } else if (word_is(cmd, n, "bench")) {
         cmd_bench(&l);
     } else {
