@@ -82,8 +82,14 @@ def published_vectors() -> Script:
         script.add(f"batch {head} {records}".rstrip(), batch["hex"])
         script.add(f"decbatch {batch['hex']}", f"{head} {records}".rstrip())
     for bad in WIRE["malformed"]:
+        if bad["message"] == "manifest":
+            continue  # shuffler -> aggregator only: a device never decodes a manifest
         command = "decrep" if bad["message"] == "report" else "decbatch"
         script.add(f"{command} {bad['hex'] or '-'}", err(bad["reason"]))
+    for case in WIRE["shards"]:  # docs/protocol.md section 13.2
+        device_id = bytes.fromhex(case["device_id_utf8_hex"])
+        script.add(f"shard {case['seed']} {case['count']} {device_id.hex()}", str(case["index"]))
+        add_topic(script, b"lab", device_id, case["label"])
     _protocol_examples(script)
     return script
 
