@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
@@ -44,7 +44,13 @@ from aggregator.accountant.blanket import BlanketPair, blanket_delta_curve, tail
 if TYPE_CHECKING:  # dp_accounting is imported on first use: it costs ~0.3 s at start-up
     from dp_accounting.pld import privacy_loss_distribution
 
-__all__ = ["blanket_pld", "epsilon_total", "epsilon_total_batches", "grid_spacing"]
+__all__ = [
+    "blanket_pld",
+    "epsilon_total",
+    "epsilon_total_batches",
+    "epsilon_total_counts",
+    "grid_spacing",
+]
 
 _POINTS_PER_SD: Final = 20
 """Grid points per standard deviation of one batch's privacy loss."""
@@ -103,30 +109,42 @@ def _cached_pld(
 
 def epsilon_total_batches(*, pairs: Sequence[BlanketPair], delta: float) -> float:
     """Composed central epsilon at ``delta`` of a device present in every batch of ``pairs``
-    (one :class:`BlanketPair` per batch, e.g. batches of different sizes).
+    (one :class:`BlanketPair` per batch, e.g. batches of different sizes): the
+    :func:`epsilon_total_counts` of their multiset."""
+    if not pairs:
+        raise ValueError("pairs must not be empty")
+    counts: dict[BlanketPair, int] = {}
+    for pair in pairs:
+        counts[pair] = counts.get(pair, 0) + 1
+    return epsilon_total_counts(counts, delta=delta)
+
+
+def epsilon_total_counts(counts: Mapping[BlanketPair, int], *, delta: float) -> float:
+    """Composed central epsilon at ``delta`` of a device present in ``count`` batches of each
+    ``pair`` of ``counts``.
 
     The per-size PLDs are cached (up to 256 distinct pairs), so a caller that adds one batch
     at a time pays for a PLD only when a new batch size appears (or the batch count crosses
     a power of two); composing is cheap. Pure: the cache holds only deterministic results.
     """
     delta = check_delta(delta)
-    if not pairs:
-        raise ValueError("pairs must not be empty")
+    counts = {pair: count for pair, count in counts.items() if count > 0}
+    if not counts:
+        raise ValueError("counts must hold at least one batch")
+    total_count = sum(counts.values())
     # Quantised so that repeated calls (a service adding one batch at a time) reuse the cached
     # PLDs: the floor only moves at powers of two of the batch count, the spacing at powers of
     # two (a lower floor and a finer grid are both still pessimistic, only tighter or slower).
-    floor = _INFINITY_FRACTION * delta / 2.0 ** math.ceil(math.log2(len(pairs)))
-    spacing = 2.0 ** math.floor(math.log2(min(grid_spacing(pair) for pair in pairs)))
-    plds = {pair: _cached_pld(pair, floor, spacing) for pair in set(pairs)}
-    counts: dict[BlanketPair, int] = {}
-    for pair in pairs:
-        counts[pair] = counts.get(pair, 0) + 1
+    floor = _INFINITY_FRACTION * delta / 2.0 ** math.ceil(math.log2(total_count))
+    spacing = 2.0 ** math.floor(math.log2(min(grid_spacing(pair) for pair in counts)))
     total: privacy_loss_distribution.PrivacyLossDistribution | None = None
     for pair, count in counts.items():
-        part = plds[pair].self_compose(count) if count > 1 else plds[pair]
+        pld = _cached_pld(pair, floor, spacing)
+        part = pld.self_compose(count) if count > 1 else pld
         total = part if total is None else total.compose(part)
     assert total is not None
-    return min(float(total.get_epsilon_for_delta(delta)), len(pairs) * pairs[0].epsilon0)
+    basic = sum(pair.epsilon0 * count for pair, count in counts.items())
+    return min(float(total.get_epsilon_for_delta(delta)), basic)
 
 
 def epsilon_total(pair: BlanketPair, *, rounds: int, delta: float) -> float:
