@@ -16,12 +16,17 @@ import pytest
 
 from aggregator import accountant_process
 from aggregator.metrics import epsilon_curve
-from aggregator.privacy_ledger import PrivacyLedger
+from aggregator.privacy_ledger import LedgerSnapshot, PrivacyLedger
 from edge.spec import MechanismSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = MechanismSpec(mechanism="coco", d=8, s=2, epsilon=1.0)
 DELTA = 1e-6
+
+
+def one_size(count: int, size: int = 100) -> LedgerSnapshot:
+    """A snapshot of ``count`` participations of ``size`` reports."""
+    return LedgerSnapshot(rounds=((size, count),), smallest=size, latest=size, generation=count)
 
 
 @pytest.fixture(autouse=True)
@@ -64,7 +69,7 @@ def test_the_worker_computes_exactly_what_the_ledger_computes_in_process() -> No
 
 
 def test_the_worker_runs_at_a_lower_priority_than_the_service() -> None:
-    asyncio.run(accountant_process.compute_level(SPEC, DELTA, (((100, 1),), 100)))
+    asyncio.run(accountant_process.compute_level(SPEC, DELTA, one_size(1)))
     pid = accountant_process.worker_pid()
     assert pid is not None
     mine = os.getpriority(os.PRIO_PROCESS, 0)
@@ -73,20 +78,20 @@ def test_the_worker_runs_at_a_lower_priority_than_the_service() -> None:
 
 def test_an_error_in_the_worker_is_raised_in_the_caller_and_the_worker_lives_on() -> None:
     with pytest.raises(ValueError, match="delta"):
-        asyncio.run(accountant_process.compute_level(SPEC, 2.0, (((100, 1),), 100)))
+        asyncio.run(accountant_process.compute_level(SPEC, 2.0, one_size(1)))
     pid = accountant_process.worker_pid()
-    level = asyncio.run(accountant_process.compute_level(SPEC, DELTA, (((100, 1),), 100)))
+    level = asyncio.run(accountant_process.compute_level(SPEC, DELTA, one_size(1)))
     assert level.batches == 1
     assert accountant_process.worker_pid() == pid
 
 
 def test_a_killed_worker_is_replaced_and_the_call_still_answers() -> None:
-    asyncio.run(accountant_process.compute_level(SPEC, DELTA, (((100, 1),), 100)))
+    asyncio.run(accountant_process.compute_level(SPEC, DELTA, one_size(1)))
     pid = accountant_process.worker_pid()
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
     assert wait_until_gone(pid)
-    level = asyncio.run(accountant_process.compute_level(SPEC, DELTA, (((100, 2),), 100)))
+    level = asyncio.run(accountant_process.compute_level(SPEC, DELTA, one_size(2)))
     assert level.batches == 2
     assert accountant_process.worker_pid() not in (None, pid)
 
@@ -98,7 +103,9 @@ def test_kill_9_of_the_service_leaves_no_worker_behind() -> None:
         "from aggregator import accountant_process\n"
         "from edge.spec import MechanismSpec\n"
         "spec = MechanismSpec(mechanism='coco', d=8, s=2, epsilon=1.0)\n"
-        "asyncio.run(accountant_process.compute_level(spec, 1e-6, (((100, 1),), 100)))\n"
+        "from aggregator.privacy_ledger import LedgerSnapshot\n"
+        "snap = LedgerSnapshot(rounds=((100, 1),), smallest=100, latest=100, generation=1)\n"
+        "asyncio.run(accountant_process.compute_level(spec, 1e-6, snap))\n"
         "print(accountant_process.worker_pid(), flush=True)\n"
         "time.sleep(600)\n"
     )
