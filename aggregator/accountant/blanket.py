@@ -104,6 +104,7 @@ __all__ = [
     "BlanketPair",
     "blanket_delta",
     "blanket_delta_curve",
+    "blanket_delta_curve_and_floor",
     "blanket_epsilon",
     "blanket_pair_for_spec",
     "tail_for",
@@ -373,6 +374,23 @@ def blanket_delta_curve(
     if not 0 < tail < 0.5:
         raise ValueError(f"tail must be in (0, 0.5), got {tail}")
     return _Engine(pair, tail).divergence
+
+
+def blanket_delta_curve_and_floor(
+    pair: BlanketPair, *, tail: float = DEFAULT_TAIL
+) -> Callable[[float], tuple[float, float]]:
+    """``eps -> (blanket_delta(pair, epsilon=eps, tail=tail), floor)`` for ``0 <= eps <
+    eps0``, where ``floor`` is the part of the certified value added whatever ``eps`` (the
+    skipped mass): a curve within a few times it carries no further information."""
+    tail = check_real("tail", tail)
+    if not 0 < tail < 0.5:
+        raise ValueError(f"tail must be in (0, 0.5), got {tail}")
+    engine = _Engine(pair, tail)
+
+    def curve(epsilon: float) -> tuple[float, float]:
+        return engine.divergence(epsilon), engine.floor
+
+    return curve
 
 
 def blanket_delta(pair: BlanketPair, *, epsilon: float, tail: float = DEFAULT_TAIL) -> float:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+
 def _reference_dir() -> Path:
     """``shared/reference`` beside the repository, or beside any directory above it (a git
     worktree lives deeper than the checkout it belongs to)."""

@@ -266,9 +266,7 @@ def test_boost_binomial_cdf_general_q_accuracy() -> None:
 
 
 @pytest.mark.parametrize(("s", "t", "epsilon0"), [(1, 3, 1.0), (2, 9, 0.7), (3, 5, 1.5)])
-def test_the_certificate_has_no_absolute_floor_in_the_tail(
-    s: int, t: int, epsilon0: float
-) -> None:
+def test_the_certificate_has_no_absolute_floor_in_the_tail(s: int, t: int, epsilon0: float) -> None:
     """Far in the tail the certified curve follows the true one down to the skipped mass
     (about 4 p tail), instead of stopping at a floor of about 4e-14 p^2: compositions aim
     there. Every value stays above the direct sum (certified)."""
