@@ -84,6 +84,7 @@ overstatement of privacy loss, never of privacy.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -147,6 +148,9 @@ class LedgerSnapshot:
     latest: int | None
     generation: int
     releases: int = 0
+    ledger: str = ""
+    """The id of the ledger it was taken from (random per ledger object): levels computed
+    for one ledger are never served for another."""
 
     @property
     def participations(self) -> int:
@@ -245,6 +249,7 @@ class PrivacyLedger:
         self.spec = spec
         self.delta = delta
         self.generation = 0
+        self.id = os.urandom(8).hex()
         self._manifests: dict[bytes, _Manifest] = {}
         self._batches: dict[bytes, _Batch] = {}
         """Applied batches of the detailed rounds, by id."""
@@ -431,6 +436,7 @@ class PrivacyLedger:
             latest=self.latest,
             generation=self.generation,
             releases=self.releases,
+            ledger=self.id,
         )
 
     # -- the numbers ------------------------------------------------------------------------

@@ -125,3 +125,76 @@ def test_kill_9_of_the_service_leaves_no_worker_behind() -> None:
         finally:
             if service.poll() is None:
                 service.kill()
+
+
+LIVENESS = 120.0
+"""A deadline for a call that must not wait behind a cancelled one (which would run for
+SPIN seconds): generous for a loaded machine, far below SPIN."""
+SPIN = 3600.0
+
+
+def test_a_cancelled_call_does_not_keep_the_worker_busy() -> None:
+    async def scenario() -> None:
+        long = asyncio.create_task(accountant_process._call("spin", (SPIN,), None))
+        await asyncio.sleep(0)  # queued; may or may not have started
+        while accountant_process.worker_pid() is None:  # started: the worker computes
+            await asyncio.sleep(0.05)
+        long.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await long
+        level = await accountant_process.compute_level(SPEC, DELTA, one_size(1), timeout=LIVENESS)
+        assert level.batches == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_call_past_its_time_limit_is_cancelled() -> None:
+    async def scenario() -> None:
+        with pytest.raises(accountant_process.AccountantTimeoutError):
+            await accountant_process._call("spin", (SPIN,), 0.5)
+        level = await accountant_process.compute_level(SPEC, DELTA, one_size(2), timeout=LIVENESS)
+        assert level.batches == 2
+
+    asyncio.run(scenario())
+
+
+def test_level_now_never_waits_past_its_limit_and_keeps_what_it_started() -> None:
+    """A scrape while the worker is busy gets the last level of its own ledger at once (here
+    none yet); the computation it asked for finishes in the background and is served next."""
+    ledger = PrivacyLedger(SPEC, delta=DELTA)
+    ledger.record_batch(round=1, shard="", batch_id=bytes(16), size=300)
+    snapshot = ledger.snapshot()
+
+    async def scenario() -> None:
+        busy = asyncio.create_task(accountant_process._call("spin", (SPIN,), None))
+        while accountant_process.worker_pid() is None:
+            await asyncio.sleep(0.05)
+        # queued behind the spin: not computed, and nothing known for this ledger
+        assert accountant_process.level_now(SPEC, DELTA, snapshot, timeout=0) is None
+        assert accountant_process.last_level(snapshot) is None
+        busy.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await busy
+
+    asyncio.run(scenario())
+    deadline = time.monotonic() + LIVENESS
+    while accountant_process.last_level(snapshot) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    level = accountant_process.last_level(snapshot)
+    assert level is not None
+    assert level == ledger.compute(snapshot)
+    assert accountant_process.level_now(SPEC, DELTA, snapshot, timeout=0) == level
+
+
+def test_a_level_is_never_served_for_another_ledger() -> None:
+    first, second = PrivacyLedger(SPEC, delta=DELTA), PrivacyLedger(SPEC, delta=DELTA)
+    for ledger in (first, second):
+        ledger.record_batch(round=1, shard="", batch_id=bytes(16), size=200)
+    level = accountant_process.level_now(SPEC, DELTA, first.snapshot(), timeout=LIVENESS)
+    assert level is not None
+    assert accountant_process.last_level(second.snapshot()) is None
+    # a newer snapshot of the first ledger: its older level is served, marked as covering less
+    first.record_batch(round=2, shard="", batch_id=bytes(15) + b"\x01", size=200)
+    newer = first.snapshot()
+    assert accountant_process.last_level(newer) == level
+    assert level.generation < newer.generation
