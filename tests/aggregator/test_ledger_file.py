@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,8 @@ def test_round_trip_keeps_everything(tmp_path: Path) -> None:
     assert loaded.to_dict() == ledger.to_dict()
     assert loaded.generation == ledger.generation
     assert loaded.rounds() == ledger.rounds()
-    assert loaded.snapshot() == ledger.snapshot()
+    # the same content (the id names the ledger object, so levels are never mixed up)
+    assert replace(loaded.snapshot(), ledger="") == replace(ledger.snapshot(), ledger="")
     assert encode_ledger(loaded) == encode_ledger(ledger)
     assert ledger_path_for(tmp_path / "agg.json") == path
 
