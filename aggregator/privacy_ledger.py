@@ -10,14 +10,19 @@ The API the service calls
 -------------------------
 ::
 
-    ledger = PrivacyLedger(spec, delta=delta)            # or ledger_file.load_ledger(...)
+    from aggregator import accountant_process, ledger_file
+    ledger = ledger_file.load_ledger(path, spec=spec, delta=delta)  # None: no file yet
+    ledger = ledger or PrivacyLedger(spec, delta=delta)
     ledger.record_manifest(round=r, shard="g0s1", release_id=rid,
-                           batches=[(batch_id, count), ...])  # a verified manifest
+                           batches=[(batch_id, count), ...])   # a verified manifest
     ledger.record_batch(round=r, shard="g0s1", batch_id=bid, size=n)  # an applied batch
-    ledger.compact(through_round)     # forget the detail of old rounds, keep their cost
+    ledger.compact(through_round)     # fold old rounds' detail, keep their cost
+    ledger_file.save_ledger(path, ledger)   # with the checkpoint, in a thread
     snapshot = ledger.snapshot()      # immutable, picklable
-    level = ledger.compute(snapshot)  # PrivacyLevel (in the accountant's process)
+    level = await accountant_process.compute_level(spec, delta, snapshot)  # privacy loop
+    level = accountant_process.last_level(snapshot)   # a scrape: at once, or None
     settled = level.generation == ledger.generation
+    shown = level.for_sizes(smallest=ledger.smallest, latest=ledger.latest)
 
 ``shard`` is the shard label of docs/protocol.md (``g<generation>s<index>``) or ``""`` for
 an unsharded deployment. Both ``record_*`` methods are idempotent and return a
@@ -25,7 +30,8 @@ an unsharded deployment. Both ``record_*`` methods are idempotent and return a
 changed), ``"covered"`` (a batch its manifest already accounts for), ``"mismatch"`` (it
 contradicts what is recorded: nothing changed; count it), ``"late"`` (a round whose detail
 was compacted: accounted as an extra participation, the pessimistic reading). Invalid
-arguments raise ``ValueError``. ``generation`` grows by one with every change.
+arguments raise ``ValueError``. ``generation`` grows by one with every change;
+``PrivacyLevel.batches`` is the number of participations (rounds) a level composed.
 
 The old per-batch calls (:meth:`PrivacyLedger.record`, :meth:`PrivacyLedger.restore`,
 ``ledger.sizes``) still work, with their old meaning (each batch one participation), until
