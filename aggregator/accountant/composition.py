@@ -68,7 +68,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -129,7 +130,8 @@ def grid_spacing(pair: BlanketPair) -> float:
 class _Curve:
     """The certified curve of one pair at its schedule's points, evaluated on demand and
     kept (each evaluation is deterministic, so the points of a floor never depend on what
-    was asked before)."""
+    was asked before). Thread-safe; the curve's engine (its windows: megabytes at large n)
+    is kept only while points are being added, the points for ever."""
 
     def __init__(self, pair: BlanketPair) -> None:
         self.pair = pair
@@ -138,7 +140,7 @@ class _Curve:
         self.indices: list[int] = [0]  # points in units of step
         self.deltas: list[float] = []
         self.finished = False  # reached eps0 or the plateau: no point below adds anything
-        self._engine = blanket_delta_curve_and_floor(pair, tail=_CURVE_TAIL)
+        self._lock = threading.Lock()
 
     def _next_index(self, k: int) -> int:
         z = k * self.step / self.sd
@@ -150,20 +152,30 @@ class _Curve:
     def points(self, floor: float) -> tuple[list[int], list[float]]:
         """Indices (units of :attr:`step`) and certified deltas, up to the first point at
         or below ``floor`` (or the end)."""
+        with self._lock:
+            return self._points(floor)
+
+    def _points(self, floor: float) -> tuple[list[int], list[float]]:
         eps0 = self.pair.epsilon0
+        engine: Callable[[float], tuple[float, float]] | None = None
         while True:
-            while len(self.deltas) < len(self.indices):
-                eps = self.indices[len(self.deltas)] * self.step
-                value, additive = self._engine(eps) if eps < eps0 else (0.0, 0.0)
-                self.deltas.append(min(1.0, value))
-                if eps >= eps0 or value <= _PLATEAU * additive:
-                    self.finished = True
             for j, value in enumerate(self.deltas):
                 if value <= floor:
                     return self.indices[: j + 1], self.deltas[: j + 1]
             if self.finished:
                 return list(self.indices), list(self.deltas)
-            self.indices.append(self._next_index(self.indices[-1]))
+            if len(self.deltas) == len(self.indices):
+                self.indices.append(self._next_index(self.indices[-1]))
+            eps = self.indices[len(self.deltas)] * self.step
+            if eps < eps0:
+                if engine is None:
+                    engine = blanket_delta_curve_and_floor(self.pair, tail=_CURVE_TAIL)
+                value, additive = engine(eps)
+            else:
+                value, additive = 0.0, 0.0
+            self.deltas.append(min(1.0, value))
+            if eps >= eps0 or value <= _PLATEAU * additive:
+                self.finished = True
 
 
 @functools.lru_cache(maxsize=256)
