@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     # name: (module, attribute: a command function or a typer.Typer, help in `coco --help`)
     "privacy": (
-        "aggregator.cli",
+        "aggregator.privacy_cli",
         "privacy_app",
         "Central privacy of shuffled batches (certified bounds); `calibrate` plans epsilon0.",
     ),

@@ -7,7 +7,19 @@ from pathlib import Path
 
 import pytest
 
-REFERENCE_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
+
+def _reference_dir() -> Path:
+    """``shared/reference`` beside the repository, or beside any directory above it (a git
+    worktree lives deeper than the checkout it belongs to)."""
+    root = Path(__file__).resolve().parents[2]
+    for parent in root.parents:
+        candidate = parent / "shared" / "reference"
+        if candidate.is_dir():
+            return candidate
+    return root.parent / "shared" / "reference"
+
+
+REFERENCE_DIR = _reference_dir()
 
 
 def reference_rows(name: str) -> list[dict[str, str]]:

@@ -22,7 +22,6 @@ import math
 from collections import defaultdict
 from decimal import Decimal, localcontext
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -38,8 +37,8 @@ from aggregator.accountant import (
     generic_clone_probability,
     hockey_stick,
 )
+from tests.aggregator.reference import REFERENCE_DIR
 
-REFERENCE_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
 REFERENCE_TSV = REFERENCE_DIR / "amplification.tsv"
 
 Pmf = dict[tuple[int, ...], float]
