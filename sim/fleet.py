@@ -68,10 +68,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import gmqtt  # type: ignore[import-untyped]
 import numpy as np
-from gmqtt.mqtt.constants import MQTTv50, MQTTv311  # type: ignore[import-untyped]
-from gmqtt.storage import PersistentStorage  # type: ignore[import-untyped]
 from prometheus_client import CollectorRegistry
 
 from edge import CocoError, LocalMechanism
@@ -83,6 +80,7 @@ from edge.shards import ShardLayout, ShardPlan
 from edge.spec import MechanismSpec
 from edge.topics import check_name, ingress_topic
 from sim.credentials import DEFAULT_PREFIX, device_id, device_password
+from sim.fleet_connection import Connection, Done
 from sim.fleet_metrics import (
     CONNECT_FAILURE_REASONS,
     DEFAULT_METRICS_DIMS,
@@ -108,8 +106,6 @@ Mode = Literal["connections", "multiplexed"]
 ReportHook = Callable[[str, bytes], None]
 """Called with ``(topic, payload)`` of every report just before it is published (tests)."""
 
-_GMQTT_NO_AUTO_RECONNECT = -2  # the fleet reconnects by itself, at the next round
-_KEEPALIVE = 60
 _FDS_RESERVED = 64
 """File descriptors beyond one per connection: the event loop, the metrics server, logs."""
 _CONNECT_CONCURRENCY = 200
@@ -261,195 +257,6 @@ def ensure_fd_limit(needed: int) -> int:
     return int(needed if hard == resource.RLIM_INFINITY else hard)
 
 
-# -- one MQTT connection --------------------------------------------------------------------
-
-_Done = Callable[[str | None], None]
-"""Outcome of one QoS 1 publish: ``None`` (acknowledged) or a failure reason."""
-
-
-class _AckTracker(PersistentStorage):  # type: ignore[misc]
-    """gmqtt's in-flight store, extended to resolve each QoS 1 publish on its PUBACK.
-
-    gmqtt's ``publish`` returns nothing; it pushes ``(mid, packet)`` here synchronously, so
-    the callback registered just before the call belongs to that ``mid``. The PUBACK's MQTT 5
-    reason code is read by :meth:`_Connection._on_puback` before gmqtt removes the ``mid``.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.next_done: _Done | None = None
-        self.reason = 0
-        self.pending: dict[int, tuple[float, _Done]] = {}
-
-    def push_message(self, mid: int, raw_package: bytes) -> None:
-        super().push_message(mid, raw_package)
-        if self.next_done is not None:
-            self.pending[mid] = (time.monotonic(), self.next_done)
-            self.next_done = None
-
-    def remove_message_by_mid(self, mid: int) -> None:
-        super().remove_message_by_mid(mid)
-        entry = self.pending.pop(mid, None)
-        if entry is not None:
-            reason, self.reason = self.reason, 0
-            if reason < 0x80:
-                entry[1](None)
-            else:
-                entry[1]("not_authorized" if reason == 0x87 else "refused")
-
-    def fail_all(self, reason: str) -> None:
-        pending, self.pending = self.pending, {}
-        self.clear()
-        for _, done in pending.values():
-            done(reason)
-
-    def expire(self, older_than: float) -> None:
-        """Fail (``timeout``) every publish sent before ``older_than`` (monotonic)."""
-        old = [mid for mid, (sent, _) in self.pending.items() if sent < older_than]
-        for mid in old:
-            _, done = self.pending.pop(mid)
-            done("timeout")
-
-
-def _connect_reason(exc: BaseException) -> str:
-    if isinstance(exc, gmqtt.MQTTConnectError):
-        code = getattr(exc, "_code", None)
-        if code in (4, 0x86):
-            return "bad_credentials"
-        if code in (5, 0x87):
-            return "not_authorized"
-        return "refused"
-    if isinstance(exc, ssl.SSLError | ssl.CertificateError):
-        return "tls"
-    if isinstance(exc, TimeoutError):
-        return "timeout"
-    return "network"
-
-
-class _Connection:
-    """One gmqtt client: connect, publish with a window of unacknowledged reports, close."""
-
-    def __init__(
-        self,
-        client_id: str,
-        *,
-        username: str | None,
-        password: str | None,
-        window: int,
-        on_lost: Callable[[_Connection], None],
-    ) -> None:
-        self.tracker = _AckTracker()
-        self.client = gmqtt.Client(
-            client_id,
-            clean_session=True,
-            persistent_storage=self.tracker,
-            logger=logging.getLogger(f"{__name__}.gmqtt"),
-            session_expiry_interval=0,
-        )
-        self.client.set_config({"reconnect_retries": _GMQTT_NO_AUTO_RECONNECT})
-        if username is not None:
-            self.client.set_auth_credentials(username, password)
-        self.client.on_disconnect = self._on_disconnect
-        handler = self.client._package_handler
-        original = handler._handle_puback_packet
-
-        def on_puback(cmd: int, packet: bytes) -> None:
-            # MQTT 5: a reason code follows the packet id (absent = success).
-            self.tracker.reason = packet[2] if len(packet) > 2 else 0
-            original(cmd, packet)
-
-        handler._handle_puback_packet = on_puback  # looked up by name on the instance
-        self.window = window
-        self.connected = False
-        self.node = 0
-        """Index of the broker node this connection uses (moves on after a failure)."""
-        self._on_lost = on_lost
-        self._room = asyncio.Event()
-        self._room.set()
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.tracker.pending)
-
-    async def connect(
-        self,
-        host: str,
-        port: int,
-        tls: ssl.SSLContext | bool,
-        timeout: float,
-        version: Negotiated = "5",
-    ) -> str | None:
-        """``None`` once connected, else the failure reason (never raises for the broker)."""
-        try:
-            async with asyncio.timeout(timeout):
-                await self.client.connect(
-                    host,
-                    port,
-                    ssl=tls,
-                    keepalive=_KEEPALIVE,
-                    version=MQTTv50 if version == "5" else MQTTv311,
-                )
-        except (OSError, TimeoutError, gmqtt.MQTTConnectError, ssl.CertificateError) as exc:
-            await self._abandon()
-            return _connect_reason(exc)
-        # The broker's MQTT 5 receive maximum bounds the in-flight ids gmqtt will allocate.
-        id_max = getattr(getattr(self.client._package_handler, "id_generator", None), "_max", 0)
-        if isinstance(id_max, int) and id_max >= 3:
-            self.window = min(self.window, id_max - 2)
-        self.connected = True
-        return None
-
-    def _on_disconnect(self, *_args: Any) -> None:
-        was = self.connected
-        self.connected = False
-        self.tracker.fail_all("connection_lost")
-        self._room.set()
-        if was:
-            self._on_lost(self)
-
-    async def wait_room(self) -> None:
-        """Until fewer than ``window`` reports are unacknowledged (or the connection is gone)."""
-        while self.connected and self.in_flight >= self.window:
-            self._room.clear()
-            await self._room.wait()
-
-    def acked(self) -> None:
-        if self.in_flight < self.window:
-            self._room.set()
-
-    def publish(self, topic: str, payload: bytes, qos: int, done: _Done) -> None:
-        """Send one report; ``done`` gets its outcome (QoS 0: at once)."""
-        if not self.connected:
-            done("not_connected")
-            return
-        try:
-            if qos:
-                self.tracker.next_done = done
-            self.client.publish(topic, payload, qos=qos)
-        except (OSError, OverflowError, AttributeError) as exc:
-            self.tracker.next_done = None
-            logger.debug("publish failed: %s", exc)
-            done("connection_lost")
-            return
-        if not qos:
-            done(None)
-
-    async def close(self, timeout: float) -> None:
-        was = self.connected
-        self.connected = False
-        self.tracker.fail_all("connection_lost")
-        if was:
-            self._on_lost(self)
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(timeout):
-                await self.client.disconnect()
-
-    async def _abandon(self) -> None:
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(1.0):
-                await self.client.disconnect()
-
-
 # -- the fleet ------------------------------------------------------------------------------
 
 
@@ -516,7 +323,7 @@ class Fleet:
             ssl.create_default_context(cafile=config.ca_file) if tls else False
         )
         self._stop = asyncio.Event()
-        self._conns: list[_Connection] = []
+        self._conns: list[Connection] = []
         self._connected = 0
         self._outstanding = 0
         self._settled = asyncio.Event()
@@ -683,18 +490,18 @@ class Fleet:
 
     # -- connections --
 
-    def _make_connections(self) -> list[_Connection]:
+    def _make_connections(self) -> list[Connection]:
         conns = self._new_connections()
         for k, conn in enumerate(conns):
             conn.node = k  # spread over the nodes of a cluster
         return conns
 
-    def _new_connections(self) -> list[_Connection]:
+    def _new_connections(self) -> list[Connection]:
         cfg = self.config
         if cfg.mode == "connections":
             secret = cfg.credentials_secret
             return [
-                _Connection(
+                Connection(
                     dev,
                     username=dev if secret is not None else cfg.username,
                     password=device_password(secret, dev) if secret is not None else cfg.password,
@@ -705,7 +512,7 @@ class Fleet:
             ]
         run = secrets.token_hex(4)
         return [
-            _Connection(
+            Connection(
                 f"coco-fleet-{run}-{k}",
                 username=cfg.username,
                 password=cfg.password,
@@ -731,23 +538,23 @@ class Fleet:
             logger.debug("MQTT version probe failed: %s", exc)
             return "5"
 
-    def _devices_on(self, conn: _Connection) -> int:
+    def _devices_on(self, conn: Connection) -> int:
         if self.config.mode == "connections":
             return 1
         k, n = self._conns.index(conn), self.config.devices
         return len(range(k, n, len(self._conns)))
 
-    def _lost(self, conn: _Connection) -> None:
+    def _lost(self, conn: Connection) -> None:
         conn.node += 1  # reconnect to the next node (the lost one may have died)
         self._connected -= self._devices_on(conn)
         self.metrics.connected.set(self._connected)
 
-    async def _connect_all(self, conns: list[_Connection]) -> None:
+    async def _connect_all(self, conns: list[Connection]) -> None:
         cfg = self.config
         gate = asyncio.Semaphore(_CONNECT_CONCURRENCY)
         start = time.monotonic()
 
-        async def one(i: int, conn: _Connection) -> None:
+        async def one(i: int, conn: Connection) -> None:
             if cfg.ramp_up > 0:
                 delay = start + i / cfg.ramp_up - time.monotonic()
                 if delay > 0:
@@ -857,12 +664,12 @@ class Fleet:
 
     def _outcome(
         self,
-        conn: _Connection,
+        conn: Connection,
         round_: int,
         keys: list[int],
         signs: list[int],
         report: tuple[int, int],
-    ) -> _Done:
+    ) -> Done:
         """The callback that settles one report: counts, truth, ``on_acked``, the window."""
 
         def done(reason: str | None) -> None:
