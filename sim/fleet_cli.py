@@ -32,6 +32,8 @@ from sim.credentials import DEFAULT_PREFIX, device_id, device_password, read_sec
 from sim.fleet_metrics import DEFAULT_METRICS_DIMS
 
 if TYPE_CHECKING:  # imported when the command runs, not for --help (gmqtt, numpy)
+    from prometheus_client import CollectorRegistry
+
     from edge.shards import ShardPlan
     from sim.fleet import Fleet
 
@@ -201,6 +203,23 @@ def _fail_if_nothing_acknowledged(summary: dict[str, Any]) -> None:
     raise typer.Exit(1)
 
 
+def _serve_metrics(port: int, host: str, registry: CollectorRegistry) -> Any:
+    """Serve ``/metrics`` of ``registry`` on ``host:port`` (the server, to shut down), or a
+    :class:`FleetError` that names the port and the option."""
+    from prometheus_client import start_http_server  # noqa: PLC0415 (not for --help)
+
+    from sim.fleet import FleetError  # noqa: PLC0415
+
+    try:
+        server, _ = start_http_server(port, addr=host, registry=registry)
+    except (OSError, OverflowError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise FleetError(
+            f"--metrics-port {port}: cannot serve /metrics on {host}:{port}: {reason}"
+        ) from None
+    return server
+
+
 def _acked_writer(out: TextIO | None) -> Callable[[int, int, int], None] | None:
     """``--acked-log``: one line ``round seed z`` per acknowledged report."""
     if out is None:
@@ -325,14 +344,18 @@ def fleet(
     """Simulate a fleet of devices publishing privatised reports (simulation only: no
     budget ledger; a real device runs `coco device`)."""
     import aiomqtt  # noqa: PLC0415 (not for --help: the MQTT clients and numpy)
-    from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
     from sim.fleet import Fleet, FleetConfig  # noqa: PLC0415
 
     logging.getLogger("gmqtt").setLevel(max(logging.WARNING, logging.getLogger().level))
+    registry = CollectorRegistry()
+    server = None
     try:
         if qos not in (0, 1):
             raise ValueError(f"--qos must be 0 or 1, got {qos}")
+        if metrics_port is not None:  # first: a busy port fails before the broker is asked
+            server = _serve_metrics(metrics_port, metrics_host, registry)
         secret = None if credentials_secret_file is None else read_secret(credentials_secret_file)
         if spec is not None:
             mechanism, whole = read_spec_or_announcement(spec)
@@ -376,17 +399,11 @@ def fleet(
             mqtt_version=check_mqtt_version(mqtt_version),
             shards=shards,
         )
-        registry = CollectorRegistry()
         acked_file = None if acked_log is None else acked_log.open("w", encoding="ascii")
         sim = Fleet(config, registry=registry, on_acked=_acked_writer(acked_file))
-        server = None
-        if metrics_port is not None:
-            server, _ = start_http_server(metrics_port, addr=metrics_host, registry=registry)
         try:
             summary = asyncio.run(_serve(sim, hold=hold, progress=progress))
         finally:
-            if server is not None:
-                server.shutdown()
             if acked_file is not None:
                 acked_file.close()
         if ground_truth is not None:
@@ -394,5 +411,8 @@ def fleet(
     except (CocoError, ValueError, OSError, TimeoutError, aiomqtt.MqttError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+    finally:
+        if server is not None:
+            server.shutdown()
     typer.echo(json.dumps(summary, indent=1) if as_json else format_summary(summary))
     _fail_if_nothing_acknowledged(summary)

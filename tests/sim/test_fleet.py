@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -473,6 +474,34 @@ def test_cli_errors_are_one_line_without_a_traceback(mosquitto: Broker, tmp_path
         assert result.exit_code == 1, result.output
         assert result.exception is None or isinstance(result.exception, SystemExit)
         assert message in result.output
+
+
+def test_a_busy_metrics_port_is_a_one_line_error_naming_the_port_and_option(
+    tmp_path: Path,
+) -> None:
+    """Issue 18: "[Errno 98] Address already in use", without the port or the option."""
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(SENSORS.to_dict()))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", free_port()))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(
+            app,
+            [
+                *("fleet", "--deployment", "busy", "--spec", str(spec_file)),
+                *("--round-seconds", "1", "--no-progress"),
+                *("--broker", f"mqtt://127.0.0.1:{free_port()}"),  # never reached
+                *("--metrics-port", str(port), "--metrics-host", "127.0.0.1"),
+            ],
+        )
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = result.stderr.strip().splitlines()
+    assert lines == [
+        f"error: --metrics-port {port}: cannot serve /metrics on 127.0.0.1:{port}: "
+        "Address already in use"
+    ]
 
 
 T0 = 1_764_115_200  # 2025-11-26T00:00:00Z, a multiple of 60
