@@ -45,9 +45,10 @@ Failures never crash the fleet: a refused or failed connection and an unpublishe
 are counted by reason (:mod:`sim.fleet_metrics`); a device that is not connected tries
 again before the next round.
 
-Reproducibility: ``SeedSequence(seed).spawn(3)``: model parameters, per-device data
-generators, per-device randomiser generators (``spawn(n_devices)`` each), so the same
-seed gives the same reports whatever the mode, the ramp-up or the failures.
+Reproducibility: device ``i``'s data and report in wall-clock round ``r`` depend on
+``(seed, i, r)`` only (:class:`sim.fleet_models.DeviceStreams`): the same seed gives the same
+reports in a round whatever the mode, the ramp-up or the failures, and new reports in new
+rounds, so a rerun with the same seed is new data for the aggregator, never a replay.
 
 No device id is logged at INFO or above, exported as a metric label or written to the
 ground-truth file. Simulated devices keep no budget ledger: they are simulations; a real
@@ -68,7 +69,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
 from prometheus_client import CollectorRegistry
 
 from edge import CocoError, LocalMechanism
@@ -87,7 +87,7 @@ from sim.fleet_metrics import (
     PUBLISH_FAILURE_REASONS,
     FleetMetrics,
 )
-from sim.fleet_models import FleetModel, ModelName, device_bits, seed_children
+from sim.fleet_models import DeviceStreams, FleetModel, ModelName, device_bits
 from sim.fleet_truth import GroundTruth
 
 __all__ = [
@@ -295,7 +295,11 @@ class Fleet:
         self.config = config
         self.spec = config.spec
         self.model = FleetModel(
-            name=config.model, spec=config.spec, n_devices=config.devices, seed=config.seed
+            name=config.model,
+            spec=config.spec,
+            n_devices=config.devices,
+            seed=config.seed,
+            round_seconds=config.round_seconds,
         )
         self.metrics = FleetMetrics(
             registry if registry is not None else CollectorRegistry(),
@@ -311,10 +315,7 @@ class Fleet:
         self._on_report = on_report
         self._on_acked = on_acked
         self._mechanism = LocalMechanism.from_spec(config.spec)
-        self._data_rngs = self.model.device_generators()
-        self._rand_rngs = [
-            np.random.default_rng(c) for c in seed_children(config.seed)[2].spawn(config.devices)
-        ]
+        self._streams = DeviceStreams(config.seed, config.devices)
         self._nodes = parse_broker_urls(config.broker)
         """The broker's nodes: connection ``k`` starts on node ``k mod n`` and moves to the
         next node each time it fails (a cluster node that died)."""
@@ -375,16 +376,20 @@ class Fleet:
             ingress_topic(deployment, dev, layout.label(layout.index_of(dev))) for dev in self.ids
         ]
 
-    def reports(self, round_index: int) -> list[tuple[list[int], list[int], int, int]]:
-        """``(keys, signs, seed, z)`` of every device for the run's ``round_index``-th round.
+    def reports(self, round_: int) -> list[tuple[list[int], list[int], int, int]]:
+        """``(keys, signs, seed, z)`` of every device in wall-clock round ``round_``.
 
-        Advances the devices' generators: call it once per round, in order.
+        A function of the seed, the device and ``round_`` only: any round, in any order,
+        gives the same reports again.
         """
-        vectors = self.model.vectors(round_index, self._data_rngs)
+        streams = self._streams
+        streams.set_round(round_)
+        vectors = self.model.vectors(round_, streams)
         mech = self._mechanism
         out = []
-        for (keys, signs), rng in zip(vectors, self._rand_rngs, strict=True):
-            seed, z = mech.randomise_keys(keys, signs, getrandbits=device_bits(rng))
+        for i, (keys, signs) in enumerate(vectors):
+            bits = device_bits(streams.randomiser(i))
+            seed, z = mech.randomise_keys(keys, signs, getrandbits=bits)
             out.append((keys, signs, seed, z))
         return out
 
@@ -427,7 +432,7 @@ class Fleet:
                 start = round_start(round_, cfg.round_seconds)
                 if not await self._sleep_until(start + cfg.round_offset):
                     break
-                await self._round(index, round_)
+                await self._round(round_)
                 previous = round_
                 index += 1
         finally:
@@ -481,10 +486,13 @@ class Fleet:
             spec=self.spec,
             seed=self.config.seed,
             model=self.config.model,
-            extra={
+            round_seconds=self.config.round_seconds,
+            run={
                 "devices": self.config.devices,
-                "round_seconds": self.config.round_seconds,
+                "first_round": self.rounds_used[0] if self.rounds_used else None,
+                "last_round": self.rounds_used[-1] if self.rounds_used else None,
                 "rounds_completed": self.stats.rounds_completed,
+                "reports_published": self.published,
             },
         )
 
@@ -609,11 +617,11 @@ class Fleet:
                 await asyncio.wait_for(self._stop.wait(), delay)
         return False
 
-    async def _round(self, index: int, round_: int) -> None:
-        """Publish the run's ``index``-th round of reports in wall-clock round ``round_``."""
+    async def _round(self, round_: int) -> None:
+        """Publish every device's report of wall-clock round ``round_``."""
         cfg = self.config
         self.rounds_used.append(round_)
-        reports = self.reports(index)  # every device, connected or not: reproducible
+        reports = self.reports(round_)  # every device, connected or not: reproducible
         topics = self.topics_for(round_)
         if topics is None:
             logger.warning("no announced shard layout serves round %d: not reporting", round_)

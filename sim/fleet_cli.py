@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # imported when the command runs, not for --help (gmqtt, nump
     from prometheus_client import CollectorRegistry
 
     from edge.shards import ShardPlan
-    from sim.fleet import Fleet
+    from sim.fleet import Fleet, FleetConfig
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +152,27 @@ def _round_length(announced: int | None, given: int | None, source: str) -> int:
             f"{source} holds no round_seconds: give --round-seconds (the deployment's round length)"
         )
     return length
+
+
+def _file_spec(
+    path: Path, given_seconds: int | None
+) -> tuple[MechanismSpec, int, ShardPlan | None]:
+    """The spec, round length and shard layouts of a ``--spec`` file (a spec, or a whole
+    announcement)."""
+    mechanism, whole = read_spec_or_announcement(path)
+    file_seconds = None if whole is None else whole["round_seconds"]
+    length = _round_length(file_seconds, given_seconds, f"the spec file {path}")
+    return mechanism, length, None if whole is None else shard_plan(whole)
+
+
+def _check_truth_file(path: Path, config: FleetConfig) -> None:
+    """Refuse a ``--ground-truth`` file this run could not add its rounds to."""
+    from sim.fleet_truth import GroundTruth, check_compatible, read_document  # noqa: PLC0415
+
+    header = GroundTruth(d=config.spec.d).to_dict(
+        spec=config.spec, seed=config.seed, model=config.model, round_seconds=config.round_seconds
+    )
+    check_compatible(path, read_document(path), header)
 
 
 def _announced_spec(
@@ -312,7 +333,11 @@ def fleet(
     ] = None,
     ground_truth: Annotated[
         Path | None,
-        typer.Option(help="Write the SIMULATION-ONLY ground truth (JSON) here."),
+        typer.Option(
+            help="Add this run's SIMULATION-ONLY ground truth (JSON) to this file: its rounds "
+            "are merged with those already there; a file of another seed, spec, model or round "
+            "length is refused."
+        ),
     ] = None,
     acked_log: Annotated[
         Path | None,
@@ -347,6 +372,7 @@ def fleet(
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
     from sim.fleet import Fleet, FleetConfig  # noqa: PLC0415
+    from sim.fleet_truth import write_merged  # noqa: PLC0415
 
     logging.getLogger("gmqtt").setLevel(max(logging.WARNING, logging.getLogger().level))
     registry = CollectorRegistry()
@@ -358,10 +384,7 @@ def fleet(
             server = _serve_metrics(metrics_port, metrics_host, registry)
         secret = None if credentials_secret_file is None else read_secret(credentials_secret_file)
         if spec is not None:
-            mechanism, whole = read_spec_or_announcement(spec)
-            file_seconds = None if whole is None else whole["round_seconds"]
-            length = _round_length(file_seconds, round_seconds, f"the spec file {spec}")
-            shards = None if whole is None else shard_plan(whole)
+            mechanism, length, shards = _file_spec(spec, round_seconds)
         else:
             user, pw, client_id = username, password, None
             if secret is not None:  # read the announcement as device 0 would, with its id
@@ -399,7 +422,9 @@ def fleet(
             mqtt_version=check_mqtt_version(mqtt_version),
             shards=shards,
         )
-        acked_file = None if acked_log is None else acked_log.open("w", encoding="ascii")
+        if ground_truth is not None:  # a file this run cannot add to is refused before it
+            _check_truth_file(ground_truth, config)
+        acked_file = None if acked_log is None else acked_log.open("a", encoding="ascii")
         sim = Fleet(config, registry=registry, on_acked=_acked_writer(acked_file))
         try:
             summary = asyncio.run(_serve(sim, hold=hold, progress=progress))
@@ -407,7 +432,7 @@ def fleet(
             if acked_file is not None:
                 acked_file.close()
         if ground_truth is not None:
-            ground_truth.write_text(json.dumps(sim.ground_truth(), indent=1) + "\n")
+            write_merged(ground_truth, sim.ground_truth())
     except (CocoError, ValueError, OSError, TimeoutError, aiomqtt.MqttError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
