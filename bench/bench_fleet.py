@@ -41,7 +41,7 @@ from edge.codec import encode_report
 from edge.spec import MechanismSpec
 from sim.credentials import device_id
 from sim.fleet import Fleet, FleetConfig, ensure_fd_limit
-from sim.fleet_connection import Connection
+from sim.fleet_connection import Connection, Report
 
 SPEC = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
 MULTIPLEXED_CONNECTIONS = 4
@@ -112,7 +112,8 @@ async def _gmqtt_library(port: int, n: int) -> dict[str, Any]:
 
     payload = encode_report(SPEC.fingerprint_int, 0, 1, 1)
     for i, c in enumerate(conns):
-        c.publish(f"coco/v1/bench-lib/ingress/{device_id(i, 'lib-g-')}", payload, 1, on_done)
+        topic = f"coco/v1/bench-lib/ingress/{device_id(i, 'lib-g-')}"
+        c.publish(Report(topic, payload, on_done), 1)
     await asyncio.wait_for(done.wait(), 120)
     t2 = time.monotonic()
     await asyncio.gather(*(c.close(5) for c in conns))

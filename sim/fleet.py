@@ -42,8 +42,13 @@ or when it is written to the socket (QoS 0). At most ``window`` QoS 1 reports ar
 unacknowledged per connection (and fewer if the broker's MQTT 5 receive maximum says so).
 
 Failures never crash the fleet: a refused or failed connection and an unpublished report
-are counted by reason (:mod:`sim.fleet_metrics`); a device that is not connected tries
-again before the next round.
+are counted by reason (:mod:`sim.fleet_metrics`). A connection that closes, or fails for a
+reason time may fix, is tried again as a device would, with exponential backoff and jitter
+(``reconnect_min_delay`` to ``reconnect_max_delay``, docs/protocol.md section 12); its
+unacknowledged report, and one whose time came meanwhile, wait for it until their round
+ends and are then sent again unchanged (never randomised again). A refusal retrying cannot
+fix (credentials, authorisation, TLS) is tried again before the next round. At most one log
+line per round says what was not sent and what the connections did (counts only).
 
 Reproducibility: device ``i``'s data and report in wall-clock round ``r`` depend on
 ``(seed, i, r)`` only (:class:`sim.fleet_models.DeviceStreams`): the same seed gives the same
@@ -60,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import secrets
 import ssl
 import time
@@ -85,7 +91,13 @@ from sim.fleet_config import (
     ensure_fd_limit,
     next_round,
 )
-from sim.fleet_connection import Connection, Done
+from sim.fleet_connection import (
+    PERMANENT_CONNECT_FAILURES,
+    Connection,
+    Done,
+    Report,
+    backoff_delay,
+)
 from sim.fleet_metrics import (
     CONNECT_FAILURE_REASONS,
     PUBLISH_FAILURE_REASONS,
@@ -130,6 +142,7 @@ class _Stats:
     rounds_skipped: int = 0
     rounds_late: int = 0
     interrupted: bool = False
+    connected_at_end: int = 0
 
 
 class Fleet:
@@ -184,6 +197,12 @@ class Fleet:
         self._stop = asyncio.Event()
         self._conns: list[Connection] = []
         self._connected = 0
+        self._gate = asyncio.Semaphore(_CONNECT_CONCURRENCY)
+        self._tasks: set[asyncio.Task[None]] = set()
+        """Reconnections and flushes under way (cancelled when the run ends)."""
+        self._jitter = random.Random()  # timing only: never a report's randomness
+        self._deadline = 0.0
+        """Unix time until which a report may wait for its connection to come back."""
         self._outstanding = 0
         self._settled = asyncio.Event()
         self.stats = _Stats()
@@ -192,6 +211,8 @@ class Fleet:
         self.published = 0
         self.publish_failures = dict.fromkeys(PUBLISH_FAILURE_REASONS, 0)
         self.connect_failures = dict.fromkeys(CONNECT_FAILURE_REASONS, 0)
+        self.connections_lost = 0
+        self._logged: dict[str, Any] = self._tally()  # counts at the last round's log line
 
     # -- public surface --
 
@@ -204,6 +225,11 @@ class Fleet:
         """Devices that can publish now (own mode: connected devices; multiplexed: devices
         whose shared connection is up)."""
         return self._connected
+
+    @property
+    def reconnecting(self) -> int:
+        """Devices whose connection is being tried again with backoff."""
+        return sum(self._devices_on(c) for c in self._conns if c.retrying and not c.connected)
 
     def stop(self) -> None:
         """End the run: no new round starts; the current one drains briefly."""
@@ -294,10 +320,13 @@ class Fleet:
                 previous = round_
                 index += 1
         finally:
+            self.stats.connected_at_end = self._connected
             sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            for task in [sweeper, *self._tasks]:
+                task.cancel()
+            await asyncio.gather(sweeper, *self._tasks, return_exceptions=True)
             await asyncio.gather(*(c.close(2.0) for c in self._conns))
+            self.metrics.reconnecting.set(0)
             self.metrics.set_truth(self.truth)
         return self.summary()
 
@@ -312,6 +341,8 @@ class Fleet:
             "connections": cfg.connection_count,
             "connected": st.peak_connected,
             "connected_at_start": st.connected_first,
+            "connected_at_end": st.connected_at_end,
+            "connections_lost": self.connections_lost,
             "rounds": cfg.rounds,
             "rounds_completed": st.rounds_completed,
             "round_seconds": cfg.round_seconds,
@@ -320,6 +351,7 @@ class Fleet:
             "rounds_skipped": st.rounds_skipped,
             "rounds_late": st.rounds_late,
             "reports_published": self.published,
+            "reports_not_sent": sum(self.publish_failures.values()),
             "publish_failures": dict(self.publish_failures),
             "connect_failures": dict(self.connect_failures),
             "connect_rate_per_s": (  # connections (not devices) per second
@@ -411,13 +443,115 @@ class Fleet:
         return len(range(k, n, len(self._conns)))
 
     def _lost(self, conn: Connection) -> None:
+        """A connection closed: its unacknowledged reports wait for it to come back (within
+        their round), and it is tried again with backoff, as a device would."""
         conn.node += 1  # reconnect to the next node (the lost one may have died)
         self._connected -= self._devices_on(conn)
         self.metrics.connected.set(self._connected)
+        if conn.closing:  # the run's end: close() fails what is left
+            return
+        self.connections_lost += 1
+        self.metrics.connections_lost.inc()
+        self._retry(conn)
+        for report in conn.tracker.take_all():
+            self._hold(conn, report)
+
+    def _may_wait(self, conn: Connection) -> bool:
+        """Whether a report of ``conn`` may wait for a reconnection: it is being tried
+        again and the report's round has not ended."""
+        return conn.retrying and not self.stopping and time.time() < self._deadline
+
+    def _hold(self, conn: Connection, report: Report) -> None:
+        if self._may_wait(conn):
+            conn.waiting.append(report)
+        else:
+            report.fail()
+
+    def _send(self, conn: Connection, report: Report) -> None:
+        if conn.connected:
+            conn.publish(report, self.config.qos)
+        else:
+            self._hold(conn, report)
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _retry(self, conn: Connection) -> None:
+        if conn.retrying or conn.closing or self.stopping:
+            return
+        conn.retrying = True
+        self.metrics.reconnecting.inc(self._devices_on(conn))
+        self._spawn(self._reconnect(conn), "fleet-reconnect")
+
+    async def _reconnect(self, conn: Connection) -> None:
+        """Try ``conn`` again after ``reconnect_min_delay * 2^k`` s (at most
+        ``reconnect_max_delay``, with jitter) until it connects, the run ends, or the
+        broker refuses it for good (then it is tried again before the next round)."""
+        cfg = self.config
+        attempt = 0
+        try:
+            while not self.stopping and not conn.closing:
+                delay = backoff_delay(
+                    attempt, cfg.reconnect_min_delay, cfg.reconnect_max_delay, self._jitter
+                )
+                attempt += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
+                if self.stopping:
+                    break
+                reason = await self._connect(conn)
+                if reason is None:
+                    if conn.waiting:
+                        self._spawn(self._flush(conn), "fleet-flush")
+                    break
+                if reason in PERMANENT_CONNECT_FAILURES:
+                    break
+        finally:
+            conn.retrying = False
+            self.metrics.reconnecting.dec(self._devices_on(conn))
+            if not conn.connected:
+                waiting, conn.waiting = conn.waiting, []
+                for report in waiting:
+                    report.fail()
+
+    async def _flush(self, conn: Connection) -> None:
+        """Send the reports that waited for ``conn``, the same bytes (window permitting)."""
+        sent = 0
+        while conn.waiting and conn.connected:
+            if conn.in_flight >= conn.window:
+                await conn.wait_room()
+                continue
+            conn.publish(conn.waiting.pop(0), self.config.qos)
+            sent += 1
+            if sent % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+
+    async def _connect(self, conn: Connection) -> str | None:
+        """One connection attempt (at most :data:`_CONNECT_CONCURRENCY` at once): ``None``
+        once connected, else the failure reason, counted."""
+        cfg = self.config
+        async with self._gate:
+            host, port, _ = self._nodes[conn.node % len(self._nodes)]
+            reason = await conn.connect(host, port, self._tls, cfg.connect_timeout, self.version)
+        if reason is None:
+            self._connected += self._devices_on(conn)
+            self.stats.peak_connected = max(self.stats.peak_connected, self._connected)
+            self.metrics.connected.set(self._connected)
+            if self.stopping:
+                await conn.close(1.0)
+            return None
+        conn.node += 1  # the next attempt goes to the next node of a cluster
+        self.connect_failures[reason] += 1
+        self.metrics.connect_failure(reason)
+        logger.debug("connection refused or failed: %s", reason)
+        return reason
 
     async def _connect_all(self, conns: list[Connection]) -> None:
+        """Connect ``conns`` (``ramp_up`` per second); one that fails for a reason time may
+        fix is tried again with backoff (:meth:`_retry`)."""
         cfg = self.config
-        gate = asyncio.Semaphore(_CONNECT_CONCURRENCY)
         start = time.monotonic()
 
         async def one(i: int, conn: Connection) -> None:
@@ -426,34 +560,59 @@ class Fleet:
                 if delay > 0:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._stop.wait(), delay)
-            if self.stopping:
+            if self.stopping or conn.connected or conn.retrying:
                 return
-            async with gate:
-                if self.stopping:
-                    return
-                host, port, _ = self._nodes[conn.node % len(self._nodes)]
-                reason = await conn.connect(
-                    host, port, self._tls, cfg.connect_timeout, self.version
-                )
-            if reason is None:
-                if self.stopping:
-                    await conn.close(1.0)
-                    return
-                self._connected += self._devices_on(conn)
-                self.stats.peak_connected = max(self.stats.peak_connected, self._connected)
-                self.metrics.connected.set(self._connected)
-            else:
-                conn.node += 1  # the next attempt goes to the next node of a cluster
-                self.connect_failures[reason] += 1
-                self.metrics.connect_failure(reason)
-                logger.debug("connection refused or failed: %s", reason)
+            reason = await self._connect(conn)
+            if reason is not None and reason not in PERMANENT_CONNECT_FAILURES:
+                self._retry(conn)
 
         await asyncio.gather(*(one(i, c) for i, c in enumerate(conns)))
 
     async def _reconnect_missing(self) -> None:
-        missing = [c for c in self._conns if not c.connected]
+        """Before a round: one attempt for every connection that is down and not being
+        tried again (the broker refused it for good last time)."""
+        missing = [c for c in self._conns if not c.connected and not c.retrying]
         if missing:
             await self._connect_all(missing)
+
+    def _tally(self) -> dict[str, Any]:
+        return {
+            "publish": dict(self.publish_failures),
+            "connect": dict(self.connect_failures),
+            "lost": self.connections_lost,
+            "published": self.published,
+        }
+
+    def _log_round(self, round_: int) -> None:
+        """At most one line per round: what was not sent and why, what connections did
+        (counts only: no device id)."""
+        now, before = self._tally(), self._logged
+        self._logged = now
+        failed = {k: v - before["publish"][k] for k, v in now["publish"].items()}
+        refused = {k: v - before["connect"][k] for k, v in now["connect"].items()}
+        lost = now["lost"] - before["lost"]
+        if not (any(failed.values()) or any(refused.values()) or lost):
+            return
+        not_sent = sum(failed.values())
+        attempted = not_sent + now["published"] - before["published"]
+
+        def reasons(counts: dict[str, int]) -> str:
+            return ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "none"
+
+        logger.warning(
+            "round %d: %d of %d reports not sent (%s); %d connections lost, %d connection "
+            "attempts failed (%s); %d of %d devices connected, %d reconnecting",
+            round_,
+            not_sent,
+            attempted,
+            reasons(failed),
+            lost,
+            sum(refused.values()),
+            reasons(refused),
+            self._connected,
+            self.config.devices,
+            self.reconnecting,
+        )
 
     # -- rounds --
 
@@ -486,6 +645,8 @@ class Fleet:
             self.stats.rounds_skipped += 1
             return
         begin = round_start(round_, cfg.round_seconds) + cfg.round_offset
+        end = round_start(round_ + 1, cfg.round_seconds)
+        self._deadline = end  # a report may wait for its connection until its round ends
         n = len(reports)
         fingerprint = self.spec.fingerprint_int
         conns = self._conns
@@ -509,17 +670,20 @@ class Fleet:
             self._outstanding += 1
             self._settled.clear()
             done = self._outcome(conn, round_, keys, signs, (seed, z))
-            conn.publish(topics[i], payload, cfg.qos, done)
+            self._send(conn, Report(topics[i], payload, done))
             if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                 await asyncio.sleep(0)
+        sent_late = time.time() >= end
+        expired = False
         if self._outstanding > 0:
-            await self._await_settled()
+            expired = await self._await_settled()
         self.stats.publish_seconds += time.monotonic() - start
         complete = not self.stopping and self._outstanding == 0
         if complete:
             self.stats.rounds_completed += 1
             self.metrics.rounds.inc()
-        if time.time() >= round_start(round_ + 1, cfg.round_seconds):
+        self._log_round(round_)
+        if sent_late or (time.time() >= end and not expired):
             self.stats.rounds_late += 1
             logger.warning(
                 "round %d was still publishing when it ended (raise round_seconds or lower the "
@@ -551,23 +715,45 @@ class Fleet:
 
         return done
 
-    async def _await_settled(self) -> None:
+    async def _await_settled(self) -> bool:
         """Until every report of the round is acknowledged or failed (the sweeper fails
-        them after ``publish_timeout``); after :meth:`stop`, ``drain_timeout`` at most."""
+        them after ``publish_timeout``); after :meth:`stop`, ``drain_timeout`` at most.
+
+        Reports still waiting for a connection when the round ends are failed then
+        (``not_connected``, or ``connection_lost`` once sent): returns whether that happened.
+        """
         drain = self.config.drain_timeout
         if self.stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._settled.wait(), drain)
-            return
+            return False
         stop = asyncio.ensure_future(self._stop.wait())
         settled = asyncio.ensure_future(self._settled.wait())
+        expired = False
         try:
-            await asyncio.wait({stop, settled}, return_when=asyncio.FIRST_COMPLETED)
+            timeout = max(self._deadline - time.time(), 0.0)
+            done, _ = await asyncio.wait(
+                {stop, settled}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:  # the round ended: what waits for a connection is not sent
+                expired = self._expire_waiting()
+                await asyncio.wait({stop, settled}, return_when=asyncio.FIRST_COMPLETED)
             if not settled.done():
                 await asyncio.wait({settled}, timeout=drain)
         finally:
             stop.cancel()
             settled.cancel()
+        return expired
+
+    def _expire_waiting(self) -> bool:
+        """Fail every report that waits for a connection; whether there was one."""
+        expired = False
+        for conn in self._conns:
+            waiting, conn.waiting = conn.waiting, []
+            for report in waiting:
+                report.fail()
+                expired = True
+        return expired
 
     async def _sweep(self) -> None:
         """Fail (``timeout``) QoS 1 publishes unacknowledged for ``publish_timeout`` s."""

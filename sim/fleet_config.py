@@ -108,6 +108,10 @@ class FleetConfig:
     publish_timeout: float = 30.0
     drain_timeout: float = 5.0
     """After :meth:`Fleet.stop`, how long to wait for outstanding PUBACKs."""
+    reconnect_min_delay: float = 1.0
+    reconnect_max_delay: float = 30.0
+    """A lost or failed connection is tried again after ``min * 2^k`` seconds (k = 0, 1,
+    ...), at most ``max``, each with jitter (docs/protocol.md, section 12)."""
     metrics_dims: int = DEFAULT_METRICS_DIMS
     mqtt_version: MqttVersion = "auto"
     shards: ShardPlan | None = None
@@ -128,10 +132,18 @@ class FleetConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be >= 0, got {value}")
-        for name in ("connect_timeout", "publish_timeout", "drain_timeout"):
+        for name in ("connect_timeout", "publish_timeout", "drain_timeout", "reconnect_min_delay"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be > 0, got {value}")
+        if not (
+            math.isfinite(self.reconnect_max_delay)
+            and self.reconnect_max_delay >= self.reconnect_min_delay
+        ):
+            raise ValueError(
+                f"reconnect_max_delay must be >= reconnect_min_delay "
+                f"({self.reconnect_min_delay}), got {self.reconnect_max_delay}"
+            )
         if self.qos not in (0, 1):
             raise ValueError(f"qos must be 0 or 1, got {self.qos}")
         if self.mode not in ("connections", "multiplexed"):

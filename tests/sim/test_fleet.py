@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -37,6 +38,8 @@ from edge.topics import spec_topic
 from sim.cli import app
 from sim.credentials import device_id, mosquitto_password_file
 from sim.fleet import Fleet, FleetConfig, ensure_fd_limit, next_round
+from sim.fleet_cli import EXIT_NOT_SENT
+from sim.fleet_connection import backoff_delay
 from sim.fleet_metrics import CONNECT_FAILURE_REASONS, PUBLISH_FAILURE_REASONS
 from sim.fleet_models import FleetModel
 from sim.fleet_truth import (
@@ -687,10 +690,20 @@ def test_round_options_are_checked() -> None:
         ({"round_seconds": 60, "round_offset": -1.0}, "round_offset must be >= 0"),
         ({"round_seconds": 60, "round_spread": float("nan")}, "round_spread must be >= 0"),
         ({"round_seconds": 60, "round_offset": 30, "round_spread": 30}, "must be < round_se"),
+        ({"round_seconds": 60, "reconnect_min_delay": 0.0}, "reconnect_min_delay must be > 0"),
+        ({"round_seconds": 60, "reconnect_max_delay": 0.5}, "reconnect_max_delay must be >="),
     ]
     for bad, message in cases:
         with pytest.raises(ValueError, match=message):
             FleetConfig(**base, **bad)
+
+
+def test_reconnection_delays_double_up_to_the_cap_with_jitter() -> None:
+    rng = random.Random(1)
+    for attempt, base in [(0, 1.0), (1, 2.0), (3, 8.0), (4, 16.0), (5, 30.0), (80, 30.0)]:
+        delays = [backoff_delay(attempt, 1.0, 30.0, rng) for _ in range(200)]
+        assert all(base / 2 <= d <= base for d in delays)
+        assert max(delays) - min(delays) > base / 4  # jittered, not one value
 
 
 def test_each_own_connection_uses_its_device_id_as_client_id(
@@ -711,7 +724,8 @@ def test_cli_fails_when_the_broker_acknowledged_no_report(
     mosquitto_client_id_acl: Broker, tmp_path: Path
 ) -> None:
     """Every publish refused (shared connections under a client-id ACL): one error line
-    naming the failures, and exit status 1, not a summary that looks like success."""
+    naming the failures, and exit status 3 (reports not sent), not a summary that looks
+    like success."""
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(SENSORS.to_dict()))
     result = CliRunner().invoke(
@@ -736,6 +750,6 @@ def test_cli_fails_when_the_broker_acknowledged_no_report(
             "--json",
         ],
     )
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == EXIT_NOT_SENT == 3, result.output
     assert "error: the broker acknowledged no report" in result.output
     assert "not_authorized" in result.output
