@@ -65,9 +65,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
-import secrets
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,12 +74,11 @@ from prometheus_client import CollectorRegistry
 
 from edge import LocalMechanism
 from edge.codec import encode_report
-from edge.mqtt_url import parse_broker_urls
-from edge.mqtt_version import Negotiated, negotiate
+from edge.mqtt_version import Negotiated
 from edge.rounds import round_start
 from edge.shards import ShardLayout
 from edge.topics import ingress_topic
-from sim.credentials import device_id, device_password
+from sim.credentials import device_id
 from sim.fleet_config import (
     FDS_RESERVED,
     FleetConfig,
@@ -91,19 +87,10 @@ from sim.fleet_config import (
     ensure_fd_limit,
     next_round,
 )
-from sim.fleet_connection import (
-    PERMANENT_CONNECT_FAILURES,
-    Connection,
-    Done,
-    Report,
-    backoff_delay,
-)
-from sim.fleet_metrics import (
-    CONNECT_FAILURE_REASONS,
-    PUBLISH_FAILURE_REASONS,
-    FleetMetrics,
-)
+from sim.fleet_connection import Connection, Done, Report
+from sim.fleet_metrics import PUBLISH_FAILURE_REASONS, FleetMetrics
 from sim.fleet_models import DeviceStreams, FleetModel, device_bits
+from sim.fleet_pool import Connections
 from sim.fleet_truth import GroundTruth
 
 __all__ = [
@@ -121,8 +108,6 @@ logger = logging.getLogger(__name__)
 ReportHook = Callable[[str, bytes], None]
 """Called with ``(topic, payload)`` of every report just before it is published (tests)."""
 
-_CONNECT_CONCURRENCY = 200
-"""At most this many connection attempts at once (keeps the broker's listen backlog short)."""
 _YIELD_EVERY = 200
 """Publishes between two yields to the event loop (so PUBACKs are read meanwhile)."""
 
@@ -182,27 +167,12 @@ class Fleet:
         self.topics = [ingress_topic(config.deployment, dev) for dev in self.ids]
         """Every device's unsharded ingress topic (:meth:`topics_for` gives a round's)."""
         self._shard_topics: dict[int, list[str]] = {}  # per layout generation
-        self.version: Negotiated = "3.1.1" if config.mqtt_version == "3.1.1" else "5"
         self._on_report = on_report
         self._on_acked = on_acked
         self._mechanism = LocalMechanism.from_spec(config.spec)
         self._streams = DeviceStreams(config.seed, config.devices)
-        self._nodes = parse_broker_urls(config.broker)
-        """The broker's nodes: connection ``k`` starts on node ``k mod n`` and moves to the
-        next node each time it fails (a cluster node that died)."""
-        self._host, self._port, tls = self._nodes[0]
-        self._tls: ssl.SSLContext | bool = (
-            ssl.create_default_context(cafile=config.ca_file) if tls else False
-        )
         self._stop = asyncio.Event()
-        self._conns: list[Connection] = []
-        self._connected = 0
-        self._gate = asyncio.Semaphore(_CONNECT_CONCURRENCY)
-        self._tasks: set[asyncio.Task[None]] = set()
-        """Reconnections and flushes under way (cancelled when the run ends)."""
-        self._jitter = random.Random()  # timing only: never a report's randomness
-        self._deadline = 0.0
-        """Unix time until which a report may wait for its connection to come back."""
+        self.connections = Connections(config, self.metrics, self.ids, self._stop)
         self._outstanding = 0
         self._settled = asyncio.Event()
         self.stats = _Stats()
@@ -210,8 +180,6 @@ class Fleet:
         """The wall-clock round numbers the run published in, in order."""
         self.published = 0
         self.publish_failures = dict.fromkeys(PUBLISH_FAILURE_REASONS, 0)
-        self.connect_failures = dict.fromkeys(CONNECT_FAILURE_REASONS, 0)
-        self.connections_lost = 0
         self._logged: dict[str, Any] = self._tally()  # counts at the last round's log line
 
     # -- public surface --
@@ -224,12 +192,26 @@ class Fleet:
     def connected(self) -> int:
         """Devices that can publish now (own mode: connected devices; multiplexed: devices
         whose shared connection is up)."""
-        return self._connected
+        return self.connections.connected
 
     @property
     def reconnecting(self) -> int:
         """Devices whose connection is being tried again with backoff."""
-        return sum(self._devices_on(c) for c in self._conns if c.retrying and not c.connected)
+        return self.connections.reconnecting
+
+    @property
+    def version(self) -> Negotiated:
+        """The MQTT version of the connections (negotiated when the run starts)."""
+        return self.connections.version
+
+    @property
+    def connect_failures(self) -> dict[str, int]:
+        """Failed connection attempts by reason."""
+        return self.connections.connect_failures
+
+    @property
+    def connections_lost(self) -> int:
+        return self.connections.connections_lost
 
     def stop(self) -> None:
         """End the run: no new round starts; the current one drains briefly."""
@@ -284,19 +266,20 @@ class Fleet:
             ensure_fd_limit(cfg.connection_count + FDS_RESERVED)
         self.stats = _Stats()
         sweeper = asyncio.create_task(self._sweep(), name="fleet-timeouts")
+        pool = self.connections
         try:
-            self.version = await self._negotiate()
-            self._conns = self._make_connections()
+            await pool.negotiate()
+            conns = pool.make(self._lost)
             t0 = time.monotonic()
-            await self._connect_all(self._conns)
+            await pool.connect_all(conns)
             self.stats.connect_seconds = time.monotonic() - t0
-            self.stats.connected_first = self._connected
-            self.stats.connections_first = sum(c.connected for c in self._conns)
+            self.stats.connected_first = pool.connected
+            self.stats.connections_first = sum(c.connected for c in conns)
             index = 0
             previous: int | None = None
             while not self.stopping and (cfg.rounds == 0 or index < cfg.rounds):
                 if index:
-                    await self._reconnect_missing()
+                    await pool.reconnect_missing()
                 round_ = next_round(
                     time.time(),
                     cfg.round_seconds,
@@ -320,13 +303,11 @@ class Fleet:
                 previous = round_
                 index += 1
         finally:
-            self.stats.connected_at_end = self._connected
+            self.stats.connected_at_end = pool.connected
             sweeper.cancel()
-            for task in [sweeper, *self._tasks]:
-                task.cancel()
-            await asyncio.gather(sweeper, *self._tasks, return_exceptions=True)
-            await asyncio.gather(*(c.close(2.0) for c in self._conns))
-            self.metrics.reconnecting.set(0)
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+            await pool.close(2.0)
             self.metrics.set_truth(self.truth)
         return self.summary()
 
@@ -339,7 +320,7 @@ class Fleet:
             "devices": cfg.devices,
             "mode": cfg.mode,
             "connections": cfg.connection_count,
-            "connected": st.peak_connected,
+            "connected": self.connections.peak_connected,
             "connected_at_start": st.connected_first,
             "connected_at_end": st.connected_at_end,
             "connections_lost": self.connections_lost,
@@ -386,195 +367,6 @@ class Fleet:
             },
         )
 
-    # -- connections --
-
-    def _make_connections(self) -> list[Connection]:
-        conns = self._new_connections()
-        for k, conn in enumerate(conns):
-            conn.node = k  # spread over the nodes of a cluster
-        return conns
-
-    def _new_connections(self) -> list[Connection]:
-        cfg = self.config
-        if cfg.mode == "connections":
-            secret = cfg.credentials_secret
-            return [
-                Connection(
-                    dev,
-                    username=dev if secret is not None else cfg.username,
-                    password=device_password(secret, dev) if secret is not None else cfg.password,
-                    window=cfg.window,
-                    on_lost=self._lost,
-                )
-                for dev in self.ids
-            ]
-        run = secrets.token_hex(4)
-        return [
-            Connection(
-                f"coco-fleet-{run}-{k}",
-                username=cfg.username,
-                password=cfg.password,
-                window=cfg.window,
-                on_lost=self._lost,
-            )
-            for k in range(cfg.connection_count)
-        ]
-
-    async def _negotiate(self) -> Negotiated:
-        """The MQTT version of every connection (a probe for ``auto``; MQTT 5 if the
-        broker cannot be probed: the connections then count the failure)."""
-        tls = self._tls if isinstance(self._tls, ssl.SSLContext) else None
-        try:
-            return await negotiate(
-                self.config.mqtt_version,
-                self._host,
-                self._port,
-                tls=tls,
-                timeout=self.config.connect_timeout,
-            )
-        except (OSError, TimeoutError, ssl.SSLError) as exc:
-            logger.debug("MQTT version probe failed: %s", exc)
-            return "5"
-
-    def _devices_on(self, conn: Connection) -> int:
-        if self.config.mode == "connections":
-            return 1
-        k, n = self._conns.index(conn), self.config.devices
-        return len(range(k, n, len(self._conns)))
-
-    def _lost(self, conn: Connection) -> None:
-        """A connection closed: its unacknowledged reports wait for it to come back (within
-        their round), and it is tried again with backoff, as a device would."""
-        conn.node += 1  # reconnect to the next node (the lost one may have died)
-        self._connected -= self._devices_on(conn)
-        self.metrics.connected.set(self._connected)
-        if conn.closing:  # the run's end: close() fails what is left
-            return
-        self.connections_lost += 1
-        self.metrics.connections_lost.inc()
-        self._retry(conn)
-        for report in conn.tracker.take_all():
-            self._hold(conn, report)
-
-    def _may_wait(self, conn: Connection) -> bool:
-        """Whether a report of ``conn`` may wait for a reconnection: it is being tried
-        again and the report's round has not ended."""
-        return conn.retrying and not self.stopping and time.time() < self._deadline
-
-    def _hold(self, conn: Connection, report: Report) -> None:
-        if self._may_wait(conn):
-            conn.waiting.append(report)
-        else:
-            report.fail()
-
-    def _send(self, conn: Connection, report: Report) -> None:
-        if conn.connected:
-            conn.publish(report, self.config.qos)
-        else:
-            self._hold(conn, report)
-
-    def _spawn(self, coro: Any, name: str) -> None:
-        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    def _retry(self, conn: Connection) -> None:
-        if conn.retrying or conn.closing or self.stopping:
-            return
-        conn.retrying = True
-        self.metrics.reconnecting.inc(self._devices_on(conn))
-        self._spawn(self._reconnect(conn), "fleet-reconnect")
-
-    async def _reconnect(self, conn: Connection) -> None:
-        """Try ``conn`` again after ``reconnect_min_delay * 2^k`` s (at most
-        ``reconnect_max_delay``, with jitter) until it connects, the run ends, or the
-        broker refuses it for good (then it is tried again before the next round)."""
-        cfg = self.config
-        attempt = 0
-        try:
-            while not self.stopping and not conn.closing:
-                delay = backoff_delay(
-                    attempt, cfg.reconnect_min_delay, cfg.reconnect_max_delay, self._jitter
-                )
-                attempt += 1
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), delay)
-                if self.stopping:
-                    break
-                reason = await self._connect(conn)
-                if reason is None:
-                    if conn.waiting:
-                        self._spawn(self._flush(conn), "fleet-flush")
-                    break
-                if reason in PERMANENT_CONNECT_FAILURES:
-                    break
-        finally:
-            conn.retrying = False
-            self.metrics.reconnecting.dec(self._devices_on(conn))
-            if not conn.connected:
-                waiting, conn.waiting = conn.waiting, []
-                for report in waiting:
-                    report.fail()
-
-    async def _flush(self, conn: Connection) -> None:
-        """Send the reports that waited for ``conn``, the same bytes (window permitting)."""
-        sent = 0
-        while conn.waiting and conn.connected:
-            if conn.in_flight >= conn.window:
-                await conn.wait_room()
-                continue
-            conn.publish(conn.waiting.pop(0), self.config.qos)
-            sent += 1
-            if sent % _YIELD_EVERY == 0:
-                await asyncio.sleep(0)
-
-    async def _connect(self, conn: Connection) -> str | None:
-        """One connection attempt (at most :data:`_CONNECT_CONCURRENCY` at once): ``None``
-        once connected, else the failure reason, counted."""
-        cfg = self.config
-        async with self._gate:
-            host, port, _ = self._nodes[conn.node % len(self._nodes)]
-            reason = await conn.connect(host, port, self._tls, cfg.connect_timeout, self.version)
-        if reason is None:
-            self._connected += self._devices_on(conn)
-            self.stats.peak_connected = max(self.stats.peak_connected, self._connected)
-            self.metrics.connected.set(self._connected)
-            if self.stopping:
-                await conn.close(1.0)
-            return None
-        conn.node += 1  # the next attempt goes to the next node of a cluster
-        self.connect_failures[reason] += 1
-        self.metrics.connect_failure(reason)
-        logger.debug("connection refused or failed: %s", reason)
-        return reason
-
-    async def _connect_all(self, conns: list[Connection]) -> None:
-        """Connect ``conns`` (``ramp_up`` per second); one that fails for a reason time may
-        fix is tried again with backoff (:meth:`_retry`)."""
-        cfg = self.config
-        start = time.monotonic()
-
-        async def one(i: int, conn: Connection) -> None:
-            if cfg.ramp_up > 0:
-                delay = start + i / cfg.ramp_up - time.monotonic()
-                if delay > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stop.wait(), delay)
-            if self.stopping or conn.connected or conn.retrying:
-                return
-            reason = await self._connect(conn)
-            if reason is not None and reason not in PERMANENT_CONNECT_FAILURES:
-                self._retry(conn)
-
-        await asyncio.gather(*(one(i, c) for i, c in enumerate(conns)))
-
-    async def _reconnect_missing(self) -> None:
-        """Before a round: one attempt for every connection that is down and not being
-        tried again (the broker refused it for good last time)."""
-        missing = [c for c in self._conns if not c.connected and not c.retrying]
-        if missing:
-            await self._connect_all(missing)
-
     def _tally(self) -> dict[str, Any]:
         return {
             "publish": dict(self.publish_failures),
@@ -609,7 +401,7 @@ class Fleet:
             lost,
             sum(refused.values()),
             reasons(refused),
-            self._connected,
+            self.connected,
             self.config.devices,
             self.reconnecting,
         )
@@ -634,6 +426,10 @@ class Fleet:
                 await asyncio.wait_for(self._stop.wait(), delay)
         return False
 
+    def _lost(self, conn: Connection) -> None:
+        """A connection closed (:meth:`Connections.lost`)."""
+        self.connections.lost(conn)
+
     async def _round(self, round_: int) -> None:
         """Publish every device's report of wall-clock round ``round_``."""
         cfg = self.config
@@ -646,10 +442,10 @@ class Fleet:
             return
         begin = round_start(round_, cfg.round_seconds) + cfg.round_offset
         end = round_start(round_ + 1, cfg.round_seconds)
-        self._deadline = end  # a report may wait for its connection until its round ends
+        self.connections.deadline = end  # a report may wait for its connection until then
         n = len(reports)
         fingerprint = self.spec.fingerprint_int
-        conns = self._conns
+        conns = self.connections.conns
         k = len(conns)
         own = cfg.mode == "connections"
         start = time.monotonic()
@@ -670,7 +466,7 @@ class Fleet:
             self._outstanding += 1
             self._settled.clear()
             done = self._outcome(conn, round_, keys, signs, (seed, z))
-            self._send(conn, Report(topics[i], payload, done))
+            self.connections.send(conn, Report(topics[i], payload, done))
             if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                 await asyncio.sleep(0)
         sent_late = time.time() >= end
@@ -731,12 +527,12 @@ class Fleet:
         settled = asyncio.ensure_future(self._settled.wait())
         expired = False
         try:
-            timeout = max(self._deadline - time.time(), 0.0)
+            timeout = max(self.connections.deadline - time.time(), 0.0)
             done, _ = await asyncio.wait(
                 {stop, settled}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
             if not done:  # the round ended: what waits for a connection is not sent
-                expired = self._expire_waiting()
+                expired = self.connections.expire_waiting()
                 await asyncio.wait({stop, settled}, return_when=asyncio.FIRST_COMPLETED)
             if not settled.done():
                 await asyncio.wait({settled}, timeout=drain)
@@ -745,22 +541,12 @@ class Fleet:
             settled.cancel()
         return expired
 
-    def _expire_waiting(self) -> bool:
-        """Fail every report that waits for a connection; whether there was one."""
-        expired = False
-        for conn in self._conns:
-            waiting, conn.waiting = conn.waiting, []
-            for report in waiting:
-                report.fail()
-                expired = True
-        return expired
-
     async def _sweep(self) -> None:
         """Fail (``timeout``) QoS 1 publishes unacknowledged for ``publish_timeout`` s."""
         period = min(1.0, self.config.publish_timeout / 4)
         while True:
             await asyncio.sleep(period)
             horizon = time.monotonic() - self.config.publish_timeout
-            for conn in self._conns:
+            for conn in self.connections.conns:
                 if conn.tracker.pending:
                     conn.tracker.expire(horizon)
