@@ -222,6 +222,9 @@ class Connection:
         except (OSError, TimeoutError, gmqtt.MQTTConnectError, ssl.CertificateError) as exc:
             await self._abandon()
             return connect_reason(exc)
+        if not self.client.is_connected:  # closed again before this coroutine resumed
+            await self._abandon()
+            return "network"
         # The broker's MQTT 5 receive maximum bounds the in-flight ids gmqtt will allocate.
         id_max = getattr(getattr(self.client._package_handler, "id_generator", None), "_max", 0)
         if isinstance(id_max, int) and id_max >= 3:

@@ -202,6 +202,7 @@ class Connections:
         broker refuses it for good (then it is tried again before the next round)."""
         cfg = self.config
         attempt = 0
+        permanent = False
         try:
             while not self.stopping and not conn.closing:
                 delay = backoff_delay(
@@ -218,14 +219,19 @@ class Connections:
                         self._spawn(self._flush(conn), "fleet-flush")
                     break
                 if reason in PERMANENT_CONNECT_FAILURES:
+                    permanent = True
                     break
-        finally:
+        finally:  # also when cancelled: close() then fails what waits
             conn.retrying = False
             self.metrics.reconnecting.dec(self.devices_on(conn))
-            if not conn.connected:
-                waiting, conn.waiting = conn.waiting, []
-                for report in waiting:
-                    report.fail()
+        if conn.connected:
+            return
+        if permanent or self.stopping or conn.closing:
+            waiting, conn.waiting = conn.waiting, []
+            for report in waiting:
+                report.fail()
+        else:  # lost again the moment it connected: start over
+            self._retry(conn)
 
     async def _flush(self, conn: Connection) -> None:
         """Send the reports that waited for ``conn``, the same bytes (window permitting)."""
