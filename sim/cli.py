@@ -120,6 +120,10 @@ app = typer.Typer(
 )
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+"""The values of ``--log-level`` / ``COCO_LOG_LEVEL`` (any case); anything else is a
+one-line error (exit status 2, as for any other bad option)."""
+
 _SERVICES = frozenset({"shuffler", "aggregator"})
 """Commands that run a service: their lifecycle (connected, subscribed, released, stopped)
 is logged at INFO by default; every other command logs warnings only."""
@@ -132,7 +136,8 @@ def _root(
         str | None,
         typer.Option(
             envvar="COCO_LOG_LEVEL",
-            help="Logging level (debug, info, ...; default: info for services, else warning).",
+            help=f"Logging level: {', '.join(LOG_LEVELS)} (default: info for services, "
+            "else warning).",
         ),
     ] = None,
 ) -> None:
@@ -142,8 +147,16 @@ def _root(
         typer.echo(warning, err=True)
     if log_level is None:
         log_level = "info" if ctx.invoked_subcommand in _SERVICES else "warning"
+    level = log_level.strip().lower()
+    if level not in LOG_LEVELS:
+        typer.echo(
+            f"error: unknown log level {log_level!r} (--log-level or COCO_LOG_LEVEL): "
+            f"use one of {', '.join(LOG_LEVELS)}",
+            err=True,
+        )
+        raise typer.Exit(2)
     logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
 

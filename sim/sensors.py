@@ -170,17 +170,28 @@ class SensorFleet:
         lo, hi = self.ranges
         return SensorEncoder(lo=lo, hi=hi, s=s, clip=True)
 
-    def readings(self, round_: int) -> F64:
-        """Readings ``(n_devices, channels)`` of round ``round_`` (deterministic in it); only
-        the out-of-range channels (``out_of_range_fraction``) leave ``[lo, hi]``."""
+    def readings(self, round_: int, *, hour: float | None = None) -> F64:
+        """Readings ``(n_devices, channels)`` of round ``round_`` (deterministic in it and
+        ``hour``); only the out-of-range channels (``out_of_range_fraction``) leave
+        ``[lo, hi]``.
+
+        ``hour`` places the round in time: the daily cycle's hour, and the drift's
+        ``hour / hours_per_round`` rounds (default ``round_ * hours_per_round``, the model's
+        own clock). A caller on the wall clock (``coco fleet``) gives the hour of the day
+        instead, so that the cycle follows the real time and the drift restarts daily; the
+        noise is the round's either way.
+        """
         if round_ < 0:
             raise ValueError(f"round must be >= 0, got {round_}")
+        if hour is None:
+            hour = round_ * self.hours_per_round
+        elif not (math.isfinite(hour) and hour >= 0):
+            raise ValueError(f"hour must be >= 0, got {hour}")
         child = np.random.SeedSequence(
             self._rounds.entropy, spawn_key=(*self._rounds.spawn_key, round_)
         )
         rng = np.random.default_rng(child)
         chans = self.channel_specs
-        hour = round_ * self.hours_per_round
         base = np.array(
             [
                 ch.base + ch.daily_amplitude * math.cos(2 * math.pi * (hour - ch.peak_hour) / 24)
@@ -188,7 +199,7 @@ class SensorFleet:
             ]
         )
         noise = rng.normal(size=self._offset.shape) * np.array([ch.noise_sd for ch in chans])
-        x = base + self._offset + self._drift * round_ + noise
+        x = base + self._offset + self._drift * (hour / self.hours_per_round) + noise
         x = np.where(self._stuck, self._stuck_value, x)
         lo, hi = (np.array(r) for r in self.ranges)
         out: F64 = np.where(self._out_of_range, self._out_of_range_value, np.clip(x, lo, hi))

@@ -93,6 +93,13 @@ class Broker:
                 self.proc.wait()
         self.proc = None
 
+    def kill(self) -> None:
+        """``kill -9``: no final save of a persistence store, no DISCONNECT to anyone."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
     def restart(self) -> None:
         self.stop()
         self.start()

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from aggregator.accountant import (
@@ -422,3 +425,85 @@ def test_listed_help_is_each_lazy_command_own() -> None:
     assert result.exit_code == 0
     for name in LAZY_COMMANDS:
         assert name in result.output
+
+
+def _coco(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``coco ARGS`` in a fresh interpreter (the environment without COCO_LOG_LEVEL, plus
+    ``env``)."""
+    base = {k: v for k, v in os.environ.items() if k != "COCO_LOG_LEVEL"}
+    return subprocess.run(
+        [sys.executable, "-c", "from sim.cli import main; main()", *args],
+        cwd=Path(__file__).resolve().parents[2],
+        env=base | (env or {}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+SMALL_RUN = [
+    "simulate",
+    "--mechanism",
+    "coco",
+    "--d",
+    "6",
+    "--s",
+    "2",
+    "--epsilon",
+    "1",
+    "--n",
+    "10",
+    "--seed",
+    "1",
+]
+
+
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_an_unknown_log_level_is_a_one_line_error_naming_the_levels(how: str) -> None:
+    """Issue 18: `COCO_LOG_LEVEL=verbose` or `--log-level verbose` printed a 41-line
+    traceback."""
+    if how == "option":
+        done = _coco("--log-level", "verbose", *SMALL_RUN)
+    else:
+        done = _coco(*SMALL_RUN, env={"COCO_LOG_LEVEL": "verbose"})
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "'verbose'" in lines[0]
+    assert "debug, info, warning, error, critical" in lines[0]
+    assert "--log-level" in lines[0]
+    assert "COCO_LOG_LEVEL" in lines[0]
+
+
+def test_a_known_log_level_in_any_case_is_taken() -> None:
+    assert _coco("--log-level", "DEBUG", *SMALL_RUN).returncode == 0
+    assert _coco(*SMALL_RUN, env={"COCO_LOG_LEVEL": "Warning"}).returncode == 0
+
+
+def _options_without_help() -> list[str]:
+    """``command --option`` of every visible option of every command with no help text."""
+    missing: list[str] = []
+
+    def walk(command: Any, path: list[str]) -> None:
+        if hasattr(command, "list_commands"):
+            ctx = typer.Context(command)
+            for name in command.list_commands(ctx):
+                walk(command.get_command(ctx, name), [*path, name])
+        for param in command.params:
+            if param.param_type_name == "option" and not param.hidden and not param.help:
+                missing.append(" ".join([*path, param.opts[0]]))
+
+    walk(typer.main.get_command(app), ["coco"])
+    return missing
+
+
+def test_every_option_of_every_command_has_a_help_text() -> None:
+    """Issue 18: --cert-file, --key-file and fleet --password showed no help text."""
+    assert _options_without_help() == []
+    result = runner.invoke(app, ["device", "--help"], terminal_width=200)
+    for option in ("--cert-file", "--key-file"):
+        line = next(x for x in result.output.splitlines() if option + " " in x)
+        assert "<path>" in line
+        assert line.split("<path>", 1)[1].strip(" │")  # a help text beside the option
