@@ -58,12 +58,12 @@ from rabbit_cluster import RabbitCluster
 
 from edge.mqtt_url import parse_broker_url
 from tests.clusters import NatsCluster
+from tests.mqtt_adapters import FailoverClient
 
 TOPIC = "coco/v1/bench/ingress"
 RETAINED_TOPIC = "coco/v1/bench/spec"
 IDLE_SECONDS = 60.0  # no new delivery for this long ends a run
 SETTLE_SECONDS = 35.0  # after a kill: NATS redelivers an unacknowledged message after 30 s
-INFLIGHT = 100
 
 
 class Cluster(Protocol):
@@ -75,65 +75,6 @@ class Cluster(Protocol):
 
 
 # --- MQTT clients that fail over between nodes ------------------------------------------
-
-
-class FailoverClient:
-    """A paho-mqtt 3.1.1 client that connects to ``urls[first]`` and, whenever its
-    connection ends, connects to the next URL (round robin) with the same client id."""
-
-    def __init__(
-        self,
-        urls: Sequence[str],
-        first: int,
-        client_id: str,
-        *,
-        clean_session: bool,
-        on_connected: Callable[[mqtt.Client], None] | None = None,
-    ) -> None:
-        self.addresses = [parse_broker_url(url)[:2] for url in urls]
-        self.index = first % len(self.addresses)
-        self.client = mqtt.Client(
-            CallbackAPIVersion.VERSION2,
-            client_id=client_id,
-            protocol=mqtt.MQTTv311,
-            clean_session=clean_session,
-        )
-        self.client.max_inflight_messages_set(INFLIGHT)
-        self.client.max_queued_messages_set(0)
-        self.connected = threading.Event()
-        self.connects = 0
-        self._on_connected = on_connected
-        self._stop = threading.Event()
-        self.client.on_connect = self._connected
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _connected(self, client: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
-        if not rc.is_failure:
-            self.connects += 1
-            if self._on_connected is not None:
-                self._on_connected(client)
-            self.connected.set()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            host, port = self.addresses[self.index]
-            try:
-                self.client.connect(host, port, keepalive=15)
-            except OSError:
-                self.index = (self.index + 1) % len(self.addresses)
-                time.sleep(0.2)
-                continue
-            while not self._stop.is_set():
-                if self.client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS:
-                    break
-            self.connected.clear()
-            self.index = (self.index + 1) % len(self.addresses)
-        self.client.disconnect()
-
-    def close(self) -> None:
-        self._stop.set()
-        self.thread.join(timeout=10)
 
 
 def payload(publisher: int, seq: int) -> bytes:

@@ -18,7 +18,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -337,3 +337,67 @@ ADAPTERS: dict[str, type[PahoAdapter] | type[AiomqttAdapter] | type[GmqttAdapter
     "aiomqtt": AiomqttAdapter,
     "gmqtt": GmqttAdapter,
 }
+
+
+class FailoverClient:
+    """A paho-mqtt 3.1.1 client that connects to ``urls[first]`` and, whenever its
+    connection ends, connects to the next URL (round robin) with the same client id: what a
+    client of a NATS cluster must do when its node dies (docs/brokers.md). paho re-sends its
+    unacknowledged QoS 1 messages on the new connection; ``on_connected`` runs on every
+    successful CONNACK (subscribe there: a subscription refused while the cluster elects a
+    leader is not retried by the broker)."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        first: int,
+        client_id: str,
+        *,
+        clean_session: bool,
+        on_connected: Callable[[mqtt.Client], None] | None = None,
+        inflight: int = 100,
+    ) -> None:
+        self.addresses = [parse_broker_url(url)[:2] for url in urls]
+        self.index = first % len(self.addresses)
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=mqtt.MQTTv311,
+            clean_session=clean_session,
+        )
+        self.client.max_inflight_messages_set(inflight)
+        self.client.max_queued_messages_set(0)
+        self.connected = threading.Event()
+        self.connects = 0
+        self._on_connected = on_connected
+        self._stop = threading.Event()
+        self.client.on_connect = self._connected
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _connected(self, client: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
+        if not rc.is_failure:
+            self.connects += 1
+            if self._on_connected is not None:
+                self._on_connected(client)
+            self.connected.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            host, port = self.addresses[self.index]
+            try:
+                self.client.connect(host, port, keepalive=15)
+            except OSError:
+                self.index = (self.index + 1) % len(self.addresses)
+                time.sleep(0.2)
+                continue
+            while not self._stop.is_set():
+                if self.client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS:
+                    break
+            self.connected.clear()
+            self.index = (self.index + 1) % len(self.addresses)
+        self.client.disconnect()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join(timeout=10)
