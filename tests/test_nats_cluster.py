@@ -22,7 +22,7 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from tests.clusters import NatsCluster, nats_cluster_in
-from tests.mqtt_adapters import FailoverClient, wait_for
+from tests.mqtt_adapters import FailoverClient, PahoAdapter, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,7 @@ def test_fixture_starts_kills_and_restarts_nodes(nats_cluster: NatsCluster) -> N
     assert len(set(nats_cluster.urls)) == 3
     assert all(url.startswith("mqtt://127.0.0.1:") for url in nats_cluster.urls)
     assert nats_cluster.meta_leader() in names
-    assert all(nats_cluster.healthz(name)[0] for name in names)
+    assert all(nats_cluster.healthz(name, server_only=True)[0] for name in names)
 
     nats_cluster.kill("n2")
     assert not nats_cluster.node("n2").running
@@ -45,10 +45,37 @@ def test_fixture_starts_kills_and_restarts_nodes(nats_cluster: NatsCluster) -> N
     assert nats_cluster.meta_leader() in {"n1", "n3"}
 
     nats_cluster.start(1)  # the same node by index, on its ports and store
-    assert nats_cluster.healthz("n2")[0]
+    assert nats_cluster.healthz("n2", server_only=True)[0]
     assert nats_cluster.log("n2").count("Server is ready") == 2  # started twice
     logs = nats_cluster.logs()
     assert all(f"--- {name} " in logs for name in names)
+
+
+def test_a_restarted_node_rejoins_the_quorum(nats_cluster: NatsCluster) -> None:
+    """Kill n1, start it again, then kill n3: n1 and n2 must now be the quorum of every
+    stream, so a QoS 1 PUBLISH through n1 is still acknowledged and the persistent session
+    (subscribed before all this) gets it on n2."""
+    sub = PahoAdapter(nats_cluster.url("n2"), "coco-aggregator-lab", clean_session=False)
+    sub.connect()
+    assert sub.subscribe("coco/v1/lab/batches") == 1
+    sub.close()
+    nats_cluster.kill("n1")
+    nats_cluster.wait_ready()
+    nats_cluster.start("n1")
+    nats_cluster.kill("n3")
+    nats_cluster.wait_ready()
+    pub = PahoAdapter(nats_cluster.url("n1"), "coco-shuffler-lab", clean_session=True)
+    pub.connect()
+    pub.publish("coco/v1/lab/batches", b"batch after two faults")  # needs n1 and n2
+    pub.close()
+    back = PahoAdapter(nats_cluster.url("n2"), "coco-aggregator-lab", clean_session=False)
+    back.connect()
+    try:
+        assert back.session_present
+        wait_for(lambda: back.received, what="the batch")
+        assert back.received[0].payload == b"batch after two faults"
+    finally:
+        back.close()
 
 
 @pytest.fixture
