@@ -263,11 +263,10 @@ def test_max_ack_pending_holds_back_the_rest_until_acknowledged(cluster: NatsClu
             for account in jsz.get("account_details") or []:
                 for stream in account.get("stream_detail") or []:
                     for detail in stream.get("consumer_detail") or []:
-                        if (
-                            detail.get("config", {})
-                            .get("filter_subject", "")
-                            .endswith(topic.replace("/", "."))
-                        ):
+                        subject = detail.get("config", {}).get("filter_subject", "")
+                        leader = (detail.get("cluster") or {}).get("leader")
+                        # the leader's counts: a follower's num_ack_pending stays 0
+                        if subject.endswith(topic.replace("/", ".")) and leader == node.name:
                             return {
                                 "ack_pending": int(detail.get("num_ack_pending", 0)),
                                 "pending": int(detail.get("num_pending", 0)),
@@ -326,9 +325,7 @@ def test_second_connection_with_the_same_client_id_takes_the_session_over(
 
 def test_max_payload_does_not_limit_mqtt_publishes(cluster: NatsCluster) -> None:
     """``max_payload: 65536`` binds NATS clients, not the MQTT listener: a larger MQTT
-    message is acknowledged, stored and delivered (receivers must check lengths). Last in
-    the module: once, a QoS 1 subscription created after this test got nothing delivered
-    (not reproduced outside the suite)."""
+    message is acknowledged, stored and delivered (receivers must check lengths)."""
     topic = f"compat/{unique('big')}/x"
     sub = PahoAdapter(cluster.url(1), unique("big-sub"), clean_session=True)
     sub.connect()
