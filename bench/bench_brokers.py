@@ -54,10 +54,10 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from rabbit_cluster import RabbitCluster
+from rabbit_cluster import RABBIT_BIN, RabbitCluster
 
 from edge.mqtt_url import parse_broker_url
-from tests.clusters import NatsCluster
+from tests.clusters import NATS_SERVER, NatsCluster
 from tests.mqtt_adapters import FailoverClient
 
 TOPIC = "coco/v1/bench/ingress"
@@ -520,6 +520,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-brokers-") as tmp:
         for name in args.candidates:
+            binary = NATS_SERVER if name == "nats" else str(RABBIT_BIN / "rabbitmq-server")
+            if not Path(binary).exists():
+                print(f"{name}: {binary} is not installed (apt-get install), skipped")
+                continue
             results.append(measure(name, args, Path(tmp) / name))
     print(table(results))
     print(f"load after: {os.getloadavg()}")
