@@ -300,10 +300,25 @@ def test_simulate_sensors_json_gives_each_trial_and_channel() -> None:
     assert "temperature" in table.output
 
 
-def test_simulate_sensors_needs_five_to_eight_channels() -> None:
-    result = runner.invoke(app, [*SENSORS.replace("--d 6", "--d 4").split()])
+@pytest.mark.parametrize("d", [3, 12, 20])
+def test_simulate_sensors_takes_any_channel_count(d: int) -> None:
+    out = run_json(*SENSORS.replace("--d 6", f"--d {d}").split(), "--trials", "2")
+    assert isinstance(out, dict)
+    names = list(out["coverage"])
+    assert names == list(SensorFleet(n_devices=1, channels=d).names)
+    assert len(names) == d
+    for trial in out["per_trial"]:
+        assert all(ch["ci95_halfwidth"] > 0 for ch in trial["channels"])
+    table = runner.invoke(app, SENSORS.replace("--d 6", f"--d {d}").split())
+    assert table.exit_code == 0, table.output
+    assert "channels must be" not in table.output
+    assert names[-1] in table.output
+
+
+def test_simulate_sensors_refuses_no_channels() -> None:
+    result = runner.invoke(app, [*SENSORS.replace("--d 6", "--d 0").split()])
     assert result.exit_code == 1
-    assert "channels must be in [5, 8], got 4" in result.output
+    assert "error: d must be in [1," in result.output
 
 
 def test_installed_console_script_runs() -> None:
