@@ -104,7 +104,7 @@ def test_privacy_curve_is_a_list_falling_with_n() -> None:
     assert [row["n"] for row in out] == [1000, 10000, 100000]
     eps = [row["epsilon_central"] for row in out]
     assert eps == sorted(eps, reverse=True)
-    # The reference value for (0.5, 10000, 1e-6) in ../shared/reference/amplification.tsv.
+    # The value for (0.5, 10000, 1e-6) of the reference tables (docs/reference/amplification.tsv).
     assert eps[1] == pytest.approx(0.01811740826, abs=2e-6)
 
 
