@@ -178,7 +178,7 @@ class SimModel(StrEnum):
 @app.command("simulate")
 def simulate(
     mechanism: Annotated[SimMechanism, typer.Option(help="Local randomiser.")],
-    d: Annotated[int, typer.Option(help="Dimension (sensors: channels, 5..8).")],
+    d: Annotated[int, typer.Option(help="Dimension (sensors: channels, any number from 1).")],
     s: Annotated[int, typer.Option(help="Non-zeros per vector.")],
     epsilon: Annotated[float, typer.Option(help="Local budget of one report.")],
     n: Annotated[int, typer.Option(help="Reports per trial.")],
@@ -245,8 +245,10 @@ def _print_sensors(result: SensorSimulationResult, *, as_json: bool) -> None:
         f"t={result.t}: {result.n} devices x {result.trials} trial(s) in "
         f"{result.elapsed_seconds:.2f} s"
     )
+    w = max(12, *(len(name) for name in result.channels))
+    u = max(6, *(len(unit) for unit in result.units))
     typer.echo(
-        f"  {'channel':<12} {'unit':<6} {'coverage':>9} {'mean +- (95%)':>14} {'RMS error':>10}"
+        f"  {'channel':<{w}} {'unit':<{u}} {'coverage':>9} {'mean +- (95%)':>14} {'RMS error':>10}"
     )
     import numpy as np  # noqa: PLC0415 (not for --help)
 
@@ -254,7 +256,7 @@ def _print_sensors(result: SensorSimulationResult, *, as_json: bool) -> None:
     half = result.ci95_halfwidth.mean(axis=0)
     for j, (name, unit) in enumerate(zip(result.channels, result.units, strict=True)):
         typer.echo(
-            f"  {name:<12} {unit:<6} {result.coverage[j]:>9.3f} {half[j]:>14.4g} {rms[j]:>10.4g}"
+            f"  {name:<{w}} {unit:<{u}} {result.coverage[j]:>9.3f} {half[j]:>14.4g} {rms[j]:>10.4g}"
         )
 
 
@@ -271,7 +273,7 @@ def demo(
         SimMechanism.coco
     ),
     epsilon: Annotated[float, typer.Option(help="Local budget of one report.")] = 1.0,
-    channels: Annotated[int, typer.Option(help="Sensor channels d (5..8).")] = 6,
+    channels: Annotated[int, typer.Option(help="Sensor channels d (any number from 1).")] = 6,
     s: Annotated[int, typer.Option(help="Channels each report carries.")] = 2,
     min_batch: Annotated[int, typer.Option(help="Smallest batch the shuffler releases.")] = 500,
     delta: Annotated[float, typer.Option(help="Target delta of the accountant.")] = 1e-6,

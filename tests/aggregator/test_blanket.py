@@ -8,7 +8,7 @@ divergence of k-RR, Collision and CoCo is in test_shuffle_brute_force.py):
 * the generic stronger-clone bound, which must coincide for binary randomised response;
 * the exact shuffled divergence of the paper's lower-bound construction
   (:func:`sim.experiments.tightness.exact_divergences`), a certified lower bound;
-* the reference file ``shared/reference/amplification-blanket.tsv``;
+* the independent reference table ``amplification-blanket.tsv`` (tests/aggregator/reference.py);
 * exact rational arithmetic for the binomial cdf values with general ``q`` that the
   certificate relies on.
 """

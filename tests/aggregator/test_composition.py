@@ -3,8 +3,8 @@
 Independent second computation: the exact privacy loss distribution of the blanket pair by
 enumerating the class counts of a small batch, composed exactly (all combinations of the
 per-batch losses), whose hockey-stick divergence is compared with the PLD built from the
-certified delta curve and composed by dp_accounting. Plus the reference file
-``shared/reference/composition-blanket.tsv``.
+certified delta curve and composed by dp_accounting. Plus the independent reference table
+``composition-blanket.tsv`` (tests/aggregator/reference.py).
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ def test_privacy_curve_is_a_list_falling_with_n() -> None:
     assert [row["n"] for row in out] == [1000, 10000, 100000]
     eps = [row["epsilon_central"] for row in out]
     assert eps == sorted(eps, reverse=True)
-    # The reference value for (0.5, 10000, 1e-6) in ../shared/reference/amplification.tsv.
+    # The value for (0.5, 10000, 1e-6) of the reference tables (docs/reference/amplification.tsv).
     assert eps[1] == pytest.approx(0.01811740826, abs=2e-6)
 
 
@@ -300,10 +300,25 @@ def test_simulate_sensors_json_gives_each_trial_and_channel() -> None:
     assert "temperature" in table.output
 
 
-def test_simulate_sensors_needs_five_to_eight_channels() -> None:
-    result = runner.invoke(app, [*SENSORS.replace("--d 6", "--d 4").split()])
+@pytest.mark.parametrize("d", [3, 12, 20])
+def test_simulate_sensors_takes_any_channel_count(d: int) -> None:
+    out = run_json(*SENSORS.replace("--d 6", f"--d {d}").split(), "--trials", "2")
+    assert isinstance(out, dict)
+    names = list(out["coverage"])
+    assert names == list(SensorFleet(n_devices=1, channels=d).names)
+    assert len(names) == d
+    for trial in out["per_trial"]:
+        assert all(ch["ci95_halfwidth"] > 0 for ch in trial["channels"])
+    table = runner.invoke(app, SENSORS.replace("--d 6", f"--d {d}").split())
+    assert table.exit_code == 0, table.output
+    assert "channels must be" not in table.output
+    assert names[-1] in table.output
+
+
+def test_simulate_sensors_refuses_no_channels() -> None:
+    result = runner.invoke(app, [*SENSORS.replace("--d 6", "--d 0").split()])
     assert result.exit_code == 1
-    assert "channels must be in [5, 8], got 4" in result.output
+    assert "error: d must be in [1," in result.output
 
 
 def test_installed_console_script_runs() -> None:
