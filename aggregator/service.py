@@ -1121,14 +1121,16 @@ class Aggregator:
             and not self._privacy_settled.is_set()
             and not (on_a_loop and self._entered)
         ):
-            try:  # in the accountant's process, where its caches are
+            try:  # in the accountant's process, where its caches are; waits at most
+                # LEVEL_WAIT, then serves the last level (the computation goes on)
                 level = accountant_process.level_now(
                     self.spec, self.config.delta, self.ledger.snapshot()
                 )
             except ACCOUNTING_ERRORS:
                 logger.exception("cannot compute the central privacy level; serving the last")
             else:
-                self._adopt(level)
+                if level is not None:
+                    self._adopt(level)
         if on_a_loop:
             self._publish()
             return
