@@ -270,6 +270,14 @@ def shuffler(
         float,
         typer.Option(envvar="COCO_LEASE_TTL", help="Seconds a shard lease lives unless renewed."),
     ] = 30.0,
+    broker_stats: Annotated[
+        bool,
+        typer.Option(
+            envvar="COCO_BROKER_STATS",
+            help="Export Mosquitto's $SYS loss counters (coco_mosquitto_*) on /metrics "
+            "(the account needs read access to $SYS/broker/#).",
+        ),
+    ] = True,
     create_signing_key: Annotated[
         bool,
         typer.Option(
@@ -361,6 +369,7 @@ def shuffler(
             or Path("coco-state") / deployment / ("shuffler" + (f"-{shard}" if shard else "")),
             signing_key=signing_key,
             create_signing_key=create_signing_key,
+            broker_stats=broker_stats,
             shard=shard,
             plan=plan,
             lease_ttl=lease_ttl,

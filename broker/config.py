@@ -81,6 +81,10 @@ class ShufflerConfig:
     """The shard lease's time to live (broker/lease.py); renewed every third of it."""
     lease_settle: float = 1.0
     """How long a lease claim waits before it reads the retained value back."""
+    broker_stats: bool = False
+    """Export Mosquitto's ``$SYS`` loss counters (``coco_mosquitto_*``,
+    :mod:`broker.broker_stats`) on the shuffler's registry, over a connection of its own;
+    absent on a broker without ``$SYS`` (NATS)."""
     backlog_quiet: float = 2.0
     """After a (re)subscription, rounds that ended while the shuffler was away are held
     open until no report of an ended round has arrived for this long (bounded by

@@ -78,6 +78,7 @@ from typing import Self
 import aiomqtt
 from prometheus_client import CollectorRegistry
 
+from broker.broker_stats import MosquittoSysStats
 from broker.config import INGEST_MAX_PACKET, ShufflerConfig, parse_broker_url
 from broker.core import (
     Acked,
@@ -130,6 +131,7 @@ class Shuffler(ShardMixin, IngestMixin, PublishMixin):
     def __init__(self, config: ShufflerConfig, *, registry: CollectorRegistry) -> None:
         self.config = config
         self.metrics = ShufflerMetrics(registry)
+        self._sys_stats = MosquittoSysStats(registry) if config.broker_stats else None
         self.metrics.min_batch.set(config.min_batch)
         # Not zeros before the state is recovered: an operator's "drained" check must not
         # pass while a log of pooled reports is being replayed.
@@ -428,6 +430,18 @@ class Shuffler(ShardMixin, IngestMixin, PublishMixin):
             )
             publisher = tg.create_task(self._publish_loop(), name="shuffler-publish")
             flusher = tg.create_task(self._flush_loop(), name="shuffler-flush")
+            stats = None
+            if self._sys_stats is not None:
+                cfg = self.config
+                stats = tg.create_task(
+                    self._sys_stats.watch(
+                        cfg.broker,
+                        username=cfg.username,
+                        password=cfg.password,
+                        client_id=f"{cfg.ingest_client_id}-sys",
+                    ),
+                    name="shuffler-broker-stats",
+                )
             try:
                 await self._stop_requested.wait()
             except asyncio.CancelledError:
@@ -437,6 +451,8 @@ class Shuffler(ShardMixin, IngestMixin, PublishMixin):
             await self._drain()
             self._closing.set()
             publisher.cancel()
+            if stats is not None:
+                stats.cancel()
             _, pending = await asyncio.wait(
                 {ingest, publisher_connection}, timeout=self.config.publish_timeout
             )

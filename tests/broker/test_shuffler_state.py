@@ -311,3 +311,28 @@ def test_the_hold_ends_once_per_subscription(mosquitto: Broker) -> None:
     shuffler._connected.set()
     shuffler._subscribed_at = clock.monotonic()
     assert shuffler._holding()
+
+
+def test_the_shuffler_exports_mosquitto_s_loss_counters(tmp_path: Path) -> None:
+    """With ``broker_stats`` (the CLI's default) the shuffler's /metrics carries Mosquitto's
+    ``$SYS`` counters, the dropped-message one included (broker/broker_stats.py)."""
+    broker = Broker(tmp_path, free_port(), extra_config="sys_interval 1\n")
+    broker.start()
+    registry = CollectorRegistry()
+
+    async def scenario() -> None:
+        async with running(config(broker, broker_stats=True), registry):
+            await wait_until(
+                lambda: (
+                    registry.get_sample_value("coco_mosquitto_publish_messages_dropped_total")
+                    is not None
+                ),
+                30,
+            )
+
+    try:
+        run(scenario(), 60)
+    finally:
+        broker.stop()
+    assert registry.get_sample_value("coco_mosquitto_publish_messages_dropped_total") == 0
+    assert registry.get_sample_value("coco_mosquitto_uptime_seconds") is not None
