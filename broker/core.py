@@ -375,7 +375,7 @@ class ShufflerCore:
         if due * length > self._closed:
             effects.append(Closed(due * length))
         target = max(due, max(self._closed, due * length) // length)
-        queued = len(self._outbox)
+        queued = self._queued_batches()
         for round_ in sorted(r for r in self._pools if r < target):
             pool = self._pools[round_]
             if pool.size() >= cfg.min_batch:
@@ -383,7 +383,7 @@ class ShufflerCore:
                 if release is None:
                     break  # outbox full: keep the pools, retry on the next tick
                 effects.append(release)
-                queued += len(release.messages)
+                queued += sum(1 for m in release.messages if not is_manifest(m))
             elif cfg.round_policy == "carry" and (
                 self.end_round is None or target < self.end_round
             ):
@@ -455,7 +455,7 @@ class ShufflerCore:
         if distinct(tokens).size != n:  # defence in depth: one report per device
             raise AssertionError("refusing to release two reports of one device together")
         slices = math.ceil(n / cfg.max_batch)
-        queued = len(self._outbox) if queued is None else queued
+        queued = self._queued_batches() if queued is None else queued
         if not force and queued and queued + slices > cfg.max_outbox_batches:
             return None  # ``queued`` batches wait already (released in this tick included)
         order = list(range(n))
@@ -566,6 +566,10 @@ class ShufflerCore:
             if earlier is not None:
                 pool.absorb(earlier)
             self._pools[target] = pool
+
+    def _queued_batches(self) -> int:
+        """Batches waiting for their PUBACK (manifests are not batches)."""
+        return sum(1 for m in self._outbox.values() if not is_manifest(m))
 
     def _take(self, round_: int) -> Pool:
         """Remove and return the pool of ``round_`` (an empty one if there is none: a log
