@@ -26,15 +26,17 @@ import os
 import shutil
 import struct
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from broker.core import CoreConfig, ShufflerCore
-from broker.effects import Acked, Effect, Outboxed, Released, batch_id_of
+from broker.effects import Acked, Effect, Outboxed, Released, batch_id_of, is_manifest
 from broker.logv1 import V1Error, decode_v1
 from broker.records import (
     ADMITTED,
     FILE_HEADER_SIZE,
+    HEAD_SIZE,
     POOLED,
     TYPE_NAMES,
     read_header,
@@ -59,8 +61,12 @@ class RepairReport:
     bytes_dropped: int = 0
     records_dropped: int | None = 0
     """Records known lost (``None``: a damaged head hid how many)."""
-    reports_lost: int = 0
+    reports_in_damaged_records: int = 0
     """Reports in damaged records whose head told their kind and size."""
+    reports_lost: int = 0
+    """Of those, the ones no salvaged batch released afterwards (matched by seed and z,
+    read from the damaged body as it is): acknowledged reports that will never be
+    released. An upper bound: a flipped bit in a seed or z hides its match."""
     lost_releases: int = 0
     """Acknowledgements of batches whose release record was lost: each such pool may be
     released twice (check the aggregator's duplicates and ``coco_shuffler`` metrics)."""
@@ -92,9 +98,48 @@ def _reports_in(kind: int | None, length: int | None) -> int:
     return 0
 
 
+def _damaged_reports(
+    data: bytes, offset: int, kind: int | None, length: int | None
+) -> list[tuple[int, int]]:
+    """``(seed, z)`` of the reports a damaged ``admitted``/``pooled`` record held, read
+    from its body as it is (best effort: empty when its size does not add up)."""
+    if length is None or kind not in (ADMITTED, POOLED):
+        return []
+    body = data[offset + HEAD_SIZE : offset + HEAD_SIZE + length]
+    head = 8 if kind == ADMITTED else 12
+    n = (length - head) // 14
+    if len(body) != length or head + 14 * n != length:
+        return []
+    seeds = body[head + 8 * n : head + 12 * n]
+    zs = body[head + 12 * n :]
+    return [
+        (
+            int.from_bytes(seeds[4 * i : 4 * i + 4], "little"),
+            int.from_bytes(zs[2 * i : 2 * i + 2], "little"),
+        )
+        for i in range(n)
+    ]
+
+
+def _released(effects: list[Effect]) -> Counter[tuple[int, int]]:
+    """``(seed, z)`` of every report in the salvaged records' batches."""
+    out: Counter[tuple[int, int]] = Counter()
+    for effect in effects:
+        if isinstance(effect, Released | Outboxed):
+            for message in effect.messages:
+                if is_manifest(message) or len(message) < 30 + 64:
+                    continue
+                records = message[30:-64]
+                for i in range(0, len(records) - 5, 6):
+                    seed = int.from_bytes(records[i : i + 4], "big")
+                    out[seed, int.from_bytes(records[i + 4 : i + 6], "big")] += 1
+    return out
+
+
 def salvage(data: bytes, salt: int, report: RepairReport) -> list[Effect]:
     """Every intact record of a version-2 log, skipping damaged stretches (counted)."""
     effects: list[Effect] = []
+    damaged: list[tuple[int, int]] = []
     offset = FILE_HEADER_SIZE
     while offset < len(data):
         result = scan(data, offset, salt)
@@ -112,9 +157,10 @@ def salvage(data: bytes, salt: int, report: RepairReport) -> list[Effect]:
         }
         if problem.kind is not None:
             stretch["record"] = TYPE_NAMES.get(problem.kind, f"type-{problem.kind}")
-            lost = _reports_in(problem.kind, problem.length)
-            stretch["reports"] = lost
-            report.reports_lost += lost
+            held = _reports_in(problem.kind, problem.length)
+            stretch["reports"] = held
+            report.reports_in_damaged_records += held
+            damaged.extend(_damaged_reports(data, problem.offset, problem.kind, problem.length))
             if report.records_dropped is not None:
                 report.records_dropped += 1
         else:
@@ -124,6 +170,9 @@ def salvage(data: bytes, salt: int, report: RepairReport) -> list[Effect]:
         if problem.next_good is None:
             break
         offset = problem.next_good
+    unread = report.reports_in_damaged_records - len(damaged)
+    unmatched = Counter(damaged) - _released(effects)
+    report.reports_lost = unread + sum(unmatched.values())
     return effects
 
 
