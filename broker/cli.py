@@ -58,33 +58,37 @@ async def read_announcement(
     dynamic-security plugin); default: a random one."""
     import aiomqtt  # noqa: PLC0415 (not for --help)
 
-    from broker.shuffler import parse_broker_url  # noqa: PLC0415
+    from edge.mqtt_url import parse_broker_urls  # noqa: PLC0415
 
-    host, port, tls = parse_broker_url(broker)
-    tls_params = aiomqtt.TLSParameters(ca_certs=ca_file) if tls else None
-    try:
-        async with aiomqtt.Client(
-            host,
-            port,
-            username=username,
-            password=password,
-            tls_params=tls_params,
-            identifier=client_id,
-        ) as client:
-            await client.subscribe(spec_topic(deployment), qos=1)
-            try:
-                async with asyncio.timeout(timeout):
-                    async for message in client.messages:
-                        payload = message.payload
-                        if isinstance(payload, bytes | bytearray):
-                            return decode_announcement(bytes(payload))
-            except TimeoutError:
-                raise TimeoutError(
-                    f"no announcement on {spec_topic(deployment)} within {timeout:g} s "
-                    "(run coco announce, or pass --spec)"
-                ) from None
-    except (OSError, aiomqtt.MqttError) as exc:
-        raise CocoError(f"cannot read the spec announcement from {broker}: {exc}") from exc
+    nodes = parse_broker_urls(broker)
+    for attempt, (host, port, tls) in enumerate(nodes, start=1):
+        tls_params = aiomqtt.TLSParameters(ca_certs=ca_file) if tls else None
+        try:
+            async with aiomqtt.Client(
+                host,
+                port,
+                username=username,
+                password=password,
+                tls_params=tls_params,
+                identifier=client_id,
+            ) as client:
+                # QoS 0: the retained announcement comes with the subscription either way
+                await client.subscribe(spec_topic(deployment), qos=0)
+                try:
+                    async with asyncio.timeout(timeout):
+                        async for message in client.messages:
+                            payload = message.payload
+                            if isinstance(payload, bytes | bytearray):
+                                return decode_announcement(bytes(payload))
+                except TimeoutError:
+                    raise TimeoutError(
+                        f"no announcement on {spec_topic(deployment)} within {timeout:g} s "
+                        "(run coco announce, or pass --spec)"
+                    ) from None
+        except (OSError, aiomqtt.MqttError) as exc:
+            if isinstance(exc, TimeoutError) or attempt == len(nodes):
+                raise CocoError(f"cannot read the spec announcement from {broker}: {exc}") from exc
+            # a node of a cluster that is down: the next one
     raise TimeoutError  # pragma: no cover  # the iterator only ends by raising
 
 

@@ -23,8 +23,9 @@ INGEST_MAX_PACKET = 512
 
 
 def parse_broker_url(url: str) -> tuple[str, int, bool]:
-    """``(host, port, tls)`` of a broker URL (:func:`edge.mqtt_url.parse_broker_url`)."""
-    return tuple(mqtt_url.parse_broker_url(url))  # type: ignore[return-value]
+    """``(host, port, tls)`` of a broker URL (:func:`edge.mqtt_url.parse_broker_url`), or of
+    the first node of a comma-separated list (:func:`edge.mqtt_url.parse_broker_urls`)."""
+    return tuple(mqtt_url.parse_broker_urls(url)[0])  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, kw_only=True)

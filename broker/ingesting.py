@@ -64,8 +64,8 @@ class IngestMixin(ShellState):
             tls = ssl.create_default_context(cafile=self.config.ca_file) if self._tls else None
             self._version = await negotiate(
                 self.config.mqtt_version,
-                self._host,
-                self._port,
+                self._nodes.current.host,
+                self._nodes.current.port,
                 tls=tls,
                 timeout=self.config.publish_timeout,
             )
@@ -124,6 +124,7 @@ class IngestMixin(ShellState):
                 self._consumption_done.set()
                 return
             except (OSError, TimeoutError, gmqtt.MQTTConnectError, IngestError) as exc:
+                self._nodes.failed()  # a cluster's next node (the lost one may have died)
                 subscribed = self._subscribed_at
                 quick = (
                     subscribed is not None and time.monotonic() - subscribed < _QUICK_LOSS_SECONDS
@@ -176,8 +177,8 @@ class IngestMixin(ShellState):
         try:
             async with asyncio.timeout(cfg.publish_timeout):
                 await client.connect(
-                    self._host,
-                    self._port,
+                    self._nodes.current.host,
+                    self._nodes.current.port,
                     ssl=self._gmqtt_ssl(),
                     keepalive=_GMQTT_KEEPALIVE,
                     version=version,

@@ -42,6 +42,7 @@ from paho.mqtt.properties import Properties
 
 from edge.announce import decode_announcement
 from edge.errors import CocoError
+from edge.mqtt_url import BrokerList
 from edge.topics import shard_lease_topic, spec_topic
 
 __all__ = ["Lease", "LeaseLostError", "LeaseRefusedError", "ShardControl"]
@@ -101,8 +102,7 @@ class ShardControl:
     def __init__(
         self,
         *,
-        host: str,
-        port: int,
+        nodes: BrokerList,
         tls: bool,
         ca_file: str | None,
         username: str | None,
@@ -116,7 +116,7 @@ class ShardControl:
         mqtt5: bool = True,
         timeout: float = 10.0,
     ) -> None:
-        self._host, self._port = host, port
+        self._nodes = nodes
         self._tls = ssl.create_default_context(cafile=ca_file) if tls else None
         self._username, self._password = username, password
         self._client_id = client_id
@@ -143,8 +143,8 @@ class ShardControl:
             kwargs["protocol"] = aiomqtt.ProtocolVersion.V311
             kwargs["clean_session"] = True
         return aiomqtt.Client(
-            self._host,
-            self._port,
+            self._nodes.current.host,
+            self._nodes.current.port,
             username=self._username,
             password=self._password,
             identifier=identifier,
@@ -206,6 +206,7 @@ class ShardControl:
                     await self._watch(client, stop)
                     return
             except aiomqtt.MqttError as exc:
+                self._nodes.failed()  # a cluster's next node (the lost one may have died)
                 logger.warning("shard %s: lease connection lost (%s); retrying", self.shard, exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), backoff)

@@ -47,8 +47,8 @@ class PublishMixin(ShellState):
                 "properties": properties,
             }
         return aiomqtt.Client(
-            self._host,
-            self._port,
+            self._nodes.current.host,
+            self._nodes.current.port,
             username=cfg.username,
             password=cfg.password,
             identifier=f"{cfg.ingest_client_id}-out",
@@ -70,6 +70,7 @@ class PublishMixin(ShellState):
                     await self._watch_publisher(client)
                     return
             except (aiomqtt.MqttError, OSError, TimeoutError) as exc:
+                self._nodes.failed()  # a cluster's next node (the lost one may have died)
                 logger.warning(
                     "broker %s: publishing connection lost or refused (%s); retry in %.1f s",
                     self.config.broker,

@@ -23,8 +23,7 @@ class ShardMixin(ShellState):
         assert cfg.shard is not None
         version = await self._negotiated()
         control = ShardControl(
-            host=self._host,
-            port=self._port,
+            nodes=self._nodes,
             tls=self._tls,
             ca_file=cfg.ca_file,
             username=cfg.username,

@@ -17,6 +17,7 @@ from broker.lease import ShardControl
 from broker.metrics import ShufflerMetrics
 from broker.store import EffectLog, StateDir
 from edge.batch_auth import BatchSigner
+from edge.mqtt_url import BrokerList
 from edge.mqtt_version import Negotiated
 from edge.shards import ShardLayout, ShardPlan
 
@@ -32,8 +33,9 @@ class ShellState:
     signer: BatchSigner | None
     failure: BaseException | None
     retired: bool
-    _host: str
-    _port: int
+    _nodes: BrokerList
+    """The broker's nodes (``--broker``, one URL or a cluster's list): every connection is
+    made to the current one, and a lost or refused connection moves to the next."""
     _tls: bool
     _ingress: str
     _ingress_prefix: str

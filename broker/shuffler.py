@@ -103,6 +103,7 @@ from broker.publishing import PublishMixin
 from broker.sharding import ShardMixin
 from broker.store import EffectLog, LogFullError, StateDir
 from edge.batch_auth import BatchSigner
+from edge.mqtt_url import BrokerList
 from edge.mqtt_version import Negotiated
 from edge.shards import parse_label
 from edge.topics import batches_topic, ingress_filter, manifests_topic
@@ -142,7 +143,8 @@ class Shuffler(ShardMixin, IngestMixin, PublishMixin):
         self.metrics.outbox_reports.set_function(
             lambda: self.core.outbox_reports if self._recovered else nan
         )
-        self._host, self._port, self._tls = parse_broker_url(config.broker)
+        self._nodes = BrokerList(config.broker)
+        self._tls = self._nodes.tls
         shard = config.shard
         self._ingress = ingress_filter(config.deployment, shard)
         self._ingress_prefix = self._ingress[:-1]
