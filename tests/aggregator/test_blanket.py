@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from decimal import Decimal, localcontext
 from fractions import Fraction
 
 import numpy as np
@@ -282,3 +283,56 @@ def test_the_certificate_has_no_absolute_floor_in_the_tail(s: int, t: int, epsil
         if 0 < exact < 1e-12:
             checked += 1
     assert checked >= 2  # the tail was reached, below the old floor
+
+
+def _exact_delta_below(pair: BlanketPair, epsilon: float) -> Fraction:
+    """A rigorous lower bound on the exact ``H_{e^eps}(P || Q)`` of the pair, in rationals:
+    the direct multinomial sum (design note, section 5) at an ``E`` at least ``e^eps``
+    (the sum falls as ``E`` grows), ``p`` and ``eps`` taken exactly as the floats given."""
+    n, p = pair.n, Fraction(pair.exp_epsilon0)
+    omega = pair.s * p + pair.t - pair.s
+    if pair.t >= 2 * pair.s:
+        a, b, c0 = Fraction(pair.s) / omega, Fraction(pair.t - 2 * pair.s) / omega, Fraction(1)
+    else:
+        a, b, c0 = Fraction(pair.t - pair.s) / omega, Fraction(2 * pair.s - pair.t) / omega, p
+    r = 1 - 2 * a - b
+    with localcontext() as ctx:
+        ctx.prec = 60
+        big_e = Fraction(Decimal(epsilon).exp()) * (1 + Fraction(1, 10**50))
+    total = Fraction(0)
+    for n1 in range(n + 1):
+        for n2 in range(n + 1 - n1):
+            for n0 in range(n + 1 - n1 - n2):
+                value = (p - big_e) * n1 + (1 - p * big_e) * n2 - c0 * (big_e - 1) * n0
+                if value > 0:
+                    nr = n - n1 - n2 - n0
+                    mult = math.factorial(n) // (
+                        math.factorial(n1)
+                        * math.factorial(n2)
+                        * math.factorial(n0)
+                        * math.factorial(nr)
+                    )
+                    total += mult * a ** (n1 + n2) * b**n0 * r**nr * value
+    return total / n
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "s", "t", "n"),
+    [("collision", 1, 2, 1), ("collision", 1, 2, 5), ("collision", 2, 3, 2), ("coco", 1, 4, 6)],
+)
+@pytest.mark.parametrize("epsilon0", [1e-7, 1e-6])
+def test_certificate_holds_for_the_smallest_epsilon0_a_spec_accepts(
+    mechanism: str, s: int, t: int, n: int, epsilon0: float
+) -> None:
+    """A spec accepts any epsilon with e^eps 2^24 >= 2^24 + 1 (p = 1 + 2^-24 at 1e-7). There
+    ``p e^eps - 1`` formed directly loses about ``u / (eps0 + eps)`` of its value, far more
+    than the ``eta = 64 u (K + hi0 + 2)`` the certificate allows for the threshold ``tau``:
+    the certified value must still never be below the exact one (rational arithmetic,
+    at an ``E >= e^eps``)."""
+    spec = MechanismSpec(mechanism=mechanism, d=4 * s, s=s, t=t, epsilon=epsilon0)  # type: ignore[arg-type]
+    pair = blanket_pair_for_spec(spec, n=n)
+    for frac in (0.02, 0.1, 0.35, 0.7, 0.9, 0.999, 0.999999):
+        eps = frac * pair.epsilon0
+        exact = _exact_delta_below(pair, eps)
+        certified = blanket_delta(pair, epsilon=eps)
+        assert Fraction(certified) >= exact, (frac, certified, float(exact))
