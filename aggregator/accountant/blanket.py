@@ -64,7 +64,11 @@ Numerical certificate (every item is *added* to the result)
   the same budget for every ``n`` below ``10^12``.
 * Rounding of ``tau``: ``f(tau) = E(N1 - tau)_+`` is convex and piecewise linear with
   kinks at the integers, slope ``-S_k`` on ``[k - 1, k]`` (``S_k = Pr[N1 >= k]``), and the
-  group formula for ``k`` is its tangent ``g_k`` there. The run boundaries are computed
+  group formula for ``k`` is its tangent ``g_k`` there. ``tau0`` is computed from
+  ``p E - 1 = (p - 1) + p expm1(eps)`` (no cancellation, so it is within a few ``u K`` of its
+  exact value for the exact ``e^eps``; ``p E - 1`` formed directly is off by about
+  ``u / (eps0 + eps)`` relative, which for ``eps0`` near the smallest a spec accepts,
+  ``2^-24``, is far outside the budget). The run boundaries are computed
   from ``tau`` to within ``eta = 64 u (K + hi0 + 2)`` (``u = 2^-53``), so the ``k`` used
   for an ``N0`` is the right one or a neighbour while ``tau`` is within ``eta`` of the
   shared kink. A neighbouring tangent lies below ``f`` (a supporting line of a convex
@@ -277,7 +281,10 @@ class _Engine:
         coef = (p - 1.0) * (1.0 + big_e)
         tau1 = c0 * math.expm1(epsilon) / coef
         ks, m0, lo0, hi0 = self.k, self.m0, self.lo0, self.hi0
-        tau0 = ks * ((p * big_e - 1.0) / coef)
+        # p E - 1 as (p - 1) + p (E - 1): two non-negative terms, each to an ulp or two, so
+        # tau0 is within a few u K of its exact value (module docstring, rounding of tau);
+        # p * big_e - 1 cancels and is off by about u / (eps0 + eps) relative.
+        tau0 = ks * (((p - 1.0) + p * math.expm1(epsilon)) / coef)
         if self.q0 == 0.0 or tau1 == 0.0:
             # One run per K: N0 does not move the threshold (or is always 0).
             kk = np.clip(np.floor(tau0) + 1.0, 0.0, ks + 1.0)
