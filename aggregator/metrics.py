@@ -34,8 +34,10 @@ and a slow scraper never blocks the event loop.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -48,6 +50,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from aggregator.accountant import amplify_spec
 from aggregator.estimators import Estimates
 from aggregator.live_page import CONTENT_SECURITY_POLICY, PAGE
+from edge.errors import CocoError
 from edge.spec import MechanismSpec
 
 logger = logging.getLogger(__name__)
@@ -250,6 +253,18 @@ class AggregatorMetrics:
             self.epsilon_target.set(epsilon_target)
         self.delta = Gauge(f"{p}_delta", "Target delta of the accountant.", registry=registry)
         self.n = Gauge(f"{p}_n", "Reports in the current estimates.", registry=registry)
+        self.ready = ready_gauge(registry)
+        self.announcements_refused = Counter(
+            f"{p}_announcements_refused",
+            "Spec announcements refused because they name another batch key than the "
+            "pinned one (each new key once; accepted only by `coco aggregator trust`).",
+            registry=registry,
+        )
+        self.checkpoint_generation = Gauge(
+            f"{p}_checkpoint_generation",
+            "Generation of the newest checkpoint written or recovered (0: none yet).",
+            registry=registry,
+        )
         self.info = Info(f"{p}_mechanism", "The mechanism in force.", registry=registry)
         self.last_batch = Gauge(
             f"{p}_last_batch_timestamp_seconds",
@@ -319,13 +334,50 @@ class AggregatorMetrics:
             self.epsilon_curve.labels(n=str(n)).set(epsilon)
 
 
+def ready_gauge(registry: CollectorRegistry) -> Gauge:
+    """``coco_aggregator_ready``: 1 once the checkpoint is recovered and the batches topic
+    subscribed, else 0 (the same as ``/ready``)."""
+    return Gauge(
+        "coco_aggregator_ready",
+        "1 once the checkpoint is recovered and the batches topic subscribed, else 0.",
+        registry=registry,
+    )
+
+
+_RECOVERING = CollectorRegistry()
+ready_gauge(_RECOVERING).set(0)
+"""What ``/metrics`` serves before the checkpoint is recovered: the readiness gauge alone,
+so that no counter is shown as zero."""
+_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)
+"""A client that went away mid-response: nothing to tell anyone."""
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except _GONE:  # a scraper that timed out and closed: no traceback
+            self.close_connection = True
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         headers: dict[str, str] = {}
+        recovered = self.server.recovered()
         try:
+            if path == "/ready":
+                ready = self.server.ready()
+                body = b"ready\n" if ready else b"not ready\n"
+                self._send(200 if ready else 503, body, "text/plain; charset=utf-8", {})
+                return
+            if path == "/metrics" and not recovered:
+                self._send(200, generate_latest(_RECOVERING), CONTENT_TYPE_LATEST, {})
+                return
+            if path == "/estimates" and not recovered:
+                body = json.dumps({"ready": False, "recovering": True}).encode()
+                self._send(503, body, "application/json", {})
+                return
             if path == "/":
                 body = PAGE
                 content_type = "text/html; charset=utf-8"
@@ -344,13 +396,16 @@ class _Handler(BaseHTTPRequestHandler):
                 body = json.dumps(self.server.estimates()).encode()
                 content_type = "application/json"
             else:
-                self.send_error(404, "try /, /metrics or /estimates")
+                self.send_error(404, "try /, /metrics, /estimates or /ready")
                 return
         except Exception:  # a failing snapshot must not kill the server thread
             logger.exception("error serving %s", path)
             self.send_error(500)
             return
-        self.send_response(200)
+        self._send(200, body, content_type, headers)
+
+    def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str]) -> None:
+        self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         for name, value in headers.items():
@@ -370,14 +425,25 @@ class _Server(ThreadingHTTPServer):
         address: tuple[str, int],
         registry: CollectorRegistry,
         estimates: Callable[[], dict[str, Any]],
+        ready: Callable[[], bool],
+        recovered: Callable[[], bool],
     ) -> None:
         super().__init__(address, _Handler)
         self.registry = registry
         self.estimates = estimates
+        self.ready = ready
+        self.recovered = recovered
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], _GONE):
+            return  # a client that went away: no traceback
+        super().handle_error(request, client_address)
 
 
 class MetricsServer:
-    """``/``, ``/metrics`` and ``/estimates`` on ``host:port`` (``port=0`` picks a free port)."""
+    """``/``, ``/metrics``, ``/estimates`` and ``/ready`` on ``host:port`` (``port=0`` picks
+    a free port). A port that cannot be bound is a one-line :class:`CocoError` naming it and
+    the option (``--metrics-port``)."""
 
     def __init__(
         self,
@@ -386,8 +452,21 @@ class MetricsServer:
         port: int,
         registry: CollectorRegistry,
         estimates: Callable[[], dict[str, Any]],
+        ready: Callable[[], bool] = lambda: True,
+        recovered: Callable[[], bool] = lambda: True,
     ) -> None:
-        self._server = _Server((host, port), registry, estimates)
+        try:
+            self._server = _Server((host, port), registry, estimates, ready, recovered)
+        except OSError as exc:
+            problem = (
+                "is in use"
+                if exc.errno == errno.EADDRINUSE
+                else f"cannot be bound ({exc.strerror})"
+            )
+            raise CocoError(
+                f"port {port} on {host} {problem}: choose another with --metrics-port "
+                "(COCO_METRICS_PORT)"
+            ) from None
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="coco-aggregator-http", daemon=True
         )

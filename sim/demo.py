@@ -58,9 +58,10 @@ import numpy as np
 from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
+from aggregator.config import AggregatorConfig
 from aggregator.estimators import AggregateState
 from aggregator.metrics import MetricsServer
-from aggregator.service import Aggregator, AggregatorConfig
+from aggregator.service import Aggregator
 from broker.core import MAX_BATCH_LIMIT
 from broker.metrics import DROP_REASONS, REJECT_REASONS
 from broker.shuffler import Shuffler, ShufflerConfig, parse_broker_url

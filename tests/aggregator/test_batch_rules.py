@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from aggregator.checkpoint import CheckpointError, load_checkpoint
-from aggregator.service import Aggregator, AggregatorConfig, resolve_batch_public_key
+from aggregator.checkpoint import CHECKPOINT_VERSION, CheckpointError, load_checkpoint
+from aggregator.config import AggregatorConfig, resolve_batch_public_key
+from aggregator.service import Aggregator
 from edge.batch_auth import BatchSigner
 from edge.errors import CocoError
 from tests.aggregator.test_service import (
@@ -177,7 +178,7 @@ def test_an_unsigned_version_1_checkpoint_keeps_its_sums(tmp_path: Path) -> None
             assert agg.retained_batch_ids == 0
 
     asyncio.run(main())
-    assert load_checkpoint(tmp_path / "ckpt.json").version == 2
+    assert load_checkpoint(tmp_path / "ckpt.json").version == CHECKPOINT_VERSION
 
 
 def _valid_checkpoint(tmp_path: Path) -> dict[str, Any]:

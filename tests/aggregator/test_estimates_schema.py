@@ -34,6 +34,7 @@ TYPES: dict[str, tuple[type, ...]] = {
     "integer": (int,),
     "number": (int, float),
     "number or null": (int, float, type(None)),
+    "integer or null": (int, type(None)),
     "boolean": (bool,),
 }
 

@@ -29,9 +29,10 @@ from prometheus_client import CollectorRegistry
 from aggregator.accountant import amplify_spec
 from aggregator.batch_codec import encode_batch_arrays
 from aggregator.checkpoint import CheckpointError
+from aggregator.config import AggregatorConfig
 from aggregator.estimators import AggregateState
 from aggregator.metrics import REJECT_REASONS
-from aggregator.service import Aggregator, AggregatorConfig
+from aggregator.service import Aggregator
 from edge import LocalMechanism, MechanismSpec
 from edge.batch_auth import BatchSigner
 from edge.topics import batches_topic
@@ -381,7 +382,7 @@ def test_a_cancelled_checkpoint_finishes_its_write_before_releasing(
     async def scenario() -> None:
         async with Aggregator(config(mosquitto, tmp_path, checkpoint_interval=3600)) as agg:
             agg.state.add(*reports(500, 7))
-            agg._dirty = True
+            agg.core.dirty = True
             task = asyncio.create_task(agg.checkpoint())
             while not path.with_name(f".{path.name}.tmp").exists() and not path.exists():
                 await asyncio.sleep(0)  # until the thread has started writing
@@ -389,7 +390,7 @@ def test_a_cancelled_checkpoint_finishes_its_write_before_releasing(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             assert json.loads(path.read_text())["state"]["n"] == 500
-            assert not agg._dirty
+            assert not agg.core.dirty
 
     run(scenario())
 

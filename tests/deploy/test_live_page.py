@@ -33,7 +33,8 @@ from prometheus_client import CollectorRegistry
 from aggregator.estimators import AggregateState
 from aggregator.live_page import CONTENT_SECURITY_POLICY, POLL_SECONDS
 from aggregator.metrics import MetricsServer
-from aggregator.service import Aggregator, estimates_document
+from aggregator.publishing import estimates_document
+from aggregator.service import Aggregator
 from edge.batch_auth import BatchSigner
 from tests.aggregator.test_service import (
     DELTA,

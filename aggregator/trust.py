@@ -1,0 +1,229 @@
+"""The pinned batch key: trusted on first use, stored with the state, moved only by an
+operator.
+
+With a checkpoint, the aggregator keeps the shuffler's batch key it trusts in a small
+checksummed file beside it, ``<checkpoint>.trust``::
+
+    {"version": 1, "deployment": "plant-7", "batch_public_key": "<64 hex>",
+     "refused": "<64 hex>" | null, "checksum": "<64 hex>"}
+
+``checksum`` is the SHA-256 of the other fields as compact JSON with sorted keys.
+
+* **First use.** Without the file, the key of ``--batch-public-key`` (else the
+  announcement's) is pinned; a version-3 checkpoint records the key its sums were verified
+  under, so a checkpoint whose trust file was lost pins its own key again, never the
+  announcement's.
+* **A changed announcement** (another ``batch_public_key``), at start or while running, is
+  refused: an ERROR log, ``coco_aggregator_announcements_refused_total``, and the key is
+  recorded as ``refused``; the pinned key stays in force, so batches signed by the new key
+  are rejected (``bad_signature``).
+* **Rotation** is the operator's: ``coco aggregator trust --checkpoint PATH
+  --accept-announced`` (or ``--accept KEY``) prints the old and the new key and moves the
+  pin; the running service picks the new pin up within seconds (:data:`PIN_POLL`), and a
+  restart uses it. ``--batch-public-key`` that differs from the pin is refused at start,
+  with the command to run.
+
+Without a checkpoint there is no state to pin with: the key is the option's or the
+announcement's at every start (logged as a warning).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from edge.errors import CocoError
+
+TRUST_VERSION = 1
+PIN_POLL = 2.0
+"""Seconds between two looks of the running service at its trust file."""
+_HEX = frozenset("0123456789abcdef")
+
+
+class TrustError(CocoError):
+    """A trust file that cannot be read or is damaged, or a key the pin refuses."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pins:
+    """The content of a trust file."""
+
+    deployment: str
+    batch_public_key: str
+    refused: str | None = None
+    """The last announced key that was refused (``--accept-announced`` accepts it)."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "version": TRUST_VERSION,
+            "deployment": self.deployment,
+            "batch_public_key": self.batch_public_key,
+            "refused": self.refused,
+        }
+
+
+def trust_path(checkpoint: Path) -> Path:
+    """``<checkpoint>.trust``."""
+    return checkpoint.with_name(checkpoint.name + ".trust")
+
+
+def is_key(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
+
+
+def _checksum(document: dict[str, object]) -> str:
+    text = json.dumps(document, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def encode_pins(pins: Pins) -> str:
+    document = pins.to_dict()
+    return json.dumps({**document, "checksum": _checksum(document)}, sort_keys=True) + "\n"
+
+
+def decode_pins(text: str, path: Path) -> Pins:
+    """The checked pins of ``text``; :class:`TrustError` naming the file and the field."""
+
+    def error(name: str, problem: str) -> TrustError:
+        return TrustError(
+            f"trust file {path}: field {name!r} {problem}; restore it from a backup, or move "
+            "it away and pin the key again with `coco aggregator trust --accept KEY`"
+        )
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise error("checksum", "cannot be checked: the file is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise error("checksum", "cannot be checked: the file is not a JSON object")
+    checksum = data.pop("checksum", None)
+    if checksum != _checksum(data):
+        raise error("checksum", "does not match the content: the file is damaged")
+    if data.get("version") != TRUST_VERSION:
+        raise error("version", f"must be {TRUST_VERSION}")
+    deployment = data.get("deployment")
+    if not isinstance(deployment, str):
+        raise error("deployment", "must be a string")
+    key, refused = data.get("batch_public_key"), data.get("refused")
+    if not is_key(key):
+        raise error("batch_public_key", "must be 64 lowercase hex digits")
+    if refused is not None and not is_key(refused):
+        raise error("refused", "must be 64 lowercase hex digits or null")
+    assert isinstance(key, str)
+    return Pins(deployment=deployment, batch_public_key=key, refused=refused)
+
+
+def load_pins(path: Path) -> Pins | None:
+    """The pins of the trust file at ``path``; ``None`` if there is none."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TrustError(f"cannot read trust file {path}: {exc}") from None
+    return decode_pins(text, path)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    lock = path.with_name(path.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def update_pins(path: Path, change: Callable[[Pins | None], Pins]) -> tuple[Pins | None, Pins]:
+    """Read, change and write the trust file under its lock (the service and the
+    ``trust`` command never lose each other's change); ``(before, after)``."""
+    from aggregator.checkpoint import write_atomically  # noqa: PLC0415 (numpy-free import)
+
+    with _locked(path):
+        before = load_pins(path)
+        after = change(before)
+        if after != before:
+            write_atomically(path, encode_pins(after))
+        return before, after
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The key in force at start, and the announced key refused (if any)."""
+
+    key: str
+    refused: str | None = None
+    pinned_now: bool = False
+
+
+def decide(
+    *,
+    pins: Pins | None,
+    candidate: str,
+    configured: bool,
+    checkpoint_key: str | None,
+    path: Path,
+) -> Decision:
+    """Which key is in force at start (module docs). ``candidate`` is the option's key
+    (``configured``) or else the announcement's; ``checkpoint_key`` the key the recovered
+    checkpoint's sums were verified under. :class:`TrustError` for an option that
+    disagrees with the pin."""
+    pinned = pins.batch_public_key if pins is not None else checkpoint_key
+    if pinned is None:
+        return Decision(candidate, pinned_now=True)
+    if candidate == pinned:
+        return Decision(pinned, pinned_now=pins is None)
+    if configured:
+        raise TrustError(
+            f"--batch-public-key {candidate} differs from the key pinned in {path} "
+            f"({pinned}); if the shuffler's key really changed, accept it with `coco "
+            f"aggregator trust --checkpoint {path.name.removesuffix('.trust')} --accept "
+            f"{candidate}`"
+        )
+    return Decision(pinned, refused=candidate, pinned_now=pins is None)
+
+
+def pin(path: Path, deployment: str, key: str) -> None:
+    """Pin ``key`` if nothing is pinned yet (first use)."""
+    update_pins(
+        path,
+        lambda pins: pins or Pins(deployment=deployment, batch_public_key=key),
+    )
+
+
+def record_refused(path: Path, deployment: str, key: str, in_force: str) -> None:
+    """Record ``key`` as the announced key refused (for ``--accept-announced``)."""
+
+    def change(pins: Pins | None) -> Pins:
+        if pins is None:
+            pins = Pins(deployment=deployment, batch_public_key=in_force)
+        return replace(pins, refused=key)
+
+    update_pins(path, change)
+
+
+def accept(path: Path, *, key: str | None) -> tuple[str | None, str]:
+    """The operator's rotation: pin ``key``, or (``None``) the announced key last refused;
+    ``(old, new)``. :class:`TrustError` if there is nothing to accept."""
+
+    def change(pins: Pins | None) -> Pins:
+        new = key if key is not None else (pins.refused if pins is not None else None)
+        if new is None:
+            raise TrustError(
+                f"no announced key was refused ({path}): nothing to accept; give --accept KEY"
+            )
+        if not is_key(new):
+            raise TrustError(f"the key to accept must be 64 lowercase hex digits, got {new!r}")
+        deployment = pins.deployment if pins is not None else ""
+        return Pins(deployment=deployment, batch_public_key=new, refused=None)
+
+    before, after = update_pins(path, change)
+    return (None if before is None else before.batch_public_key), after.batch_public_key
