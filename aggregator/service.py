@@ -83,9 +83,8 @@ from aggregator.metrics import UNACKED_REASONS, AggregatorMetrics, MetricsServer
 from aggregator.privacy_ledger import PrivacyLedger, PrivacyLevel
 from aggregator.publishing import Publisher, RefreshOnCollect
 from aggregator.session import Ack, BatchSession
-from aggregator.trust import PIN_POLL, decide, load_pins, pin, record_refused
-from edge.announce import decode_announcement
-from edge.errors import CocoError, SpecError
+from aggregator.trust import KeyGuard
+from edge.errors import CocoError
 
 logger = logging.getLogger(__name__)
 
@@ -135,12 +134,18 @@ class Aggregator:
         self.metrics.delta.set(config.delta)
         self.metrics.min_batch.set(config.min_batch)
         self.metrics.retention_rounds.set(config.retention_rounds)
+        self.keys = KeyGuard(
+            self.core,
+            deployment=config.deployment,
+            checkpoint=config.checkpoint,
+            refused=self.metrics.announcements_refused,
+        )
         self.session = BatchSession(
             config,
             on_batch=self._on_message,
             on_end=self._connection_ended,
             on_stop=self._on_stop,
-            on_announcement=self._on_announcement,
+            on_announcement=self.keys.announcement,
         )
         self.session.watch_subscribed(self._subscribed_changed)
         self.publisher = Publisher(config, self.core, self.metrics, status=self._status)
@@ -155,8 +160,6 @@ class Aggregator:
         self._lock_fd: int | None = None
         self._run_start = Counters()
         self._http: MetricsServer | None = None
-        self._refused_key: str | None = None
-        self._trust_stamp: tuple[int, int] | None = None
 
     # -- what tests, the demo and dashboards read ----------------------------------------
 
@@ -294,23 +297,10 @@ class Aggregator:
             problem = check_resumable(self.core, checkpoint)
             if problem is not None:
                 raise CheckpointError(f"checkpoint {checkpoint.path} {problem}")
-        trust = self.config.trust_path
-        assert trust is not None
-        decision = decide(
-            pins=load_pins(trust),
-            candidate=self.core.rules.batch_public_key,
+        self.keys.settle(
             configured=self.config.key_source == "configured",
             checkpoint_key=None if checkpoint is None else checkpoint.batch_public_key,
-            path=trust,
         )
-        if decision.key != self.core.rules.batch_public_key:
-            self.core.trust(decision.key)
-        if decision.pinned_now:
-            pin(trust, self.config.deployment, decision.key)
-            logger.info("pinned the batch key %s in %s", decision.key, trust)
-        self._trust_stamp = _stamp(trust)
-        if decision.refused is not None:
-            self._refuse(decision.refused)
         if checkpoint is not None:
             self._restore(checkpoint)
 
@@ -426,7 +416,7 @@ class Aggregator:
                 tasks.create_task(self.session.run(), name="coco-aggregator-mqtt")
                 if self.config.checkpoint is not None:
                     tasks.create_task(self._checkpoint_loop(), name="coco-aggregator-checkpoint")
-                    tasks.create_task(self._trust_loop(), name="coco-aggregator-trust")
+                    tasks.create_task(self.keys.watch(), name="coco-aggregator-trust")
                 tasks.create_task(
                     self.publisher.export_epsilon_curve(), name="coco-aggregator-eps-curve"
                 )
@@ -590,75 +580,6 @@ class Aggregator:
             await asyncio.sleep(max(0.0, self._last_checkpoint + interval - time.monotonic()))
             if time.monotonic() - self._last_checkpoint >= interval:
                 await self.checkpoint()
-
-    # -- the pinned key --------------------------------------------------------------------
-
-    def _on_announcement(self, payload: bytes) -> None:
-        """A spec announcement arrived: refuse it if it names another batch key."""
-        try:
-            key = decode_announcement(payload).get("batch_public_key")
-        except SpecError:
-            return
-        if isinstance(key, str) and key != self.core.rules.batch_public_key:
-            self._refuse(key)
-
-    def _refuse(self, key: str) -> None:
-        """Refuse an announced key other than the one in force (counted once per key)."""
-        if key == self._refused_key:
-            return
-        self._refused_key = key
-        self.metrics.announcements_refused.inc()
-        trust = self.config.trust_path
-        how = (
-            f"accept it with `coco aggregator trust --checkpoint {self.config.checkpoint} "
-            "--accept-announced` if the shuffler's key really changed"
-            if trust is not None
-            else "restart with --checkpoint to pin keys"
-        )
-        logger.error(
-            "refused the announced batch key %s: the key in force is %s; batches signed by "
-            "it are rejected (bad_signature); %s (coco_aggregator_announcements_refused_total)",
-            key,
-            self.core.rules.batch_public_key,
-            how,
-        )
-        if trust is not None:
-            try:
-                record_refused(trust, self.config.deployment, key, self.core.rules.batch_public_key)
-            except (OSError, CocoError):
-                logger.exception("cannot record the refused key in %s", trust)
-
-    async def _trust_loop(self) -> None:
-        """Adopt a pin the operator moved (``coco aggregator trust``), within seconds."""
-        trust = self.config.trust_path
-        assert trust is not None
-        while True:
-            await asyncio.sleep(PIN_POLL)
-            stamp = _stamp(trust)
-            if stamp == self._trust_stamp:
-                continue
-            self._trust_stamp = stamp
-            try:
-                pins = load_pins(trust)
-            except CocoError:
-                logger.exception("cannot read the trust file %s; the key in force stays", trust)
-                continue
-            if pins is not None and pins.batch_public_key != self.core.rules.batch_public_key:
-                logger.warning(
-                    "the operator accepted batch key %s (was %s)",
-                    pins.batch_public_key,
-                    self.core.rules.batch_public_key,
-                )
-                self.core.trust(pins.batch_public_key)
-                self._refused_key = None
-
-
-def _stamp(path: Path) -> tuple[int, int] | None:
-    try:
-        stat = path.stat()
-    except OSError:
-        return None
-    return stat.st_mtime_ns, stat.st_ino
 
 
 async def run_aggregator(

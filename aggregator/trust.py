@@ -29,16 +29,24 @@ announcement's at every start (logged as a warning).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from edge.errors import CocoError
+from prometheus_client import Counter
+
+from aggregator.core import AggregatorCore
+from edge.announce import decode_announcement
+from edge.errors import CocoError, SpecError
+
+logger = logging.getLogger("aggregator.service")
 
 TRUST_VERSION = 1
 PIN_POLL = 2.0
@@ -227,3 +235,114 @@ def accept(path: Path, *, key: str | None) -> tuple[str | None, str]:
 
     before, after = update_pins(path, change)
     return (None if before is None else before.batch_public_key), after.batch_public_key
+
+
+class KeyGuard:
+    """The running service's side of the pin (module docs): settles the key in force at
+    start, refuses announcements of another key (ERROR, counted once per key, recorded for
+    ``--accept-announced``) and adopts a pin the operator moved."""
+
+    def __init__(
+        self,
+        core: AggregatorCore,
+        *,
+        deployment: str,
+        checkpoint: Path | None,
+        refused: Counter,
+    ) -> None:
+        self.core = core
+        self.deployment = deployment
+        self.checkpoint = checkpoint
+        self.path = None if checkpoint is None else trust_path(checkpoint)
+        self.refused_counter = refused
+        self._refused: str | None = None
+        self._stamp: tuple[int, int] | None = None
+
+    @property
+    def key(self) -> str:
+        return self.core.rules.batch_public_key
+
+    def settle(self, *, configured: bool, checkpoint_key: str | None) -> None:
+        """At start, after the checkpoint is recovered: the key in force (:func:`decide`)."""
+        path = self.path
+        assert path is not None
+        decision = decide(
+            pins=load_pins(path),
+            candidate=self.key,
+            configured=configured,
+            checkpoint_key=checkpoint_key,
+            path=path,
+        )
+        if decision.key != self.key:
+            self.core.trust(decision.key)
+        if decision.pinned_now:
+            pin(path, self.deployment, decision.key)
+            logger.info("pinned the batch key %s in %s", decision.key, path)
+        self._stamp = _stamp(path)
+        if decision.refused is not None:
+            self.refuse(decision.refused)
+
+    def announcement(self, payload: bytes) -> None:
+        """A spec announcement arrived: refuse it if it names another batch key."""
+        try:
+            key = decode_announcement(payload).get("batch_public_key")
+        except SpecError:
+            return
+        if isinstance(key, str) and key != self.key:
+            self.refuse(key)
+
+    def refuse(self, key: str) -> None:
+        """Refuse an announced key other than the one in force (counted once per key)."""
+        if key == self._refused:
+            return
+        self._refused = key
+        self.refused_counter.inc()
+        how = (
+            f"accept it with `coco aggregator trust --checkpoint {self.checkpoint} "
+            "--accept-announced` if the shuffler's key really changed"
+            if self.path is not None
+            else "restart with --checkpoint to pin keys"
+        )
+        logger.error(
+            "refused the announced batch key %s: the key in force is %s; batches signed by "
+            "it are rejected (bad_signature); %s (coco_aggregator_announcements_refused_total)",
+            key,
+            self.key,
+            how,
+        )
+        if self.path is not None:
+            try:
+                record_refused(self.path, self.deployment, key, self.key)
+            except (OSError, CocoError):
+                logger.exception("cannot record the refused key in %s", self.path)
+
+    async def watch(self) -> None:
+        """Adopt a pin the operator moved (``coco aggregator trust``), within
+        :data:`PIN_POLL` seconds; one ``stat`` per poll otherwise."""
+        path = self.path
+        assert path is not None
+        while True:
+            await asyncio.sleep(PIN_POLL)
+            stamp = _stamp(path)
+            if stamp == self._stamp:
+                continue
+            self._stamp = stamp
+            try:
+                pins = load_pins(path)
+            except CocoError:
+                logger.exception("cannot read the trust file %s; the key in force stays", path)
+                continue
+            if pins is not None and pins.batch_public_key != self.key:
+                logger.warning(
+                    "the operator accepted batch key %s (was %s)", pins.batch_public_key, self.key
+                )
+                self.core.trust(pins.batch_public_key)
+                self._refused = None
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_ino
