@@ -492,6 +492,10 @@ async def run_fleet(p: Pipeline, attack: Callable[[], object], *, seed: int) -> 
         )
 
     await wait_until(settled, TIMEOUT)
+    # the privacy level is computed off the loop, in the accountant's low-priority process
+    aggregator = p.aggregator
+    assert aggregator is not None
+    await wait_until(lambda: aggregator.privacy.batches == aggregator.counters.batches, TIMEOUT)
 
 
 def check_honest_reports_all_aggregated(
