@@ -383,6 +383,11 @@ class AckGenerations(Generic[T]):
         self.open: list[T] = []
         self.writing: list[T] = []
         self.held: list[T] = []
+        self.newest_unacknowledged = False
+        """Whether the newest durable generation holds deliveries never acknowledged (kept
+        when a lost connection drops them): a service whose session was taken over rolls
+        its files back to the previous generation, so that the new holder, to whom the
+        broker redelivers them, is the only one to count them."""
 
     def __len__(self) -> int:
         return len(self.open) + len(self.writing) + len(self.held)
@@ -399,6 +404,7 @@ class AckGenerations(Generic[T]):
         """The snapshot's generation is durable: return what the previous generation held
         (acknowledge it now); the new one's deliveries wait for the next generation."""
         ready, self.held, self.writing = self.held, self.writing, []
+        self.newest_unacknowledged = bool(self.held)
         return ready
 
     def failed(self) -> None:

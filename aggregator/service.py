@@ -74,6 +74,7 @@ from aggregator.checkpoint import (
     CheckpointError,
     Counters,
     lock_checkpoint,
+    previous_path,
     recover_checkpoint,
     write_checkpoint,
 )
@@ -350,6 +351,7 @@ class Aggregator:
                     "no final checkpoint: the batches applied since the last one are "
                     "redelivered to the session's new holder"
                 )
+                self._roll_back()
                 self._count_unacknowledged("taken_over", len(self.acks))
                 self.acks = AckGenerations()
             else:
@@ -367,6 +369,24 @@ class Aggregator:
             self._release_lock()
             self.recovered = False
             self._entered = self.publisher.entered = False
+
+    def _roll_back(self) -> None:
+        """After a takeover: the newest generation's batches were never acknowledged, so
+        the broker redelivers them to the new holder; back to the previous generation (or
+        none), so that no batch is in both services' checkpoints."""
+        path = self.config.checkpoint
+        if path is None or not self.acks.newest_unacknowledged:
+            return
+        previous = previous_path(path)
+        try:
+            if previous.exists():
+                os.replace(previous, path)
+            else:
+                path.unlink(missing_ok=True)
+        except OSError:
+            logger.exception("cannot roll %s back to its previous generation", path)
+            return
+        logger.info("rolled %s back to the generation its PUBACKs were sent for", path)
 
     def _stop_http(self) -> None:
         if self._http is not None:
@@ -578,8 +598,12 @@ class Aggregator:
         interval = self.config.checkpoint_interval
         while True:
             await asyncio.sleep(max(0.0, self._last_checkpoint + interval - time.monotonic()))
-            if time.monotonic() - self._last_checkpoint >= interval:
+            if time.monotonic() - self._last_checkpoint < interval:
+                continue
+            if self.session.confirmed:
                 await self.checkpoint()
+            else:  # no PUBACK can go out; the session may be another service's now
+                self._last_checkpoint = time.monotonic()
 
 
 async def run_aggregator(

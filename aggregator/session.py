@@ -235,6 +235,11 @@ class BatchSession:
         self.subscribed = asyncio.Event()
         """Set while subscribed to the batches topic."""
         self.connections = 0
+        self.confirmed = False
+        """Whether this connection holds the session (its lease came back, or no lease is
+        in use): only then is a checkpoint worth writing, since only then can its PUBACKs
+        go out. Not writing one while the session may be another's keeps the batches the
+        broker redelivers to that other service out of this one's files."""
         self.taken_over = False
         self.instance = secrets.token_hex(8)
         """This run's claim on the lease topic."""
@@ -356,6 +361,7 @@ class BatchSession:
         deadline = time.monotonic() + self.config.lease_timeout
         own_seen = False  # our claim came back on this connection
         while True:
+            self.confirmed = confirmed
             if confirmed:
                 message = await anext(messages)
             else:
@@ -434,6 +440,7 @@ class BatchSession:
                     raise CocoError(self.version.describe_refusal()) from None
                 logger.warning("broker connection lost (%s); reconnecting in %.2f s", exc, delay)
             finally:
+                self.confirmed = False
                 self._set_subscribed(False)
                 if self._lease_fallback is not None:
                     self._lease_fallback.cancel()
