@@ -22,7 +22,10 @@ coco_aggregator_reports_total`` (reports released but not applied yet). A histog
 time minus release time is not possible: a batch carries no release time (docs/protocol.md,
 section 10.3), and adding one would change the wire format.
 
-:class:`MetricsServer` serves, on one port, the live page at ``/``
+:class:`MetricsServer` serves, on one port, ``/ready`` (200 once the checkpoint is
+recovered and the batches topic subscribed, else 503; ``coco_aggregator_ready`` alike;
+before recovery ``/metrics`` serves that gauge alone and ``/estimates`` answers 503), the
+live page at ``/``
 (:mod:`aggregator.live_page`), ``/metrics`` (Prometheus text format) and
 ``/estimates`` (JSON: spec, n, estimates, certified central epsilon for the smallest and the
 latest batch, delta, the counters and the retained horizon; rebuilt for every request, so
