@@ -14,7 +14,10 @@ shuffler releases and ``delta`` (in ``(0, 1)``) the target of the shuffle accoun
 round ``floor(unix_time / round_seconds)`` (:mod:`edge.rounds`). The optional
 ``batch_public_key`` (64 lowercase hex digits) is the shuffler's Ed25519 key that signs
 every batch (:mod:`edge.batch_auth`); an aggregator may take it from here or pin it in its
-own configuration. Any other key, or any mismatch, raises :class:`~edge.errors.SpecError`.
+own configuration. The optional ``shards`` (a list of one or two layouts,
+:mod:`edge.shards`) makes the deployment sharded: its shufflers' keys are then per shard, in
+the layouts, and ``batch_public_key`` must be absent. Any other key, or any mismatch, raises
+:class:`~edge.errors.SpecError`.
 """
 
 from __future__ import annotations
@@ -26,11 +29,12 @@ from typing import Any
 from edge.codec import U32_MAX
 from edge.errors import SpecError
 from edge.rounds import check_round_seconds
+from edge.shards import ShardPlan
 from edge.spec import MechanismSpec
 
 PROTOCOL = "coco/v1"
 _KEYS = frozenset({"protocol", "spec", "min_batch", "delta", "round_seconds"})
-_OPTIONAL_KEYS = frozenset({"batch_public_key"})
+_OPTIONAL_KEYS = frozenset({"batch_public_key", "shards"})
 DEFAULT_ROUND_SECONDS = 60
 PUBLIC_KEY_HEX = 64
 
@@ -97,6 +101,7 @@ def encode_announcement(
     delta: float,
     round_seconds: int = DEFAULT_ROUND_SECONDS,
     batch_public_key: str | None = None,
+    shards: ShardPlan | None = None,
 ) -> bytes:
     """The announcement payload for ``spec_dict`` (a :meth:`MechanismSpec.to_dict`)."""
     message: dict[str, Any] = {
@@ -108,12 +113,18 @@ def encode_announcement(
     }
     if batch_public_key is not None:
         message["batch_public_key"] = _check_public_key(batch_public_key)
+    if shards is not None:
+        if batch_public_key is not None:
+            raise SpecError(
+                "a sharded deployment announces one key per shard (in shards), not batch_public_key"
+            )
+        message["shards"] = ShardPlan(shards.layouts).to_json()
     return json.dumps(message, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
 def decode_announcement(payload: bytes) -> dict[str, Any]:
     """``{"protocol", "spec", "min_batch", "delta", "round_seconds"}`` (and
-    ``"batch_public_key"`` when announced) of a valid announcement.
+    ``"batch_public_key"`` or ``"shards"`` when announced) of a valid announcement.
 
     ``spec`` is a checked :meth:`MechanismSpec.to_dict` (``MechanismSpec.from_dict`` turns it
     back into a spec); anything else raises :class:`~edge.errors.SpecError`.
@@ -140,7 +151,20 @@ def decode_announcement(payload: bytes) -> dict[str, Any]:
     }
     if "batch_public_key" in message:
         decoded["batch_public_key"] = _check_public_key(message["batch_public_key"])
+    if "shards" in message:
+        if "batch_public_key" in message:
+            raise SpecError(
+                "a sharded announcement has one key per shard (in shards), not batch_public_key"
+            )
+        decoded["shards"] = ShardPlan.from_json(message["shards"]).to_json()
     return decoded
+
+
+def shard_plan(announcement: dict[str, Any]) -> ShardPlan | None:
+    """The layouts of a decoded announcement (:func:`decode_announcement`), or ``None`` for
+    an unsharded deployment."""
+    layouts = announcement.get("shards")
+    return None if layouts is None else ShardPlan.from_json(layouts)
 
 
 def read_public_key(value: str | None) -> str | None:
@@ -168,14 +192,21 @@ def load_spec_file(path: Path) -> MechanismSpec:
 def read_spec_file(path: Path) -> tuple[MechanismSpec, int | None]:
     """As :func:`load_spec_file`, with the file's ``round_seconds`` when it holds a whole
     announcement (``None`` for a bare spec)."""
+    spec, announcement = read_spec_or_announcement(path)
+    return spec, None if announcement is None else announcement["round_seconds"]
+
+
+def read_spec_or_announcement(path: Path) -> tuple[MechanismSpec, dict[str, Any] | None]:
+    """The spec in a JSON file, and the whole decoded announcement when the file holds one
+    (``None`` for a bare spec); :class:`SpecError` otherwise."""
     try:
         data: Any = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise SpecError(f"cannot read the spec file {path}: {exc}") from exc
-    round_seconds: int | None = None
+    announcement: dict[str, Any] | None = None
     if isinstance(data, dict) and "protocol" in data:
         announcement = decode_announcement(json.dumps(data).encode())
-        data, round_seconds = announcement["spec"], announcement["round_seconds"]
+        data = announcement["spec"]
     if not isinstance(data, dict):
         raise SpecError(f"the spec file {path} must hold a JSON object")
-    return MechanismSpec.from_dict(data), round_seconds
+    return MechanismSpec.from_dict(data), announcement

@@ -7,7 +7,14 @@ A batch on the wire (``coco/v1/<deployment>/batches``) is the version-1 batch of
     signature = Ed25519(shuffler_key, b"coco/v1/batch\\x00" || deployment || b"\\x00" || batch)
 
 The deployment name in the signed text stops a batch of one deployment from being
-replayed into another that trusts the same key. The batch inside is unchanged (its header
+replayed into another that trusts the same key. In a sharded deployment (:mod:`edge.shards`)
+the shard's label follows the deployment, so a batch of one shard cannot pass for another's::
+
+    signature = Ed25519(shard_key, b"coco/v1/batch\x00" || deployment || b"\x00" || label
+                                   || b"\x00" || batch)
+
+A release manifest (:func:`edge.codec.encode_manifest`) is sealed the same way under the
+domain ``b"coco/v1/manifest\x00"``, by the same key. The batch inside is unchanged (its header
 carries the spec fingerprint, round, a random 16-byte ``batch_id`` and the count), so an
 attacker who can publish on the batch topic can neither forge a batch nor re-send one
 under a new ``batch_id``: the aggregator rejects anything whose signature does not verify
@@ -48,6 +55,7 @@ __all__ = [
 
 SIGNATURE_SIZE = 64
 _DOMAIN = b"coco/v1/batch\x00"
+_MANIFEST_DOMAIN = b"coco/v1/manifest\x00"
 _KEY_HEX = 64
 
 
@@ -60,8 +68,12 @@ class BatchAuthError(CocoError):
         self.reason = reason
 
 
-def _signed_text(deployment: str, batch: bytes | memoryview) -> bytes:
-    return _DOMAIN + deployment.encode() + b"\x00" + bytes(batch)
+def _context(deployment: str, shard: str | None) -> bytes:
+    """What follows the domain in every signed text: ``deployment \x00`` (``label \x00``)."""
+    text = deployment.encode() + b"\x00"
+    if shard is not None:
+        text += shard.encode() + b"\x00"
+    return text
 
 
 def _parse_hex(kind: str, text: str) -> bytes:
@@ -72,48 +84,69 @@ def _parse_hex(kind: str, text: str) -> bytes:
 
 
 class BatchSigner:
-    """Seals batches of one deployment with one Ed25519 private key."""
+    """Seals batches and manifests of one deployment (and shard: its label, ``None`` for an
+    unsharded deployment) with one Ed25519 private key."""
 
-    def __init__(self, private_key: Ed25519PrivateKey, deployment: str) -> None:
+    def __init__(
+        self, private_key: Ed25519PrivateKey, deployment: str, shard: str | None = None
+    ) -> None:
         self._key = private_key
         self._deployment = deployment
+        self.shard = shard
+        self._context = _context(deployment, shard)
         self.public_key_hex = public_key_hex(private_key)
 
     @classmethod
-    def generate(cls, deployment: str) -> BatchSigner:
+    def generate(cls, deployment: str, shard: str | None = None) -> BatchSigner:
         """A signer with a fresh key held only in memory (tests, the in-process demo)."""
-        return cls(Ed25519PrivateKey.generate(), deployment)
+        return cls(Ed25519PrivateKey.generate(), deployment, shard)
 
     def seal(self, batch: bytes) -> bytes:
         """``batch || signature``."""
-        return batch + self._key.sign(_signed_text(self._deployment, batch))
+        return batch + self._key.sign(_DOMAIN + self._context + batch)
+
+    def seal_manifest(self, manifest: bytes) -> bytes:
+        """``manifest || signature`` (domain ``coco/v1/manifest``)."""
+        return manifest + self._key.sign(_MANIFEST_DOMAIN + self._context + manifest)
 
 
 class BatchVerifier:
-    """Opens sealed batches of one deployment under one trusted public key."""
+    """Opens sealed batches and manifests of one deployment (and shard) under one trusted
+    public key."""
 
-    def __init__(self, public_key: str, deployment: str) -> None:
+    def __init__(self, public_key: str, deployment: str, shard: str | None = None) -> None:
         raw = _parse_hex("batch public key", public_key)
         self._key = Ed25519PublicKey.from_public_bytes(raw)
         self._deployment = deployment
+        self.shard = shard
+        self._context = _context(deployment, shard)
         self.public_key_hex = raw.hex()
 
     def open(self, message: bytes | bytearray | memoryview) -> memoryview:
         """The batch inside ``message`` if its signature verifies; :class:`BatchAuthError`
         otherwise. The batch itself is not decoded here (:mod:`edge.codec` does that)."""
+        return self._open(message, _DOMAIN, "batch")
+
+    def open_manifest(self, message: bytes | bytearray | memoryview) -> memoryview:
+        """The manifest inside ``message`` if its signature verifies (as :meth:`open`)."""
+        return self._open(message, _MANIFEST_DOMAIN, "manifest")
+
+    def _open(
+        self, message: bytes | bytearray | memoryview, domain: bytes, what: str
+    ) -> memoryview:
         view = memoryview(message)
         if len(view) < BATCH_HEADER_SIZE + SIGNATURE_SIZE:
             raise BatchAuthError(
-                f"a signed batch is at least {BATCH_HEADER_SIZE + SIGNATURE_SIZE} bytes, "
+                f"a signed {what} is at least {BATCH_HEADER_SIZE + SIGNATURE_SIZE} bytes, "
                 f"got {len(view)}",
                 "bad_length",
             )
-        batch, signature = view[:-SIGNATURE_SIZE], view[-SIGNATURE_SIZE:]
+        body, signature = view[:-SIGNATURE_SIZE], view[-SIGNATURE_SIZE:]
         try:
-            self._key.verify(bytes(signature), _signed_text(self._deployment, batch))
+            self._key.verify(bytes(signature), domain + self._context + bytes(body))
         except InvalidSignature:
-            raise BatchAuthError("the batch signature does not verify", "bad_signature") from None
-        return batch
+            raise BatchAuthError(f"the {what} signature does not verify", "bad_signature") from None
+        return body
 
 
 def public_key_hex(private_key: Ed25519PrivateKey) -> str:

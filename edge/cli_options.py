@@ -48,6 +48,16 @@ PasswordFileOption = Annotated[
         help="File holding the MQTT password (e.g. a container secret; whitespace stripped).",
     ),
 ]
+MqttVersionOption = Annotated[
+    str,
+    typer.Option(
+        "--mqtt-version",
+        envvar="COCO_MQTT_VERSION",
+        help="MQTT protocol: auto (MQTT 5, or 3.1.1 where the broker refuses 5), 5 or 3.1.1.",
+    ),
+]
+DEFAULT_MQTT_VERSION = "auto"
+
 CaFileOption = Annotated[
     str | None,
     typer.Option(envvar="COCO_MQTT_CA_FILE", help="CA bundle for mqtts:// (default: system)."),

@@ -27,10 +27,23 @@ Shuffled batch, exactly ``BATCH_HEADER_SIZE + RECORD_SIZE * count = 30 + 6 count
     26      4     count        u32
     30      6 i   record i:    seed u32 | z u16, in the shuffled order
 
+Release manifest (shuffler -> aggregator: which batches one release made), exactly
+``MANIFEST_HEADER_SIZE + MANIFEST_ENTRY_SIZE * nbatches = 30 + 20 nbatches`` bytes::
+
+    offset  size  field
+    0       1     version      u8   = 1
+    1       1     kind         u8   = 3 (manifest)
+    2       4     fingerprint  u32
+    6       4     round        u32  the round number its batches bear
+    10      16    release_id   random bytes from the shuffler's CSPRNG
+    26      4     nbatches     u32
+    30      20 i  entry i:     batch_id (16 bytes) | count u32, in release order
+
 Decoding checks, in this order, and raises :class:`CodecError` with the first failure:
 fewer than 2 bytes (``"bad_length"``), version (``"bad_version"``), kind (``"bad_kind"``),
 the length (``"bad_length"``: a report that is not 16 bytes, a batch shorter than its
-header) and, for a batch, that the length is exactly ``30 + 6 count`` (``"bad_count"``).
+header) and, for a batch, that the length is exactly ``30 + 6 count`` (``"bad_count"``;
+for a manifest ``30 + 20 nbatches``).
 Version and kind come first so that a message of another version or kind is counted as
 such whatever its length. The codec does not know ``t``: checking ``z < t`` and the
 fingerprint against the current spec is the receiver's job.
@@ -49,11 +62,14 @@ if TYPE_CHECKING:
 VERSION = 1
 KIND_REPORT = 1
 KIND_BATCH = 2
+KIND_MANIFEST = 3
 REPORT_SIZE = 16
 BATCH_ID_SIZE = 16
 BATCH_HEADER_SIZE = 30
 RECORD_SIZE = 6
 COUNT_OFFSET = 26
+MANIFEST_HEADER_SIZE = 30
+MANIFEST_ENTRY_SIZE = 20
 U16_MAX = 0xFFFF
 U32_MAX = 0xFFFFFFFF
 REASONS = ("bad_length", "bad_version", "bad_kind", "bad_count", "bad_field")
@@ -201,3 +217,57 @@ def decode_batch(payload: "Buffer") -> "tuple[int, int, bytes, list[int], list[i
         zs.append(_read_u16(payload, offset + 4))
         offset += RECORD_SIZE
     return fingerprint, round_, batch_id, seeds, zs
+
+
+def encode_manifest(
+    fingerprint: int, round_: int, release_id: bytes, entries: "Sequence[tuple[bytes, int]]"
+) -> bytes:
+    """The manifest of one release: its batches ``(batch_id, count)`` in release order."""
+    _check_uint("fingerprint", fingerprint, U32_MAX)
+    _check_uint("round", round_, U32_MAX)
+    if not isinstance(release_id, (bytes, bytearray)) or len(release_id) != BATCH_ID_SIZE:
+        raise CodecError(
+            f"release_id must be {BATCH_ID_SIZE} bytes, got {release_id!r}", "bad_field"
+        )
+    _check_uint("nbatches", len(entries), U32_MAX)
+    out = bytearray([VERSION, KIND_MANIFEST])
+    out += _u32(fingerprint) + _u32(round_) + bytes(release_id) + _u32(len(entries))
+    for batch_id, count in entries:
+        if not isinstance(batch_id, (bytes, bytearray)) or len(batch_id) != BATCH_ID_SIZE:
+            raise CodecError(
+                f"batch_id must be {BATCH_ID_SIZE} bytes, got {batch_id!r}", "bad_field"
+            )
+        _check_uint("count", count, U32_MAX)
+        out += bytes(batch_id) + _u32(count)
+    return bytes(out)
+
+
+def decode_manifest(payload: "Buffer") -> "tuple[int, int, bytes, list[tuple[bytes, int]]]":
+    """``(fingerprint, round_, release_id, [(batch_id, count), ...])`` of a manifest;
+    :class:`CodecError` if invalid."""
+    _check_prefix(payload, KIND_MANIFEST)
+    n = len(payload)
+    if n < MANIFEST_HEADER_SIZE:
+        raise CodecError(
+            f"a manifest has a {MANIFEST_HEADER_SIZE}-byte header, got {n} bytes", "bad_length"
+        )
+    nbatches = _read_u32(payload, COUNT_OFFSET)
+    if n != MANIFEST_HEADER_SIZE + MANIFEST_ENTRY_SIZE * nbatches:
+        raise CodecError(
+            f"a manifest of {nbatches} batches is "
+            f"{MANIFEST_HEADER_SIZE + MANIFEST_ENTRY_SIZE * nbatches} bytes, got {n}",
+            "bad_count",
+        )
+    entries = []
+    offset = MANIFEST_HEADER_SIZE
+    for _ in range(nbatches):
+        entries.append(
+            (bytes(payload[offset : offset + BATCH_ID_SIZE]), _read_u32(payload, offset + 16))
+        )
+        offset += MANIFEST_ENTRY_SIZE
+    return (
+        _read_u32(payload, 2),
+        _read_u32(payload, 6),
+        bytes(payload[10 : 10 + BATCH_ID_SIZE]),
+        entries,
+    )

@@ -58,6 +58,70 @@ def xxh32_u32(key: int, seed: int) -> int:
     return h
 
 
+_PRIME32_1 = 0x9E3779B1
+
+
+def _rotl32(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _M32
+
+
+def _round32(acc: int, lane: int) -> int:
+    acc = (acc + lane * _PRIME32_2) & _M32
+    return (_rotl32(acc, 13) * _PRIME32_1) & _M32
+
+
+def _u32le(data: bytes, i: int) -> int:
+    return data[i] | (data[i + 1] << 8) | (data[i + 2] << 16) | (data[i + 3] << 24)
+
+
+def xxh32(data: bytes, seed: int) -> int:
+    """XXH32 of ``data`` (any length) with 32-bit ``seed``: the standard algorithm.
+
+    Equal to ``xxhash.xxh32_intdigest(data, seed=seed)``; :func:`xxh32_u32` is this function
+    for 4-byte keys. Used for the shard of a device (:func:`shard_index`).
+    """
+    n = len(data)
+    i = 0
+    if n >= 16:
+        v1 = (seed + _PRIME32_1 + _PRIME32_2) & _M32
+        v2 = (seed + _PRIME32_2) & _M32
+        v3 = seed & _M32
+        v4 = (seed - _PRIME32_1) & _M32
+        while i + 16 <= n:
+            v1 = _round32(v1, _u32le(data, i))
+            v2 = _round32(v2, _u32le(data, i + 4))
+            v3 = _round32(v3, _u32le(data, i + 8))
+            v4 = _round32(v4, _u32le(data, i + 12))
+            i += 16
+        h = (_rotl32(v1, 1) + _rotl32(v2, 7) + _rotl32(v3, 12) + _rotl32(v4, 18)) & _M32
+    else:
+        h = (seed + _PRIME32_5) & _M32
+    h = (h + n) & _M32
+    while i + 4 <= n:
+        h = (h + _u32le(data, i) * _PRIME32_3) & _M32
+        h = (_rotl32(h, 17) * _PRIME32_4) & _M32
+        i += 4
+    while i < n:
+        h = (h + data[i] * _PRIME32_5) & _M32
+        h = (_rotl32(h, 11) * _PRIME32_1) & _M32
+        i += 1
+    h ^= h >> 15
+    h = (h * _PRIME32_2) & _M32
+    h ^= h >> 13
+    h = (h * _PRIME32_3) & _M32
+    h ^= h >> 16
+    return h
+
+
+def shard_index(device_id: bytes, seed: int, count: int) -> int:
+    """The shard in ``[0, count)`` of the device whose id is ``device_id`` (its UTF-8 bytes)
+    in a layout with ``seed`` and ``count`` shards: ``(XXH32(device_id, seed) * count) >> 32``
+    (docs/protocol.md, "Sharded deployments")."""
+    if count < 1:
+        raise ValueError("count must be >= 1")
+    return (xxh32(device_id, seed) * count) >> 32
+
+
 def collision_bucket(key: int, seed: int, t: int) -> int:
     """Collision's hash H(y) in [0, t) of element key ``y`` (``2 j`` for j-, ``2 j + 1`` for j+).
 

@@ -36,9 +36,11 @@ import typer
 from edge.announce import read_spec_file
 from edge.cli_options import (
     DEFAULT_BROKER,
+    DEFAULT_MQTT_VERSION,
     BrokerOption,
     CaFileOption,
     DeploymentOption,
+    MqttVersionOption,
     PasswordFileOption,
     PasswordOption,
     SpecFileOption,
@@ -46,6 +48,7 @@ from edge.cli_options import (
     resolve_password,
 )
 from edge.errors import CocoError, InputError
+from edge.mqtt_version import check_mqtt_version
 from edge.rounds import ClockError
 
 logger = logging.getLogger(__name__)
@@ -128,11 +131,19 @@ def device(
     password: PasswordOption = None,
     password_file: PasswordFileOption = None,
     ca_file: CaFileOption = None,
-    cert_file: Annotated[Path | None, typer.Option(envvar="COCO_CERT_FILE")] = None,
-    key_file: Annotated[Path | None, typer.Option(envvar="COCO_KEY_FILE")] = None,
+    cert_file: Annotated[
+        Path | None,
+        typer.Option(envvar="COCO_CERT_FILE", help="Client certificate (PEM) for mqtts://."),
+    ] = None,
+    key_file: Annotated[
+        Path | None,
+        typer.Option(envvar="COCO_KEY_FILE", help="Private key (PEM) of --cert-file."),
+    ] = None,
     qos: Annotated[int, typer.Option(envvar="COCO_QOS", help="MQTT QoS of reports.")] = 1,
+    mqtt_version: MqttVersionOption = DEFAULT_MQTT_VERSION,
     mqtt_v311: Annotated[
-        bool, typer.Option("--mqtt-v311", envvar="COCO_MQTT_V311", help="Use MQTT 3.1.1.")
+        bool,
+        typer.Option("--mqtt-v311", envvar="COCO_MQTT_V311", help="Same as --mqtt-version 3.1.1."),
     ] = False,
     timeout: Annotated[
         float,
@@ -160,7 +171,7 @@ def device(
             cert_file=None if cert_file is None else str(cert_file),
             key_file=None if key_file is None else str(key_file),
             qos=qos,
-            protocol="3.1.1" if mqtt_v311 else "5",
+            protocol="3.1.1" if mqtt_v311 else check_mqtt_version(mqtt_version),
             connect_timeout=timeout,
             publish_timeout=timeout,
             spec_timeout=timeout,

@@ -1,9 +1,9 @@
 """A device's MQTT publisher: sensor vector -> ledger charge -> eps-LDP report -> broker.
 
-One :class:`DevicePublisher` per device. It connects to the broker (paho-mqtt, MQTT v5 by
-default, 3.1.1 on request), learns the mechanism from the deployment's retained spec
-announcement (or is given it, and then checks that it matches the announcement), and for
-every vector:
+One :class:`DevicePublisher` per device. It connects to the broker (paho-mqtt; MQTT 5, or
+3.1.1 where the broker refuses 5 or on request: :mod:`edge.mqtt_version`), learns the
+mechanism from the deployment's retained spec announcement (or is given it, and then checks
+that it matches the announcement), and for every vector:
 
 1. encodes the readings with :class:`~edge.encoders.SensorEncoder` (or takes keys and signs
    that are already sparse),
@@ -12,8 +12,9 @@ every vector:
 3. randomises on the device path (:meth:`LocalMechanism.randomise_keys` with the ``secrets``
    CSPRNG: the report's privacy rests on randomness the network cannot predict),
 4. encodes the 16-byte report (:func:`edge.codec.encode_report`) for the current round and
-   publishes it to its own ingress topic ``coco/v1/<deployment>/ingress/<device-id>``,
-   waiting for the PUBACK.
+   publishes it to its own ingress topic ``coco/v1/<deployment>/ingress/<device-id>`` (in
+   a sharded deployment ``.../ingress/<shard label>/<device-id>``, the shard of the
+   report's round: :mod:`edge.shards`), waiting for the PUBACK.
 
 Rounds come from the clock (:mod:`edge.rounds`): a report's round is
 ``floor(unix_time / round_seconds)`` at the moment it is sent, with ``round_seconds`` from the
@@ -59,7 +60,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Self
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
@@ -74,7 +75,9 @@ from edge.encoders import SensorEncoder
 from edge.errors import CocoError, InputError, SpecError
 from edge.ledger import BudgetExhausted, BudgetLedger
 from edge.mqtt_url import parse_broker_url
+from edge.mqtt_version import MQTT_VERSIONS, MqttVersion, VersionChoice, is_version_refusal
 from edge.rounds import check_round_seconds, current_round, seconds_to_next_round
+from edge.shards import ShardPlan
 from edge.spec import MechanismSpec
 from edge.topics import check_name, ingress_topic, spec_topic
 
@@ -110,7 +113,8 @@ class PublisherConfig:
     cert_file: str | None = None
     key_file: str | None = None
     qos: int = 1
-    protocol: Literal["5", "3.1.1"] = "5"
+    protocol: MqttVersion = "auto"
+    """``auto`` tries MQTT 5 and falls back to 3.1.1 if the broker refuses it."""
     client_id: str | None = None
     keepalive: int = 30
     connect_timeout: float = 10.0
@@ -128,8 +132,8 @@ class PublisherConfig:
         check_name("device", self.device_id)
         if self.qos not in (0, 1, 2):
             raise ValueError(f"qos must be 0, 1 or 2, got {self.qos}")
-        if self.protocol not in ("5", "3.1.1"):
-            raise ValueError(f"protocol must be '5' or '3.1.1', got {self.protocol!r}")
+        if self.protocol not in MQTT_VERSIONS:
+            raise ValueError(f"protocol must be one of {MQTT_VERSIONS}, got {self.protocol!r}")
         for name in ("connect_timeout", "publish_timeout", "spec_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
@@ -191,6 +195,9 @@ class DevicePublisher:
         self._clock = clock
         self._last_round: int | None = None
         self._topic = ingress_topic(config.deployment, config.device_id)
+        """The unsharded ingress topic (a sharded deployment's depends on the round)."""
+        self._version = VersionChoice(config.protocol, broker=config.broker)
+        self._version_refused = False
         self._spec_topic = spec_topic(config.deployment)
 
         self._cond = threading.Condition()
@@ -263,9 +270,48 @@ class DevicePublisher:
         """Connect, resolve the spec, and return it. Raises on timeout or mismatch."""
         if self._client is not None:
             raise PublisherError("the publisher is already started")
+        while True:
+            self._client = self._make_client()
+            try:
+                self._connect_and_resolve()
+            except PublisherError:
+                refused = self._version_refused
+                self.close()
+                if refused and self._version.refused():
+                    continue  # the broker speaks only 3.1.1: connect again with it
+                if refused:
+                    raise PublisherError(self._version.describe_refusal()) from None
+                raise
+            except BaseException:
+                self.close()
+                raise
+            break
+        assert self._spec is not None
+        self._mechanism = LocalMechanism.from_spec(self._spec)
+        if self._lo is not None and self._hi is not None:
+            if len(self._lo) != self._spec.d:
+                self.close()
+                raise InputError(
+                    f"{len(self._lo)} channel ranges given but the spec has d={self._spec.d}"
+                )
+            self._encoder = SensorEncoder(lo=self._lo, hi=self._hi, s=self._spec.s, clip=self._clip)
+        logger.info(
+            "device publisher ready: deployment %s, spec %s (%s, d=%d, s=%d, eps=%g), "
+            "budget left %g",
+            self.config.deployment,
+            self._spec.fingerprint,
+            self._spec.mechanism,
+            self._spec.d,
+            self._spec.s,
+            self._spec.epsilon,
+            self.ledger.remaining,
+        )
+        return self._spec
+
+    def _make_client(self) -> mqtt.Client:
         cfg = self.config
         protocol = (
-            MQTTProtocolVersion.MQTTv5 if cfg.protocol == "5" else MQTTProtocolVersion.MQTTv311
+            MQTTProtocolVersion.MQTTv5 if self._version.mqtt5 else MQTTProtocolVersion.MQTTv311
         )
         client = mqtt.Client(
             callback_api_version=CallbackAPIVersion.VERSION2,
@@ -284,35 +330,24 @@ class DevicePublisher:
         client.on_subscribe = self._on_subscribe
         client.on_message = self._on_message
         client.on_publish = self._on_publish
-        self._client = client
-        try:
-            client.connect_async(cfg.host, cfg.port, keepalive=cfg.keepalive)
-            client.loop_start()
-            self._wait_connected(cfg.connect_timeout)
-            self._spec = self._resolve_spec()
-        except BaseException:
-            self.close()
-            raise
-        self._mechanism = LocalMechanism.from_spec(self._spec)
-        if self._lo is not None and self._hi is not None:
-            if len(self._lo) != self._spec.d:
-                self.close()
-                raise InputError(
-                    f"{len(self._lo)} channel ranges given but the spec has d={self._spec.d}"
-                )
-            self._encoder = SensorEncoder(lo=self._lo, hi=self._hi, s=self._spec.s, clip=self._clip)
-        logger.info(
-            "device publisher ready: deployment %s, spec %s (%s, d=%d, s=%d, eps=%g), "
-            "budget left %g",
-            cfg.deployment,
-            self._spec.fingerprint,
-            self._spec.mechanism,
-            self._spec.d,
-            self._spec.s,
-            self._spec.epsilon,
-            self.ledger.remaining,
-        )
-        return self._spec
+        with self._cond:
+            self._version_refused = False
+            self._connect_error = None
+        return client
+
+    def _connect_and_resolve(self) -> None:
+        cfg = self.config
+        client = self._client
+        assert client is not None
+        client.connect_async(cfg.host, cfg.port, keepalive=cfg.keepalive)
+        client.loop_start()
+        self._wait_connected(cfg.connect_timeout)
+        self._spec = self._resolve_spec()
+
+    @property
+    def mqtt_version(self) -> str:
+        """The MQTT version in use (``"5"`` or ``"3.1.1"``)."""
+        return self._version.current
 
     def close(self) -> None:
         """Disconnect and stop the network thread (idempotent)."""
@@ -368,6 +403,7 @@ class DevicePublisher:
             deadline = time.monotonic() + self.config.publish_timeout
             self._wait_connected(self.config.publish_timeout)
             round_ = self._next_round()  # the round now, after any wait for the connection
+            topic = self._topic_for(round_)  # before the charge: no budget for an unservable round
             try:
                 self.ledger.charge(spec.epsilon)
             except BudgetExhausted as exc:
@@ -376,8 +412,8 @@ class DevicePublisher:
             seed, z = mechanism.randomise_keys(keys, signs)  # secrets.randbits
             payload = encode_report(spec.fingerprint_int, round_, seed, z)
             self._last_round = round_
-            self._send(client, payload, round_, deadline)
-        logger.debug("published round %d to %s", round_, self._topic)
+            self._send(client, topic, payload, round_, deadline)
+        logger.debug("published round %d to %s", round_, topic)
         return True
 
     # -- internals -------------------------------------------------------------------------
@@ -397,8 +433,25 @@ class DevicePublisher:
             round_ = self._round_now()
         return round_
 
-    def _send(self, client: mqtt.Client, payload: bytes, round_: int, deadline: float) -> None:
-        info = client.publish(self._topic, payload, qos=self.config.qos)
+    def _topic_for(self, round_: int) -> str:
+        """The ingress topic of this device's report of ``round_``: its shard's in a sharded
+        deployment (:class:`PublisherError` if no layout serves the round)."""
+        with self._cond:
+            announcement = self._announcement
+        layouts = None if announcement is None else announcement.get("shards")
+        if layouts is None:
+            return self._topic
+        label = ShardPlan.from_json(layouts).label_for(self.config.device_id, round_)
+        if label is None:
+            raise PublisherError(
+                f"no shard layout of the announcement serves round {round_}; not reporting"
+            )
+        return ingress_topic(self.config.deployment, self.config.device_id, label)
+
+    def _send(
+        self, client: mqtt.Client, topic: str, payload: bytes, round_: int, deadline: float
+    ) -> None:
+        info = client.publish(topic, payload, qos=self.config.qos)
         if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
             # NO_CONN: paho keeps a QoS > 0 message queued and sends it after reconnecting.
             raise PublisherError(
@@ -420,7 +473,12 @@ class DevicePublisher:
 
     def _wait_connected(self, timeout: float) -> None:
         with self._cond:
-            if self._cond.wait_for(lambda: self._connected, timeout=timeout):
+            if (
+                self._cond.wait_for(
+                    lambda: self._connected or self._version_refused, timeout=timeout
+                )
+                and self._connected
+            ):
                 return
             detail = f" ({self._connect_error})" if self._connect_error else ""
         raise PublisherError(f"not connected to {self.config.broker} within {timeout:g} s{detail}")
@@ -486,10 +544,17 @@ class DevicePublisher:
         _properties: Properties | None,
     ) -> None:
         if reason_code.is_failure:
-            logger.warning("broker %s refused the connection: %s", self.config.broker, reason_code)
+            refused = is_version_refusal(reason_code)
+            if not (refused and self._version.requested == "auto"):
+                logger.warning(
+                    "broker %s refused the connection: %s", self.config.broker, reason_code
+                )
             with self._cond:
                 self._connect_error = f"broker refused: {reason_code}"
+                self._version_refused = self._version_refused or refused
                 self._cond.notify_all()
+            if refused:
+                client.disconnect()  # stop paho reconnecting with a version it refuses
             return
         logger.info("connected to %s", self.config.broker)
         result, mid = client.subscribe(self._spec_topic, qos=1)

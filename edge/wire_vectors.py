@@ -12,7 +12,9 @@ import json
 import sys
 from typing import Any
 
-from edge import codec
+from edge import codec, topics
+from edge.device import shard_index, xxh32
+from edge.shards import shard_label
 from edge.spec import MechanismSpec
 
 _COCO = MechanismSpec(mechanism="coco", d=10, s=3, epsilon=0.6931471805599453, t=8)
@@ -43,10 +45,75 @@ BATCH_CASES: list[tuple[int, int, bytes, list[int], list[int]]] = [
 ]
 
 
+# (fingerprint, round, release_id, [(batch_id, count), ...])
+MANIFEST_CASES: list[tuple[int, int, bytes, list[tuple[bytes, int]]]] = [
+    (_COCO.fingerprint_int, 0, bytes(16), []),
+    (
+        _COLLISION.fingerprint_int,
+        29401920,
+        hashlib.sha256(b"coco-fleet/wire-vectors/v1/release").digest()[:16],
+        [(bytes(range(16)), 1000), (bytes(range(16, 32)), codec.U32_MAX)],
+    ),
+]
+
+# (device id, layout seed, shard count, generation): the shard a device publishes to
+SHARD_CASES: list[tuple[str, int, int, int]] = [
+    ("dev-0001", 0, 1, 0),
+    ("dev-0001", 0, 3, 0),
+    ("sensor-000042", 0xC0FFEE, 3, 1),
+    ("a", 0xFFFFFFFF, 256, 7),
+    ("0123456789abcdef", 1, 2, 0),
+    ("x" * 64, 0x9E3779B1, 5, 65535),
+    ("capteur-é", 42, 4, 2),
+    ("node-17", 3, 7, 0),
+    ("node-18", 3, 7, 0),
+    ("node-19", 3, 7, 0),
+]
+
+
+def manifest_vectors() -> list[dict[str, Any]]:
+    out = []
+    for fingerprint, round_, release_id, entries in MANIFEST_CASES:
+        out.append(
+            {
+                "hex": codec.encode_manifest(fingerprint, round_, release_id, entries).hex(),
+                "version": codec.VERSION,
+                "kind": codec.KIND_MANIFEST,
+                "fingerprint": fingerprint,
+                "round": round_,
+                "release_id": release_id.hex(),
+                "batches": [{"batch_id": b.hex(), "count": c} for b, c in entries],
+            }
+        )
+    return out
+
+
+def shard_vectors() -> list[dict[str, Any]]:
+    out = []
+    for device, seed, count, generation in SHARD_CASES:
+        index = shard_index(device.encode(), seed, count)
+        label = shard_label(generation, index)
+        out.append(
+            {
+                "device_id": device,
+                "device_id_utf8_hex": device.encode().hex(),
+                "seed": seed,
+                "count": count,
+                "generation": generation,
+                "xxh32": xxh32(device.encode(), seed),
+                "index": index,
+                "label": label,
+                "ingress_topic": topics.ingress_topic("lab", device, label),
+            }
+        )
+    return out
+
+
 def malformed_vectors() -> list[dict[str, str]]:
     """Messages each decoder must reject, with the reason (checked in the documented order)."""
     report = codec.encode_report(*REPORT_CASES[3])
     batch = codec.encode_batch(*BATCH_CASES[1])
+    manifest = codec.encode_manifest(*MANIFEST_CASES[1])
     cases = [
         ("report", b"", "bad_length"),
         ("report", b"\x01", "bad_length"),
@@ -65,6 +132,13 @@ def malformed_vectors() -> list[dict[str, str]]:
         ("batch", batch + b"\x00" * codec.RECORD_SIZE, "bad_count"),
         ("batch", batch[: codec.BATCH_HEADER_SIZE], "bad_count"),
         ("batch", batch[:26] + b"\xff\xff\xff\xff" + batch[30:], "bad_count"),
+        ("manifest", b"", "bad_length"),
+        ("manifest", batch, "bad_kind"),
+        ("manifest", manifest[: codec.MANIFEST_HEADER_SIZE - 1], "bad_length"),
+        ("manifest", b"\x02" + manifest[1:], "bad_version"),
+        ("manifest", manifest[:-1], "bad_count"),
+        ("manifest", manifest + b"\x00" * codec.MANIFEST_ENTRY_SIZE, "bad_count"),
+        ("batch", manifest, "bad_kind"),
     ]
     return [
         {"message": kind, "hex": payload.hex(), "reason": reason} for kind, payload, reason in cases
@@ -115,6 +189,10 @@ def all_vectors() -> dict[str, Any]:
         "record_size": codec.RECORD_SIZE,
         "reports": report_vectors(),
         "batches": batch_vectors(),
+        "manifest_header_size": codec.MANIFEST_HEADER_SIZE,
+        "manifest_entry_size": codec.MANIFEST_ENTRY_SIZE,
+        "manifests": manifest_vectors(),
+        "shards": shard_vectors(),
         "malformed": malformed_vectors(),
     }
 

@@ -31,8 +31,18 @@ from edge.topics import (
     ingress_filter,
     ingress_topic,
     lease_topic,
+    manifests_topic,
+    shard_lease_topic,
     spec_topic,
 )
+
+
+def sharded_ingress_filter(deployment: str, device: str) -> str:
+    """``coco/v1/<deployment>/ingress/+/<device>``: a device's ingress topic in any shard."""
+    return (
+        ingress_topic(deployment, device).rsplit("/", 1)[0] + "/+/" + check_name("device", device)
+    )
+
 
 DEFAULT_PREFIX = "dev-"
 
@@ -229,20 +239,33 @@ def _read(topic: str) -> list[dict[str, Any]]:
 
 
 def service_roles(deployment: str) -> dict[str, list[dict[str, Any]]]:
-    """The ACLs of each service account of ``deployment`` (docs/deployment.md says why)."""
+    """The ACLs of each service account of ``deployment`` (docs/deployment.md says why).
+
+    Each grant covers the unsharded topic and, one level down, every shard's (a sharded
+    deployment's shard label: docs/protocol.md, section 13)."""
     spec, batches = spec_topic(deployment), batches_topic(deployment)
-    lease = lease_topic(deployment)
+    manifests, lease = manifests_topic(deployment), lease_topic(deployment)
+    shard_leases = shard_lease_topic(deployment, "g0s0").replace("/g0s0/", "/+/")
     return {
         # The only account that sees who sent what; it releases only shuffled batches.
         "shuffler": [
             *_read(ingress_filter(deployment)),
+            *_read(ingress_filter(deployment).replace("/+", "/+/+")),
             _allow("publishClientSend", batches),
+            _allow("publishClientSend", batches + "/+"),
+            _allow("publishClientSend", manifests),
+            _allow("publishClientSend", manifests + "/+"),
             *_read(spec),
+            *_read(shard_leases),
+            _allow("publishClientSend", shard_leases),
         ],
         # Never an ingress topic: the aggregator must not see a sender. Its lease (the
         # retained claim that keeps a second aggregator from double counting) is its own.
         "aggregator": [
             *_read(batches),
+            *_read(batches + "/+"),
+            *_read(manifests),
+            *_read(manifests + "/+"),
             *_read(spec),
             *_read(lease),
             _allow("publishClientSend", lease),
@@ -264,12 +287,13 @@ def dynsec_config(
     operation not granted by a role denied (unsubscribing aside), no administrator (the
     plugin's ``$CONTROL`` API is closed, so the broker never rewrites the file).
 
-    A device may publish to ``coco/v1/<deployment>/ingress/<its name>`` and read the spec,
-    nothing else, and may connect only with its name as client id (the plugin's
-    ``clientid``): no device can connect as another device or as a service. Duplicate
-    names, unknown service accounts, device names that are a service's client id, and device
-    names the plugin would substitute (``%c``, ``%u``: Mosquitto 2.1 replaces such a topic
-    level by the client id or username, which would let a device pick its ingress topic)
+    A device may publish to ``coco/v1/<deployment>/ingress/<its name>`` (and to
+    ``ingress/<any shard>/<its name>``) and read the spec, nothing else, and may connect
+    only with its name as client id (the plugin's ``clientid``): no device can connect as
+    another device or as a service. Duplicate names, unknown service accounts, device names
+    that are a service's client id, and device names the plugin would substitute (``%c``,
+    ``%u``: Mosquitto 2.1 replaces such a topic level by the client id or username, which
+    would let a device pick its ingress topic)
     are refused.
     """
     roles_of_services = service_roles(deployment)
@@ -310,7 +334,11 @@ def dynsec_config(
         roles.append(
             {
                 "rolename": own,
-                "acls": [_allow("publishClientSend", ingress_topic(deployment, name))],
+                "acls": [
+                    _allow("publishClientSend", ingress_topic(deployment, name)),
+                    # any shard's level: the shuffler of a shard refuses a device not in it
+                    _allow("publishClientSend", sharded_ingress_filter(deployment, name)),
+                ],
             }
         )
     return {

@@ -3,7 +3,9 @@
 Each round, every device takes its vector of the model (:mod:`sim.fleet_models`),
 randomises it with the spec's mechanism on the device path
 (:meth:`~edge.LocalMechanism.randomise_keys`, its own generator's bits) and publishes the
-16-byte report on its own ingress topic ``coco/v1/<deployment>/ingress/<device-id>``.
+16-byte report on its own ingress topic ``coco/v1/<deployment>/ingress/<device-id>`` (in a
+sharded deployment, ``.../ingress/<shard label>/<device-id>`` with the shard of the round's
+layout: :mod:`edge.shards`).
 
 Rounds
 ------
@@ -21,7 +23,10 @@ no duplicate from a healthy fleet.
 
 Connections
 -----------
-* ``connections`` (default): one MQTT 5 connection per device, client id = device id
+MQTT 5, or 3.1.1 where the broker speaks only that (``mqtt_version`` ``auto``: one probe
+before the first connection, :func:`edge.mqtt_version.negotiate`), or as configured.
+
+* ``connections`` (default): one MQTT connection per device, client id = device id
   (what a broker that binds client ids to accounts expects) and, with a credentials
   secret, user name = device id and password =
   :func:`sim.credentials.device_password` (what a broker ACL with ``%u`` expects). Needs
@@ -65,14 +70,16 @@ from typing import Any, Literal
 
 import gmqtt  # type: ignore[import-untyped]
 import numpy as np
-from gmqtt.mqtt.constants import MQTTv50  # type: ignore[import-untyped]
+from gmqtt.mqtt.constants import MQTTv50, MQTTv311  # type: ignore[import-untyped]
 from gmqtt.storage import PersistentStorage  # type: ignore[import-untyped]
 from prometheus_client import CollectorRegistry
 
 from edge import CocoError, LocalMechanism
 from edge.codec import encode_report
-from edge.mqtt_url import parse_broker_url
+from edge.mqtt_url import parse_broker_urls
+from edge.mqtt_version import MQTT_VERSIONS, MqttVersion, Negotiated, negotiate
 from edge.rounds import check_round_seconds, current_round, round_start
+from edge.shards import ShardLayout, ShardPlan
 from edge.spec import MechanismSpec
 from edge.topics import check_name, ingress_topic
 from sim.credentials import DEFAULT_PREFIX, device_id, device_password
@@ -182,9 +189,14 @@ class FleetConfig:
     drain_timeout: float = 5.0
     """After :meth:`Fleet.stop`, how long to wait for outstanding PUBACKs."""
     metrics_dims: int = DEFAULT_METRICS_DIMS
+    mqtt_version: MqttVersion = "auto"
+    shards: ShardPlan | None = None
+    """The announced shard layouts (``None``: an unsharded deployment)."""
 
     def __post_init__(self) -> None:
-        parse_broker_url(self.broker)
+        parse_broker_urls(self.broker)
+        if self.mqtt_version not in MQTT_VERSIONS:
+            raise ValueError(f"mqtt_version must be one of {MQTT_VERSIONS}")
         check_name("deployment", self.deployment)
         check_name("device", device_id(0, self.prefix))
         if isinstance(self.devices, bool) or self.devices < 1:
@@ -349,6 +361,8 @@ class _Connection:
         handler._handle_puback_packet = on_puback  # looked up by name on the instance
         self.window = window
         self.connected = False
+        self.node = 0
+        """Index of the broker node this connection uses (moves on after a failure)."""
         self._on_lost = on_lost
         self._room = asyncio.Event()
         self._room.set()
@@ -358,13 +372,22 @@ class _Connection:
         return len(self.tracker.pending)
 
     async def connect(
-        self, host: str, port: int, tls: ssl.SSLContext | bool, timeout: float
+        self,
+        host: str,
+        port: int,
+        tls: ssl.SSLContext | bool,
+        timeout: float,
+        version: Negotiated = "5",
     ) -> str | None:
         """``None`` once connected, else the failure reason (never raises for the broker)."""
         try:
             async with asyncio.timeout(timeout):
                 await self.client.connect(
-                    host, port, ssl=tls, keepalive=_KEEPALIVE, version=MQTTv50
+                    host,
+                    port,
+                    ssl=tls,
+                    keepalive=_KEEPALIVE,
+                    version=MQTTv50 if version == "5" else MQTTv311,
                 )
         except (OSError, TimeoutError, gmqtt.MQTTConnectError, ssl.CertificateError) as exc:
             await self._abandon()
@@ -475,6 +498,9 @@ class Fleet:
         self.truth = GroundTruth(d=config.spec.d)
         self.ids = [device_id(i, config.prefix) for i in range(config.devices)]
         self.topics = [ingress_topic(config.deployment, dev) for dev in self.ids]
+        """Every device's unsharded ingress topic (:meth:`topics_for` gives a round's)."""
+        self._shard_topics: dict[int, list[str]] = {}  # per layout generation
+        self.version: Negotiated = "3.1.1" if config.mqtt_version == "3.1.1" else "5"
         self._on_report = on_report
         self._on_acked = on_acked
         self._mechanism = LocalMechanism.from_spec(config.spec)
@@ -482,7 +508,10 @@ class Fleet:
         self._rand_rngs = [
             np.random.default_rng(c) for c in seed_children(config.seed)[2].spawn(config.devices)
         ]
-        self._host, self._port, tls = parse_broker_url(config.broker)
+        self._nodes = parse_broker_urls(config.broker)
+        """The broker's nodes: connection ``k`` starts on node ``k mod n`` and moves to the
+        next node each time it fails (a cluster node that died)."""
+        self._host, self._port, tls = self._nodes[0]
         self._tls: ssl.SSLContext | bool = (
             ssl.create_default_context(cafile=config.ca_file) if tls else False
         )
@@ -519,6 +548,26 @@ class Fleet:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    def topics_for(self, round_: int) -> list[str] | None:
+        """Every device's ingress topic in ``round_`` (its shard's, in a sharded deployment);
+        ``None`` if no announced layout serves the round (the fleet then skips it)."""
+        plan = self.config.shards
+        if plan is None:
+            return self.topics
+        layout = plan.layout_for_round(round_)
+        if layout is None:
+            return None
+        topics = self._shard_topics.get(layout.generation)
+        if topics is None:
+            topics = self._shard_topics[layout.generation] = self._layout_topics(layout)
+        return topics
+
+    def _layout_topics(self, layout: ShardLayout) -> list[str]:
+        deployment = self.config.deployment
+        return [
+            ingress_topic(deployment, dev, layout.label(layout.index_of(dev))) for dev in self.ids
+        ]
+
     def reports(self, round_index: int) -> list[tuple[list[int], list[int], int, int]]:
         """``(keys, signs, seed, z)`` of every device for the run's ``round_index``-th round.
 
@@ -540,6 +589,7 @@ class Fleet:
         self.stats = _Stats()
         sweeper = asyncio.create_task(self._sweep(), name="fleet-timeouts")
         try:
+            self.version = await self._negotiate()
             self._conns = self._make_connections()
             t0 = time.monotonic()
             await self._connect_all(self._conns)
@@ -612,6 +662,7 @@ class Fleet:
             "seed": cfg.seed,
             "model": cfg.model,
             "qos": cfg.qos,
+            "mqtt_version": self.version,
             "deployment": cfg.deployment,
             "spec_fingerprint": self.spec.fingerprint,
             "interrupted": st.interrupted,
@@ -633,6 +684,12 @@ class Fleet:
     # -- connections --
 
     def _make_connections(self) -> list[_Connection]:
+        conns = self._new_connections()
+        for k, conn in enumerate(conns):
+            conn.node = k  # spread over the nodes of a cluster
+        return conns
+
+    def _new_connections(self) -> list[_Connection]:
         cfg = self.config
         if cfg.mode == "connections":
             secret = cfg.credentials_secret
@@ -658,6 +715,22 @@ class Fleet:
             for k in range(cfg.connection_count)
         ]
 
+    async def _negotiate(self) -> Negotiated:
+        """The MQTT version of every connection (a probe for ``auto``; MQTT 5 if the
+        broker cannot be probed: the connections then count the failure)."""
+        tls = self._tls if isinstance(self._tls, ssl.SSLContext) else None
+        try:
+            return await negotiate(
+                self.config.mqtt_version,
+                self._host,
+                self._port,
+                tls=tls,
+                timeout=self.config.connect_timeout,
+            )
+        except (OSError, TimeoutError, ssl.SSLError) as exc:
+            logger.debug("MQTT version probe failed: %s", exc)
+            return "5"
+
     def _devices_on(self, conn: _Connection) -> int:
         if self.config.mode == "connections":
             return 1
@@ -665,6 +738,7 @@ class Fleet:
         return len(range(k, n, len(self._conns)))
 
     def _lost(self, conn: _Connection) -> None:
+        conn.node += 1  # reconnect to the next node (the lost one may have died)
         self._connected -= self._devices_on(conn)
         self.metrics.connected.set(self._connected)
 
@@ -684,7 +758,10 @@ class Fleet:
             async with gate:
                 if self.stopping:
                     return
-                reason = await conn.connect(self._host, self._port, self._tls, cfg.connect_timeout)
+                host, port, _ = self._nodes[conn.node % len(self._nodes)]
+                reason = await conn.connect(
+                    host, port, self._tls, cfg.connect_timeout, self.version
+                )
             if reason is None:
                 if self.stopping:
                     await conn.close(1.0)
@@ -693,6 +770,7 @@ class Fleet:
                 self.stats.peak_connected = max(self.stats.peak_connected, self._connected)
                 self.metrics.connected.set(self._connected)
             else:
+                conn.node += 1  # the next attempt goes to the next node of a cluster
                 self.connect_failures[reason] += 1
                 self.metrics.connect_failure(reason)
                 logger.debug("connection refused or failed: %s", reason)
@@ -729,6 +807,11 @@ class Fleet:
         cfg = self.config
         self.rounds_used.append(round_)
         reports = self.reports(index)  # every device, connected or not: reproducible
+        topics = self.topics_for(round_)
+        if topics is None:
+            logger.warning("no announced shard layout serves round %d: not reporting", round_)
+            self.stats.rounds_skipped += 1
+            return
         begin = round_start(round_, cfg.round_seconds) + cfg.round_offset
         n = len(reports)
         fingerprint = self.spec.fingerprint_int
@@ -749,11 +832,11 @@ class Fleet:
                 await conn.wait_room()
             payload = encode_report(fingerprint, round_, seed, z)
             if self._on_report is not None:
-                self._on_report(self.topics[i], payload)
+                self._on_report(topics[i], payload)
             self._outstanding += 1
             self._settled.clear()
             done = self._outcome(conn, round_, keys, signs, (seed, z))
-            conn.publish(self.topics[i], payload, cfg.qos, done)
+            conn.publish(topics[i], payload, cfg.qos, done)
             if i % _YIELD_EVERY == _YIELD_EVERY - 1:
                 await asyncio.sleep(0)
         if self._outstanding > 0:

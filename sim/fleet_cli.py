@@ -18,12 +18,21 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TextIO
 import typer
 
 from edge import CocoError, MechanismSpec
-from edge.announce import read_spec_file
-from edge.cli_options import DEFAULT_BROKER, BrokerOption, DeploymentOption, SpecFileOption
+from edge.announce import read_spec_or_announcement, shard_plan
+from edge.cli_options import (
+    DEFAULT_BROKER,
+    DEFAULT_MQTT_VERSION,
+    BrokerOption,
+    DeploymentOption,
+    MqttVersionOption,
+    SpecFileOption,
+)
+from edge.mqtt_version import check_mqtt_version
 from sim.credentials import DEFAULT_PREFIX, device_id, device_password, read_secret
 from sim.fleet_metrics import DEFAULT_METRICS_DIMS
 
 if TYPE_CHECKING:  # imported when the command runs, not for --help (gmqtt, numpy)
+    from edge.shards import ShardPlan
     from sim.fleet import Fleet
 
 logger = logging.getLogger(__name__)
@@ -151,9 +160,9 @@ def _announced_spec(
     password: str | None,
     ca_file: str | None,
     client_id: str | None = None,
-) -> tuple[MechanismSpec, int]:
-    """The retained announcement's spec and round_seconds, or a :class:`FleetError` that
-    says what failed."""
+) -> tuple[MechanismSpec, int, ShardPlan | None]:
+    """The retained announcement's spec, round_seconds and shard layouts, or a
+    :class:`FleetError` that says what failed."""
     import aiomqtt  # noqa: PLC0415 (not for --help)
 
     from broker.cli import read_announcement  # noqa: PLC0415 (the shuffler's: not for --help)
@@ -176,7 +185,7 @@ def _announced_spec(
     except (OSError, aiomqtt.MqttError) as exc:
         raise FleetError(f"reading the announcement from {broker}: {exc}") from None
     spec = MechanismSpec.from_dict(announcement["spec"])
-    return spec, int(announcement["round_seconds"])
+    return spec, int(announcement["round_seconds"]), shard_plan(announcement)
 
 
 def _fail_if_nothing_acknowledged(summary: dict[str, Any]) -> None:
@@ -267,7 +276,10 @@ def fleet(
         str | None,
         typer.Option(envvar="COCO_MQTT_USERNAME", help="One shared MQTT identity."),
     ] = None,
-    password: Annotated[str | None, typer.Option(envvar="COCO_MQTT_PASSWORD")] = None,
+    password: Annotated[
+        str | None,
+        typer.Option(envvar="COCO_MQTT_PASSWORD", help="Password of the shared MQTT identity."),
+    ] = None,
     ca_file: Annotated[
         str | None, typer.Option(envvar="COCO_MQTT_CA_FILE", help="CA bundle for mqtts://.")
     ] = None,
@@ -306,6 +318,7 @@ def fleet(
         int, typer.Option(help="Most unacknowledged QoS 1 reports per connection.")
     ] = 1000,
     announcement_timeout: Annotated[float, typer.Option(help="Seconds to wait for it.")] = 10.0,
+    mqtt_version: MqttVersionOption = DEFAULT_MQTT_VERSION,
     progress: Annotated[bool, typer.Option(help="Live progress on stderr.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
@@ -322,14 +335,16 @@ def fleet(
             raise ValueError(f"--qos must be 0 or 1, got {qos}")
         secret = None if credentials_secret_file is None else read_secret(credentials_secret_file)
         if spec is not None:
-            mechanism, file_seconds = read_spec_file(spec)
+            mechanism, whole = read_spec_or_announcement(spec)
+            file_seconds = None if whole is None else whole["round_seconds"]
             length = _round_length(file_seconds, round_seconds, f"the spec file {spec}")
+            shards = None if whole is None else shard_plan(whole)
         else:
             user, pw, client_id = username, password, None
             if secret is not None:  # read the announcement as device 0 would, with its id
                 user = client_id = device_id(0, prefix)
                 pw = device_password(secret, user)
-            mechanism, announced = _announced_spec(
+            mechanism, announced, shards = _announced_spec(
                 broker, deployment, announcement_timeout, user, pw, ca_file, client_id
             )
             length = _round_length(announced, round_seconds, "the announcement")
@@ -358,6 +373,8 @@ def fleet(
             ca_file=ca_file,
             window=window,
             metrics_dims=metrics_dims,
+            mqtt_version=check_mqtt_version(mqtt_version),
+            shards=shards,
         )
         registry = CollectorRegistry()
         acked_file = None if acked_log is None else acked_log.open("w", encoding="ascii")

@@ -237,6 +237,13 @@ def shuffler_accounting(registry: CollectorRegistry) -> dict[str, Any]:
     }
 
 
+async def all_delivered(shuffler_reg: CollectorRegistry, fleet: Fleet) -> None:
+    """Until the shuffler has taken every report the broker acknowledged to a device. A stop
+    before that leaves the rest queued in the shuffler's session for its next run (not lost,
+    but not in this run's counts either), so the reconciliation below would be racy."""
+    await wait_until(lambda: shuffler_accounting(shuffler_reg)["accepted"] >= fleet.acked)
+
+
 def reconcile(
     shuffler_reg: CollectorRegistry,
     fleet: Fleet,
@@ -306,6 +313,7 @@ def test_aggregator_restart_mid_stream(mosquitto: Broker, tmp_path: Path) -> Non
                         agg_task = asyncio.create_task(second.run())
                         for _ in range(6, 8):
                             await fleet.publish_round()
+                        await all_delivered(shuffler_reg, fleet)
                         shuffler.stop()
                         await asyncio.wait_for(shuf_task, 20)
                         released = int(value(shuffler_reg, "coco_shuffler_reports_released_total"))
@@ -359,6 +367,7 @@ def test_broker_restart_mid_stream(mosquitto_persistent: Broker, tmp_path: Path)
                     await wait_until(
                         lambda: aggregator.subscribed.is_set() and shuffler.connected.is_set()
                     )
+                    await all_delivered(shuffler_reg, fleet)
                     shuffler.stop()
                     await asyncio.wait_for(shuf_task, 20)
                     released = int(value(shuffler_reg, "coco_shuffler_reports_released_total"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -149,3 +150,81 @@ def test_announce_takes_the_spec_of_coco_privacy_calibrate(tmp_path: Path) -> No
     neither = runner.invoke(app, [*base, "--mechanism", "coco", "--dry-run"])
     assert neither.exit_code == 1
     assert "missing --d, --s, --epsilon" in neither.output
+
+
+def _keys(n: int) -> list[str]:
+    return [bytes([i + 1]).hex() * 32 for i in range(n)]
+
+
+def test_a_sharded_announcement_and_a_reshard(mosquitto: Broker) -> None:
+    first = _keys(2)
+    args = [*ARGS, "--broker", mosquitto.url, "--round-seconds", "60", "--shard-seed", "9"]
+    result = runner.invoke(app, [*args, *(a for k in first for a in ("--shard-key", k))])
+    assert result.exit_code == 0, result.output
+    layouts = json.loads(result.output)["shards"]
+    assert layouts == [
+        {"count": 2, "from_round": 0, "generation": 0, "keys": first, "seed": 9},
+    ]
+    assert "batch_public_key" not in json.loads(result.output)
+    second = [bytes([i + 10]).hex() * 32 for i in range(3)]
+    reshard = [*args, "--reshard", *(a for k in second for a in ("--shard-key", k))]
+    result = runner.invoke(app, reshard)
+    assert result.exit_code == 0, result.output
+    old, new = json.loads(result.output)["shards"]
+    assert old == layouts[0]
+    now = int(time.time() // 60)
+    assert now + 2 <= new["from_round"] <= now + 4  # a few rounds ahead
+    assert (new["count"], new["generation"], new["keys"]) == (3, 1, second)
+    # resharding again keeps only the newest layout beside the new one
+    third = _keys(1)
+    result = runner.invoke(
+        app,
+        [*args, "--reshard", "--shard-key", third[0], "--shards-from-round", str(now + 100)],
+    )
+    assert result.exit_code == 0, result.output
+    kept, newest = json.loads(result.output)["shards"]
+    assert kept == new
+    assert (newest["generation"], newest["from_round"]) == (2, now + 100)
+
+
+def test_shard_options_are_checked(mosquitto: Broker) -> None:
+    key = _keys(1)[0]
+    both = runner.invoke(app, [*ARGS, "--shard-key", key, "--batch-public-key", key, "--dry-run"])
+    assert both.exit_code == 1
+    assert "not --batch-public-key" in both.output
+    same = runner.invoke(app, [*ARGS, "--shard-key", key, "--shard-key", key, "--dry-run"])
+    assert same.exit_code == 1
+    assert "own key" in same.output
+    nothing_to_reshard = runner.invoke(
+        app, [*ARGS, "--broker", mosquitto.url, "--reshard", "--shard-key", key, "--timeout", "1"]
+    )
+    assert nothing_to_reshard.exit_code == 1
+    assert "no announcement" in nothing_to_reshard.output
+    unsharded = runner.invoke(app, [*ARGS, "--broker", mosquitto.url])
+    assert unsharded.exit_code == 0, unsharded.output
+    not_sharded = runner.invoke(
+        app, [*ARGS, "--broker", mosquitto.url, "--reshard", "--shard-key", key]
+    )
+    assert not_sharded.exit_code == 1
+    assert "not sharded" in not_sharded.output
+
+
+def test_an_announcement_the_broker_does_not_retain_is_an_error(tmp_path: Path) -> None:
+    """A broker whose ACL silently drops the publish (as a 3.1.1 broker does) acknowledges
+    it but never hands it back: nothing was announced, and the command says so."""
+    from tests.conftest import MOSQUITTO, free_port  # noqa: PLC0415
+
+    port = free_port()
+    acl = tmp_path / "acl"
+    acl.write_text("topic read coco/v1/#\n")  # anonymous may read, not write, the spec
+    broker = Broker(tmp_path, port, f"acl_file {acl}\n")
+    broker.start()
+    try:
+        result = runner.invoke(
+            app, [*ARGS, "--broker", broker.url, "--mqtt-version", "3.1.1", "--timeout", "2"]
+        )
+    finally:
+        broker.stop()
+    assert MOSQUITTO
+    assert result.exit_code == 1
+    assert "nothing was announced" in result.output

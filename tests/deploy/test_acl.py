@@ -179,7 +179,12 @@ def test_the_configuration_grants_what_the_roles_say(tmp_path: Path) -> None:
     for device in DEVICES:
         assert clients[device] == ["device", f"device:{device}"]
         assert roles[f"device:{device}"] == [
-            {"acltype": "publishClientSend", "topic": ingress_topic(DEP, device), "allow": True}
+            {"acltype": "publishClientSend", "topic": ingress_topic(DEP, device), "allow": True},
+            {
+                "acltype": "publishClientSend",
+                "topic": f"coco/v1/{DEP}/ingress/+/{device}",
+                "allow": True,
+            },
         ]
     sends = {
         (acl["topic"], rolename)
@@ -188,7 +193,13 @@ def test_the_configuration_grants_what_the_roles_say(tmp_path: Path) -> None:
         if acl["acltype"] == "publishClientSend"
     }
     assert sends == {(ingress_topic(DEP, d), f"device:{d}") for d in DEVICES} | {
+        (f"coco/v1/{DEP}/ingress/+/{d}", f"device:{d}") for d in DEVICES
+    } | {
         (batches_topic(DEP), "shuffler"),
+        (batches_topic(DEP) + "/+", "shuffler"),
+        (f"coco/v1/{DEP}/manifests", "shuffler"),
+        (f"coco/v1/{DEP}/manifests/+", "shuffler"),
+        (f"coco/v1/{DEP}/shards/+/lease", "shuffler"),
         (spec_topic(DEP), "announcer"),
         (lease_topic(DEP), "aggregator"),
     }

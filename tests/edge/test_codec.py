@@ -32,6 +32,7 @@ Decoder = Callable[[bytes], object]
 DECODERS: dict[str, list[Decoder]] = {
     "report": [codec.decode_report],
     "batch": [codec.decode_batch, batch_codec.decode_batch_arrays],
+    "manifest": [codec.decode_manifest],
 }
 
 
@@ -46,6 +47,14 @@ def packed_batch(
     """Independent construction of a batch with the struct module."""
     header = struct.pack(">BBII16sI", 1, 2, fingerprint, round_, batch_id, len(seeds))
     return header + b"".join(struct.pack(">IH", s, z) for s, z in zip(seeds, zs, strict=True))
+
+
+def packed_manifest(
+    fingerprint: int, round_: int, release_id: bytes, entries: list[tuple[bytes, int]]
+) -> bytes:
+    """Independent construction of a manifest with the struct module."""
+    header = struct.pack(">BBII16sI", 1, 3, fingerprint, round_, release_id, len(entries))
+    return header + b"".join(struct.pack(">16sI", b, c) for b, c in entries)
 
 
 def reason_of(decode: Decoder, payload: bytes) -> str | None:
@@ -110,6 +119,70 @@ def test_batch_vectors(vector: dict[str, Any]) -> None:
     assert (fingerprint, round_, got_id) == fields[:3]
     np.testing.assert_array_equal(got_seeds, seeds)
     np.testing.assert_array_equal(got_zs, zs)
+
+
+@pytest.mark.parametrize("vector", VECTORS["manifests"], ids=lambda v: v["hex"][:24])
+def test_manifest_vectors(vector: dict[str, Any]) -> None:
+    payload = bytes.fromhex(vector["hex"])
+    entries = [(bytes.fromhex(b["batch_id"]), b["count"]) for b in vector["batches"]]
+    release_id = bytes.fromhex(vector["release_id"])
+    fields = (vector["fingerprint"], vector["round"], release_id, entries)
+    assert payload == packed_manifest(*fields)
+    assert codec.encode_manifest(*fields) == payload
+    assert codec.decode_manifest(payload) == fields
+
+
+@given(U32, U32, BATCH_ID, st.lists(st.tuples(BATCH_ID, U32), max_size=20))
+def test_manifest_round_trip(
+    fingerprint: int, round_: int, release_id: bytes, entries: list[tuple[bytes, int]]
+) -> None:
+    payload = codec.encode_manifest(fingerprint, round_, release_id, entries)
+    assert payload == packed_manifest(fingerprint, round_, release_id, entries)
+    assert codec.decode_manifest(payload) == (fingerprint, round_, release_id, entries)
+
+
+@given(payload=st.binary(max_size=120))
+def test_random_bytes_decode_as_manifest_or_raise_codec_error(payload: bytes) -> None:
+    assert reason_of(codec.decode_manifest, b"\x01\x03" + payload) in {
+        None,
+        "bad_length",
+        "bad_count",
+    }
+
+
+def test_encode_manifest_rejects_bad_fields() -> None:
+    cases: list[tuple[Any, ...]] = [
+        (2**32, 0, bytes(16), []),
+        (0, -1, bytes(16), []),
+        (0, 0, bytes(15), []),
+        (0, 0, bytes(16), [(bytes(15), 1)]),
+        (0, 0, bytes(16), [(bytes(16), 2**32)]),
+        (0, 0, bytes(16), [(bytes(16), True)]),
+    ]
+    for args in cases:
+        with pytest.raises(codec.CodecError) as caught:
+            codec.encode_manifest(*args)
+        assert caught.value.reason == "bad_field", args
+
+
+def test_shard_vectors() -> None:
+    import xxhash  # noqa: PLC0415
+
+    from edge.device import shard_index  # noqa: PLC0415
+    from edge.shards import shard_label  # noqa: PLC0415
+
+    assert len({v["index"] for v in VECTORS["shards"]}) > 3
+    for v in VECTORS["shards"]:
+        data = bytes.fromhex(v["device_id_utf8_hex"])
+        assert data == v["device_id"].encode()
+        assert v["xxh32"] == xxhash.xxh32_intdigest(data, seed=v["seed"])
+        assert (
+            v["index"]
+            == (v["xxh32"] * v["count"]) >> 32
+            == shard_index(data, v["seed"], v["count"])
+        )
+        assert v["label"] == shard_label(v["generation"], v["index"])
+        assert v["ingress_topic"] == f"coco/v1/lab/ingress/{v['label']}/{v['device_id']}"
 
 
 @pytest.mark.parametrize("vector", VECTORS["malformed"], ids=lambda v: v["reason"])

@@ -48,9 +48,16 @@ for v in VECTORS["batches"]:
     print(codec.decode_batch(bytearray.fromhex(v["hex"]))[3] == seeds)
     print(codec.encode_batch(v["fingerprint"], v["round"], bytes.fromhex(v["batch_id"]),
                              v["seeds"], v["zs"]).hex())
+for v in VECTORS["manifests"]:
+    fp, rnd, release_id, entries = codec.decode_manifest(bytes.fromhex(v["hex"]))
+    print(repr([fp, rnd, release_id.hex(), [[b.hex(), c] for b, c in entries]]))
+    print(codec.encode_manifest(v["fingerprint"], v["round"], bytes.fromhex(v["release_id"]),
+                                [(bytes.fromhex(b["batch_id"]), b["count"])
+                                 for b in v["batches"]]).hex())
+DECODE = {"report": codec.decode_report, "batch": codec.decode_batch,
+          "manifest": codec.decode_manifest}
 for v in VECTORS["malformed"]:
-    fn = codec.decode_report if v["message"] == "report" else codec.decode_batch
-    print(reason(fn, bytes.fromhex(v["hex"])))
+    print(reason(DECODE[v["message"]], bytes.fromhex(v["hex"])))
 for args in ENCODE_ERRORS:
     print(reason(codec.encode_report, *args))
 for args in BATCH_ERRORS:
@@ -108,6 +115,10 @@ def test_wire_vectors_under_micropython(run_micropython: RunMicroPython) -> None
     for v in VECTORS["batches"]:
         want.append(repr([v["fingerprint"], v["round"], v["batch_id"], v["seeds"], v["zs"]]))
         want += ["True", v["hex"]]
+    for v in VECTORS["manifests"]:
+        entries = [[b["batch_id"], b["count"]] for b in v["batches"]]
+        want.append(repr([v["fingerprint"], v["round"], v["release_id"], entries]))
+        want.append(v["hex"])
     want += [m["reason"] for m in VECTORS["malformed"]]
     want += [reason for _, reason in ENCODE_ERRORS + BATCH_ERRORS]
     assert run_micropython(CODEC, code=code).splitlines() == want

@@ -799,6 +799,29 @@ def test_device_xxh32_matches_xxhash_under_micropython(run_micropython: RunMicro
 
 
 @needs_device
+def test_device_full_xxh32_and_shard_index_under_micropython(
+    run_micropython: RunMicroPython,
+) -> None:
+    """The shard assignment (full-length XXH32 of the device id) matches xxhash."""
+    rng = random.Random(20261126)
+    ids = ["", "a", "dev-1", "sensor-000042", "x" * 15, "y" * 16, "z" * 17, "é-ü-device", "q" * 64]
+    ids += ["".join(rng.choice("abcdef0123456789-_") for _ in range(n)) for n in range(1, 40)]
+    cases = [(i, rng.getrandbits(32), rng.randrange(1, 257)) for i in ids]
+    code = (
+        "import device\n"
+        f"for name, seed, count in {cases!r}:\n"
+        "    data = name.encode()\n"
+        "    print(device.xxh32(data, seed), device.shard_index(data, seed, count))\n"
+    )
+    got = _lines(run_micropython(DEVICE, code=code))
+    want = []
+    for name, seed, count in cases:
+        h = xxhash.xxh32_intdigest(name.encode(), seed=seed)
+        want.append(f"{h} {(h * count) >> 32}")
+    assert got == want
+
+
+@needs_device
 @pytest.mark.skipif(not VECTORS.exists(), reason="docs/vectors-v1.json not present")
 def test_published_vectors_reproduce_under_micropython(run_micropython: RunMicroPython) -> None:
     vectors: dict[str, Any] = json.loads(VECTORS.read_text(encoding="utf-8"))

@@ -31,6 +31,7 @@ from edge.errors import InputError, SpecError
 from edge.ledger import BudgetLedger
 from edge.publisher import DevicePublisher, PublisherConfig, PublisherError
 from edge.rounds import ClockError, current_round
+from edge.shards import ShardLayout, ShardPlan
 from edge.spec import MechanismSpec
 from edge.topics import ingress_filter, ingress_topic, spec_topic
 from tests.conftest import Broker
@@ -116,14 +117,16 @@ def shuffler(mosquitto: Broker, tmp_path: Path) -> Iterator[Shuffler]:
         sub.stop()
 
 
-def announce(broker: Broker, spec: MechanismSpec, round_seconds: int = 1) -> None:
+def announce(
+    broker: Broker, spec: MechanismSpec, round_seconds: int = 1, shards: ShardPlan | None = None
+) -> None:
     """Publish the retained spec announcement and wait for the broker to accept it."""
     client = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2)
     client.connect("127.0.0.1", broker.port)
     client.loop_start()
     try:
         payload = encode_announcement(
-            spec.to_dict(), min_batch=10, delta=1e-6, round_seconds=round_seconds
+            spec.to_dict(), min_batch=10, delta=1e-6, round_seconds=round_seconds, shards=shards
         )
         info = client.publish(spec_topic(DEPLOYMENT), payload, qos=1, retain=True)
         info.wait_for_publish(WAIT)
@@ -487,3 +490,49 @@ def test_device_cli_with_an_unset_clock_is_a_one_line_error(
     assert BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0).reports == 0
     assert shuffler.wait_for(1, timeout=0.3) == []
     assert "--clock-offset" not in CliRunner().invoke(cli(), ["--help"]).output
+
+
+def _layout(count: int, from_round: int, generation: int) -> ShardLayout:
+    keys = tuple(bytes([generation * 16 + i + 1]).hex() * 32 for i in range(count))
+    return ShardLayout(
+        count=count, from_round=from_round, generation=generation, seed=77, keys=keys
+    )
+
+
+def test_a_sharded_deployment_reports_on_the_shard_of_each_round(
+    mosquitto: Broker, tmp_path: Path
+) -> None:
+    """Each report goes to the ingress topic of the device's shard in the layout of the
+    report's round; a round no layout serves costs no budget and sends nothing."""
+    now = current_round(1)
+    old, new = _layout(3, 0, 0), _layout(5, now + 3, 1)
+    announce(mosquitto, SPEC, shards=ShardPlan((old, new)))
+    sub = Shuffler(mosquitto)
+    sub.client.on_connect = lambda client, *_: client.subscribe(
+        f"coco/v1/{DEPLOYMENT}/ingress/#", qos=1
+    )
+    sub.start()
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=100.0)
+    try:
+        with DevicePublisher(config(mosquitto), ledger=ledger) as pub:
+            while True:
+                assert pub.publish_keys([0, 2], [1, -1])
+                if pub.last_round is not None and pub.last_round >= now + 3:
+                    break
+        messages = sub.wait_for(ledger.reports)
+    finally:
+        sub.stop()
+    assert len(messages) == ledger.reports >= 2
+    for message in messages:
+        round_ = decode_report(message.payload)[2]
+        layout = old if round_ < new.from_round else new
+        label = layout.label(layout.index_of(DEVICE))
+        assert message.topic == ingress_topic(DEPLOYMENT, DEVICE, label)
+    assert {decode_report(m.payload)[2] >= new.from_round for m in messages} == {False, True}
+
+    announce(mosquitto, SPEC, shards=ShardPlan((_layout(2, now + 10_000, 2),)))
+    with DevicePublisher(config(mosquitto), ledger=ledger) as pub:
+        spent = ledger.spent
+        with pytest.raises(PublisherError, match="no shard layout"):
+            pub.publish_keys([0, 2], [1, -1])
+        assert ledger.spent == spent
