@@ -4,14 +4,18 @@ and locked.
 A checkpoint is one UTF-8 JSON object (:func:`encode_checkpoint`)::
 
     {"version": 3, "generation": 17, "fingerprint": ..., "deployment": ..., "delta": ...,
-     "batch_public_key": ..., "retention_rounds": ..., "counters": {...},
+     "trusted": ..., "retention_rounds": ..., "counters": {...},
      "smallest_batch": ..., "latest_batch": ..., "batch_sizes": {...},
-     "last_batch_timestamp": ..., "written_at": ..., "state": AggregateState.to_dict(),
+     "last_batch_timestamp": ..., "written_at": ..., "shards": {"<label>": {...}},
+     "reconciliation": {...}, "state": AggregateState.to_dict(),
      "batch_rounds": {"<round>": ["<32 hex>", ...]}, "checksums": {"<field>": "<32 hex>"}}
 
 ``batch_rounds`` holds the ids of the applied batches of the retained rounds only
 (:mod:`aggregator.core`), so its size follows the traffic of the window, not the age of the
-deployment. ``batch_public_key`` is the key the sums were verified under.
+deployment. ``trusted`` is what the sums were verified under (the batch key, or the
+announced shard layouts: :mod:`aggregator.keys`); ``shards`` the batches applied per shard;
+``reconciliation`` the manifests and batches still being matched
+(:mod:`aggregator.manifests`).
 
 Integrity
 ---------
@@ -50,10 +54,13 @@ from typing import Any
 import numpy as np
 
 from aggregator.estimators import AggregateState
+from aggregator.keys import is_anchor
+from aggregator.manifests import Reconciler
 from edge.errors import CocoError
 
 CHECKPOINT_VERSION = 3
-"""Version 3 adds ``generation``, ``batch_public_key`` and ``checksums``. Version 2 kept the
+"""Version 3 adds ``generation``, ``trusted``, ``shards``, ``reconciliation`` and
+``checksums``. Version 2 kept the
 applied batch ids per round (``batch_rounds``); a version-1 checkpoint (unsigned batches,
 a flat ``seen`` list) is read for its sums and counters, its ids dropped, since a
 redelivered unsigned batch fails its signature anyway."""
@@ -66,7 +73,7 @@ _ORDER = (
     "fingerprint",
     "deployment",
     "delta",
-    "batch_public_key",
+    "trusted",
     "retention_rounds",
     "counters",
     "smallest_batch",
@@ -74,6 +81,8 @@ _ORDER = (
     "batch_sizes",
     "last_batch_timestamp",
     "written_at",
+    "shards",
+    "reconciliation",
     "state",
     "batch_rounds",
 )
@@ -102,6 +111,10 @@ class Counters:
     """Reports in the rejected batches whose signature verified, by reason."""
     unacknowledged: dict[str, int] = field(default_factory=dict)
     """Batches left without a PUBACK (the broker redelivers them), by reason."""
+    manifests_rejected: dict[str, int] = field(default_factory=dict)
+    """Manifests rejected, by reason."""
+    manifests_duplicate: int = 0
+    """Manifests of a release already accepted (re-sent), ignored."""
 
     def copy(self) -> Counters:
         return Counters(
@@ -111,6 +124,8 @@ class Counters:
             rejected=dict(self.rejected),
             rejected_reports=dict(self.rejected_reports),
             unacknowledged=dict(self.unacknowledged),
+            manifests_rejected=dict(self.manifests_rejected),
+            manifests_duplicate=self.manifests_duplicate,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -121,6 +136,8 @@ class Counters:
             "rejected": dict(sorted(self.rejected.items())),
             "rejected_reports": dict(sorted(self.rejected_reports.items())),
             "unacknowledged": dict(sorted(self.unacknowledged.items())),
+            "manifests_rejected": dict(sorted(self.manifests_rejected.items())),
+            "manifests_duplicate": self.manifests_duplicate,
         }
 
 
@@ -135,8 +152,9 @@ class Checkpoint:
     fingerprint: str
     deployment: str | None = None
     delta: float
-    batch_public_key: str | None = None
-    """The batch key the sums were verified under (``None`` in files of version 1 and 2)."""
+    trusted: str | None = None
+    """What the sums were verified under: the batch key or the shard layouts
+    (:mod:`aggregator.keys`; ``None`` in files of version 1 and 2)."""
     state: AggregateState
     batch_rounds: dict[int, list[bytes]]
     """Applied batch ids by round (empty for a version-1 file)."""
@@ -150,6 +168,10 @@ class Checkpoint:
     the largest per-batch epsilon, so the composition stays an upper bound."""
     last_batch_timestamp: float | None
     written_at: float | None = None
+    shards: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    """Batches applied per shard label: ``batches``, ``reports``, ``smallest``, ``latest``."""
+    reconciliation: dict[str, Any] | None = None
+    """:meth:`aggregator.manifests.Reconciler.to_json` (``None`` in older files)."""
     path: Path | None = None
 
 
@@ -259,18 +281,59 @@ def _parse_counters(fields: _Fields) -> Counters:
             "counters.rejected_reports", raw.get("rejected_reports", {})
         ),
         unacknowledged=fields.counts("counters.unacknowledged", raw.get("unacknowledged", {})),
+        manifests_rejected=fields.counts(
+            "counters.manifests_rejected", raw.get("manifests_rejected", {})
+        ),
+        manifests_duplicate=fields.count(
+            "counters.manifests_duplicate", raw.get("manifests_duplicate", 0)
+        ),
     )
 
 
-def _parse_key(fields: _Fields, version: int) -> str | None:
-    if version < CHECKPOINT_VERSION:
-        return None
-    key = fields.get("batch_public_key")
-    if not (isinstance(key, str) and len(key) == 64 and all(c in "0123456789abcdef" for c in key)):
+def _parse_trusted(fields: _Fields) -> str:
+    trusted = fields.get("trusted")
+    if not is_anchor(trusted):
         raise fields.error(
-            "batch_public_key", f"must be 64 lowercase hex digits, got {_short(key)}"
+            "trusted", f"is neither a batch key nor shard layouts: {_short(trusted)}"
         )
-    return key
+    assert isinstance(trusted, str)
+    return trusted
+
+
+def _parse_shards(fields: _Fields) -> dict[str, dict[str, int | None]]:
+    raw = fields.get("shards")
+    if not isinstance(raw, dict):
+        raise fields.error("shards", f"must be an object of shards, got {_short(raw)}")
+    shards: dict[str, dict[str, int | None]] = {}
+    for label, stats in raw.items():
+        name = f"shards.{label}"
+        if not isinstance(stats, dict) or set(stats) != {
+            "batches",
+            "reports",
+            "smallest",
+            "latest",
+        }:
+            raise fields.error(
+                name, f"must hold batches, reports, smallest, latest: {_short(stats)}"
+            )
+        shards[label] = {
+            key: None
+            if value is None and key in ("smallest", "latest")
+            else fields.count(f"{name}.{key}", value)
+            for key, value in stats.items()
+        }
+    return shards
+
+
+def _parse_reconciliation(fields: _Fields) -> dict[str, Any]:
+    raw = fields.get("reconciliation")
+    try:
+        if not isinstance(raw, dict):
+            raise TypeError("not an object")
+        Reconciler.from_json(raw, grace=1.0, min_batch=1)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise fields.error("reconciliation", f"is not valid ({_one_line(exc)})") from None
+    return raw
 
 
 def _checksum(value: object) -> str:
@@ -306,7 +369,7 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
     if version == CHECKPOINT_VERSION:
         unknown = sorted(set(data) - {*_ORDER, "checksums"})
     else:  # a damaged key name must not pass as an older version's file
-        unknown = sorted(set(data) & {"checksums", "generation", "batch_public_key"})
+        unknown = sorted(set(data) & {"checksums", "generation", "trusted", "reconciliation"})
     if unknown:
         raise fields.error(unknown[0], f"is not a field of a version-{version} checkpoint")
     fingerprint = fields.get("fingerprint")
@@ -337,7 +400,7 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
         fingerprint=fingerprint,
         deployment=deployment if isinstance(deployment, str) else None,
         delta=float(delta),
-        batch_public_key=_parse_key(fields, version),
+        trusted=_parse_trusted(fields) if version == CHECKPOINT_VERSION else None,
         state=state,
         batch_rounds={} if version == 1 else _parse_batch_rounds(fields),
         counters=counters,
@@ -345,6 +408,8 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
         latest_batch=fields.optional_count("latest_batch"),
         batch_sizes=_parse_batch_sizes(fields, smallest, counters.batches),
         last_batch_timestamp=None if last is None else float(last),
+        shards=_parse_shards(fields) if version == CHECKPOINT_VERSION else {},
+        reconciliation=_parse_reconciliation(fields) if version == CHECKPOINT_VERSION else None,
     )
     if version == CHECKPOINT_VERSION:
         _verify_checksums(fields)
@@ -436,7 +501,7 @@ def _document_head(checkpoint: Checkpoint) -> dict[str, Any]:
         "fingerprint": checkpoint.fingerprint,
         "deployment": checkpoint.deployment,
         "delta": checkpoint.delta,
-        "batch_public_key": checkpoint.batch_public_key,
+        "trusted": checkpoint.trusted,
         "retention_rounds": checkpoint.retention_rounds,
         "counters": checkpoint.counters.to_dict(),
         "smallest_batch": checkpoint.smallest_batch,
@@ -444,6 +509,8 @@ def _document_head(checkpoint: Checkpoint) -> dict[str, Any]:
         "batch_sizes": {str(n): c for n, c in sorted(checkpoint.batch_sizes.items())},
         "last_batch_timestamp": checkpoint.last_batch_timestamp,
         "written_at": checkpoint.written_at,
+        "shards": checkpoint.shards,
+        "reconciliation": checkpoint.reconciliation,
         "state": checkpoint.state.to_dict(),
     }
 

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import typer
 
 from edge import CocoError, MechanismSpec, SpecError
-from edge.announce import load_spec_file
+from edge.announce import load_spec_file, shard_plan
 from edge.cli_options import (
     DEFAULT_BROKER,
     BrokerOption,
@@ -32,6 +32,7 @@ from edge.cli_options import (
     UsernameOption,
     resolve_password,
 )
+from edge.shards import ShardPlan
 
 HEX_KEY_DIGITS = 64
 
@@ -366,9 +367,9 @@ def aggregator_run(
         AggregatorConfig,
         resolve_batch_public_key,
     )
-    from aggregator.mqtt_version import check_mqtt_version  # noqa: PLC0415
     from aggregator.service import run_aggregator  # noqa: PLC0415
     from aggregator.session import fetch_announcement  # noqa: PLC0415
+    from edge.mqtt_version import check_mqtt_version  # noqa: PLC0415
 
     try:
         version = check_mqtt_version(mqtt_version)
@@ -377,6 +378,7 @@ def aggregator_run(
             None if batch_public_key is None else read_public_key_option(batch_public_key)
         )
         announced_key: str | None = None
+        shards: ShardPlan | None = None
         round_seconds: int | None = None
         if spec is not None:
             mechanism = load_spec_file(spec)
@@ -401,7 +403,16 @@ def aggregator_run(
             min_batch = max(int(announcement["min_batch"]), min_batch or 0)
             round_seconds = int(announcement["round_seconds"])
             announced_key = announcement.get("batch_public_key")
-        key = resolve_batch_public_key(configured_key, announced_key)
+            shards = shard_plan(announcement)
+        if shards is not None:
+            if configured_key is not None:
+                raise CocoError(
+                    "the deployment is sharded: the aggregator trusts the announced per-shard "
+                    "keys, not --batch-public-key"
+                )
+            key = None
+        else:
+            key = resolve_batch_public_key(configured_key, announced_key)
         config = AggregatorConfig(
             broker=broker,
             deployment=deployment,
@@ -415,6 +426,7 @@ def aggregator_run(
             http_port=metrics_port,
             min_batch=min_batch,
             batch_public_key=key,
+            shards=shards,
             key_source="configured" if configured_key is not None else "announced",
             mqtt_version=version,
             retention_rounds=retention_rounds,
@@ -430,7 +442,13 @@ def aggregator_run(
         raise typer.Exit(1) from None
     typer.echo(
         f"aggregator: deployment={deployment} spec={mechanism.fingerprint} delta={delta:g} "
-        f"min_batch={config.min_batch} batch_key={key[:16]}... client_id="
+        f"min_batch={config.min_batch} "
+        + (
+            f"batch_key={key[:16]}..."
+            if key
+            else f"shards={','.join(shards.labels if shards else ())}"
+        )
+        + " client_id="
         f"{config.mqtt_client_id} http://{metrics_host}:{metrics_port}/ "
         "(/metrics, /estimates, /ready)",
         err=True,
@@ -579,7 +597,7 @@ def aggregator_trust(
             pins = load_pins(path)
             if pins is None:
                 raise CocoError(f"no key is pinned ({path} does not exist)")
-            typer.echo(f"pinned:  {pins.batch_public_key}")
+            typer.echo(f"pinned:  {pins.trusted}")
             typer.echo(f"refused: {pins.refused or '-'}")
             return
         key = None if accept is None else read_public_key_option(accept)

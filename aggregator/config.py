@@ -11,11 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from aggregator.mqtt_version import MqttVersion, check_mqtt_version
+from aggregator.keys import anchor_of
 from edge import mqtt_url, topics
 from edge.batch_auth import BatchVerifier
 from edge.errors import CocoError
+from edge.mqtt_version import MqttVersion, check_mqtt_version
 from edge.rounds import check_round_seconds
+from edge.shards import ShardPlan
 from edge.spec import MechanismSpec
 
 DEFAULT_METRICS_DIMS = 16
@@ -64,6 +66,12 @@ class AggregatorConfig:
     batch_public_key: str | None = None
     """The shuffler's Ed25519 public key, 64 lowercase hex digits (:mod:`edge.batch_auth`):
     the only key whose batches are applied (:func:`resolve_batch_public_key`)."""
+    shards: ShardPlan | None = None
+    """The announced shard layouts of a sharded deployment (then ``batch_public_key`` is
+    ``None``): the aggregator trusts exactly their per-shard keys (:mod:`aggregator.keys`)."""
+    manifest_grace: float = 120.0
+    """Seconds a release manifest waits for its batches before the missing reports are
+    counted (:mod:`aggregator.manifests`)."""
     key_source: Literal["configured", "announced"] = "configured"
     """Where ``batch_public_key`` comes from: the operator's option, or the announcement.
     With a checkpoint the key is pinned on first use (:mod:`aggregator.trust`): an option
@@ -95,7 +103,7 @@ class AggregatorConfig:
     session_expiry: int = 7 * 24 * 3600
     mqtt_version: MqttVersion = "auto"
     """``auto`` connects with MQTT 5 and falls back to 3.1.1 once if the broker refuses
-    that protocol version (:class:`aggregator.mqtt_version.VersionChoice`); ``"5"`` or
+    that protocol version (:class:`edge.mqtt_version.VersionChoice`); ``"5"`` or
     ``"3.1.1"`` forces one. On 3.1.1 the persistent session is ``clean_session=False``
     with no expiry interval, and a session taken over is told by the lease alone (no
     DISCONNECT 0x8E)."""
@@ -158,12 +166,17 @@ class AggregatorConfig:
         object.__setattr__(self, "exported_dims", dims)
 
     def _check_batch_rules(self) -> None:
-        if self.batch_public_key is None:
+        if self.batch_public_key is None and self.shards is None:
             raise ValueError(
                 "batch_public_key is required: the shuffler's Ed25519 public key "
                 "(--batch-public-key, or batch_public_key in the announcement)"
             )
-        BatchVerifier(self.batch_public_key, self.deployment)  # CocoError if malformed
+        if self.batch_public_key is not None and self.shards is not None:
+            raise ValueError("a sharded deployment trusts its shards' keys, not batch_public_key")
+        if self.batch_public_key is not None:
+            BatchVerifier(self.batch_public_key, self.deployment)  # CocoError if malformed
+        if not self.manifest_grace > 0:
+            raise ValueError(f"manifest_grace must be > 0, got {self.manifest_grace}")
         if self.min_batch is None:
             raise ValueError("min_batch is required: the announced one, or --min-batch")
         if self.min_batch < 1:
@@ -176,6 +189,11 @@ class AggregatorConfig:
     @property
     def mqtt_client_id(self) -> str:
         return self.client_id or self.username or f"coco-aggregator-{self.deployment}"
+
+    @property
+    def trusted(self) -> str:
+        """The anchor to trust on first use (:func:`aggregator.keys.anchor_of`)."""
+        return anchor_of(self.batch_public_key, self.shards)
 
     @property
     def trust_path(self) -> Path | None:

@@ -29,20 +29,28 @@ applied (:class:`BatchMemory`): a replay of a retained round is a duplicate, a b
 older round is ``stale_round``. Memory follows the traffic of the window, not the age of
 the deployment.
 
-Acknowledgements across checkpoint generations (:class:`AckGenerations`)
-------------------------------------------------------------------------
-A delivered batch is acknowledged to the broker only once *two* durable checkpoint
-generations hold it: the PUBACKs of the batches in generation ``N`` are sent once
-generation ``N + 1`` is durable. If the newest file is found damaged, recovery falls back
-to the previous generation, and every batch it lacks is one the broker still holds
-unacknowledged and redelivers: nothing lost, nothing doubled.
+Trusted keys and shards
+-----------------------
+What is trusted is one pinned anchor (:mod:`aggregator.keys`): the batch key of an
+unsharded deployment, or the announced shard layouts, whose shard ``L`` signs only the
+batches and manifests of its own topic and of its layout's rounds (``unknown_shard``,
+``wrong_shard``). Applied batches are also counted per shard (:class:`ShardStats`): the
+smallest batch of every shard is the guarantee each report has.
+
+Manifests
+---------
+Each release's signed manifest is checked like a batch (signature under its shard's key,
+wire format, spec, round) and reconciled against the batches (:mod:`aggregator.manifests`):
+missing reports counted after a grace period, unlisted batches counted, a manifest that
+disagrees rejected as ``manifest_mismatch``.
+
+Acknowledgements across checkpoint generations: :mod:`aggregator.acks`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Generic, Literal, TypeVar
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -50,20 +58,22 @@ import numpy.typing as npt
 from aggregator.batch_codec import decode_batch_arrays
 from aggregator.checkpoint import CHECKPOINT_VERSION, Checkpoint, Counters
 from aggregator.estimators import AggregateState
+from aggregator.keys import TrustedKeys
+from aggregator.manifests import Loss, Reconciler
 from aggregator.privacy_ledger import PrivacyLedger
-from edge.batch_auth import BatchAuthError, BatchVerifier
-from edge.codec import CodecError
+from edge.batch_auth import BatchAuthError
+from edge.codec import CodecError, decode_manifest
 from edge.errors import ReportError
 from edge.rounds import ClockError, check_round_seconds, round_of
 from edge.spec import MechanismSpec
 
 __all__ = [
-    "AckGenerations",
     "AggregatorCore",
     "BatchMemory",
     "CoreRules",
     "Outcome",
     "RejectedError",
+    "ShardStats",
     "Verified",
 ]
 
@@ -88,15 +98,19 @@ class CoreRules:
 
     spec: MechanismSpec
     deployment: str
-    batch_public_key: str
+    trusted: str
+    """The trusted anchor: the batch key, or the announced shard layouts as JSON
+    (:mod:`aggregator.keys`)."""
     min_batch: int
     retention_rounds: int
     round_seconds: int | None = None
     """The announced round length; ``None`` (a spec file without it) skips the
     ``future_round`` check: there is no clock to judge by."""
+    manifest_grace: float = 120.0
+    """Seconds a manifest waits for its batches before the missing ones are counted."""
 
     def __post_init__(self) -> None:
-        BatchVerifier(self.batch_public_key, self.deployment)  # CocoError if malformed
+        TrustedKeys(self.trusted, self.deployment)  # CocoError if malformed
         if self.min_batch < 1:
             raise ValueError(f"min_batch must be >= 1, got {self.min_batch}")
         if self.retention_rounds < 1:
@@ -113,6 +127,7 @@ class Verified:
     round: int
     seeds: npt.NDArray[np.uint32]
     z: npt.NDArray[np.uint16]
+    shard: str | None = None
 
     @property
     def size(self) -> int:
@@ -174,6 +189,25 @@ class BatchMemory:
                 self.remember(batch_id, round_)
 
 
+@dataclass
+class ShardStats:
+    """Batches applied of one shard: the smallest is the guarantee its reports have."""
+
+    batches: int = 0
+    reports: int = 0
+    smallest: int | None = None
+    latest: int | None = None
+
+    def add(self, size: int) -> None:
+        self.batches += 1
+        self.reports += size
+        self.smallest = size if self.smallest is None else min(self.smallest, size)
+        self.latest = size
+
+    def to_json(self) -> dict[str, int | None]:
+        return dict(self.__dict__)
+
+
 class AggregatorCore:
     """The state the aggregator keeps and the rules that change it (module docs).
 
@@ -186,7 +220,10 @@ class AggregatorCore:
         self.rules = rules
         self.spec = rules.spec
         self.delta = delta
-        self.verifier = BatchVerifier(rules.batch_public_key, rules.deployment)
+        self.keys = TrustedKeys(rules.trusted, rules.deployment)
+        self.shards: dict[str, ShardStats] = {}
+        """Per shard label (the trusted ones only: a bounded set)."""
+        self.reconciler = Reconciler(grace=rules.manifest_grace, min_batch=rules.min_batch)
         self.state = AggregateState(rules.spec)
         self.counters = Counters()
         self.memory = BatchMemory(rules.retention_rounds)
@@ -197,22 +234,40 @@ class AggregatorCore:
         self.dirty = False
         self.changed = True
 
-    def trust(self, key: str) -> None:
-        """Verify batches under ``key`` from now on (the pin in force: :mod:`aggregator.trust`)."""
-        self.rules = replace(self.rules, batch_public_key=key)
-        self.verifier = BatchVerifier(key, self.rules.deployment)
+    def trust(self, anchor: str) -> None:
+        """Verify batches under ``anchor`` from now on (the pin in force:
+        :mod:`aggregator.trust`)."""
+        self.keys = TrustedKeys(anchor, self.rules.deployment)
+        self.rules = replace(self.rules, trusted=anchor)
         self._touch()
+
+    def _open(self, payload: bytes, shard: str | None, *, manifest: bool) -> memoryview:
+        verifier = self.keys.verifier(shard)
+        if verifier is None:
+            raise RejectedError("unknown_shard")
+        try:
+            return verifier.open_manifest(payload) if manifest else verifier.open(payload)
+        except BatchAuthError as exc:
+            raise RejectedError(exc.reason) from None
+
+    def _check_round(self, shard: str | None, round_: int, size: int, now: float | None) -> None:
+        if not self.keys.serves(shard, round_):
+            raise RejectedError("wrong_shard", size)
+        if self.memory.stale(round_):
+            raise RejectedError("stale_round", size)
+        if self._future(round_, now):
+            raise RejectedError("future_round", size)
 
     # -- the checks ------------------------------------------------------------------------
 
-    def check(self, payload: bytes, *, now: float | None) -> Verified | None:
-        """The checks 1-5 of the module docs: a :class:`Verified` batch to apply, ``None``
-        for one already applied; :class:`RejectedError` otherwise. ``now`` is the Unix time of
+    def check(
+        self, payload: bytes, *, now: float | None, shard: str | None = None
+    ) -> Verified | None:
+        """The checks 1-5 of the module docs for a batch that came on ``shard``'s topic
+        (``None``: the unsharded topic): a :class:`Verified` batch to apply, ``None`` for
+        one already applied; :class:`RejectedError` otherwise. ``now`` is the Unix time of
         the ``future_round`` check (``None``: no clock to judge by)."""
-        try:
-            inner = self.verifier.open(payload)
-        except BatchAuthError as exc:
-            raise RejectedError(exc.reason) from None
+        inner = self._open(payload, shard, manifest=False)
         try:
             fingerprint, round_, batch_id, seeds, z = decode_batch_arrays(inner)
         except CodecError as exc:
@@ -224,13 +279,10 @@ class AggregatorCore:
             raise RejectedError("empty")
         if size < self.rules.min_batch:
             raise RejectedError("below_min_batch", size)
-        if self.memory.stale(round_):
-            raise RejectedError("stale_round", size)
-        if self._future(round_, now):
-            raise RejectedError("future_round", size)
+        self._check_round(shard, round_, size, now)
         if batch_id in self.memory:
             return None
-        return Verified(batch_id, round_, seeds, z)
+        return Verified(batch_id, round_, seeds, z, shard)
 
     def _future(self, round_: int, now: float | None) -> bool:
         round_seconds = self.rules.round_seconds
@@ -274,14 +326,68 @@ class AggregatorCore:
         self.latest_batch = size
         self.last_batch_timestamp = now
         self.ledger.record(size)
+        if batch.shard is not None:
+            self.shards.setdefault(batch.shard, ShardStats()).add(size)
+        agrees = self.reconciler.batch(
+            batch.batch_id, shard=batch.shard, round_=batch.round, count=size, now=now
+        )
+        if not agrees:
+            self.counters.manifests_rejected["manifest_mismatch"] = (
+                self.counters.manifests_rejected.get("manifest_mismatch", 0) + 1
+            )
+        oldest = self.memory.oldest_round
+        if oldest is not None:
+            self.reconciler.forget_before(oldest)
         self._touch()
         return True
 
-    def handle(self, payload: bytes, *, now: float) -> Outcome:
+    # -- manifests -------------------------------------------------------------------------
+
+    def manifest(self, payload: bytes, *, now: float, shard: str | None = None) -> Outcome:
+        """Check and reconcile one sealed manifest: ``"accepted"``, ``"duplicate"`` or the
+        reason it is rejected (counted in ``counters.manifests_rejected``)."""
+        try:
+            inner = self._open(payload, shard, manifest=True)
+            try:
+                fingerprint, round_, release_id, entries = decode_manifest(inner)
+            except CodecError as exc:
+                raise RejectedError(exc.reason) from None
+            if fingerprint != self.spec.fingerprint_int:
+                raise RejectedError("fingerprint_mismatch")
+            self._check_round(shard, round_, 0, now)
+            outcome = self.reconciler.manifest(
+                release_id,
+                entries,
+                shard=shard,
+                round_=round_,
+                now=now,
+                known=self.memory.__contains__,
+            )
+            if outcome == "manifest_mismatch":
+                raise RejectedError(outcome)
+        except RejectedError as rejected:
+            rejects = self.counters.manifests_rejected
+            rejects[rejected.reason] = rejects.get(rejected.reason, 0) + 1
+            self._touch()
+            return rejected.reason
+        if outcome == "duplicate":
+            self.counters.manifests_duplicate += 1
+        self._touch()
+        return outcome
+
+    def reconcile(self, now: float) -> list[Loss]:
+        """Count what the grace period did not bring (:meth:`Reconciler.reconcile`)."""
+        before = self.reconciler.counts.to_json()
+        losses = self.reconciler.reconcile(now, self.memory.__contains__)
+        if losses or self.reconciler.counts.to_json() != before:
+            self._touch()
+        return losses
+
+    def handle(self, payload: bytes, *, now: float, shard: str | None = None) -> Outcome:
         """Every check and the change in one synchronous call (the shell splits it to run
         the records' sums in a thread): ``"applied"``, ``"duplicate"`` or the reason."""
         try:
-            batch = self.check(payload, now=now)
+            batch = self.check(payload, now=now, shard=shard)
             if batch is not None and self.apply(batch, self.partial(batch), now=now):
                 return "applied"
         except RejectedError as rejected:
@@ -327,7 +433,7 @@ class AggregatorCore:
             fingerprint=self.spec.fingerprint,
             deployment=self.rules.deployment,
             delta=self.delta,
-            batch_public_key=self.rules.batch_public_key,
+            trusted=self.rules.trusted,
             state=self.state.copy(),
             batch_rounds={r: list(ids) for r, ids in self.memory.by_round().items()},
             retention_rounds=self.rules.retention_rounds,
@@ -337,6 +443,8 @@ class AggregatorCore:
             batch_sizes={int(n): int(c) for n, c in self.ledger.sizes.items()},
             last_batch_timestamp=self.last_batch_timestamp,
             written_at=written_at,
+            shards={label: stats.to_json() for label, stats in sorted(self.shards.items())},
+            reconciliation=self.reconciler.to_json(),
         )
 
     def restore(self, checkpoint: Checkpoint) -> None:
@@ -348,6 +456,21 @@ class AggregatorCore:
         self.latest_batch = checkpoint.latest_batch
         self.ledger.restore(checkpoint.batch_sizes, checkpoint.latest_batch)
         self.last_batch_timestamp = checkpoint.last_batch_timestamp
+        self.shards = {
+            label: ShardStats(
+                batches=int(stats["batches"] or 0),
+                reports=int(stats["reports"] or 0),
+                smallest=stats["smallest"],
+                latest=stats["latest"],
+            )
+            for label, stats in checkpoint.shards.items()
+        }
+        if checkpoint.reconciliation is not None:
+            self.reconciler = Reconciler.from_json(
+                checkpoint.reconciliation,
+                grace=self.rules.manifest_grace,
+                min_batch=self.rules.min_batch,
+            )
         self.dirty = checkpoint.version != CHECKPOINT_VERSION  # rewrite an older version
         self.changed = True
 
@@ -365,69 +488,3 @@ def check_resumable(core: AggregatorCore, checkpoint: Checkpoint) -> str | None:
     if checkpoint.state.spec.canonical() != spec.canonical():
         return "field 'state' is for another spec"
     return None
-
-
-T = TypeVar("T")
-
-
-class AckGenerations(Generic[T]):
-    """Which deliveries may be acknowledged, by checkpoint generation (module docs).
-
-    ``T`` is whatever the shell needs to send a PUBACK (a connection and a message id).
-    A delivery is *open* until a checkpoint snapshot covers it, then *writing* until that
-    generation is durable, then *held* until the next generation is durable, when
-    :meth:`written` hands it out to be acknowledged.
-    """
-
-    def __init__(self) -> None:
-        self.open: list[T] = []
-        self.writing: list[T] = []
-        self.held: list[T] = []
-        self.newest_unacknowledged = False
-        """Whether the newest durable generation holds deliveries never acknowledged (kept
-        when a lost connection drops them): a service whose session was taken over rolls
-        its files back to the previous generation, so that the new holder, to whom the
-        broker redelivers them, is the only one to count them."""
-
-    def __len__(self) -> int:
-        return len(self.open) + len(self.writing) + len(self.held)
-
-    def delivered(self, token: T) -> None:
-        self.open.append(token)
-
-    def snapshot(self) -> None:
-        """A checkpoint snapshot was taken: what is open goes into that generation."""
-        self.writing.extend(self.open)
-        self.open = []
-
-    def written(self) -> list[T]:
-        """The snapshot's generation is durable: return what the previous generation held
-        (acknowledge it now); the new one's deliveries wait for the next generation."""
-        ready, self.held, self.writing = self.held, self.writing, []
-        self.newest_unacknowledged = bool(self.held)
-        return ready
-
-    def failed(self) -> None:
-        """The snapshot's generation could not be written: its deliveries are open again."""
-        self.open = self.writing + self.open
-        self.writing = []
-
-    def drop(self, lost: Callable[[T], bool]) -> int:
-        """Forget the deliveries for which ``lost`` holds (their connection is gone: the
-        broker redelivers them); how many."""
-        count = 0
-        for name in ("open", "writing", "held"):
-            tokens: list[T] = getattr(self, name)
-            kept = [t for t in tokens if not lost(t)]
-            count += len(tokens) - len(kept)
-            setattr(self, name, kept)
-        return count
-
-    def take_all(self) -> list[T]:
-        """Everything, to acknowledge at once (a service without checkpoints)."""
-        every, self.open, self.writing, self.held = self.held + self.writing + self.open, [], [], []
-        return every
-
-    def waiting(self) -> bool:
-        """Whether a new generation would let PUBACKs out."""
-        return bool(self.held or self.writing or self.open)

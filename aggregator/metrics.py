@@ -22,43 +22,27 @@ coco_aggregator_reports_total`` (reports released but not applied yet). A histog
 time minus release time is not possible: a batch carries no release time (docs/protocol.md,
 section 10.3), and adding one would change the wire format.
 
-:class:`MetricsServer` serves, on one port, ``/ready`` (200 once the checkpoint is
-recovered and the batches topic subscribed, else 503; ``coco_aggregator_ready`` alike;
-before recovery ``/metrics`` serves that gauge alone and ``/estimates`` answers 503), the
-live page at ``/``
-(:mod:`aggregator.live_page`), ``/metrics`` (Prometheus text format) and
-``/estimates`` (JSON: spec, n, estimates, certified central epsilon for the smallest and the
-latest batch, delta, the counters and the retained horizon; rebuilt for every request, so
-they never lag ``/metrics``). It is a stdlib ``ThreadingHTTPServer`` in a daemon thread:
-the handler asks the event loop for a fresh snapshot (an immutable document the loop
-replaces; :mod:`aggregator.service`, *Publishing*) and waits for it, so no lock is needed
-and a slow scraper never blocks the event loop.
+The HTTP endpoint that serves them is :class:`aggregator.http.MetricsServer`.
 """
 
 from __future__ import annotations
 
-import errno
-import json
 import logging
-import sys
-import threading
-from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from aggregator.accountant import amplify_spec
+from aggregator.core import AggregatorCore
 from aggregator.estimators import Estimates
-from aggregator.live_page import CONTENT_SECURITY_POLICY, PAGE
-from edge.errors import CocoError
 from edge.spec import MechanismSpec
 
 logger = logging.getLogger(__name__)
 
 REJECT_REASONS = (
+    "unknown_shard",
     "bad_length",
     "bad_signature",
     "bad_version",
@@ -68,20 +52,63 @@ REJECT_REASONS = (
     "fingerprint_mismatch",
     "empty",
     "below_min_batch",
+    "wrong_shard",
     "stale_round",
     "future_round",
     "z_out_of_range",
     "seed_out_of_range",
 )
 """Every ``reason`` label of ``coco_aggregator_batches_rejected_total`` (pre-created at 0), in
-the order the checks run: ``bad_length`` (too short to hold a batch and its signature, or a
+the order the checks run: ``unknown_shard`` (a topic of no trusted shard: a shard not
+announced, or a sharded topic in an unsharded deployment or the other way round),
+``bad_length`` (too short to hold a batch and its signature, or a
 length that does not match the count), ``bad_signature`` (not sealed by the trusted shuffler
 key), the codec's ``bad_version``, ``bad_kind``, ``bad_count``, ``bad_field``, then
-``fingerprint_mismatch`` (another spec), ``empty``, ``below_min_batch``, ``stale_round``
+``fingerprint_mismatch`` (another spec), ``empty``, ``below_min_batch``, ``wrong_shard``
+(a round its shard's layout does not serve), ``stale_round``
 (a round below the retained horizon), ``future_round`` (a round more than the retained
 window ahead of the aggregator's clock) and the record checks ``z_out_of_range``,
 ``seed_out_of_range``. A redelivered or replayed ``batch_id`` is not a rejection but a
 duplicate (``coco_aggregator_batches_duplicate_total``)."""
+MANIFEST_REJECT_REASONS = (
+    "unknown_shard",
+    "bad_length",
+    "bad_signature",
+    "bad_version",
+    "bad_kind",
+    "bad_count",
+    "bad_field",
+    "fingerprint_mismatch",
+    "wrong_shard",
+    "stale_round",
+    "future_round",
+    "manifest_mismatch",
+)
+"""Every ``reason`` label of ``coco_aggregator_manifests_rejected_total``: the batch checks
+that apply to a manifest (signature under its shard's key with the manifest domain, wire
+format, spec, round), and ``manifest_mismatch`` (it disagrees with a batch received: same
+``batch_id`` with another count, round or shard; lists a batch twice, or one another
+manifest lists, or a count below ``min_batch``). A rejected manifest changes nothing."""
+RECONCILED = (
+    ("manifests", "manifests", "Release manifests accepted."),
+    (
+        "reports_missing",
+        "reports_missing",
+        "Reports listed in a manifest whose batch never came within the grace period.",
+    ),
+    (
+        "batches_missing",
+        "batches_missing",
+        "Batches listed in a manifest that never came within the grace period.",
+    ),
+    (
+        "batches_unlisted",
+        "batches_unlisted",
+        "Batches of a (shard, round) with manifests, none of which listed them.",
+    ),
+    ("reports_late", "reports_late", "Reports of batches that came after being counted missing."),
+)
+"""``(Reconciler.counts field, metric name without prefix and _total, help)``."""
 UNACKED_REASONS = ("connection_lost", "unprocessed", "checkpoint_failed", "taken_over")
 """Every ``reason`` label of ``coco_aggregator_batches_unacknowledged_total``: batches whose
 PUBACK could not be sent because the connection ended first (``connection_lost``), that were
@@ -161,8 +188,41 @@ class AggregatorMetrics:
             registry,
             f"{p}_reports_rejected",
             "Reports in rejected batches whose signature verified, by reason.",
-            [r for r in REJECT_REASONS if r not in ("bad_length", "bad_signature")],
+            [
+                r
+                for r in REJECT_REASONS
+                if r not in ("unknown_shard", "bad_length", "bad_signature")
+            ],
         )
+        self.manifests_rejected = _reason_counter(
+            registry,
+            f"{p}_manifests_rejected",
+            "Release manifests rejected, by reason.",
+            MANIFEST_REJECT_REASONS,
+        )
+        self.manifests_duplicate = Counter(
+            f"{p}_manifests_duplicate",
+            "Release manifests ignored because their release was already accepted.",
+            registry=registry,
+        )
+        self.reconciled = {
+            field: Counter(f"{p}_{name}", help_text, registry=registry)
+            for field, name, help_text in RECONCILED
+        }
+        self.shard_batches = Counter(
+            f"{p}_shard_batches", "Batches applied, by shard.", ["shard"], registry=registry
+        )
+        self.shard_reports = Counter(
+            f"{p}_shard_reports", "Reports applied, by shard.", ["shard"], registry=registry
+        )
+        self.shard_batch_size = Gauge(
+            f"{p}_shard_batch_size",
+            "Reports in the smallest and in the latest batch applied, by shard (the smallest "
+            "over all shards is the guarantee every report has).",
+            ["shard", "batch"],
+            registry=registry,
+        )
+        self._synced: dict[tuple[str, str], float] = {}
         self.unacknowledged = _reason_counter(
             registry,
             f"{p}_batches_unacknowledged",
@@ -285,6 +345,47 @@ class AggregatorMetrics:
             }
         )
 
+    def sync(self, core: AggregatorCore) -> None:
+        """Bring every counter up to the core's counts (which continue across restarts
+        in the checkpoint) and the per-shard gauges to its shard stats. ``O(reasons +
+        shards)``: after each batch or manifest, and on restore."""
+        counters = core.counters
+        self._bump(self.reports, ("reports", ""), counters.reports)
+        self._bump(self.batches, ("batches", ""), counters.batches)
+        self._bump(self.duplicates, ("duplicates", ""), counters.duplicates)
+        for name, metric, counts in (
+            ("rejected", self.rejected, counters.rejected),
+            ("rejected_reports", self.rejected_reports, counters.rejected_reports),
+            ("unacknowledged", self.unacknowledged, counters.unacknowledged),
+            ("manifests_rejected", self.manifests_rejected, counters.manifests_rejected),
+        ):
+            for reason, value in counts.items():
+                self._bump(metric.labels(reason=reason), (name, reason), value)
+        self._bump(
+            self.manifests_duplicate, ("manifests_duplicate", ""), counters.manifests_duplicate
+        )
+        for field, metric in self.reconciled.items():
+            self._bump(metric, ("reconciled", field), getattr(core.reconciler.counts, field))
+        for label, stats in core.shards.items():
+            self._bump(
+                self.shard_batches.labels(shard=label), ("shard_batches", label), stats.batches
+            )
+            self._bump(
+                self.shard_reports.labels(shard=label), ("shard_reports", label), stats.reports
+            )
+            for which, size in (("smallest", stats.smallest), ("latest", stats.latest)):
+                self.shard_batch_size.labels(shard=label, batch=which).set(
+                    np.nan if size is None else size
+                )
+        if core.last_batch_timestamp is not None:
+            self.last_batch.set(core.last_batch_timestamp)
+
+    def _bump(self, metric: Any, key: tuple[str, str], value: float) -> None:
+        last = self._synced.get(key, 0.0)
+        if value > last:
+            metric.inc(value - last)
+            self._synced[key] = value
+
     def set_estimates(self, estimates: Estimates) -> None:
         """Export the estimates of the bounded set of dimensions (NaN while ``n == 0``)."""
         self.n.set(estimates.n)
@@ -345,145 +446,3 @@ def ready_gauge(registry: CollectorRegistry) -> Gauge:
         "1 once the checkpoint is recovered and the batches topic subscribed, else 0.",
         registry=registry,
     )
-
-
-_RECOVERING = CollectorRegistry()
-ready_gauge(_RECOVERING).set(0)
-"""What ``/metrics`` serves before the checkpoint is recovered: the readiness gauge alone,
-so that no counter is shown as zero."""
-_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError, TimeoutError)
-"""A client that went away mid-response: nothing to tell anyone."""
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-
-    def handle(self) -> None:
-        try:
-            super().handle()
-        except _GONE:  # a scraper that timed out and closed: no traceback
-            self.close_connection = True
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        headers: dict[str, str] = {}
-        recovered = self.server.recovered()
-        try:
-            if path == "/ready":
-                ready = self.server.ready()
-                body = b"ready\n" if ready else b"not ready\n"
-                self._send(200 if ready else 503, body, "text/plain; charset=utf-8", {})
-                return
-            if path == "/metrics" and not recovered:
-                self._send(200, generate_latest(_RECOVERING), CONTENT_TYPE_LATEST, {})
-                return
-            if path == "/estimates" and not recovered:
-                body = json.dumps({"ready": False, "recovering": True}).encode()
-                self._send(503, body, "application/json", {})
-                return
-            if path == "/":
-                body = PAGE
-                content_type = "text/html; charset=utf-8"
-                headers = {
-                    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
-                    "Cache-Control": "no-cache",
-                }
-            elif path == "/favicon.ico":
-                self.send_response(204)
-                self.end_headers()
-                return
-            elif path == "/metrics":
-                body = generate_latest(self.server.registry)
-                content_type = CONTENT_TYPE_LATEST
-            elif path == "/estimates":
-                body = json.dumps(self.server.estimates()).encode()
-                content_type = "application/json"
-            else:
-                self.send_error(404, "try /, /metrics, /estimates or /ready")
-                return
-        except Exception:  # a failing snapshot must not kill the server thread
-            logger.exception("error serving %s", path)
-            self.send_error(500)
-            return
-        self._send(200, body, content_type, headers)
-
-    def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str]) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        logger.debug("http: " + format, *args)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(
-        self,
-        address: tuple[str, int],
-        registry: CollectorRegistry,
-        estimates: Callable[[], dict[str, Any]],
-        ready: Callable[[], bool],
-        recovered: Callable[[], bool],
-    ) -> None:
-        super().__init__(address, _Handler)
-        self.registry = registry
-        self.estimates = estimates
-        self.ready = ready
-        self.recovered = recovered
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exc_info()[1], _GONE):
-            return  # a client that went away: no traceback
-        super().handle_error(request, client_address)
-
-
-class MetricsServer:
-    """``/``, ``/metrics``, ``/estimates`` and ``/ready`` on ``host:port`` (``port=0`` picks
-    a free port). A port that cannot be bound is a one-line :class:`CocoError` naming it and
-    the option (``--metrics-port``)."""
-
-    def __init__(
-        self,
-        *,
-        host: str,
-        port: int,
-        registry: CollectorRegistry,
-        estimates: Callable[[], dict[str, Any]],
-        ready: Callable[[], bool] = lambda: True,
-        recovered: Callable[[], bool] = lambda: True,
-    ) -> None:
-        try:
-            self._server = _Server((host, port), registry, estimates, ready, recovered)
-        except OSError as exc:
-            problem = (
-                "is in use"
-                if exc.errno == errno.EADDRINUSE
-                else f"cannot be bound ({exc.strerror})"
-            )
-            raise CocoError(
-                f"port {port} on {host} {problem}: choose another with --metrics-port "
-                "(COCO_METRICS_PORT)"
-            ) from None
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="coco-aggregator-http", daemon=True
-        )
-
-    @property
-    def port(self) -> int:
-        port: int = self._server.server_address[1]
-        return port
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            self._server.shutdown()
-            self._thread.join(timeout=5)
-        self._server.server_close()

@@ -184,6 +184,12 @@ class Publisher:
             "delta": self.config.delta,
             "last_batch_timestamp": core.last_batch_timestamp,
             "counters": core.counters.to_dict(),
+            "shards": {label: stats.to_json() for label, stats in sorted(core.shards.items())},
+            "manifests": {
+                **core.reconciler.counts.to_json(),
+                "pending": len(core.reconciler.pending),
+                "recent_losses": [loss.to_json() for loss in core.reconciler.losses],
+            },
             "retention": {
                 "rounds": core.rules.retention_rounds,
                 "newest_round": core.memory.newest_round,

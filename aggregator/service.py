@@ -70,20 +70,22 @@ import aiomqtt
 import paho.mqtt.client as paho
 from prometheus_client import CollectorRegistry
 
+from aggregator.acks import AckGenerations
 from aggregator.checkpoint import (
     CheckpointError,
     Counters,
     lock_checkpoint,
-    previous_path,
     recover_checkpoint,
-    write_checkpoint,
 )
 from aggregator.config import AggregatorConfig
-from aggregator.core import AckGenerations, AggregatorCore, CoreRules, RejectedError
-from aggregator.metrics import UNACKED_REASONS, AggregatorMetrics, MetricsServer
+from aggregator.core import AggregatorCore, CoreRules, RejectedError
+from aggregator.generations import Generations
+from aggregator.http import MetricsServer
+from aggregator.keys import describe_anchor
+from aggregator.metrics import UNACKED_REASONS, AggregatorMetrics
 from aggregator.privacy_ledger import PrivacyLedger, PrivacyLevel
 from aggregator.publishing import Publisher, RefreshOnCollect
-from aggregator.session import Ack, BatchSession
+from aggregator.session import Ack, BatchSession, route
 from aggregator.trust import KeyGuard
 from edge.errors import CocoError
 
@@ -108,7 +110,6 @@ class Aggregator:
     """
 
     def __init__(self, config: AggregatorConfig, *, registry: CollectorRegistry | None = None):
-        assert config.batch_public_key is not None
         assert config.min_batch is not None
         self.config = config
         self.spec = config.spec
@@ -116,10 +117,11 @@ class Aggregator:
             CoreRules(
                 spec=config.spec,
                 deployment=config.deployment,
-                batch_public_key=config.batch_public_key,
+                trusted=config.trusted,
                 min_batch=config.min_batch,
                 retention_rounds=config.retention_rounds,
                 round_seconds=config.round_seconds,
+                manifest_grace=config.manifest_grace,
             ),
             delta=config.delta,
         )
@@ -150,13 +152,9 @@ class Aggregator:
         )
         self.session.watch_subscribed(self._subscribed_changed)
         self.publisher = Publisher(config, self.core, self.metrics, status=self._status)
-        self.acks: AckGenerations[Ack] = AckGenerations()
+        self.generations = Generations(config, self.core, self.session, self.metrics)
         self.recovered = False
         """Whether the checkpoint (if any) has been recovered: readiness needs it."""
-        self.generation = 0
-        """The generation of the newest checkpoint written or recovered."""
-        self._last_checkpoint = time.monotonic()
-        self._checkpoint_lock = asyncio.Lock()
         self._entered = False
         self._lock_fd: int | None = None
         self._run_start = Counters()
@@ -209,6 +207,19 @@ class Aggregator:
         return self.session.connections
 
     @property
+    def acks(self) -> AckGenerations[Ack]:
+        return self.generations.acks
+
+    @acks.setter
+    def acks(self, acks: AckGenerations[Ack]) -> None:
+        self.generations.acks = acks
+
+    @property
+    def generation(self) -> int:
+        """The generation of the newest checkpoint written or recovered."""
+        return self.generations.generation
+
+    @property
     def ready(self) -> bool:
         """Recovered and subscribed (module docs, *Readiness*)."""
         return self.recovered and self.session.subscribed.is_set()
@@ -236,7 +247,7 @@ class Aggregator:
             "subscribed": self.session.subscribed.is_set(),
             "ready": self.ready,
             "checkpoint_generation": self.generation if self.config.checkpoint else None,
-            "batch_public_key": self.core.rules.batch_public_key,
+            "batch_public_key": describe_anchor(self.core.rules.trusted),
         }
 
     def _subscribed_changed(self, _subscribed: bool) -> None:
@@ -300,26 +311,16 @@ class Aggregator:
                 raise CheckpointError(f"checkpoint {checkpoint.path} {problem}")
         self.keys.settle(
             configured=self.config.key_source == "configured",
-            checkpoint_key=None if checkpoint is None else checkpoint.batch_public_key,
+            checkpoint_key=None if checkpoint is None else checkpoint.trusted,
         )
         if checkpoint is not None:
             self._restore(checkpoint)
 
     def _restore(self, checkpoint: Any) -> None:
         self.core.restore(checkpoint)
-        self.generation = checkpoint.generation
+        self.generations.generation = checkpoint.generation
         restored = self.core.counters
-        self.metrics.reports.inc(restored.reports)
-        self.metrics.batches.inc(restored.batches)
-        self.metrics.duplicates.inc(restored.duplicates)
-        for reason, count in restored.rejected.items():
-            self.metrics.rejected.labels(reason=reason).inc(count)
-        for reason, count in restored.rejected_reports.items():
-            self.metrics.rejected_reports.labels(reason=reason).inc(count)
-        for reason, count in restored.unacknowledged.items():
-            self.metrics.unacknowledged.labels(reason=reason).inc(count)
-        if self.core.last_batch_timestamp is not None:
-            self.metrics.last_batch.set(self.core.last_batch_timestamp)
+        self.metrics.sync(self.core)
         self.metrics.checkpoint_generation.set(self.generation)
         if checkpoint.version < 3:
             logger.info(
@@ -351,11 +352,11 @@ class Aggregator:
                     "no final checkpoint: the batches applied since the last one are "
                     "redelivered to the session's new holder"
                 )
-                self._roll_back()
+                self.generations.roll_back()
                 self._count_unacknowledged("taken_over", len(self.acks))
                 self.acks = AckGenerations()
             else:
-                await asyncio.shield(self._final_checkpoint())
+                await asyncio.shield(self.generations.final())
             if self.acks:
                 self._count_unacknowledged("checkpoint_failed", len(self.acks))
                 self.acks = AckGenerations()
@@ -369,24 +370,6 @@ class Aggregator:
             self._release_lock()
             self.recovered = False
             self._entered = self.publisher.entered = False
-
-    def _roll_back(self) -> None:
-        """After a takeover: the newest generation's batches were never acknowledged, so
-        the broker redelivers them to the new holder; back to the previous generation (or
-        none), so that no batch is in both services' checkpoints."""
-        path = self.config.checkpoint
-        if path is None or not self.acks.newest_unacknowledged:
-            return
-        previous = previous_path(path)
-        try:
-            if previous.exists():
-                os.replace(previous, path)
-            else:
-                path.unlink(missing_ok=True)
-        except OSError:
-            logger.exception("cannot roll %s back to its previous generation", path)
-            return
-        logger.info("rolled %s back to the generation its PUBACKs were sent for", path)
 
     def _stop_http(self) -> None:
         if self._http is not None:
@@ -435,13 +418,14 @@ class Aggregator:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self.session.run(), name="coco-aggregator-mqtt")
                 if self.config.checkpoint is not None:
-                    tasks.create_task(self._checkpoint_loop(), name="coco-aggregator-checkpoint")
+                    tasks.create_task(self.generations.loop(), name="coco-aggregator-checkpoint")
                     tasks.create_task(self.keys.watch(), name="coco-aggregator-trust")
                 tasks.create_task(
                     self.publisher.export_epsilon_curve(), name="coco-aggregator-eps-curve"
                 )
                 tasks.create_task(self.publisher.privacy_loop(), name="coco-aggregator-privacy")
                 tasks.create_task(self.publisher.publish_loop(), name="coco-aggregator-publish")
+                tasks.create_task(self._reconcile_loop(), name="coco-aggregator-reconcile")
         except BaseExceptionGroup as group:
             coco = group.subgroup(CocoError)
             if coco is not None and len(group.exceptions) == len(coco.exceptions):
@@ -456,21 +440,26 @@ class Aggregator:
     async def _on_message(self, paho_client: paho.Client, message: aiomqtt.Message) -> None:
         payload = message.payload
         data = bytes(payload) if isinstance(payload, bytes | bytearray) else b""
-        await self.handle_batch(data)
+        kind, shard = route(self.config.deployment, message.topic.value)
+        if kind == "manifest":
+            self.handle_manifest(data, shard)
+        else:
+            await self.handle_batch(data, shard)
         if message.qos > 0:
             self.acks.delivered((paho_client, message.mid, message.qos))
         if self.config.checkpoint is None:
-            self._acknowledge(self.acks.take_all())
+            self.generations.acknowledge(self.acks.take_all())
         elif len(self.acks.open) >= self.config.max_unacked:
             await self.checkpoint()
 
-    async def handle_batch(self, payload: bytes) -> str:
-        """Verify, check and apply one sealed batch (``batch || signature``); returns
-        ``"applied"``, ``"duplicate"`` or the reject reason."""
+    async def handle_batch(self, payload: bytes, shard: str | None = None) -> str:
+        """Verify, check and apply one sealed batch (``batch || signature``) that came on
+        ``shard``'s topic (``None``: the unsharded one); returns ``"applied"``,
+        ``"duplicate"`` or the reject reason."""
         self.publisher.bind_loop()
         core = self.core
         try:
-            batch = core.check(payload, now=time.time())
+            batch = core.check(payload, now=time.time(), shard=shard)
             if batch is not None:
                 if batch.size * self.spec.d <= INLINE_ELEMENTS:  # less than a thread hand-off
                     partial = core.partial(batch)
@@ -478,17 +467,14 @@ class Aggregator:
                     partial = await asyncio.to_thread(core.partial, batch)  # numpy: no GIL
                 # From here to the end, no await: the sums and the id change together.
                 if core.apply(batch, partial, now=time.time()):
-                    self.metrics.reports.inc(partial.n)
-                    self.metrics.batches.inc()
-                    if core.last_batch_timestamp is not None:
-                        self.metrics.last_batch.set(core.last_batch_timestamp)
+                    self.metrics.sync(core)
                     self.publisher.applied()
                     return "applied"
         except RejectedError as rejected:
             self._reject(rejected)
             return rejected.reason
         core.duplicate()
-        self.metrics.duplicates.inc()
+        self.metrics.sync(core)
         this_run = core.counters.duplicates - self._run_start.duplicates
         if _is_power_of_two(this_run):
             logger.info(
@@ -498,11 +484,39 @@ class Aggregator:
             )
         return "duplicate"
 
+    def handle_manifest(self, payload: bytes, shard: str | None = None) -> str:
+        """Check and reconcile one sealed release manifest (:mod:`aggregator.manifests`);
+        returns ``"accepted"``, ``"duplicate"`` or the reject reason."""
+        outcome = self.core.manifest(payload, now=time.time(), shard=shard)
+        self.metrics.sync(self.core)
+        if outcome not in ("accepted", "duplicate"):
+            count = self.counters.manifests_rejected[outcome]
+            if _is_power_of_two(count - self._run_start.manifests_rejected.get(outcome, 0)):
+                logger.warning(
+                    "rejected a manifest: %s (%d so far; coco_aggregator_manifests_rejected_total)",
+                    outcome,
+                    count,
+                )
+        return outcome
+
+    async def _reconcile_loop(self) -> None:
+        """Count what the manifests' grace period did not bring (every few seconds)."""
+        while True:
+            await asyncio.sleep(min(5.0, self.config.manifest_grace / 4))
+            for loss in self.core.reconcile(time.time()):
+                logger.warning(
+                    "%d reports in %d batches of shard %s, round %d, listed in a manifest, "
+                    "never came (coco_aggregator_reports_missing_total)",
+                    loss.reports,
+                    loss.batches,
+                    loss.shard or "-",
+                    loss.round,
+                )
+            self.metrics.sync(self.core)
+
     def _reject(self, rejected: RejectedError) -> None:
         reason = self.core.reject(rejected)
-        self.metrics.rejected.labels(reason=reason).inc()
-        if rejected.reports:
-            self.metrics.rejected_reports.labels(reason=reason).inc(rejected.reports)
+        self.metrics.sync(self.core)
         count = self.counters.rejected[reason]
         if _is_power_of_two(count - self._run_start.rejected.get(reason, 0)):
             # 1st, 2nd, 4th, 8th... of a reason this run: a flood cannot flood the log
@@ -514,10 +528,6 @@ class Aggregator:
 
     # -- acknowledgements ------------------------------------------------------------------
 
-    def _acknowledge(self, ready: list[Ack]) -> None:
-        for paho_client, mid, qos in ready:
-            paho_client.ack(mid, qos)  # an error means the connection is gone: redelivered
-
     def _connection_ended(self, paho_client: paho.Client) -> None:
         # PUBACKs cannot cross connections; the broker redelivers those batches and the
         # remembered ids turn them into acknowledged duplicates.
@@ -528,14 +538,14 @@ class Aggregator:
     async def _on_stop(self, _client: paho.Client, unread: int) -> None:
         """Shutdown while connected: the final checkpoints send every PUBACK they can."""
         self._count_unacknowledged("unprocessed", unread)
-        await self._final_checkpoint()
+        await self.generations.final()
 
     def _count_unacknowledged(self, reason: str, count: int) -> None:
         assert reason in UNACKED_REASONS
         if count <= 0:
             return
         self.core.unacknowledged(reason, count)
-        self.metrics.unacknowledged.labels(reason=reason).inc(count)
+        self.metrics.sync(self.core)
         logger.info(
             "%d batches left unacknowledged (%s); the broker redelivers them", count, reason
         )
@@ -545,65 +555,7 @@ class Aggregator:
     async def checkpoint(self) -> None:
         """Write a new checkpoint generation (if configured, and anything changed or a
         PUBACK waits), then send the PUBACKs of the generation before it."""
-        try:
-            async with self._checkpoint_lock:
-                await self._write_generation()
-        finally:
-            self._last_checkpoint = time.monotonic()
-
-    async def _final_checkpoint(self) -> None:
-        """Two generations, so that every batch applied is in both and acknowledged."""
-        await self.checkpoint()
-        await self.checkpoint()
-
-    async def _write_generation(self) -> None:
-        path = self.config.checkpoint
-        if self.session.taken_over:
-            return
-        if path is None:
-            self._acknowledge(self.acks.take_all())
-            return
-        if not self.core.dirty and not self.acks.waiting():
-            return
-        # The content and the deliveries it covers are taken together, with no await.
-        content = self.core.content(generation=self.generation + 1, written_at=time.time())
-        self.acks.snapshot()
-        write = asyncio.ensure_future(asyncio.to_thread(write_checkpoint, path, content))
-        try:
-            await asyncio.shield(write)
-        except asyncio.CancelledError:
-            # A thread cannot be cancelled: keep the lock until the file is complete, so the
-            # final checkpoint of a shutdown neither races this write nor skips a write
-            # that failed.
-            await asyncio.wait([write])
-            self._written(write.exception() is None)
-            raise
-        except (OSError, ValueError):
-            logger.exception("cannot write checkpoint %s; batches stay unacknowledged", path)
-            self._written(False)
-            return
-        self._written(True)
-        logger.debug("checkpoint generation %d written: n=%d", self.generation, content.state.n)
-
-    def _written(self, ok: bool) -> None:
-        if not ok:
-            self.core.dirty = True
-            self.acks.failed()
-            return
-        self.generation += 1
-        self.metrics.checkpoint_generation.set(self.generation)
-        self._acknowledge(self.acks.written())
-
-    async def _checkpoint_loop(self) -> None:
-        interval = self.config.checkpoint_interval
-        while True:
-            await asyncio.sleep(max(0.0, self._last_checkpoint + interval - time.monotonic()))
-            if time.monotonic() - self._last_checkpoint < interval:
-                continue
-            if self.session.confirmed:
-                await self.checkpoint()
-            else:  # no PUBACK can go out; the session may be another service's now
-                self._last_checkpoint = time.monotonic()
+        await self.generations.checkpoint()
 
 
 async def run_aggregator(

@@ -5,7 +5,7 @@ with ``clean_start=False`` and a session expiry interval, or MQTT 3.1.1 with
 ``clean_session=False`` (the broker keeps it until a clean connection with the same id).
 ``mqtt_version="auto"`` connects with MQTT 5 and, once the broker refuses that version
 (CONNACK reason 0x84, or return code 1 in the 3.1.1 form), with 3.1.1 for the rest of the
-process (:class:`~aggregator.mqtt_version.VersionChoice`). The PUBACKs are the service's
+process (:class:`~edge.mqtt_version.VersionChoice`). The PUBACKs are the service's
 to send (:class:`~aggregator.core.AckGenerations`); :class:`BatchSession` only hands each
 message over, with what is needed to acknowledge it later.
 
@@ -25,8 +25,10 @@ broker that refuses the lease topic (an ACL without it) leaves only the ``0x8E``
 with a warning; one that grants the subscription but drops the claim delays batches by
 ``lease_timeout``, then they are applied without the lease, with a warning.
 
-The session also subscribes to the retained spec announcement, so that a changed
-announcement is seen while the service runs (:mod:`aggregator.trust`).
+The session subscribes to the batches (``batches`` and, for sharded deployments,
+``batches/+``), the release manifests (``manifests``, ``manifests/+``) and the retained
+spec announcement, so that a changed announcement is seen while the service runs
+(:mod:`aggregator.trust`); :func:`route` tells a batch from a manifest and names the shard.
 """
 
 from __future__ import annotations
@@ -49,10 +51,10 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from aggregator.config import AggregatorConfig
-from aggregator.mqtt_version import MqttVersion, Negotiated, VersionChoice, is_version_refusal
 from edge import mqtt_url, topics
 from edge.announce import decode_announcement
 from edge.errors import CocoError, SpecError
+from edge.mqtt_version import MqttVersion, Negotiated, VersionChoice, is_version_refusal
 
 logger = logging.getLogger("aggregator.service")
 
@@ -95,6 +97,14 @@ def lease_topic(deployment: str) -> str:
     """``coco/v1/<deployment>/aggregator/lease``: the retained claim of the aggregator that
     holds the deployment's session (module docs, *One writer per deployment*)."""
     return topics.lease_topic(deployment)
+
+
+def route(deployment: str, topic: str) -> tuple[str, str | None]:
+    """``("batch" | "manifest", shard label or None)`` of a message's topic; a label that is
+    not one is passed on as it is (the core refuses it: ``unknown_shard``)."""
+    rest = topic.removeprefix(f"{topics.PROTOCOL}/{deployment}/")
+    kind, _, shard = rest.partition("/")
+    return ("manifest" if kind == "manifests" else "batch"), (shard or None)
 
 
 def session_taken_over(exc: BaseException) -> bool:
@@ -411,8 +421,14 @@ class BatchSession:
                 async with client:
                     first = self.connections == 0
                     confirmed = not await self._claim_lease(client, first=first)
-                    await client.subscribe(topic, qos=1)
-                    await client.subscribe(topics.spec_topic(deployment), qos=1)
+                    for subscription in (
+                        topic,
+                        topics.batches_filter(deployment),
+                        topics.manifests_topic(deployment),
+                        topics.manifests_filter(deployment),
+                        topics.spec_topic(deployment),
+                    ):
+                        await client.subscribe(subscription, qos=1)
                     self.connections += 1
                     self._set_subscribed(True)
                     logger.info(

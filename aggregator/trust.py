@@ -4,8 +4,11 @@ operator.
 With a checkpoint, the aggregator keeps the shuffler's batch key it trusts in a small
 checksummed file beside it, ``<checkpoint>.trust``::
 
-    {"version": 1, "deployment": "plant-7", "batch_public_key": "<64 hex>",
-     "refused": "<64 hex>" | null, "checksum": "<64 hex>"}
+    {"version": 1, "deployment": "plant-7", "trusted": "<64 hex>" or "[<layouts>]",
+     "refused": ... | null, "checksum": "<64 hex>"}
+
+``trusted`` is the anchor of :mod:`aggregator.keys`: the batch key of an unsharded
+deployment, or its announced shard layouts (every shard's key) as JSON text.
 
 ``checksum`` is the SHA-256 of the other fields as compact JSON with sorted keys.
 
@@ -13,7 +16,8 @@ checksummed file beside it, ``<checkpoint>.trust``::
   announcement's) is pinned; a version-3 checkpoint records the key its sums were verified
   under, so a checkpoint whose trust file was lost pins its own key again, never the
   announcement's.
-* **A changed announcement** (another ``batch_public_key``), at start or while running, is
+* **A changed announcement** (another ``batch_public_key``, or other shard layouts: a
+  new key, a reshard), at start or while running, is
   refused: an ERROR log, ``coco_aggregator_announcements_refused_total``, and the key is
   recorded as ``refused``; the pinned key stays in force, so batches signed by the new key
   are rejected (``bad_signature``).
@@ -43,7 +47,8 @@ from pathlib import Path
 from prometheus_client import Counter
 
 from aggregator.core import AggregatorCore
-from edge.announce import decode_announcement
+from aggregator.keys import anchor_of, describe_anchor, is_anchor
+from edge.announce import decode_announcement, shard_plan
 from edge.errors import CocoError, SpecError
 
 logger = logging.getLogger("aggregator.service")
@@ -51,7 +56,6 @@ logger = logging.getLogger("aggregator.service")
 TRUST_VERSION = 1
 PIN_POLL = 2.0
 """Seconds between two looks of the running service at its trust file."""
-_HEX = frozenset("0123456789abcdef")
 
 
 class TrustError(CocoError):
@@ -63,7 +67,7 @@ class Pins:
     """The content of a trust file."""
 
     deployment: str
-    batch_public_key: str
+    trusted: str
     refused: str | None = None
     """The last announced key that was refused (``--accept-announced`` accepts it)."""
 
@@ -71,7 +75,7 @@ class Pins:
         return {
             "version": TRUST_VERSION,
             "deployment": self.deployment,
-            "batch_public_key": self.batch_public_key,
+            "trusted": self.trusted,
             "refused": self.refused,
         }
 
@@ -79,10 +83,6 @@ class Pins:
 def trust_path(checkpoint: Path) -> Path:
     """``<checkpoint>.trust``."""
     return checkpoint.with_name(checkpoint.name + ".trust")
-
-
-def is_key(value: object) -> bool:
-    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
 
 
 def _checksum(document: dict[str, object]) -> str:
@@ -118,13 +118,13 @@ def decode_pins(text: str, path: Path) -> Pins:
     deployment = data.get("deployment")
     if not isinstance(deployment, str):
         raise error("deployment", "must be a string")
-    key, refused = data.get("batch_public_key"), data.get("refused")
-    if not is_key(key):
-        raise error("batch_public_key", "must be 64 lowercase hex digits")
-    if refused is not None and not is_key(refused):
-        raise error("refused", "must be 64 lowercase hex digits or null")
+    key, refused = data.get("trusted"), data.get("refused")
+    if not is_anchor(key):
+        raise error("trusted", "must be 64 lowercase hex digits or shard layouts")
+    if refused is not None and not is_anchor(refused):
+        raise error("refused", "must be 64 lowercase hex digits, shard layouts or null")
     assert isinstance(key, str)
-    return Pins(deployment=deployment, batch_public_key=key, refused=refused)
+    return Pins(deployment=deployment, trusted=key, refused=refused)
 
 
 def load_pins(path: Path) -> Pins | None:
@@ -184,7 +184,7 @@ def decide(
     (``configured``) or else the announcement's; ``checkpoint_key`` the key the recovered
     checkpoint's sums were verified under. :class:`TrustError` for an option that
     disagrees with the pin."""
-    pinned = pins.batch_public_key if pins is not None else checkpoint_key
+    pinned = pins.trusted if pins is not None else checkpoint_key
     if pinned is None:
         return Decision(candidate, pinned_now=True)
     if candidate == pinned:
@@ -203,7 +203,7 @@ def pin(path: Path, deployment: str, key: str) -> None:
     """Pin ``key`` if nothing is pinned yet (first use)."""
     update_pins(
         path,
-        lambda pins: pins or Pins(deployment=deployment, batch_public_key=key),
+        lambda pins: pins or Pins(deployment=deployment, trusted=key),
     )
 
 
@@ -212,7 +212,7 @@ def record_refused(path: Path, deployment: str, key: str, in_force: str) -> None
 
     def change(pins: Pins | None) -> Pins:
         if pins is None:
-            pins = Pins(deployment=deployment, batch_public_key=in_force)
+            pins = Pins(deployment=deployment, trusted=in_force)
         return replace(pins, refused=key)
 
     update_pins(path, change)
@@ -228,13 +228,13 @@ def accept(path: Path, *, key: str | None) -> tuple[str | None, str]:
             raise TrustError(
                 f"no announced key was refused ({path}): nothing to accept; give --accept KEY"
             )
-        if not is_key(new):
+        if not is_anchor(new):
             raise TrustError(f"the key to accept must be 64 lowercase hex digits, got {new!r}")
         deployment = pins.deployment if pins is not None else ""
-        return Pins(deployment=deployment, batch_public_key=new, refused=None)
+        return Pins(deployment=deployment, trusted=new, refused=None)
 
     before, after = update_pins(path, change)
-    return (None if before is None else before.batch_public_key), after.batch_public_key
+    return (None if before is None else before.trusted), after.trusted
 
 
 class KeyGuard:
@@ -260,7 +260,8 @@ class KeyGuard:
 
     @property
     def key(self) -> str:
-        return self.core.rules.batch_public_key
+        trusted: str = self.core.rules.trusted
+        return trusted
 
     def settle(self, *, configured: bool, checkpoint_key: str | None) -> None:
         """At start, after the checkpoint is recovered: the key in force (:func:`decide`)."""
@@ -285,11 +286,16 @@ class KeyGuard:
     def announcement(self, payload: bytes) -> None:
         """A spec announcement arrived: refuse it if it names another batch key."""
         try:
-            key = decode_announcement(payload).get("batch_public_key")
+            announcement = decode_announcement(payload)
+            key = announcement.get("batch_public_key")
+            plan = shard_plan(announcement)
         except SpecError:
             return
-        if isinstance(key, str) and key != self.key:
-            self.refuse(key)
+        if key is None and plan is None:
+            return
+        anchor = anchor_of(key, plan)
+        if anchor != self.key:
+            self.refuse(anchor)
 
     def refuse(self, key: str) -> None:
         """Refuse an announced key other than the one in force (counted once per key)."""
@@ -305,9 +311,9 @@ class KeyGuard:
         )
         logger.error(
             "refused the announced batch key %s: the key in force is %s; batches signed by "
-            "it are rejected (bad_signature); %s (coco_aggregator_announcements_refused_total)",
-            key,
-            self.key,
+            "it are rejected; %s (coco_aggregator_announcements_refused_total)",
+            describe_anchor(key),
+            describe_anchor(self.key),
             how,
         )
         if self.path is not None:
@@ -332,11 +338,13 @@ class KeyGuard:
             except CocoError:
                 logger.exception("cannot read the trust file %s; the key in force stays", path)
                 continue
-            if pins is not None and pins.batch_public_key != self.key:
+            if pins is not None and pins.trusted != self.key:
                 logger.warning(
-                    "the operator accepted batch key %s (was %s)", pins.batch_public_key, self.key
+                    "the operator accepted batch key %s (was %s)",
+                    describe_anchor(pins.trusted),
+                    describe_anchor(self.key),
                 )
-                self.core.trust(pins.batch_public_key)
+                self.core.trust(pins.trusted)
                 self._refused = None
 
 

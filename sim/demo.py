@@ -60,7 +60,7 @@ from prometheus_client import CollectorRegistry
 
 from aggregator.config import AggregatorConfig
 from aggregator.estimators import AggregateState
-from aggregator.metrics import MetricsServer
+from aggregator.http import MetricsServer
 from aggregator.service import Aggregator
 from broker.core import MAX_BATCH_LIMIT
 from broker.metrics import DROP_REASONS, REJECT_REASONS

@@ -10,6 +10,7 @@ import numpy as np
 
 from aggregator.checkpoint import Checkpoint, Counters, decode_checkpoint, encode_checkpoint
 from aggregator.estimators import AggregateState
+from aggregator.manifests import Reconciler
 from edge import MechanismSpec
 
 SPEC = MechanismSpec(mechanism="coco", d=12, s=2, epsilon=2.0)
@@ -24,7 +25,7 @@ def checkpoint(rounds: dict[int, list[bytes]]) -> Checkpoint:
         fingerprint=SPEC.fingerprint,
         deployment="test",
         delta=1e-6,
-        batch_public_key="ab" * 32,
+        trusted="ab" * 32,
         state=state,
         batch_rounds=rounds,
         retention_rounds=1440,
@@ -34,6 +35,8 @@ def checkpoint(rounds: dict[int, list[bytes]]) -> Checkpoint:
         batch_sizes={500: 1},
         last_batch_timestamp=1.5,
         written_at=2.25,
+        shards={"g0s1": {"batches": 1, "reports": 500, "smallest": 500, "latest": 500}},
+        reconciliation=Reconciler(grace=60).to_json(),
     )
 
 
@@ -46,7 +49,7 @@ def reference(ckpt: Checkpoint) -> dict[str, Any]:
         "fingerprint": ckpt.fingerprint,
         "deployment": ckpt.deployment,
         "delta": ckpt.delta,
-        "batch_public_key": ckpt.batch_public_key,
+        "trusted": ckpt.trusted,
         "retention_rounds": ckpt.retention_rounds,
         "counters": ckpt.counters.to_dict(),
         "smallest_batch": ckpt.smallest_batch,
@@ -54,6 +57,8 @@ def reference(ckpt: Checkpoint) -> dict[str, Any]:
         "batch_sizes": {str(n): c for n, c in ckpt.batch_sizes.items()},
         "last_batch_timestamp": ckpt.last_batch_timestamp,
         "written_at": ckpt.written_at,
+        "shards": ckpt.shards,
+        "reconciliation": ckpt.reconciliation,
         "state": ckpt.state.to_dict(),
         "batch_rounds": {
             str(r): [i.hex() for i in ids] for r, ids in sorted(ckpt.batch_rounds.items())
@@ -83,4 +88,4 @@ def test_piecewise_text_equals_one_json_dumps_and_reads_back() -> None:
         assert back.batch_rounds == {r: list(ids) for r, ids in rounds.items()}
         assert back.state.to_dict() == ckpt.state.to_dict()
         assert back.generation == 4
-        assert back.batch_public_key == "ab" * 32
+        assert back.trusted == "ab" * 32

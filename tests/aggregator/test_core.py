@@ -21,6 +21,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from aggregator.acks import AckGenerations
 from aggregator.batch_codec import encode_batch_arrays
 from aggregator.checkpoint import (
     CheckpointError,
@@ -30,7 +31,7 @@ from aggregator.checkpoint import (
     recover_checkpoint,
     write_checkpoint,
 )
-from aggregator.core import AckGenerations, AggregatorCore, CoreRules
+from aggregator.core import AggregatorCore, CoreRules
 from aggregator.estimators import AggregateState
 from edge import MechanismSpec
 from edge.batch_auth import BatchSigner
@@ -48,7 +49,7 @@ def rules() -> CoreRules:
     return CoreRules(
         spec=SPEC,
         deployment=DEPLOYMENT,
-        batch_public_key=SIGNER.public_key_hex,
+        trusted=SIGNER.public_key_hex,
         min_batch=MIN_BATCH,
         retention_rounds=50,
         round_seconds=60,
@@ -251,7 +252,7 @@ def test_a_damaged_checkpoint_is_refused_or_reads_the_same(
         assert back.batch_rounds == want.batch_rounds
         assert back.counters == want.counters
         assert back.batch_sizes == want.batch_sizes
-        assert back.batch_public_key == want.batch_public_key
+        assert back.trusted == want.trusted
 
 
 def test_a_damaged_newest_generation_falls_back_to_the_previous_one(tmp_path: Path) -> None:

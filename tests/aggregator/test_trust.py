@@ -68,7 +68,7 @@ def test_a_replayed_announcement_with_another_key_changes_nothing_until_the_oper
     assert rc == 0, err
     pins = load_pins(trust_path(checkpoint))
     assert pins is not None
-    assert pins.batch_public_key == SIGNER.public_key_hex
+    assert pins.trusted == SIGNER.public_key_hex
 
     # someone replays the announcement with their own key and restarts the aggregator
     asyncio.run(announce(mosquitto, FORGER.public_key_hex))
@@ -168,7 +168,7 @@ def test_a_lost_trust_file_pins_the_checkpoint_s_key_not_the_announcement_s(
     assert rc == 0, err
     pins = load_pins(trust_path(checkpoint))
     assert pins is not None
-    assert pins.batch_public_key == SIGNER.public_key_hex
+    assert pins.trusted == SIGNER.public_key_hex
     assert pins.refused == FORGER.public_key_hex
 
 

@@ -31,8 +31,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from aggregator.estimators import AggregateState
+from aggregator.http import MetricsServer
 from aggregator.live_page import CONTENT_SECURITY_POLICY, POLL_SECONDS
-from aggregator.metrics import MetricsServer
 from aggregator.publishing import estimates_document
 from aggregator.service import Aggregator
 from edge.batch_auth import BatchSigner
