@@ -346,6 +346,14 @@ def aggregator_run(
             "coco-aggregator-<deployment>).",
         ),
     ] = None,
+    manifest_grace: Annotated[
+        float,
+        typer.Option(
+            envvar="COCO_MANIFEST_GRACE",
+            help="Seconds a shuffler's release manifest waits for its batches before the "
+            "missing reports are counted (coco_aggregator_reports_missing_total).",
+        ),
+    ] = 120.0,
     mqtt_version: Annotated[
         str,
         typer.Option(
@@ -427,6 +435,7 @@ def aggregator_run(
             min_batch=min_batch,
             batch_public_key=key,
             shards=shards,
+            manifest_grace=manifest_grace,
             key_source="configured" if configured_key is not None else "announced",
             mqtt_version=version,
             retention_rounds=retention_rounds,
@@ -586,6 +595,7 @@ def aggregator_trust(
     service picks an accepted key up within seconds; batches signed by the old key are
     rejected from then on.
     """
+    from aggregator.keys import describe_anchor  # noqa: PLC0415
     from aggregator.trust import accept as accept_key  # noqa: PLC0415
     from aggregator.trust import load_pins, trust_path  # noqa: PLC0415
 
@@ -597,14 +607,14 @@ def aggregator_trust(
             pins = load_pins(path)
             if pins is None:
                 raise CocoError(f"no key is pinned ({path} does not exist)")
-            typer.echo(f"pinned:  {pins.trusted}")
-            typer.echo(f"refused: {pins.refused or '-'}")
+            typer.echo(f"pinned:  {describe_anchor(pins.trusted)}")
+            typer.echo(f"refused: {describe_anchor(pins.refused) if pins.refused else '-'}")
             return
         key = None if accept is None else read_public_key_option(accept)
         old, new = accept_key(path, key=key)
     except (CocoError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(f"old: {old or '-'}")
-    typer.echo(f"new: {new}")
+    typer.echo(f"old: {describe_anchor(old) if old else '-'}")
+    typer.echo(f"new: {describe_anchor(new)}")
     typer.echo(f"pinned in {path}")
