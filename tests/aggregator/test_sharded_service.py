@@ -20,7 +20,15 @@ from edge.batch_auth import BatchSigner
 from edge.codec import encode_manifest
 from edge.shards import ShardLayout, ShardPlan
 from edge.topics import batches_topic, manifests_topic, spec_topic
-from tests.aggregator.test_service import DELTA, DEPLOYMENT, MIN_BATCH, SPEC, raw_batch, reports
+from tests.aggregator.test_service import (
+    DELTA,
+    DEPLOYMENT,
+    MIN_BATCH,
+    SPEC,
+    Reports,
+    raw_batch,
+    reports,
+)
 from tests.aggregator.test_single_writer import (
     COCO,
     ROOT,
@@ -65,7 +73,6 @@ async def send(broker: Broker, *messages: tuple[str, bytes]) -> None:
 def test_a_sharded_deployment_end_to_end(mosquitto: Broker, tmp_path: Path) -> None:
     round_ = int(time.time() // 60)
     old = [BatchSigner.generate(DEPLOYMENT, f"g0s{i}") for i in range(2)]
-    new = [BatchSigner.generate(DEPLOYMENT, f"g1s{i}") for i in range(3)]
     plan = ShardPlan((layout(0, old, round_ - 5),))
     checkpoint = tmp_path / "aggregator.json"
     port = free_port()
@@ -112,7 +119,7 @@ def test_a_sharded_deployment_end_to_end(mosquitto: Broker, tmp_path: Path) -> N
 
         def reconciled() -> bool:
             document = estimates(port) or {}
-            return document.get("manifests", {}).get("reports_missing") == 70
+            return bool(document.get("manifests", {}).get("reports_missing") == 70)
 
         wait_for(reconciled, proc)
         document = estimates(port)
@@ -140,39 +147,56 @@ def test_a_sharded_deployment_end_to_end(mosquitto: Broker, tmp_path: Path) -> N
         assert samples["coco_aggregator_shard_batch_size{batch=smallest,shard=g0s1}"] == size[1]
         assert samples["coco_aggregator_shard_reports_total{shard=g0s0}"] == size[0]
 
-        # a reshard: a second layout from the next round on; refused until accepted
-        resharded = ShardPlan((plan.layouts[0], layout(1, new, round_ + 1)))
-        asyncio.run(announce(mosquitto, resharded))
-        wait_for(
-            lambda: (metrics(port) or {}).get("coco_aggregator_announcements_refused_total") == 1,
-            proc,
-        )
-        asyncio.run(
-            send(mosquitto, (batches_topic(DEPLOYMENT, "g1s2"), sealed(4, new[2], 6, round_ + 1)))
-        )
-        wait_for(
-            lambda: (
-                (estimates(port) or {}).get("counters", {}).get("rejected", {}).get("unknown_shard")
-                == 1
-            ),
-            proc,
-        )
-        accepted = subprocess.run(
-            [*COCO, "aggregator", "trust", "--checkpoint", str(checkpoint), "--accept-announced"],
-            check=False, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        assert accepted.returncode == 0, accepted.stderr
-        assert "new: shards g0s0=" in accepted.stdout
-        pins = load_pins(trust_path(checkpoint))
-        assert pins is not None
-        assert "g1s2" not in pins.trusted  # the layouts as JSON: keys, not labels
-        wait_for(lambda: "g1s2=" in (estimates(port) or {}).get("batch_public_key", ""), proc)
-        asyncio.run(
-            send(mosquitto, (batches_topic(DEPLOYMENT, "g1s2"), sealed(4, new[2], 7, round_ + 1)))
-        )
-        wait_for(
-            lambda: (estimates(port) or {}).get("shards", {}).get("g1s2", {}).get("batches") == 1,
-            proc,
+        reshard(
+            mosquitto, proc, port=port, checkpoint=checkpoint, plan=plan, rep=rs[4], round_=round_
         )
         rc, err = stop(proc)
     assert rc == 0, err
+
+
+def reshard(
+    mosquitto: Broker,
+    proc: subprocess.Popen[str],
+    *,
+    port: int,
+    checkpoint: Path,
+    plan: ShardPlan,
+    rep: Reports,
+    round_: int,
+) -> None:
+    """A second layout from the next round on: refused until the operator accepts it."""
+    new = [BatchSigner.generate(DEPLOYMENT, f"g1s{i}") for i in range(3)]
+
+    def sealed(batch_id: int) -> bytes:
+        return new[2].seal(raw_batch(rep, batch_id, round_=round_ + 1))
+
+    # a reshard: a second layout from the next round on; refused until accepted
+    resharded = ShardPlan((plan.layouts[0], layout(1, new, round_ + 1)))
+    asyncio.run(announce(mosquitto, resharded))
+    wait_for(
+        lambda: (metrics(port) or {}).get("coco_aggregator_announcements_refused_total") == 1,
+        proc,
+    )
+    asyncio.run(send(mosquitto, (batches_topic(DEPLOYMENT, "g1s2"), sealed(6))))
+    wait_for(
+        lambda: (
+            (estimates(port) or {}).get("counters", {}).get("rejected", {}).get("unknown_shard")
+            == 1
+        ),
+        proc,
+    )
+    accepted = subprocess.run(
+        [*COCO, "aggregator", "trust", "--checkpoint", str(checkpoint), "--accept-announced"],
+        check=False, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert accepted.returncode == 0, accepted.stderr
+    assert "new: shards g0s0=" in accepted.stdout
+    pins = load_pins(trust_path(checkpoint))
+    assert pins is not None
+    assert "g1s2" not in pins.trusted  # the layouts as JSON: keys, not labels
+    wait_for(lambda: "g1s2=" in (estimates(port) or {}).get("batch_public_key", ""), proc)
+    asyncio.run(send(mosquitto, (batches_topic(DEPLOYMENT, "g1s2"), sealed(7))))
+    wait_for(
+        lambda: (estimates(port) or {}).get("shards", {}).get("g1s2", {}).get("batches") == 1,
+        proc,
+    )
