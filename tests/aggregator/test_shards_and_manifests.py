@@ -6,9 +6,12 @@ all of it through a checkpoint and back. The MQTT path is in test_sharded_servic
 from __future__ import annotations
 
 from pathlib import Path
+from random import Random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aggregator.batch_codec import encode_batch_arrays
 from aggregator.checkpoint import decode_checkpoint, encode_checkpoint
@@ -216,3 +219,56 @@ def test_an_unsharded_deployment_has_one_key_and_manifests_on_its_own_topic() ->
 @pytest.mark.parametrize("anchor", ["", "ab" * 31, "[]", '[{"count": 1}]'])
 def test_anchors_that_are_neither_a_key_nor_layouts(anchor: str) -> None:
     assert not is_anchor(anchor)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(
+    releases=st.lists(
+        st.lists(st.tuples(st.integers(MIN_BATCH, 40), st.booleans()), min_size=1, max_size=4),
+        min_size=1,
+        max_size=4,
+    ),
+    order=st.randoms(use_true_random=False),
+)
+def test_missing_reports_are_exactly_the_batches_that_never_came(
+    releases: list[list[tuple[int, bool]]], order: Random
+) -> None:
+    """Any order of batches and manifests, any of the batches lost: once the grace period
+    passed, the reports counted missing are exactly those of the lost batches, and every
+    batch that came is applied once (a lost one that comes late is counted late)."""
+    agg = core()
+    events: list[tuple[str, int, int]] = []  # (kind, release, batch index)
+    batch_ids: dict[tuple[int, int], int] = {}
+    for r, batches in enumerate(releases):
+        events.append(("manifest", r, -1))
+        for i, (_size, arrives) in enumerate(batches):
+            batch_ids[(r, i)] = 100 * (r + 1) + i
+            if arrives:
+                events.append(("batch", r, i))
+    order.shuffle(events)
+    label = "g0s1"
+    for kind, r, i in events:
+        if kind == "manifest":
+            entries = [(batch_ids[(r, j)], size) for j, (size, _) in enumerate(releases[r])]
+            assert (
+                agg.manifest(manifest(label, ROUND, r, entries), now=NOW, shard=label) == "accepted"
+            )
+        else:
+            size = releases[r][i][0]
+            payload = SIGNERS[label].seal(raw(size, batch_ids[(r, i)]))
+            assert agg.handle(payload, now=NOW, shard=label) == "applied"
+    agg.reconcile(NOW + GRACE)
+    lost = [
+        (r, i) for r, bs in enumerate(releases) for i, (_, arrives) in enumerate(bs) if not arrives
+    ]
+    counts = agg.reconciler.counts
+    assert counts.reports_missing == sum(releases[r][i][0] for r, i in lost)
+    assert counts.batches_missing == len(lost)
+    assert counts.batches_unlisted == 0
+    assert agg.counters.manifests_rejected == {}
+    came = sum(size for bs in releases for size, arrives in bs if arrives)
+    assert agg.state.n == came
+    for r, i in lost:  # late
+        payload = SIGNERS[label].seal(raw(releases[r][i][0], batch_ids[(r, i)]))
+        assert agg.handle(payload, now=NOW + GRACE + 1, shard=label) == "applied"
+    assert agg.reconciler.counts.reports_late == counts.reports_missing
