@@ -59,7 +59,11 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "Simulate a fleet of devices publishing privatised reports (simulation only: no "
         "budget ledger; a real device runs `coco device`).",
     ),
-    "aggregator": ("aggregator.cli", "aggregator_app", "The streaming aggregator service."),
+    "aggregator": (
+        "aggregator.service_cli",
+        "aggregator_app",
+        "The streaming aggregator service.",
+    ),
     "experiment": (
         "sim.experiments.cli",
         "experiment_app",
