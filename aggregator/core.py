@@ -11,13 +11,15 @@ never a forged one.
 
 Checks, in order (:meth:`AggregatorCore.check`)
 -----------------------------------------------
-1. The signature, under the trusted key (:class:`~edge.batch_auth.BatchVerifier`), before
-   anything of the message is read: ``bad_length``, ``bad_signature``.
+1. The topic's shard has a trusted key (``unknown_shard``), and the signature verifies under
+   it (:class:`~edge.batch_auth.BatchVerifier`), before anything of the message is read:
+   ``bad_length``, ``bad_signature``.
 2. The wire format (:func:`~aggregator.batch_codec.decode_batch_arrays`): ``bad_version``,
    ``bad_kind``, ``bad_count``, ``bad_field``.
 3. The spec and size: ``fingerprint_mismatch``, ``empty``, ``below_min_batch``.
-4. The round: ``stale_round`` (below the retained horizon, whose ids may be forgotten),
-   ``future_round`` (more than ``retention_rounds`` ahead of the clock's round).
+4. The round: ``wrong_shard`` (one its shard's layout does not serve), ``stale_round``
+   (below the retained horizon, whose ids may be forgotten), ``future_round`` (more than
+   ``retention_rounds`` ahead of the clock's round).
 5. The batch id: one applied before is a duplicate (ignored, acknowledged).
 6. The records (:meth:`AggregatorCore.partial`): ``z_out_of_range``,
    ``seed_out_of_range``.

@@ -78,7 +78,7 @@ from aggregator.checkpoint import (
     recover_checkpoint,
 )
 from aggregator.config import AggregatorConfig
-from aggregator.core import AggregatorCore, CoreRules, RejectedError
+from aggregator.core import AggregatorCore, CoreRules, RejectedError, check_resumable
 from aggregator.generations import Generations
 from aggregator.http import MetricsServer
 from aggregator.keys import describe_anchor
@@ -304,8 +304,6 @@ class Aggregator:
             logger.warning("%s; the broker redelivers what it lacks", recovery.fallback)
         checkpoint = recovery.checkpoint
         if checkpoint is not None:
-            from aggregator.core import check_resumable  # noqa: PLC0415
-
             problem = check_resumable(self.core, checkpoint)
             if problem is not None:
                 raise CheckpointError(f"checkpoint {checkpoint.path} {problem}")
