@@ -1,82 +1,192 @@
-"""What the batches applied so far cost in central privacy: per batch and over time.
+"""What the shufflers' releases cost in central privacy: per round and over time.
 
-:class:`PrivacyLedger` records the size of every batch the aggregator applies and turns the
-record into the numbers the service exports:
+:class:`PrivacyLedger` records every *release* the shufflers made and turns the record into
+the numbers the service exports. It is plain data with no I/O; the service persists it
+with :mod:`aggregator.ledger_file` (its own checksummed file, apart from the estimates'
+checkpoint) and computes its numbers in the accountant's process
+(:mod:`aggregator.accountant_process`).
 
-* ``epsilon_central`` of the smallest and the latest batch: the certified blanket bound
-  (:func:`aggregator.accountant.amplify_spec`), the guarantee of every report in such a
-  batch;
-* ``epsilon_central_generic``: the stronger-clone value beside it, for comparison;
-* ``epsilon_total``: the composed central epsilon at ``delta`` of a device present in
-  *every* batch applied (:func:`aggregator.accountant.epsilon_total_batches`, a pessimistic
-  PLD composition of each batch's dominating pair). A device reports once per round, so it
-  is in at most one batch of a round; counting it in every batch is the worst case.
+The API the service calls
+-------------------------
+::
 
-Accounting sizes
-----------------
-``epsilon_total`` composes, for a batch of ``n`` reports, the dominating pair of a batch
-of ``accounting_size(n)`` reports: ``n`` rounded down to :data:`SIGNIFICANT_BITS`
-significant bits (at most 1/16 fewer reports). That is pessimistic: the shuffle of ``n``
-reports is a post-processing of the shuffle of ``n' <= n`` of them (add the other
-``n - n'`` reports, which do not depend on the target device's input, and shuffle again),
-so a pair that dominates the batch of ``n'`` dominates the batch of ``n``, and PLD
-composition of dominating pairs stays a certified bound. It keeps the number of distinct
-privacy loss distributions at 16 per doubling of the batch size: whole-round batches differ
-in size from round to round, and one distribution per distinct size (2-3 s of CPU each at
-d = 512, rebuilt at each power of two of the batch count) grew without bound (100 batches
-of distinct sizes took the accountant over ten minutes of CPU). The per-batch
-``epsilon_central`` values stay exact: they are computed for the exact sizes.
+    from aggregator import accountant_process, ledger_file
+    ledger = ledger_file.load_ledger(path, spec=spec, delta=delta)  # None: no file yet
+    ledger = ledger or PrivacyLedger(spec, delta=delta)
+    ledger.record_manifest(round=r, shard="g0s1", release_id=rid,
+                           batches=[(batch_id, count), ...])   # a verified manifest
+    ledger.record_batch(round=r, shard="g0s1", batch_id=bid, size=n)  # an applied batch
+    ledger.compact(through_round)     # fold old rounds' detail, keep their cost
+    ledger_file.save_ledger(path, ledger)   # with the checkpoint, in a thread
+    snapshot = ledger.snapshot()      # immutable, picklable
+    level = await accountant_process.compute_level(spec, delta, snapshot)  # privacy loop
+    level = accountant_process.last_level(snapshot)   # a scrape: at once, or None
+    settled = level.generation == ledger.generation
+    shown = level.for_sizes(smallest=ledger.smallest, latest=ledger.latest)
 
-Computing these costs from milliseconds to about a second (a new batch size needs a fresh
-bound or privacy loss distribution), so the service calls :meth:`PrivacyLedger.compute`
-in its accountant's process (:mod:`aggregator.accountant_process`), never on its event
-loop; the ledger itself is plain data, with no I/O.
+``shard`` is the shard label of docs/protocol.md (``g<generation>s<index>``) or ``""`` for
+an unsharded deployment. Both ``record_*`` methods are idempotent and return a
+:data:`Outcome`: ``"recorded"`` (the ledger changed), ``"duplicate"`` (seen before, nothing
+changed), ``"covered"`` (a batch its manifest already accounts for), ``"mismatch"`` (it
+contradicts what is recorded: nothing changed; count it), ``"late"`` (a round whose detail
+was compacted: accounted as an extra participation, the pessimistic reading). Invalid
+arguments raise ``ValueError``. ``generation`` grows by one with every change;
+``PrivacyLevel.batches`` is the number of participations (rounds) a level composed.
+
+The old per-batch calls (:meth:`PrivacyLedger.record`, :meth:`PrivacyLedger.restore`,
+``ledger.sizes``) still work, with their old meaning (each batch one participation), until
+the service moves over; the two kinds of record add up.
+
+What a release is, and why a round is one participation
+-------------------------------------------------------
+A *release* is one shuffler's pool of one round (of one shard), permuted uniformly at
+random once and published as one or more slices (batches) of consecutive positions, cut
+only above ``max_batch`` (:mod:`broker.core`); a signed manifest lists its batches. Three
+facts make a round cost one participation at the level of its smallest release:
+
+1. *Slices are post-processing.* The slices of a release are a deterministic function of
+   the uniformly permuted sequence of its ``n`` reports, and that sequence is the shuffled
+   multiset followed by an independent uniform ordering: conversely the multiset is the
+   union of the slices. So the sliced release and the shuffle of the whole pool have the
+   same hockey-stick divergence for every neighbouring pair of datasets; a release of ``n``
+   reports is accounted as ONE shuffle of ``n``, however many batches it was cut into.
+   (Batch ids are fresh random values, independent of the data.)
+2. *One report per device per round.* A device reports at most once per round, to the one
+   shard its id hashes to; the shuffler keeps one report per device per round and per pool
+   (duplicate tokens; a carried report is superseded by the device's newer one). So a
+   device is in at most one release of a round. The other releases of the round, in any
+   shard, hold only other devices' reports: given the other devices' data they do not
+   depend on the device's input, so adding them to the view is post-processing.
+3. *Monotone in n.* The release of ``n`` reports is a post-processing of the shuffle of any
+   ``n' <= n`` of them, so the pair that dominates the smallest release dominates every
+   release of the round (:mod:`aggregator.accountant.history`, "Accounting sizes").
+
+Hence a round is dominated by one blanket pair at its smallest release, and across rounds
+the pairs compose (adaptively: the data may change from round to round).
+``epsilon_total`` composes one participation per round
+(:func:`aggregator.accountant.history.epsilon_total_rounds`). Items 1 and 2 are checked by
+exact enumeration in tests/aggregator/test_release_enumeration.py.
+
+Where releases come from
+------------------------
+* *Manifests* list every release a shuffler made, whether or not this aggregator applied
+  its batches (a stale round, a batch lost at the broker, a checkpoint reset): the ledger
+  accounts what the devices really spent, not only what was applied here.
+* *Applied batches without a manifest* (an older shuffler, or a manifest still on its way)
+  are grouped by (shard, round) into one record accounted at the size of its **smallest
+  batch**: from batches alone the ledger cannot tell one release cut into slices from two
+  releases of the same round (an early release, a late pool), and summing them could
+  overstate privacy. A manifest that arrives later covers its batches and replaces their
+  record by the release's true size; nothing is counted twice.
+
+Compaction
+----------
+The detail (release ids, batch ids) of every round is kept until :meth:`compact` folds the
+rounds up to a given round into a histogram of their accounting sizes (their cost is kept,
+their ids are not). A record that arrives later for a compacted round cannot be told from
+one already counted, so it is counted again as an extra participation (``"late"``): an
+overstatement of privacy loss, never of privacy.
 """
 
 from __future__ import annotations
 
+import os
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
 
-from aggregator.accountant import amplify_spec, blanket_pair_for_spec, epsilon_total_batches
+from aggregator.accountant import amplify_spec
+from aggregator.accountant.history import SIGNIFICANT_BITS, accounting_size, epsilon_total_rounds
 from edge.spec import MechanismSpec
 
-__all__ = ["SIGNIFICANT_BITS", "PrivacyLedger", "PrivacyLevel", "Snapshot", "accounting_size"]
+__all__ = [
+    "ID_BYTES",
+    "MAX_ROUND",
+    "SIGNIFICANT_BITS",
+    "LedgerSnapshot",
+    "Outcome",
+    "PrivacyLedger",
+    "PrivacyLevel",
+    "Snapshot",
+    "accounting_size",
+]
 
-SIGNIFICANT_BITS = 5
-"""Binary digits kept by :func:`accounting_size` (16 sizes per doubling)."""
+ID_BYTES: Final = 16
+"""Length of a release id and of a batch id (docs/protocol.md)."""
+MAX_ROUND: Final = 0xFFFFFFFF
+
+Outcome = Literal["recorded", "duplicate", "covered", "mismatch", "late"]
+"""What a ``record_*`` call did (module docstring)."""
 
 
-def accounting_size(n: int) -> int:
-    """``n`` rounded down to :data:`SIGNIFICANT_BITS` significant binary digits (module
-    docstring, "Accounting sizes"): ``n`` itself below ``2**SIGNIFICANT_BITS``, else at
-    least ``n * 15/16``."""
-    if n < 1:
-        raise ValueError(f"a batch holds at least one report, got {n}")
-    shift = max(0, n.bit_length() - SIGNIFICANT_BITS)
-    return (n >> shift) << shift
+@dataclass(frozen=True, slots=True)
+class _Manifest:
+    round: int
+    shard: str
+    batches: tuple[tuple[bytes, int], ...]
+
+    @property
+    def size(self) -> int:
+        return sum(count for _, count in self.batches)
 
 
-Snapshot = tuple[tuple[tuple[int, int], ...], int | None]
-"""``((size, count), ...)`` sorted by size, and the latest batch's size: what
-:meth:`PrivacyLedger.compute` needs, immutable and picklable."""
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    round: int
+    shard: str
+    size: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LedgerSnapshot:
+    """What :meth:`PrivacyLedger.compute` needs, immutable and picklable.
+
+    ``rounds``: ``{release size: participations}`` (a round's smallest release; sizes are
+    exact here, composed at their accounting size). ``smallest`` and ``latest``: the exact
+    sizes the per-release epsilons are for (the smallest participation ever, and the newest
+    round's). ``generation``: the ledger's generation it was taken at. ``releases``:
+    releases and batch-derived records accounted.
+    """
+
+    rounds: tuple[tuple[int, int], ...]
+    smallest: int | None
+    latest: int | None
+    generation: int
+    releases: int = 0
+    ledger: str = ""
+    """The id of the ledger it was taken from (random per ledger object): levels computed
+    for one ledger are never served for another."""
+
+    @property
+    def participations(self) -> int:
+        return sum(count for _, count in self.rounds)
+
+
+Snapshot = LedgerSnapshot
+"""The name the accountant's process and the service use."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class PrivacyLevel:
-    """The exported numbers (``None`` before the first batch)."""
+    """The exported numbers (``None`` before the first participation)."""
 
     epsilon_central: dict[str, float | None]
     epsilon_central_generic: dict[str, float | None]
     epsilon_total: float | None
     batches: int
+    """Participations composed into ``epsilon_total`` (rounds; with the per-batch API, one
+    per batch)."""
     sizes: dict[str, int | None]
-    """The batch sizes ``smallest`` and ``latest`` the per-batch epsilons are for."""
+    """The release sizes ``smallest`` and ``latest`` the per-release epsilons are for."""
+    generation: int = 0
+    """The ledger generation this level was computed from (settled while it is current)."""
+    releases: int = 0
 
     def for_sizes(self, *, smallest: int | None, latest: int | None) -> PrivacyLevel:
-        """This level with each per-batch epsilon kept only where its batch size is still
-        the current one (else ``None``). A level computed before a smaller batch arrived
-        would otherwise show the larger batch's epsilon, an overstatement of privacy, next
+        """This level with each per-release epsilon kept only where its size is still the
+        current one (else ``None``). A level computed before a smaller release arrived
+        would otherwise show the larger one's epsilon, an overstatement of privacy, next
         to the smaller size; ``epsilon_total`` is qualified by ``batches`` instead."""
         current = {"smallest": smallest, "latest": latest}
         keep = {label: self.sizes.get(label) == n for label, n in current.items()}
@@ -88,6 +198,8 @@ class PrivacyLevel:
             epsilon_total=self.epsilon_total,
             batches=self.batches,
             sizes=current,
+            generation=self.generation,
+            releases=self.releases,
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -99,63 +211,332 @@ class PrivacyLevel:
         }
 
 
+def _check_id(name: str, value: bytes) -> bytes:
+    if not isinstance(value, bytes) or len(value) != ID_BYTES:
+        raise ValueError(f"{name} must be {ID_BYTES} bytes, got {value!r}")
+    return value
+
+
+def _check_round(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ROUND:
+        raise ValueError(f"round must be an integer in [0, 2^32), got {value!r}")
+    return value
+
+
+def _check_size(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _check_shard(value: str) -> str:
+    if not isinstance(value, str) or len(value) > 64:
+        raise ValueError(f"shard must be a label of at most 64 characters, got {value!r}")
+    return value
+
+
+@dataclass
+class _History:
+    """The cost of compacted rounds and of the old per-batch records."""
+
+    compacted: Counter[int] = field(default_factory=Counter)
+    """Accounting size -> compacted rounds."""
+    compacted_smallest: int | None = None
+    """The smallest exact size among the compacted rounds."""
+    compacted_through: int | None = None
+    late: Counter[int] = field(default_factory=Counter)
+    """Exact size -> records that arrived for a compacted round (extra participations)."""
+
+
 class PrivacyLedger:
-    """Batch sizes applied, and the central privacy they amount to (module docstring)."""
+    """Releases recorded, and the central privacy they amount to (module docstring)."""
 
     def __init__(self, spec: MechanismSpec, *, delta: float) -> None:
         self.spec = spec
         self.delta = delta
+        self.generation = 0
+        self.id = os.urandom(8).hex()
+        self._manifests: dict[bytes, _Manifest] = {}
+        self._batches: dict[bytes, _Batch] = {}
+        """Applied batches of the detailed rounds, by id."""
+        self._listed: dict[bytes, bytes] = {}
+        """Batch id -> the id of the manifest that lists it."""
+        self._rounds: dict[int, set[bytes]] = {}
+        """Round -> ids of its manifests and applied batches (for compaction)."""
+        self._history = _History()
+        # the old per-batch API
         self.sizes: Counter[int] = Counter()
-        self.latest: int | None = None
-        self._per_batch: dict[int, tuple[float, float]] = {}
+        self._legacy_latest: int | None = None
+        self._per_release: dict[int, tuple[float, float]] = {}
+        self._levels_cache: tuple[int, dict[int, int]] | None = None
 
-    def record(self, size: int) -> None:
-        """One batch of ``size`` reports was applied."""
-        self.sizes[size] += 1
-        self.latest = size
+    # -- recording --------------------------------------------------------------------------
 
-    def restore(self, sizes: dict[int, int], latest: int | None) -> None:
-        self.sizes = Counter({int(n): int(c) for n, c in sizes.items() if c > 0})
-        self.latest = latest
+    def record_manifest(
+        self,
+        *,
+        round: int,  # the protocol's name for it
+        shard: str,
+        release_id: bytes,
+        batches: Sequence[tuple[bytes, int]],
+    ) -> Outcome:
+        """A verified manifest: release ``release_id`` of ``round`` in ``shard`` was cut
+        into ``batches`` (``(batch_id, count)``, in the manifest's order)."""
+        round = _check_round(round)
+        shard = _check_shard(shard)
+        release_id = _check_id("release_id", release_id)
+        listed = tuple((_check_id("batch_id", b), _check_size("count", c)) for b, c in batches)
+        if not listed:
+            raise ValueError("a manifest lists at least one batch")
+        if len({b for b, _ in listed}) != len(listed):
+            raise ValueError("a manifest lists each batch once")
+        manifest = _Manifest(round=round, shard=shard, batches=listed)
+        known = self._manifests.get(release_id)
+        if known is not None:
+            return "duplicate" if known == manifest else "mismatch"
+        if self._compacted(round):
+            self._history.late[manifest.size] += 1
+            self.generation += 1
+            return "late"
+        for batch_id, count in listed:
+            other = self._listed.get(batch_id)
+            if other is not None and other != release_id:
+                return "mismatch"
+            applied = self._batches.get(batch_id)
+            if applied is not None and applied != _Batch(round=round, shard=shard, size=count):
+                return "mismatch"
+        self._manifests[release_id] = manifest
+        for batch_id, _ in listed:
+            self._listed[batch_id] = release_id
+        self._rounds.setdefault(round, set()).add(release_id)
+        self.generation += 1
+        return "recorded"
+
+    def record_batch(
+        self,
+        *,
+        round: int,
+        shard: str,
+        batch_id: bytes,
+        size: int,
+    ) -> Outcome:
+        """An applied batch of ``size`` reports of ``round`` in ``shard``."""
+        round = _check_round(round)
+        shard = _check_shard(shard)
+        batch_id = _check_id("batch_id", batch_id)
+        size = _check_size("size", size)
+        batch = _Batch(round=round, shard=shard, size=size)
+        known = self._batches.get(batch_id)
+        if known is not None:
+            return "duplicate" if known == batch else "mismatch"
+        if self._compacted(round):
+            self._history.late[size] += 1
+            self.generation += 1
+            return "late"
+        release_id = self._listed.get(batch_id)
+        if release_id is not None:
+            manifest = self._manifests[release_id]
+            if (manifest.round, manifest.shard) != (round, shard) or (
+                dict(manifest.batches)[batch_id] != size
+            ):
+                return "mismatch"
+            self._batches[batch_id] = batch  # remembered, to check a replay against it
+            self._rounds.setdefault(round, set()).add(batch_id)
+            return "covered"
+        self._batches[batch_id] = batch
+        self._rounds.setdefault(round, set()).add(batch_id)
+        self.generation += 1
+        return "recorded"
+
+    def compact(self, through_round: int) -> int:
+        """Fold every round ``<= through_round`` into the history of accounting sizes
+        (module docstring, "Compaction"); returns the number of rounds folded."""
+        through_round = _check_round(through_round)
+        history = self._history
+        if history.compacted_through is not None and through_round <= history.compacted_through:
+            return 0
+        levels = self._round_levels()
+        folded = 0
+        for round_ in sorted(r for r in self._rounds if r <= through_round):
+            ids = self._rounds.pop(round_)
+            size = levels.get(round_)
+            if size is not None:
+                history.compacted[accounting_size(size)] += 1
+                if history.compacted_smallest is None or size < history.compacted_smallest:
+                    history.compacted_smallest = size
+                folded += 1
+            for key in ids:
+                manifest = self._manifests.pop(key, None)
+                if manifest is not None:
+                    for batch_id, _ in manifest.batches:
+                        self._listed.pop(batch_id, None)
+                self._batches.pop(key, None)
+        history.compacted_through = through_round
+        self.generation += 1
+        return folded
+
+    def _compacted(self, round_: int) -> bool:
+        through = self._history.compacted_through
+        return through is not None and round_ <= through
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _round_levels(self) -> dict[int, int]:
+        """Round -> the size of its smallest release or batch-derived record (cached per
+        generation; a covered batch changes no level)."""
+        cached = self._levels_cache
+        if cached is not None and cached[0] == self.generation:
+            return cached[1]
+        levels: dict[int, int] = {}
+        for manifest in self._manifests.values():
+            levels[manifest.round] = min(levels.get(manifest.round, manifest.size), manifest.size)
+        for batch_id, batch in self._batches.items():
+            if batch_id in self._listed:
+                continue  # its manifest accounts for it
+            levels[batch.round] = min(levels.get(batch.round, batch.size), batch.size)
+        self._levels_cache = (self.generation, levels)
+        return levels
+
+    def rounds(self) -> dict[int, int]:
+        """``{release size: participations}`` of everything recorded: detailed rounds at
+        their exact level, compacted rounds at their accounting size, late records, and the
+        old per-batch records."""
+        out: Counter[int] = Counter(self._round_levels().values())
+        out.update(self._history.compacted)
+        out.update(self._history.late)
+        out.update(self.sizes)
+        return {size: count for size, count in sorted(out.items()) if count > 0}
 
     @property
     def smallest(self) -> int | None:
-        return min(self.sizes) if self.sizes else None
+        """The smallest participation (exact size) ever recorded."""
+        candidates = [
+            *self._round_levels().values(),
+            *(n for n, c in self._history.late.items() if c > 0),
+            *(n for n, c in self.sizes.items() if c > 0),
+        ]
+        if self._history.compacted_smallest is not None:
+            candidates.append(self._history.compacted_smallest)
+        return min(candidates) if candidates else None
 
-    def snapshot(self) -> Snapshot:
-        """An immutable copy to hand to :meth:`compute` in another thread."""
-        return tuple(sorted(self.sizes.items())), self.latest
+    @property
+    def latest(self) -> int | None:
+        """The level (exact size) of the newest detailed round; with only old per-batch
+        records, the latest batch."""
+        levels = self._round_levels()
+        if levels:
+            return levels[max(levels)]
+        return self._legacy_latest
 
-    def per_batch(self, n: int) -> tuple[float, float]:
-        """``(blanket, generic)`` central epsilon of one batch of ``n`` (cached)."""
-        cached = self._per_batch.get(n)
+    @property
+    def releases(self) -> int:
+        """Manifests and batch-derived (shard, round) records of the detailed rounds."""
+        derived = {(b.shard, b.round) for k, b in self._batches.items() if k not in self._listed}
+        return len(self._manifests) + len(derived)
+
+    def snapshot(self) -> LedgerSnapshot:
+        """An immutable copy to hand to :meth:`compute` in another thread or process."""
+        return LedgerSnapshot(
+            rounds=tuple(self.rounds().items()),
+            smallest=self.smallest,
+            latest=self.latest,
+            generation=self.generation,
+            releases=self.releases,
+            ledger=self.id,
+        )
+
+    # -- the numbers ------------------------------------------------------------------------
+
+    def per_release(self, n: int) -> tuple[float, float]:
+        """``(blanket, generic)`` central epsilon of one release of ``n`` (cached)."""
+        cached = self._per_release.get(n)
         if cached is None:
             record = amplify_spec(self.spec, n=n, delta=self.delta)
             cached = (record.epsilon_central, record.epsilon_central_generic)
-            self._per_batch[n] = cached
+            self._per_release[n] = cached
         return cached
 
-    def compute(self, snapshot: Snapshot) -> PrivacyLevel:
+    per_batch = per_release  # the old name
+
+    def compute(self, snapshot: LedgerSnapshot) -> PrivacyLevel:
         """The numbers of ``snapshot`` (:meth:`snapshot`); thread-safe for one caller."""
-        sizes, latest = snapshot
-        smallest = sizes[0][0] if sizes else None
         central: dict[str, float | None] = {}
         generic: dict[str, float | None] = {}
-        for label, n in (("smallest", smallest), ("latest", latest)):
-            blanket, clone = (None, None) if n is None else self.per_batch(n)
+        for label, n in (("smallest", snapshot.smallest), ("latest", snapshot.latest)):
+            blanket, clone = (None, None) if n is None else self.per_release(n)
             central[label], generic[label] = blanket, clone
-        total = None
-        if sizes:
-            pairs = [
-                blanket_pair_for_spec(self.spec, n=accounting_size(n))
-                for n, count in sizes
-                for _ in range(count)
-            ]
-            total = epsilon_total_batches(pairs=pairs, delta=self.delta)
+        rounds = dict(snapshot.rounds)
+        total = epsilon_total_rounds(self.spec, rounds, delta=self.delta) if rounds else None
         return PrivacyLevel(
             epsilon_central=central,
             epsilon_central_generic=generic,
             epsilon_total=total,
-            batches=sum(count for _, count in sizes),
-            sizes={"smallest": smallest, "latest": latest},
+            batches=snapshot.participations,
+            sizes={"smallest": snapshot.smallest, "latest": snapshot.latest},
+            generation=snapshot.generation,
+            releases=snapshot.releases,
         )
+
+    # -- the old per-batch API --------------------------------------------------------------
+
+    def record(self, size: int) -> None:
+        """One batch of ``size`` reports was applied, accounted as one participation (the
+        old per-batch accounting)."""
+        self.sizes[_check_size("size", size)] += 1
+        self._legacy_latest = size
+        self.generation += 1
+
+    def restore(self, sizes: Mapping[int, int], latest: int | None) -> None:
+        """The old per-batch records of a checkpoint."""
+        self.sizes = Counter({int(n): int(c) for n, c in sizes.items() if c > 0})
+        self._legacy_latest = latest
+        self.generation += 1
+
+    # -- persistence (the file format is aggregator.ledger_file's) --------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything recorded, JSON-ready (ids in hex, sorted: equal ledgers, equal text)."""
+        history = self._history
+        return {
+            "fingerprint": self.spec.fingerprint,
+            "delta": self.delta,
+            "generation": self.generation,
+            "manifests": [
+                [m.round, m.shard, rid.hex(), [[b.hex(), c] for b, c in m.batches]]
+                for rid, m in sorted(self._manifests.items(), key=lambda kv: (kv[1].round, kv[0]))
+            ],
+            "batches": [
+                [b.round, b.shard, bid.hex(), b.size]
+                for bid, b in sorted(self._batches.items(), key=lambda kv: (kv[1].round, kv[0]))
+            ],
+            "compacted": _counts(history.compacted),
+            "compacted_smallest": history.compacted_smallest,
+            "compacted_through": history.compacted_through,
+            "late": _counts(history.late),
+            "per_batch": _counts(self.sizes),
+            "per_batch_latest": self._legacy_latest,
+        }
+
+    def restore_history(
+        self,
+        *,
+        compacted: Mapping[int, int],
+        compacted_smallest: int | None,
+        compacted_through: int | None,
+        late: Mapping[int, int],
+        per_batch: Mapping[int, int],
+        per_batch_latest: int | None,
+    ) -> None:
+        """The compacted part and the old per-batch records of :meth:`to_dict` (for
+        :mod:`aggregator.ledger_file`; call it on a fresh ledger, before ``record_*``)."""
+        self._history = _History(
+            compacted=Counter(compacted),
+            compacted_smallest=compacted_smallest,
+            compacted_through=compacted_through,
+            late=Counter(late),
+        )
+        self.restore(per_batch, per_batch_latest)
+
+
+def _counts(counter: Mapping[int, int]) -> dict[str, int]:
+    return {str(size): count for size, count in sorted(counter.items()) if count > 0}

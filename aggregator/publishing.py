@@ -122,14 +122,16 @@ class Publisher:
         else:
             on_a_loop = True
         if not self.running and not self.settled.is_set() and not (on_a_loop and self.entered):
-            try:  # in the accountant's process, where its caches are
+            try:  # in the accountant's process, where its caches are; waits at most
+                # LEVEL_WAIT, then serves the last level (the computation goes on)
                 level = accountant_process.level_now(
                     self.core.spec, self.config.delta, self.core.ledger.snapshot()
                 )
             except ACCOUNTING_ERRORS:
                 logger.exception("cannot compute the central privacy level; serving the last")
             else:
-                self.adopt(level)
+                if level is not None:
+                    self.adopt(level)
         if on_a_loop:
             self.publish()
             return

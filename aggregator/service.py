@@ -84,10 +84,34 @@ from aggregator.http import MetricsServer
 from aggregator.keys import describe_anchor
 from aggregator.metrics import UNACKED_REASONS, AggregatorMetrics
 from aggregator.privacy_ledger import PrivacyLedger, PrivacyLevel
-from aggregator.publishing import Publisher, RefreshOnCollect
-from aggregator.session import Ack, BatchSession, route
+from aggregator.publishing import (
+    Publisher,
+    RefreshOnCollect,
+    estimates_document,
+    snapshot_from_checkpoint,
+)
+from aggregator.session import (
+    Ack,
+    BatchSession,
+    SessionTakenOverError,
+    fetch_announcement,
+    route,
+)
 from aggregator.trust import KeyGuard
 from edge.errors import CocoError
+
+__all__ = [
+    "Aggregator",
+    "AggregatorConfig",
+    "SessionTakenOverError",
+    "estimates_document",
+    "fetch_announcement",
+    "run_aggregator",
+    "snapshot_from_checkpoint",
+]
+"""The service and, for the code written before the split, the names it used to define
+(their homes: :mod:`aggregator.config`, :mod:`aggregator.session`,
+:mod:`aggregator.publishing`)."""
 
 logger = logging.getLogger(__name__)
 

@@ -40,7 +40,8 @@ import bench_pipeline as bp
 from edge.codec import encode_report
 from edge.spec import MechanismSpec
 from sim.credentials import device_id
-from sim.fleet import Fleet, FleetConfig, _Connection, ensure_fd_limit
+from sim.fleet import Fleet, FleetConfig, ensure_fd_limit
+from sim.fleet_connection import Connection, Report
 
 SPEC = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
 MULTIPLEXED_CONNECTIONS = 4
@@ -81,20 +82,18 @@ def fleet_case(
     }
 
 
-def _ignore(_conn: _Connection) -> None:
+def _ignore(_conn: Connection) -> None:
     pass
 
 
 async def _gmqtt_library(port: int, n: int) -> dict[str, Any]:
     conns = [
-        _Connection(
-            device_id(i, "lib-g-"), username=None, password=None, window=10, on_lost=_ignore
-        )
+        Connection(device_id(i, "lib-g-"), username=None, password=None, window=10, on_lost=_ignore)
         for i in range(n)
     ]
     gate = asyncio.Semaphore(200)
 
-    async def connect(c: _Connection) -> None:
+    async def connect(c: Connection) -> None:
         async with gate:
             assert await c.connect("127.0.0.1", port, False, 30) is None
 
@@ -113,7 +112,8 @@ async def _gmqtt_library(port: int, n: int) -> dict[str, Any]:
 
     payload = encode_report(SPEC.fingerprint_int, 0, 1, 1)
     for i, c in enumerate(conns):
-        c.publish(f"coco/v1/bench-lib/ingress/{device_id(i, 'lib-g-')}", payload, 1, on_done)
+        topic = f"coco/v1/bench-lib/ingress/{device_id(i, 'lib-g-')}"
+        c.publish(Report(topic, payload, on_done), 1)
     await asyncio.wait_for(done.wait(), 120)
     t2 = time.monotonic()
     await asyncio.gather(*(c.close(5) for c in conns))

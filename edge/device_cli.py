@@ -2,8 +2,10 @@
 
 Thin by design: options -> :class:`~edge.publisher.PublisherConfig` and a
 :class:`~edge.ledger.BudgetLedger` -> :class:`~edge.publisher.DevicePublisher`. Input is
-CSV from ``--input`` or stdin, one vector of ``d`` readings per line; a first line that is
-not numeric is a header and skipped; blank lines are skipped.
+CSV from ``--input`` or stdin, one vector of ``d`` readings per line; blank lines are
+skipped. A first line that is not numeric and has one cell per channel (as many as
+``--lo``) is a header: it is skipped, and stderr says so (``note: line 1 ... header``);
+a first line that is not numeric with another number of cells is a bad row like any other.
 
 Rounds come from the clock (docs/protocol.md, "Rounds"): each data row is published in the
 round ``floor(unix_time / round_seconds)`` in which it is sent, at most one row per round (a
@@ -14,11 +16,16 @@ A clock that is not set (before 2025-01-01) stops the run with a one-line error 
 budget is charged. A device restarted within a round may report in it again; the shuffler
 rejects that second report as a duplicate.
 
-Outcome: a one-line summary ``published P, refused by ledger R, failed F``. Rows the
-ledger refuses are not errors (the device has simply spent its budget); rows that cannot be
-parsed or encoded are counted as failed and skipped. A broker or spec failure stops the run.
-The exit status is 0 when nothing failed and 1 otherwise, with a one-line ``error:`` message
-on stderr and no traceback.
+Outcome: a one-line summary ``published P, refused by ledger R, failed F``. Rows that
+cannot be parsed or encoded are counted as failed and skipped. A broker or spec failure
+stops the run. Exit status (:data:`EXIT_FAILED`, :data:`EXIT_BUDGET_SPENT`):
+
+* 0: every row was published;
+* 1: a row failed or the run stopped on an error (a one-line ``error:`` on stderr, no
+  traceback);
+* 4: nothing failed, but the ledger refused at least one row: the device's budget is spent
+  (``error: the privacy budget is spent ...`` on stderr). The ledger is never reset by the
+  tool, so every later run of this device exits 4 too.
 """
 
 from __future__ import annotations
@@ -53,6 +60,11 @@ from edge.rounds import ClockError
 
 logger = logging.getLogger(__name__)
 
+EXIT_FAILED = 1
+"""A row failed, or the run stopped on an error."""
+EXIT_BUDGET_SPENT = 4
+"""Nothing failed, but the ledger refused a row: the device's budget is spent."""
+
 
 def _floats(option: str, text: str) -> tuple[float, ...]:
     try:
@@ -63,13 +75,18 @@ def _floats(option: str, text: str) -> tuple[float, ...]:
         ) from None
 
 
-def _rows(stream: TextIO) -> Iterator[tuple[int, list[str]]]:
-    """``(line_number, cells)`` of the non-blank lines, header skipped."""
+def _rows(stream: TextIO, channels: int) -> Iterator[tuple[int, list[str]]]:
+    """``(line_number, cells)`` of the non-blank lines, a header skipped (and said so): a
+    first line that is not numeric and has ``channels`` cells."""
     for number, cells in enumerate(csv.reader(stream), start=1):
         if not cells or all(not c.strip() for c in cells):
             continue
-        if number == 1 and not _numeric(cells):
-            continue  # header
+        if number == 1 and len(cells) == channels and not _numeric(cells):
+            typer.echo(
+                f"note: line 1 is not numeric: read as a header of {channels} columns and skipped",
+                err=True,
+            )
+            continue
         yield number, cells
 
 
@@ -189,7 +206,7 @@ def device(
             clock=(lambda: time.time() + clock_offset) if clock_offset else time.time,
         )
         with publisher, _Input(input_file) as stream:
-            for number, cells in _rows(stream):
+            for number, cells in _rows(stream, len(lo_values)):
                 try:
                     values = _row_values(cells, number)
                     ok = publisher.publish_vector(values)
@@ -208,9 +225,16 @@ def device(
     typer.echo(f"published {published}, refused by ledger {refused}, failed {failed}")
     if error is not None:
         typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
     if failed:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)
+    if refused:
+        typer.echo(
+            f"error: the privacy budget is spent: the ledger {ledger} refused {refused} "
+            f"row(s) (budget {budget:g}, {book.remaining:g} left)",
+            err=True,
+        )
+        raise typer.Exit(EXIT_BUDGET_SPENT)
 
 
 class _Input:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     # name: (module, attribute: a command function or a typer.Typer, help in `coco --help`)
     "privacy": (
-        "aggregator.cli",
+        "aggregator.privacy_cli",
         "privacy_app",
         "Central privacy of shuffled batches (certified bounds); `calibrate` plans epsilon0.",
     ),
@@ -59,11 +59,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "Simulate a fleet of devices publishing privatised reports (simulation only: no "
         "budget ledger; a real device runs `coco device`).",
     ),
-    "aggregator": (
-        "aggregator.service_cli",
-        "aggregator_app",
-        "The streaming aggregator service.",
-    ),
+    "aggregator": ("aggregator.cli", "aggregator_app", "The streaming aggregator service."),
     "experiment": (
         "sim.experiments.cli",
         "experiment_app",
@@ -124,6 +120,10 @@ app = typer.Typer(
 )
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+"""The values of ``--log-level`` / ``COCO_LOG_LEVEL`` (any case); anything else is a
+one-line error (exit status 2, as for any other bad option)."""
+
 _SERVICES = frozenset({"shuffler", "aggregator"})
 """Commands that run a service: their lifecycle (connected, subscribed, released, stopped)
 is logged at INFO by default; every other command logs warnings only."""
@@ -136,7 +136,8 @@ def _root(
         str | None,
         typer.Option(
             envvar="COCO_LOG_LEVEL",
-            help="Logging level (debug, info, ...; default: info for services, else warning).",
+            help=f"Logging level: {', '.join(LOG_LEVELS)} (default: info for services, "
+            "else warning).",
         ),
     ] = None,
 ) -> None:
@@ -146,8 +147,16 @@ def _root(
         typer.echo(warning, err=True)
     if log_level is None:
         log_level = "info" if ctx.invoked_subcommand in _SERVICES else "warning"
+    level = log_level.strip().lower()
+    if level not in LOG_LEVELS:
+        typer.echo(
+            f"error: unknown log level {log_level!r} (--log-level or COCO_LOG_LEVEL): "
+            f"use one of {', '.join(LOG_LEVELS)}",
+            err=True,
+        )
+        raise typer.Exit(2)
     logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
 
 
@@ -169,7 +178,7 @@ class SimModel(StrEnum):
 @app.command("simulate")
 def simulate(
     mechanism: Annotated[SimMechanism, typer.Option(help="Local randomiser.")],
-    d: Annotated[int, typer.Option(help="Dimension (sensors: channels, 5..8).")],
+    d: Annotated[int, typer.Option(help="Dimension (sensors: channels, any number from 1).")],
     s: Annotated[int, typer.Option(help="Non-zeros per vector.")],
     epsilon: Annotated[float, typer.Option(help="Local budget of one report.")],
     n: Annotated[int, typer.Option(help="Reports per trial.")],
@@ -236,8 +245,10 @@ def _print_sensors(result: SensorSimulationResult, *, as_json: bool) -> None:
         f"t={result.t}: {result.n} devices x {result.trials} trial(s) in "
         f"{result.elapsed_seconds:.2f} s"
     )
+    w = max(12, *(len(name) for name in result.channels))
+    u = max(6, *(len(unit) for unit in result.units))
     typer.echo(
-        f"  {'channel':<12} {'unit':<6} {'coverage':>9} {'mean +- (95%)':>14} {'RMS error':>10}"
+        f"  {'channel':<{w}} {'unit':<{u}} {'coverage':>9} {'mean +- (95%)':>14} {'RMS error':>10}"
     )
     import numpy as np  # noqa: PLC0415 (not for --help)
 
@@ -245,7 +256,7 @@ def _print_sensors(result: SensorSimulationResult, *, as_json: bool) -> None:
     half = result.ci95_halfwidth.mean(axis=0)
     for j, (name, unit) in enumerate(zip(result.channels, result.units, strict=True)):
         typer.echo(
-            f"  {name:<12} {unit:<6} {result.coverage[j]:>9.3f} {half[j]:>14.4g} {rms[j]:>10.4g}"
+            f"  {name:<{w}} {unit:<{u}} {result.coverage[j]:>9.3f} {half[j]:>14.4g} {rms[j]:>10.4g}"
         )
 
 
@@ -262,7 +273,7 @@ def demo(
         SimMechanism.coco
     ),
     epsilon: Annotated[float, typer.Option(help="Local budget of one report.")] = 1.0,
-    channels: Annotated[int, typer.Option(help="Sensor channels d (5..8).")] = 6,
+    channels: Annotated[int, typer.Option(help="Sensor channels d (any number from 1).")] = 6,
     s: Annotated[int, typer.Option(help="Channels each report carries.")] = 2,
     min_batch: Annotated[int, typer.Option(help="Smallest batch the shuffler releases.")] = 500,
     delta: Annotated[float, typer.Option(help="Target delta of the accountant.")] = 1e-6,

@@ -32,8 +32,10 @@ from sim.credentials import DEFAULT_PREFIX, device_id, device_password, read_sec
 from sim.fleet_metrics import DEFAULT_METRICS_DIMS
 
 if TYPE_CHECKING:  # imported when the command runs, not for --help (gmqtt, numpy)
+    from prometheus_client import CollectorRegistry
+
     from edge.shards import ShardPlan
-    from sim.fleet import Fleet
+    from sim.fleet import Fleet, FleetConfig
 
 logger = logging.getLogger(__name__)
 
@@ -48,16 +50,25 @@ class FleetModelName(StrEnum):
     keyvalue = "keyvalue"
 
 
+EXIT_ERROR = 1
+"""The fleet could not run (options, spec, announcement, a file): one ``error:`` line."""
+EXIT_NOT_SENT = 3
+"""The run ended, but reports were not sent: the summary and one ``error:`` line say how
+many, and why."""
+
+
 def progress_line(fleet: Fleet, rate: float) -> str:
-    """One progress line (no device ids)."""
+    """One progress line (no device ids): devices connected now, and reconnecting."""
     cfg = fleet.config
     failures = sum(fleet.publish_failures.values())
     refused = sum(fleet.connect_failures.values())
     rounds = f"{fleet.stats.rounds_completed}/{cfg.rounds or 'inf'}"
+    reconnecting = fleet.reconnecting
     return (
-        f"connected {fleet.connected}/{cfg.devices}  rounds {rounds}  published "
-        f"{fleet.published}  publish failures {failures}  connect failures {refused}  "
-        f"{rate:,.0f} reports/s"
+        f"connected {fleet.connected}/{cfg.devices}"
+        + (f" ({reconnecting} reconnecting)" if reconnecting else "")
+        + f"  rounds {rounds}  published {fleet.published}  not sent {failures}  "
+        f"connect failures {refused}  {rate:,.0f} reports/s"
     )
 
 
@@ -124,14 +135,16 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"{summary['connections']} connections), model {summary['model']}, "
             f"QoS {summary['qos']}, seed {summary['seed']}"
             + ("  [interrupted]" if summary["interrupted"] else ""),
-            f"connected: {summary['connected']} (at start {summary['connected_at_start']}, "
-            f"{rate(summary['connect_rate_per_s'])})",
+            f"connected: {summary['connected']} at most (at start "
+            f"{summary['connected_at_start']}, {rate(summary['connect_rate_per_s'])}; at the end "
+            f"{summary['connected_at_end']}; connections lost {summary['connections_lost']})",
             f"rounds completed: {summary['rounds_completed']} of {summary['round_seconds']} s "
             f"(rounds {summary['first_round']}..{summary['last_round']}, skipped "
             f"{summary['rounds_skipped']}, late {summary['rounds_late']})",
             f"reports published: {summary['reports_published']} "
             f"({rate(summary['publish_rate_per_s'])})",
-            f"publish failures: {reasons(summary['publish_failures'])}",
+            f"reports not sent: {summary['reports_not_sent']} "
+            f"({reasons(summary['publish_failures'])})",
             f"connect failures: {reasons(summary['connect_failures'])}",
             f"duration: {summary['duration_seconds']:.1f} s",
         ]
@@ -150,6 +163,38 @@ def _round_length(announced: int | None, given: int | None, source: str) -> int:
             f"{source} holds no round_seconds: give --round-seconds (the deployment's round length)"
         )
     return length
+
+
+def _file_spec(
+    path: Path, given_seconds: int | None
+) -> tuple[MechanismSpec, int, ShardPlan | None]:
+    """The spec, round length and shard layouts of a ``--spec`` file (a spec, or a whole
+    announcement)."""
+    mechanism, whole = read_spec_or_announcement(path)
+    file_seconds = None if whole is None else whole["round_seconds"]
+    length = _round_length(file_seconds, given_seconds, f"the spec file {path}")
+    return mechanism, length, None if whole is None else shard_plan(whole)
+
+
+def _write_truth(path: Path, fleet: Fleet) -> None:
+    """Add the run's ground truth to ``path`` (a one-line error, exit 1, if it cannot)."""
+    from sim.fleet_truth import write_merged  # noqa: PLC0415
+
+    try:
+        write_merged(path, fleet.ground_truth())
+    except (CocoError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(EXIT_ERROR) from None
+
+
+def _check_truth_file(path: Path, config: FleetConfig) -> None:
+    """Refuse a ``--ground-truth`` file this run could not add its rounds to."""
+    from sim.fleet_truth import GroundTruth, check_compatible, read_document  # noqa: PLC0415
+
+    header = GroundTruth(d=config.spec.d).to_dict(
+        spec=config.spec, seed=config.seed, model=config.model, round_seconds=config.round_seconds
+    )
+    check_compatible(path, read_document(path), header)
 
 
 def _announced_spec(
@@ -188,17 +233,47 @@ def _announced_spec(
     return spec, int(announcement["round_seconds"]), shard_plan(announcement)
 
 
-def _fail_if_nothing_acknowledged(summary: dict[str, Any]) -> None:
-    """A run that got no report acknowledged failed, whatever else it printed (exit 1)."""
-    if summary["reports_published"] or summary.get("interrupted"):
-        return
+def _fail_if_not_sent(summary: dict[str, Any]) -> None:
+    """A run that left reports unsent (or got none acknowledged) failed, whatever else it
+    printed: one ``error:`` line with the counts by reason, exit :data:`EXIT_NOT_SENT`."""
     failures = {k: v for k, v in summary["publish_failures"].items() if v}
+    published = summary["reports_published"]
+    if published == 0 and not summary.get("interrupted"):
+        typer.echo(
+            f"error: the broker acknowledged no report (failures: {failures or 'none'}; "
+            f"connected {summary['connected']} of {summary['devices']} devices)",
+            err=True,
+        )
+        raise typer.Exit(EXIT_NOT_SENT)
+    if not failures:
+        return
+    not_sent = sum(failures.values())
+    reasons = ", ".join(f"{k} {v}" for k, v in failures.items())
+    refused = ", ".join(f"{k} {v}" for k, v in summary["connect_failures"].items() if v)
     typer.echo(
-        f"error: the broker acknowledged no report (failures: {failures or 'none'}; "
-        f"connected {summary['connected']} of {summary['devices']} devices)",
+        f"error: {not_sent} of {not_sent + published} reports were not sent ({reasons}); "
+        f"connections lost {summary['connections_lost']}, failed connection attempts "
+        f"{sum(summary['connect_failures'].values())}" + (f" ({refused})" if refused else ""),
         err=True,
     )
-    raise typer.Exit(1)
+    raise typer.Exit(EXIT_NOT_SENT)
+
+
+def _serve_metrics(port: int, host: str, registry: CollectorRegistry) -> Any:
+    """Serve ``/metrics`` of ``registry`` on ``host:port`` (the server, to shut down), or a
+    :class:`FleetError` that names the port and the option."""
+    from prometheus_client import start_http_server  # noqa: PLC0415 (not for --help)
+
+    from sim.fleet import FleetError  # noqa: PLC0415
+
+    try:
+        server, _ = start_http_server(port, addr=host, registry=registry)
+    except (OSError, OverflowError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise FleetError(
+            f"--metrics-port {port}: cannot serve /metrics on {host}:{port}: {reason}"
+        ) from None
+    return server
 
 
 def _acked_writer(out: TextIO | None) -> Callable[[int, int, int], None] | None:
@@ -293,7 +368,11 @@ def fleet(
     ] = None,
     ground_truth: Annotated[
         Path | None,
-        typer.Option(help="Write the SIMULATION-ONLY ground truth (JSON) here."),
+        typer.Option(
+            help="Add this run's SIMULATION-ONLY ground truth (JSON) to this file: its rounds "
+            "are merged with those already there; a file of another seed, spec, model or round "
+            "length is refused."
+        ),
     ] = None,
     acked_log: Annotated[
         Path | None,
@@ -325,29 +404,33 @@ def fleet(
     """Simulate a fleet of devices publishing privatised reports (simulation only: no
     budget ledger; a real device runs `coco device`)."""
     import aiomqtt  # noqa: PLC0415 (not for --help: the MQTT clients and numpy)
-    from prometheus_client import CollectorRegistry, start_http_server  # noqa: PLC0415
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
     from sim.fleet import Fleet, FleetConfig  # noqa: PLC0415
 
-    logging.getLogger("gmqtt").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # gmqtt logs per connection (thousands of lines when a broker restarts, some naming a
+    # client id, i.e. a device): DEBUG only. The fleet logs one line per round instead.
+    debug = logging.getLogger().isEnabledFor(logging.DEBUG)
+    logging.getLogger("gmqtt").setLevel(logging.DEBUG if debug else logging.CRITICAL)
+    registry = CollectorRegistry()
+    server = None
     try:
         if qos not in (0, 1):
             raise ValueError(f"--qos must be 0 or 1, got {qos}")
+        if metrics_port is not None:  # first: a busy port fails before the broker is asked
+            server = _serve_metrics(metrics_port, metrics_host, registry)
         secret = None if credentials_secret_file is None else read_secret(credentials_secret_file)
         if spec is not None:
-            mechanism, whole = read_spec_or_announcement(spec)
-            file_seconds = None if whole is None else whole["round_seconds"]
-            length = _round_length(file_seconds, round_seconds, f"the spec file {spec}")
-            shards = None if whole is None else shard_plan(whole)
+            mechanism, length, shards = _file_spec(spec, round_seconds)
         else:
             user, pw, client_id = username, password, None
             if secret is not None:  # read the announcement as device 0 would, with its id
                 user = client_id = device_id(0, prefix)
                 pw = device_password(secret, user)
-            mechanism, announced, shards = _announced_spec(
+            mechanism, length, shards = _announced_spec(
                 broker, deployment, announcement_timeout, user, pw, ca_file, client_id
             )
-            length = _round_length(announced, round_seconds, "the announcement")
+            length = _round_length(length, round_seconds, "the announcement")
         run_seed = secrets.randbits(32) if seed is None else seed
         qos_level: Literal[0, 1] = 1 if qos == 1 else 0
         config = FleetConfig(
@@ -376,23 +459,22 @@ def fleet(
             mqtt_version=check_mqtt_version(mqtt_version),
             shards=shards,
         )
-        registry = CollectorRegistry()
-        acked_file = None if acked_log is None else acked_log.open("w", encoding="ascii")
+        if ground_truth is not None:  # a file this run cannot add to is refused before it
+            _check_truth_file(ground_truth, config)
+        acked_file = None if acked_log is None else acked_log.open("a", encoding="ascii")
         sim = Fleet(config, registry=registry, on_acked=_acked_writer(acked_file))
-        server = None
-        if metrics_port is not None:
-            server, _ = start_http_server(metrics_port, addr=metrics_host, registry=registry)
         try:
             summary = asyncio.run(_serve(sim, hold=hold, progress=progress))
         finally:
-            if server is not None:
-                server.shutdown()
             if acked_file is not None:
                 acked_file.close()
-        if ground_truth is not None:
-            ground_truth.write_text(json.dumps(sim.ground_truth(), indent=1) + "\n")
     except (CocoError, ValueError, OSError, TimeoutError, aiomqtt.MqttError) as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
+        raise typer.Exit(EXIT_ERROR) from None
+    finally:
+        if server is not None:
+            server.shutdown()
     typer.echo(json.dumps(summary, indent=1) if as_json else format_summary(summary))
-    _fail_if_nothing_acknowledged(summary)
+    if ground_truth is not None:
+        _write_truth(ground_truth, sim)
+    _fail_if_not_sent(summary)

@@ -81,6 +81,17 @@ class FleetMetrics:
             ["reason"],
             registry=registry,
         )
+        self.connections_lost = Counter(
+            f"{p}_connections_lost",
+            "Connections that closed while the fleet ran (a broker restart, a network fault); "
+            "each is tried again with backoff.",
+            registry=registry,
+        )
+        self.reconnecting = Gauge(
+            f"{p}_devices_reconnecting",
+            "Simulated devices whose connection is being tried again with backoff.",
+            registry=registry,
+        )
         self.rounds = Counter(
             f"{p}_rounds_completed", "Rounds every device has finished.", registry=registry
         )

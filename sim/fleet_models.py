@@ -10,11 +10,17 @@ signs). Its mechanism dimension must equal the spec's ``d``:
 * ``keyvalue``: ``d - s`` features of :class:`~sim.keyvalue.KeyValueModel`, padded to ``s``
   keys by :class:`~edge.encoders.KeyValueEncoder` (``d = features + s``).
 
-Randomness (STYLE.md): ``SeedSequence(seed).spawn(3)`` gives the model's parameters
-(child 0), the parent of the per-device generators (child 1, ``spawn(n_devices)``) and the
-parent of the devices' randomisers (child 2, used by :mod:`sim.fleet`). Device ``i``'s
-vector depends only on the seed, ``i`` and the rounds before it, never on the fleet size,
-the connection mode or which devices failed to connect.
+Randomness (STYLE.md): ``SeedSequence(seed).spawn(2)`` gives the model's parameters
+(child 0: which devices are faulty, their offsets and drifts, the features' popularity) and
+the parent of the devices' keys (child 1, ``spawn(n_devices)``). What a device draws in a
+round comes from counter-based generators (:class:`DeviceStreams`): Philox with the
+device's key and a counter that holds the wall-clock round and a lane (its data, its
+randomiser). So device ``i``'s data and report in wall-clock round ``r`` depend on
+``(seed, i, r)`` only: never on the fleet size, the connection mode, which devices failed
+to connect, or the rounds the run published before. A run with the same seed in new rounds
+sends new reports (a rerun is new data, not a replay); the same round gives the same
+reports again. The sensor readings are those of the wall-clock round too
+(:meth:`FleetModel.vectors`).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from edge.spec import MechanismSpec
 from sim.keyvalue import KeyValueModel
 from sim.sensors import CHANNELS, SensorFleet
 
-__all__ = ["MODELS", "FleetModel", "ModelName", "device_bits", "seed_children"]
+__all__ = ["MODELS", "DeviceStreams", "FleetModel", "ModelName", "device_bits", "seed_children"]
 
 ModelName = Literal["sensors", "keyvalue"]
 MODELS: tuple[ModelName, ...] = ("sensors", "keyvalue")
@@ -38,18 +44,66 @@ Sparse = tuple[list[int], list[int]]
 
 
 def seed_children(seed: int) -> tuple[np.random.SeedSequence, ...]:
-    """``(model parameters, device data, device randomisers)`` seed sequences of a run."""
-    return tuple(np.random.SeedSequence(seed).spawn(3))
+    """``(model parameters, device keys)`` seed sequences of a run."""
+    return tuple(np.random.SeedSequence(seed).spawn(2))
 
 
-def device_bits(rng: np.random.Generator) -> Callable[[int], int]:
-    """``getrandbits(k)`` (``0 <= k <= 32``) of a device's generator, for the device path."""
-    raw = rng.bit_generator.random_raw
+def device_bits(bits: np.random.BitGenerator) -> Callable[[int], int]:
+    """``getrandbits(k)`` (``0 <= k <= 32``) of a device's bit generator, for the device
+    path (one 64-bit draw per call)."""
+    raw = bits.random_raw
 
     def getrandbits(k: int) -> int:
         return int(raw()) >> (64 - k) if k > 0 else 0
 
     return getrandbits
+
+
+_LANES = ("data", "randomiser")
+_EMPTY_BUFFER = np.zeros(4, dtype=np.uint64)
+
+
+class DeviceStreams:
+    """Each device's generators, keyed by ``(seed, device)`` and set to a wall-clock round.
+
+    Device ``i`` has a 128-bit Philox key (from child 1 of the run's seed, spawned per
+    device); in round ``r`` lane ``l`` (0: data, 1: randomiser) starts at the counter
+    ``(0, 0, r, l)``, so that each (device, round, lane) has a stream of its own, from any
+    starting point and in any order. Call :meth:`set_round` before drawing a round's
+    values.
+    """
+
+    def __init__(self, seed: int, n_devices: int) -> None:
+        parent = seed_children(seed)[1]
+        self._keys = [
+            np.asarray(child.generate_state(2, np.uint64), dtype=np.uint64)
+            for child in parent.spawn(n_devices)
+        ]
+        self._bits = {lane: [np.random.Philox(key=key) for key in self._keys] for lane in _LANES}
+        self.data = [np.random.Generator(bits) for bits in self._bits["data"]]
+        """Device ``i``'s data generator (the model's draws and its encoder's bits)."""
+        self.round: int | None = None
+
+    def set_round(self, round_: int) -> None:
+        """Every device's lanes at the start of wall-clock round ``round_`` (>= 0)."""
+        if round_ < 0:
+            raise ValueError(f"round must be >= 0, got {round_}")
+        for index, lane in enumerate(_LANES):
+            counter = np.array([0, 0, round_, index], dtype=np.uint64)
+            for key, bits in zip(self._keys, self._bits[lane], strict=True):
+                bits.state = {
+                    "bit_generator": "Philox",
+                    "state": {"counter": counter, "key": key},
+                    "buffer": _EMPTY_BUFFER,
+                    "buffer_pos": 4,
+                    "has_uint32": 0,
+                    "uinteger": 0,
+                }
+        self.round = round_
+
+    def randomiser(self, i: int) -> np.random.BitGenerator:
+        """Device ``i``'s randomiser lane (the bits of its report's ``seed`` and ``z``)."""
+        return self._bits["randomiser"][i]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +114,8 @@ class FleetModel:
     spec: MechanismSpec
     n_devices: int
     seed: int
+    round_seconds: int = 3600
+    """Length of a wall-clock round: places a round in the sensors' day."""
     faulty_fraction: float = 0.01
     out_of_range_fraction: float = 0.01
 
@@ -101,11 +157,6 @@ class FleetModel:
         """The mechanism dimension (the spec's ``d``)."""
         return self.spec.d
 
-    def device_generators(self) -> list[np.random.Generator]:
-        """One data generator per device (child 1 of the run's seed, spawned per device)."""
-        parent = seed_children(self.seed)[1]
-        return [np.random.default_rng(child) for child in parent.spawn(self.n_devices)]
-
     @property
     def sensors(self) -> SensorFleet:
         """The sensor model (``sensors`` only)."""
@@ -118,22 +169,29 @@ class FleetModel:
         kv: KeyValueModel = self.__dict__["_keyvalue"]
         return kv
 
-    def vectors(self, round_: int, rngs: list[np.random.Generator]) -> list[Sparse]:
-        """Every device's ``(keys, signs)`` of round ``round_`` (``rngs``: one per device).
+    def vectors(self, round_: int, streams: DeviceStreams) -> list[Sparse]:
+        """Every device's ``(keys, signs)`` of wall-clock round ``round_``, drawn from
+        ``streams`` (set to that round: :meth:`DeviceStreams.set_round`).
 
-        ``round_`` is the run's round index (0, 1, ...), not the wall-clock round number the
-        reports carry, so that a seed fixes the data whenever the run happens.
+        Sensors: the readings of round ``round_`` at its hour of the (UTC) day, so the
+        daily cycle is the real one and the drift restarts every day
+        (:meth:`~sim.sensors.SensorFleet.readings`); each device's encoder bits from its data
+        lane. Key-value: each device's pairs and encoder bits from its data lane.
         """
-        if len(rngs) != self.n_devices:
-            raise ValueError(f"need {self.n_devices} generators, got {len(rngs)}")
+        if len(streams.data) != self.n_devices:
+            raise ValueError(f"need {self.n_devices} devices' streams, got {len(streams.data)}")
+        if streams.round != round_:
+            raise ValueError(f"the streams are set to round {streams.round}, not {round_}")
         out: list[Sparse] = []
         if self.name == "sensors":
-            readings = self.sensors.readings(round_).tolist()
+            hour = (round_ * self.round_seconds % 86_400) / 3600
+            readings = self.sensors.readings(round_, hour=hour).tolist()
             enc: SensorEncoder = self.__dict__["_sensor_encoder"]
-            for values, rng in zip(readings, rngs, strict=True):
-                out.append(enc.encode(values, getrandbits=device_bits(rng)))
+            for values, rng in zip(readings, streams.data, strict=True):
+                out.append(enc.encode(values, getrandbits=device_bits(rng.bit_generator)))
             return out
         kv_enc: KeyValueEncoder = self.__dict__["_kv_encoder"]
-        for rng in rngs:
-            out.append(kv_enc.encode(self.keyvalue.pairs(rng), getrandbits=device_bits(rng)))
+        for rng in streams.data:
+            pairs = self.keyvalue.pairs(rng)
+            out.append(kv_enc.encode(pairs, getrandbits=device_bits(rng.bit_generator)))
         return out

@@ -183,7 +183,8 @@ def simulate_sensors(
 ) -> SensorSimulationResult:
     """Sensor readings -> :class:`~edge.encoders.SensorEncoder` -> ``spec``'s mechanism ->
     decoded means with 95% intervals, for ``trials`` trials of a fleet of ``n`` devices with
-    ``spec.d`` channels (5..8) each keeping ``spec.s`` of them (class docs)."""
+    ``spec.d`` channels (:func:`~sim.sensors.channel_table`) each keeping ``spec.s`` of them
+    (class docs)."""
     if n < 1 or trials < 1:
         raise ValueError(f"need n >= 1 and trials >= 1, got n={n}, trials={trials}")
     fleet = SensorFleet(n_devices=n, channels=spec.d, seed=seed)

@@ -1,10 +1,10 @@
 """Shared fixtures: a real Mosquitto broker per test, on a free port, that tests can stop and
-restart (integration tests never use a broker they did not start)."""
+restart (integration tests never use a broker they did not start); ``nats_cluster``, a
+3-node NATS cluster with JetStream and MQTT listeners (tests/clusters.py)."""
 
 from __future__ import annotations
 
 import getpass
-import random
 import shutil
 import socket
 import subprocess
@@ -14,39 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.clusters import nats_cluster
+from tests.ports import free_port
+
+__all__ = ["MOSQUITTO", "Broker", "free_port", "nats_cluster"]
+
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
-        return int(low), int(high)
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def free_port() -> int:
-    """A port free for a listener now, chosen *below* the kernel's ephemeral range.
-
-    Port 0 would hand out an ephemeral port, and the outgoing connections of a test (a fleet
-    of thousands of MQTT clients, Prometheus scrapes) draw from that same range, so the
-    port could be taken between this call and the listener's bind. Below the range only
-    another listener can take it.
-    """
-    low = _ephemeral_range()[0]
-    rng = random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(10_000, max(low, 10_001))
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as sock:  # everything below the range is busy: fall back
-        sock.bind(("127.0.0.1", 0))
-        fallback: int = sock.getsockname()[1]
-        return fallback
 
 
 class Broker:
@@ -91,6 +64,13 @@ class Broker:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        """``kill -9``: no final save of a persistence store, no DISCONNECT to anyone."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
         self.proc = None
 
     def restart(self) -> None:

@@ -6,6 +6,8 @@
   bound for CoCo and Collision (``epsilon_central``);
 * :mod:`~aggregator.accountant.composition`: a device's central epsilon over many batches
   (``epsilon_total``);
+* :mod:`~aggregator.accountant.history`: how a deployment's history is accounted (one
+  participation per round, accounting sizes), shared by the ledger, the CLI and calibration;
 * :mod:`~aggregator.accountant.calibration`: the local budget that meets a central target
   over a horizon (``coco privacy calibrate``);
 * :mod:`~aggregator.accountant.closed_forms`: EFMRTT19 and FMT21, for comparison;
@@ -29,7 +31,13 @@ from aggregator.accountant.clone import (
     hockey_stick,
 )
 from aggregator.accountant.closed_forms import efmrtt19, fmt21
-from aggregator.accountant.composition import blanket_pld, epsilon_total, epsilon_total_batches
+from aggregator.accountant.composition import (
+    blanket_pld,
+    epsilon_total,
+    epsilon_total_batches,
+    epsilon_total_counts,
+)
+from aggregator.accountant.history import accounting_size, epsilon_total_rounds
 from aggregator.accountant.record import Amplification, amplify, amplify_spec
 
 __all__ = [
@@ -37,6 +45,7 @@ __all__ = [
     "BlanketPair",
     "CalibrationTarget",
     "Plan",
+    "accounting_size",
     "amplify",
     "amplify_spec",
     "blanket_delta",
@@ -50,6 +59,8 @@ __all__ = [
     "epsilon_central",
     "epsilon_total",
     "epsilon_total_batches",
+    "epsilon_total_counts",
+    "epsilon_total_rounds",
     "fmt21",
     "generic_clone_probability",
     "hockey_stick",

@@ -62,10 +62,20 @@ Numerical certificate (every item is *added* to the result)
   probabilities ``a, b, q0`` are computed in binary64 (a few ulps); their effect on the
   binomial pmfs, about ``z sqrt(n) u`` relative at ``z`` standard deviations, is far inside
   the same budget for every ``n`` below ``10^12``.
-* Rounding of ``tau``: the group formula with a wrong ``k`` is a tangent of the convex
-  ``tau -> E(N1 - tau)_+`` at a neighbouring kink, which has slope at most 1; the run
-  boundaries are computed from ``tau`` to within ``eta = 64 u (K + hi0 + 2)``
-  (``u = 2^-53``), so ``2 eta`` per unit of probability is added.
+* Rounding of ``tau``: ``f(tau) = E(N1 - tau)_+`` is convex and piecewise linear with
+  kinks at the integers, slope ``-S_k`` on ``[k - 1, k]`` (``S_k = Pr[N1 >= k]``), and the
+  group formula for ``k`` is its tangent ``g_k`` there. The run boundaries are computed
+  from ``tau`` to within ``eta = 64 u (K + hi0 + 2)`` (``u = 2^-53``), so the ``k`` used
+  for an ``N0`` is the right one or a neighbour while ``tau`` is within ``eta`` of the
+  shared kink. A neighbouring tangent lies below ``f`` (a supporting line of a convex
+  function) by at most ``eta`` times the change of slope at the kink, ``Pr[N1 = k - 1]`` or
+  ``Pr[N1 = k]``; evaluating ``g_k`` at a ``tau`` off by ``eta`` moves it by at most
+  ``eta S_k``. Both together are at most ``2 eta S_(k-1)``, added per unit of probability
+  of the run, with ``S_(k-1) = S_k + 2 head / (K - k + 1)`` from the values the group
+  formula already has (``S_(k-1) = 1`` for ``k <= 0``, ``2^-K`` for ``k = K + 1``). The
+  budget is relative to the tail it is in: where ``delta(eps)`` is tiny, so is it (a
+  budget of ``2 eta`` per unit of probability put a floor of about ``4e-14 p^2`` under
+  the certified curve, which stalled compositions aiming below it).
 * Each group value is clipped at 0 from below (the true one is non-negative), and the total
   is multiplied by ``1 + 1e-9`` for the remaining few-ulp products and the summation.
 * ``eps >= eps0`` gives exactly 0: the likelihood ratio of the pair is at most ``p``.
@@ -94,6 +104,7 @@ __all__ = [
     "BlanketPair",
     "blanket_delta",
     "blanket_delta_curve",
+    "blanket_delta_curve_and_floor",
     "blanket_epsilon",
     "blanket_pair_for_spec",
     "tail_for",
@@ -247,9 +258,14 @@ class _Engine:
             self.lo0 = np.zeros_like(ks)
             self.hi0 = np.zeros_like(ks)
         self.skipped = p * skipped * (1.0 + _SPECIAL_REL_ERR) * (1.0 + 4 * _UNIT_ROUNDOFF)
-        # Rounding of tau (module docstring): 2 eta per unit of probability.
-        eta = 64.0 * _UNIT_ROUNDOFF * (ks + self.hi0 + 2.0)
-        self.tau_budget = 2.0 * float(np.dot(self.pk, eta))
+        # Rounding of tau (module docstring): 2 eta S_(k-1) per unit of probability.
+        self.eta = 64.0 * _UNIT_ROUNDOFF * (ks + self.hi0 + 2.0)
+
+    @property
+    def floor(self) -> float:
+        """What :meth:`divergence` adds whatever ``eps`` (the skipped mass): where the curve
+        comes within a few times this, further points carry no information."""
+        return self.skipped * (1.0 + _REL_SLACK)
 
     def divergence(self, epsilon: float) -> float:
         """Certified upper bound on ``H_{e^eps}(P || Q) = H_{e^eps}(Q || P)``."""
@@ -270,10 +286,11 @@ class _Engine:
             lin = (0.5 * ks - tau0) * s_k
             value = np.maximum(head + lin, 0.0)
             err = 3.0 * _SPECIAL_REL_ERR * (head + np.abs(lin))
+            err += 2.0 * self.eta * _slope_before(kk, ks, head, s_k)
             inside = float(np.dot(self.pk, value + err))
         else:
             inside = self._grouped(tau0=tau0, tau1=tau1, ks=ks, m0=m0, lo0=lo0, hi0=hi0)
-        total = (coef / n) * (inside + self.tau_budget) + self.skipped
+        total = (coef / n) * inside + self.skipped
         return min(total * (1.0 + _REL_SLACK), 1.0)
 
     def _grouped(
@@ -320,7 +337,26 @@ class _Engine:
         value = prob * (head + lin) - tau1 * s_k * mass
         value = np.where(empty, 0.0, np.maximum(value, 0.0))
         err = 3.0 * _SPECIAL_REL_ERR * (prob_mag * (head + np.abs(lin)) + tau1 * s_k * mass_mag)
+        # rounding of tau: 2 eta S_(k-1) per unit of the run's probability (an upper bound
+        # on it: |prob| plus its own error budget)
+        run_prob = np.abs(prob) + 3.0 * _SPECIAL_REL_ERR * prob_mag
+        err += np.where(
+            empty, 0.0, 2.0 * self.eta[which] * _slope_before(k, kk, head, s_k) * run_prob
+        )
         return float(np.dot(self.pk[which], value + err))
+
+
+def _slope_before(k: FloatArray, ks: FloatArray, head: FloatArray, s_k: FloatArray) -> FloatArray:
+    """An upper bound on ``S_(k-1) = Pr[Bin(K, 1/2) >= k - 1]`` from the group formula's
+    ``head = (K/4) b(k - 1; K - 1, 1/2)`` and ``s_k = S_k``: ``b(k - 1; K, 1/2) = 2 head /
+    (K - k + 1)`` for ``1 <= k <= K``; 1 for ``k <= 0``; ``2^-K`` for ``k = K + 1``. The
+    factor covers the values' error budgets and the few roundings here."""
+    inner = (k >= 1.0) & (k <= ks)
+    denominator = np.where(inner, ks - k + 1.0, 1.0)
+    value = np.where(inner, s_k + 2.0 * head / denominator, 0.0)
+    value = np.where(k <= 0.0, 1.0, value)
+    value = np.where(k > ks, np.ldexp(1.0, -ks.astype(np.int64)), value)
+    return np.minimum(1.0, value * (1.0 + 4.0 * _SPECIAL_REL_ERR))
 
 
 def tail_for(delta: float, p: float) -> float:
@@ -338,6 +374,23 @@ def blanket_delta_curve(
     if not 0 < tail < 0.5:
         raise ValueError(f"tail must be in (0, 0.5), got {tail}")
     return _Engine(pair, tail).divergence
+
+
+def blanket_delta_curve_and_floor(
+    pair: BlanketPair, *, tail: float = DEFAULT_TAIL
+) -> Callable[[float], tuple[float, float]]:
+    """``eps -> (blanket_delta(pair, epsilon=eps, tail=tail), floor)`` for ``0 <= eps <
+    eps0``, where ``floor`` is the part of the certified value added whatever ``eps`` (the
+    skipped mass): a curve within a few times it carries no further information."""
+    tail = check_real("tail", tail)
+    if not 0 < tail < 0.5:
+        raise ValueError(f"tail must be in (0, 0.5), got {tail}")
+    engine = _Engine(pair, tail)
+
+    def curve(epsilon: float) -> tuple[float, float]:
+        return engine.divergence(epsilon), engine.floor
+
+    return curve
 
 
 def blanket_delta(pair: BlanketPair, *, epsilon: float, tail: float = DEFAULT_TAIL) -> float:

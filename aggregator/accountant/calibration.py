@@ -1,16 +1,22 @@
 """Calibration: the local budget that meets a central privacy target over a horizon.
 
-Given a fleet of ``n`` devices reporting in every one of ``rounds`` batches, and a target
+Given ``n`` reports per round (the smallest release of a round: the whole fleet, or the
+worst shard), a device reporting in every one of ``rounds`` rounds, and a target
 ``(epsilon_total, delta)`` for the composed central privacy of a device over the horizon,
 :func:`calibrate` picks the local ``epsilon0`` (with the MSE-optimal ``t`` for it, unless
 ``t`` is fixed) that minimises the closed-form MSE of the estimates while meeting the target.
 
+The plan is made with exactly the accounting the aggregator's ledger applies
+(:func:`aggregator.accountant.history.epsilon_total_rounds`: one participation per round,
+composed at its accounting size), so a deployment that runs as planned reports exactly the
+planned ``epsilon_total``, never more.
+
 Why this is the MSE-optimal choice: for a fixed mechanism the closed-form per-report MSE
 (:mod:`edge.theory`) falls as ``epsilon0`` grows, so the best plan is the largest
 ``epsilon0`` whose ``epsilon_total`` meets the target. It is found by bisection on
-``log epsilon0``; only values at which :func:`~aggregator.accountant.composition.epsilon_total`
-was evaluated and found ``<= target`` are returned, so the plan meets the target whatever
-the shape of ``epsilon0 -> epsilon_total`` (the MSE-optimal ``t`` changes in steps).
+``log epsilon0``; only values at which the ledger's ``epsilon_total`` was evaluated and
+found ``<= target`` are returned, so the plan meets the target whatever the shape of
+``epsilon0 -> epsilon_total`` (the MSE-optimal ``t`` changes in steps).
 """
 
 from __future__ import annotations
@@ -20,8 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Final, get_args
 
 from aggregator.accountant._checks import check_delta, check_n, check_real
-from aggregator.accountant.blanket import blanket_pair_for_spec
-from aggregator.accountant.composition import epsilon_total
+from aggregator.accountant.history import epsilon_total_rounds
 from aggregator.accountant.record import amplify_spec
 from edge.errors import SpecError
 from edge.spec import MechanismSpec
@@ -38,7 +43,7 @@ integer weights would overflow at large budgets counts as out of range)."""
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CalibrationTarget:
     """What to calibrate for: ``mechanism`` (``"coco"`` or ``"collision"``) on ``d``-dimensional
-    ``s``-sparse vectors, ``n`` reports per batch, a device in each of ``rounds`` batches, and
+    ``s``-sparse vectors, ``n`` reports per round, a device in each of ``rounds`` rounds, and
     the target ``(epsilon_total, delta)`` over that horizon; ``t`` fixes the output domain
     (``None``: the MSE-optimal ``t`` of each candidate ``epsilon0``)."""
 
@@ -76,8 +81,9 @@ class CalibrationTarget:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Plan:
     """A calibrated deployment: ``spec`` (its ``epsilon`` is the local budget of one report),
-    the certified per-batch ``epsilon_central`` (and ``epsilon_central_generic``), the
-    verified ``epsilon_total <= target.epsilon_total`` over ``target.rounds`` batches, the
+    the certified per-round ``epsilon_central`` (and ``epsilon_central_generic``), the
+    verified ``epsilon_total <= target.epsilon_total`` over ``target.rounds`` rounds (as the
+    ledger will account them), the
     closed-form per-batch MSE of the mean and frequency estimates (summed over dimensions, ``n``
     reports), and what each device's local ledger spends: ``epsilon0`` per report,
     ``rounds * epsilon0`` over the horizon (basic composition of the local guarantee)."""
@@ -135,8 +141,7 @@ def _total(target: CalibrationTarget, epsilon0: float) -> tuple[MechanismSpec | 
         spec = target.spec(epsilon0)
     except SpecError:
         return None, math.inf
-    pair = blanket_pair_for_spec(spec, n=target.n)
-    return spec, epsilon_total(pair, rounds=target.rounds, delta=target.delta)
+    return spec, epsilon_total_rounds(spec, {target.n: target.rounds}, delta=target.delta)
 
 
 def calibrate(target: CalibrationTarget, *, rtol: float = 2e-3) -> Plan:
@@ -156,7 +161,7 @@ def calibrate(target: CalibrationTarget, *, rtol: float = 2e-3) -> Plan:
     if best_total > target.epsilon_total:
         raise ValueError(
             f"the target epsilon_total={target.epsilon_total} is out of reach: even "
-            f"epsilon0={lo} gives {best_total:.6g} over {target.rounds} batches of {target.n}"
+            f"epsilon0={lo} gives {best_total:.6g} over {target.rounds} rounds of {target.n}"
         )
     top_spec, top_total = _total(target, hi)
     if top_total <= target.epsilon_total:

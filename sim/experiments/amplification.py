@@ -3,7 +3,7 @@
 For ``n`` in {1e4, 1e5}, ``s`` in {4, 64} and ``eps0`` in [0.1, 5], Collision with the
 figure's ``t* = floor(s e^eps0 + 2s - 1)`` (caption of Figure "shuffle"), and
 ``delta = n^-1.1`` (the paper fixes ``delta = O(1/n)`` without a value; ``n^-1.1`` is the
-delta of the reference table ``shared/reference/amplification.tsv`` for these ``n``):
+delta of the reference table ``docs/reference/amplification.tsv`` for these ``n``):
 
 * ``eps_c_blanket``: the privacy-blanket bound for Collision
   (:func:`aggregator.accountant.blanket_epsilon`): **certified**, mechanism-specific, what the

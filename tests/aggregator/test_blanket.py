@@ -8,7 +8,7 @@ divergence of k-RR, Collision and CoCo is in test_shuffle_brute_force.py):
 * the generic stronger-clone bound, which must coincide for binary randomised response;
 * the exact shuffled divergence of the paper's lower-bound construction
   (:func:`sim.experiments.tightness.exact_divergences`), a certified lower bound;
-* the reference file ``shared/reference/amplification-blanket.tsv``;
+* the independent reference table ``amplification-blanket.tsv`` (tests/aggregator/reference.py);
 * exact rational arithmetic for the binomial cdf values with general ``q`` that the
   certificate relies on.
 """
@@ -263,3 +263,22 @@ def test_boost_binomial_cdf_general_q_accuracy() -> None:
         if 1 - exact_cdf > Fraction(1, 10**300):
             worst = max(worst, float(abs(Fraction(sf) / (1 - exact_cdf) - 1)))
     assert worst < 1e-11
+
+
+@pytest.mark.parametrize(("s", "t", "epsilon0"), [(1, 3, 1.0), (2, 9, 0.7), (3, 5, 1.5)])
+def test_the_certificate_has_no_absolute_floor_in_the_tail(s: int, t: int, epsilon0: float) -> None:
+    """Far in the tail the certified curve follows the true one down to the skipped mass
+    (about 4 p tail), instead of stopping at a floor of about 4e-14 p^2: compositions aim
+    there. Every value stays above the direct sum (certified)."""
+    n = 120
+    pair = BlanketPair(n=n, exp_epsilon0=math.exp(epsilon0), s=s, t=t)
+    checked = 0
+    for frac in np.linspace(0.3, 0.98, 18):
+        eps = float(frac) * epsilon0
+        exact = direct_delta(pair, eps)
+        fast = blanket_delta(pair, epsilon=eps)
+        assert fast >= exact
+        assert fast <= exact * (1 + 1e-6) + 1e-18
+        if 0 < exact < 1e-12:
+            checked += 1
+    assert checked >= 2  # the tail was reached, below the old floor

@@ -98,8 +98,10 @@ def test_estimates_to_dict_matches_a_scalar_reference() -> None:
         want = [None if not np.isfinite(x) else float(x) for x in getattr(est, name)]
         assert document[name] == want, name
         assert all(v is None or type(v) is float for v in document[name])
+    assert document["freq_interval"] == ["score" if b else "normal" for b in est.freq_score]
     assert json.loads(json.dumps(document)) == document
     assert AggregateState(m.spec).estimate().to_dict()["mean"] == [None] * 40
+    assert AggregateState(m.spec).estimate().to_dict()["freq_interval"] == ["normal"] * 40
 
 
 @pytest.mark.parametrize("kind", [CoCo, Collision])
@@ -421,4 +423,5 @@ def test_projected_estimates_have_no_standard_errors_and_keep_the_raw_intervals(
         "mean", "mean_se", "mean_lo", "mean_hi",
         "freq", "freq_se", "freq_lo", "freq_hi",
         "cond_mean", "cond_mean_se", "cond_mean_lo", "cond_mean_hi",
+        "freq_interval",
     }  # fmt: skip

@@ -1,5 +1,6 @@
-"""The aggregator's privacy ledger: per-batch and composed central epsilon of the batches
-applied, and the pessimistic reading of a checkpoint written before the history was kept."""
+"""The aggregator's privacy ledger: releases from manifests and applied batches, one
+participation per round, idempotent records, compaction; the old per-batch API; and the
+pessimistic reading of a checkpoint written before the history was kept."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from aggregator.accountant import amplify_spec, blanket_pair_for_spec, epsilon_total_batches
+from aggregator.accountant.history import epsilon_total_rounds
 from aggregator.checkpoint import CheckpointError, load_checkpoint
 from aggregator.privacy_ledger import SIGNIFICANT_BITS, PrivacyLedger, accounting_size
 from edge.spec import MechanismSpec
@@ -128,3 +130,186 @@ def test_accounting_sizes_round_down_to_five_significant_bits_and_stay_few() -> 
     assert len({accounting_size(n) for n in range(10_000, 20_000)}) <= 17
     with pytest.raises(ValueError, match="at least one report"):
         accounting_size(0)
+
+
+def bid(i: int) -> bytes:
+    """A 16-byte id."""
+    return i.to_bytes(16, "big")
+
+
+def total(rounds: dict[int, int]) -> float:
+    return epsilon_total_rounds(SPEC, rounds, delta=DELTA)
+
+
+def test_a_release_cut_into_slices_is_one_participation() -> None:
+    """The issue's case: a round of 2,000 cut into 3 batches by max_batch is one shuffle of
+    2,000, not three participations of about 666."""
+    ledger = PrivacyLedger(SPEC, delta=DELTA)
+    slices = [(bid(1), 667), (bid(2), 667), (bid(3), 666)]
+    assert ledger.record_manifest(round=7, shard="", release_id=bid(100), batches=slices) == (
+        "recorded"
+    )
+    for batch_id, size in slices:
+        assert ledger.record_batch(round=7, shard="", batch_id=batch_id, size=size) == "covered"
+    assert ledger.rounds() == {2000: 1}
+    level = ledger.compute(ledger.snapshot())
+    assert level.batches == 1
+    assert level.epsilon_total == total({2000: 1})
+    assert level.sizes == {"smallest": 2000, "latest": 2000}
+    assert (
+        level.epsilon_central["smallest"] == amplify_spec(SPEC, n=2000, delta=DELTA).epsilon_central
+    )
+    per_batch = total({666: 3})  # the old accounting: three participations
+    assert level.epsilon_total is not None
+    assert level.epsilon_total < per_batch / 2
+
+
+def test_a_round_costs_its_smallest_release_over_shards_and_early_releases() -> None:
+    ledger = PrivacyLedger(SPEC, delta=DELTA)
+    ledger.record_manifest(round=1, shard="g0s0", release_id=bid(1), batches=[(bid(11), 900)])
+    ledger.record_manifest(round=1, shard="g0s1", release_id=bid(2), batches=[(bid(12), 700)])
+    # an early release and the rest of the round, same shard
+    ledger.record_manifest(round=1, shard="g0s1", release_id=bid(3), batches=[(bid(13), 400)])
+    ledger.record_manifest(round=2, shard="g0s0", release_id=bid(4), batches=[(bid(14), 1000)])
+    assert ledger.rounds() == {400: 1, 1000: 1}
+    assert ledger.smallest == 400
+    assert ledger.latest == 1000
+    assert ledger.releases == 4
+    assert ledger.compute(ledger.snapshot()).epsilon_total == total({400: 1, 1000: 1})
+
+
+def test_records_are_idempotent_and_a_late_manifest_replaces_the_batch_record() -> None:
+    ledger = PrivacyLedger(SPEC, delta=DELTA)
+    # batches arrive first, with no manifest: grouped by (shard, round) at the smallest batch
+    assert ledger.record_batch(round=5, shard="", batch_id=bid(1), size=1000) == "recorded"
+    assert ledger.record_batch(round=5, shard="", batch_id=bid(2), size=999) == "recorded"
+    assert ledger.rounds() == {999: 1}
+    generation = ledger.generation
+    assert ledger.record_batch(round=5, shard="", batch_id=bid(1), size=1000) == "duplicate"
+    assert ledger.generation == generation
+    # the manifest arrives: the release's true size replaces the batch-derived record
+    batches = [(bid(1), 1000), (bid(2), 999)]
+    assert ledger.record_manifest(round=5, shard="", release_id=bid(9), batches=batches) == (
+        "recorded"
+    )
+    assert ledger.rounds() == {1999: 1}
+    generation = ledger.generation
+    assert ledger.record_manifest(round=5, shard="", release_id=bid(9), batches=batches) == (
+        "duplicate"
+    )
+    assert ledger.record_batch(round=5, shard="", batch_id=bid(2), size=999) == "duplicate"
+    assert ledger.generation == generation
+    assert ledger.rounds() == {1999: 1}
+
+
+def test_a_manifest_accounts_for_batches_never_applied_here() -> None:
+    """Released but refused here (stale round), or lost: the devices spent it all the same."""
+    ledger = PrivacyLedger(SPEC, delta=DELTA)
+    for r in range(3):
+        ledger.record_manifest(round=r, shard="", release_id=bid(r), batches=[(bid(10 + r), 500)])
+    ledger.record_batch(round=2, shard="", batch_id=bid(12), size=500)
+    assert ledger.rounds() == {500: 3}
+
+
+def test_batches_of_a_partly_listed_round_keep_their_own_record() -> None:
+    ledger = PrivacyLedger(SPEC, delta=DELTA)
+    ledger.record_manifest(round=3, shard="", release_id=bid(1), batches=[(bid(11), 800)])
+    ledger.record_batch(round=3, shard="", batch_id=bid(11), size=800)
+    # a batch of the same round that no manifest lists (another release): its own record
+    ledger.record_batch(round=3, shard="", batch_id=bid(12), size=300)
+    assert ledger.rounds() == {300: 1}
+    assert ledger.releases == 2
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "batch_replayed_with_another_size",
+        "batch_listed_with_another_count",
+        "batch_listed_in_another_round",
+        "batch_listed_by_two_manifests",
+        "manifest_replayed_with_other_batches",
+    ],
+)
+def test_contradictions_are_refused_and_change_nothing(case: str) -> None:
+    ledger = PrivacyLedger(SPEC, delta=DELTA)
+    ledger.record_manifest(round=4, shard="g0s0", release_id=bid(1), batches=[(bid(11), 600)])
+    ledger.record_batch(round=4, shard="g0s0", batch_id=bid(11), size=600)
+    ledger.record_batch(round=4, shard="g0s0", batch_id=bid(12), size=700)
+    before, generation = ledger.to_dict(), ledger.generation
+    if case == "batch_replayed_with_another_size":
+        outcome = ledger.record_batch(round=4, shard="g0s0", batch_id=bid(12), size=70)
+    elif case == "batch_listed_with_another_count":
+        outcome = ledger.record_manifest(
+            round=4, shard="g0s0", release_id=bid(2), batches=[(bid(12), 701)]
+        )
+    elif case == "batch_listed_in_another_round":
+        outcome = ledger.record_manifest(
+            round=5, shard="g0s0", release_id=bid(2), batches=[(bid(12), 700)]
+        )
+    elif case == "batch_listed_by_two_manifests":
+        outcome = ledger.record_manifest(
+            round=4, shard="g0s0", release_id=bid(2), batches=[(bid(11), 600)]
+        )
+    else:
+        outcome = ledger.record_manifest(
+            round=4, shard="g0s0", release_id=bid(1), batches=[(bid(11), 300), (bid(13), 300)]
+        )
+    assert outcome == "mismatch"
+    assert ledger.to_dict() == before
+    assert ledger.generation == generation
+
+
+def test_invalid_records_are_value_errors() -> None:
+    ledger = PrivacyLedger(SPEC, delta=DELTA)
+    for kwargs, match in (
+        ({"round": -1, "shard": "", "batch_id": bid(1), "size": 5}, "round"),
+        ({"round": 2**32, "shard": "", "batch_id": bid(1), "size": 5}, "round"),
+        ({"round": 1, "shard": "", "batch_id": b"short", "size": 5}, "batch_id"),
+        ({"round": 1, "shard": "", "batch_id": bid(1), "size": 0}, "size"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            ledger.record_batch(**kwargs)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least one batch"):
+        ledger.record_manifest(round=1, shard="", release_id=bid(1), batches=[])
+    with pytest.raises(ValueError, match="each batch once"):
+        ledger.record_manifest(
+            round=1, shard="", release_id=bid(1), batches=[(bid(2), 5), (bid(2), 5)]
+        )
+    assert ledger.generation == 0
+
+
+def test_compaction_keeps_the_cost_and_counts_late_records_pessimistically() -> None:
+    ledger = PrivacyLedger(SPEC, delta=DELTA)
+    for r, size in enumerate((1000, 700, 1000, 1200)):
+        ledger.record_manifest(round=r, shard="", release_id=bid(r), batches=[(bid(50 + r), size)])
+    before = ledger.compute(ledger.snapshot())
+    assert ledger.compact(2) == 3
+    assert ledger.rounds() == {accounting_size(700): 1, accounting_size(1000): 2, 1200: 1}
+    after = ledger.compute(ledger.snapshot())
+    assert after.epsilon_total == before.epsilon_total  # composed at accounting sizes anyway
+    assert after.sizes == {"smallest": 700, "latest": 1200}
+    assert ledger.compact(1) == 0  # already folded
+    # a manifest of a compacted round cannot be told from one counted: counted again
+    outcome = ledger.record_manifest(round=1, shard="", release_id=bid(1), batches=[(bid(51), 700)])
+    assert outcome == "late"
+    assert ledger.rounds()[700] == 1
+    assert sum(ledger.rounds().values()) == 5
+
+
+def test_the_old_per_batch_api_adds_up_with_releases() -> None:
+    ledger = PrivacyLedger(SPEC, delta=DELTA)
+    ledger.record(500)
+    ledger.record(500)
+    ledger.record_manifest(round=9, shard="", release_id=bid(1), batches=[(bid(2), 800)])
+    assert ledger.rounds() == {500: 2, 800: 1}
+    assert ledger.compute(ledger.snapshot()).batches == 3
+
+
+def test_a_level_is_tagged_with_the_generation_it_covers() -> None:
+    ledger = PrivacyLedger(SPEC, delta=DELTA)
+    ledger.record_batch(round=1, shard="", batch_id=bid(1), size=400)
+    level = ledger.compute(ledger.snapshot())
+    assert level.generation == ledger.generation
+    ledger.record_batch(round=2, shard="", batch_id=bid(2), size=400)
+    assert level.generation < ledger.generation

@@ -7,7 +7,9 @@ status) with ``config``, which needs no Docker engine: ``DOCKER_HOST`` points no
 Beyond "Compose accepts it": every bind-mounted path exists in the repository, every
 ``coco ...`` command resolves against the real typer app (an unknown option, a missing
 required option or a bad value fails), published ports are the ports the commands serve on,
-and every credential file a service reads is one that the ``credentials`` service writes.
+and every credential file a service reads is one that the ``credentials`` service writes. The
+``cluster`` profile (three NATS nodes, not started by default) is checked the same way, and
+its configuration file with ``nats-server -t``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -24,6 +27,7 @@ import typer
 import typer.core
 
 from sim.cli import app
+from tests.clusters import nats_server_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
@@ -282,3 +286,75 @@ def test_every_credential_file_read_is_written_by_the_credentials_service(
                 if mount["source"] == secret[0]:
                     subpath = PurePosixPath(mount["volume"]["subpath"])
                     assert not secret[1].is_relative_to(subpath), name
+
+
+# -- the `cluster` profile: a 3-node NATS broker --------------------------------------------
+
+NATS_NODES = ("nats-1", "nats-2", "nats-3")
+NATS_CONF = ROOT / "deploy" / "nats" / "nats.conf"
+
+
+@pytest.fixture(scope="module")
+def cluster_model() -> dict[str, Any]:
+    result = compose("--profile", "cluster", "config", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    document: dict[str, Any] = json.loads(result.stdout)
+    return document
+
+
+def test_the_cluster_profile_is_not_started_by_default(
+    model: dict[str, Any], cluster_model: dict[str, Any]
+) -> None:
+    assert not set(NATS_NODES) & set(model["services"])
+    assert set(cluster_model["services"]) == set(model["services"]) | set(NATS_NODES)
+
+
+def test_the_cluster_profile_runs_three_distinct_nats_nodes(cluster_model: dict[str, Any]) -> None:
+    services = cluster_model["services"]
+    names, published, volumes = set(), set(), set()
+    for node in NATS_NODES:
+        service = services[node]
+        assert service["profiles"] == ["cluster"], node
+        assert service["image"].startswith("nats:2.9"), node
+        assert service["command"] == ["-c", "/etc/nats/nats.conf"], node
+        names.add(service["environment"]["NATS_SERVER_NAME"])
+        mounts = {m["target"]: m for m in service["volumes"]}
+        config = mounts["/etc/nats/nats.conf"]
+        assert config["type"] == "bind"
+        assert Path(config["source"]) == NATS_CONF
+        assert config["read_only"] is True
+        assert mounts["/data"]["type"] == "volume"
+        volumes.add(mounts["/data"]["source"])
+        (port,) = service["ports"]
+        assert port["target"] == 1883, node
+        assert port["host_ip"] == "127.0.0.1", node  # anonymous: the host's loopback only
+        published.add(int(port["published"]))
+        assert "8222/healthz" in " ".join(service["healthcheck"]["test"]), node
+    assert names == set(NATS_NODES)  # the routes below name the nodes by their service name
+    assert len(published) == 3
+    assert 1883 not in published  # the default profile's Mosquitto keeps 1883
+    assert len(volumes) == 3  # each node its own JetStream store
+
+
+def test_the_nats_config_routes_to_every_node_with_replicas_3() -> None:
+    text = NATS_CONF.read_text()
+    routes = set(re.findall(r"nats-route://([\w-]+):6222", text))
+    assert routes == set(NATS_NODES)
+    assert re.search(r"^\s*stream_replicas:\s*3\s*$", text, re.M)
+    assert re.search(r"^\s*consumer_replicas:\s*3\s*$", text, re.M)
+    assert "server_name: $NATS_SERVER_NAME" in text
+
+
+@pytest.mark.parametrize("node", NATS_NODES)
+def test_the_nats_config_is_accepted_by_nats_server(node: str) -> None:
+    binary = nats_server_or_skip()
+    result = subprocess.run(
+        [binary, "-t", "-c", str(NATS_CONF)],
+        env={"NATS_SERVER_NAME": node, "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "is valid" in result.stderr + result.stdout

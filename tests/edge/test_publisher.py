@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from edge.announce import encode_announcement
 from edge.codec import REPORT_SIZE, decode_report
-from edge.device_cli import device
+from edge.device_cli import EXIT_BUDGET_SPENT, device
 from edge.errors import InputError, SpecError
 from edge.ledger import BudgetLedger
 from edge.publisher import DevicePublisher, PublisherConfig, PublisherError
@@ -432,8 +432,14 @@ def test_device_cli_end_to_end(mosquitto: Broker, shuffler: Shuffler, tmp_path: 
     )
     first = current_round(1)
     result = CliRunner().invoke(cli(), args, input=csv_text)
-    assert result.exit_code == 0, result.output
+    # issue 18: the header was skipped silently and a refusal of the ledger exited 0
+    assert result.exit_code == EXIT_BUDGET_SPENT == 4, result.output
     assert result.stdout.strip() == "published 2, refused by ledger 1, failed 0"
+    assert result.stderr.splitlines() == [
+        "note: line 1 is not numeric: read as a header of 4 columns and skipped",
+        f"error: the privacy budget is spent: the ledger {tmp_path / 'ledger.json'} refused "
+        "1 row(s) (budget 2, 0 left)",
+    ]
     messages = shuffler.wait_for(2)
     time.sleep(0.2)
     assert len(shuffler.messages) == 2
@@ -454,6 +460,19 @@ def test_device_cli_input_file_and_bad_rows(
     messages = shuffler.wait_for(2)
     rounds = [decode_report(m.payload)[2] for m in messages]
     assert rounds[0] < rounds[1]
+
+
+def test_device_cli_a_first_line_of_another_width_is_a_bad_row_not_a_header(
+    mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
+) -> None:
+    announce(mosquitto, SPEC)
+    data = tmp_path / "in.csv"
+    data.write_text("temp,humidity\n0.1,10,50,1000\n")
+    result = CliRunner().invoke(cli(), device_args(mosquitto, tmp_path, "--input", str(data)))
+    assert result.exit_code == 1
+    assert result.stdout.strip() == "published 1, refused by ledger 0, failed 1"
+    assert "header" not in result.stderr
+    assert len(shuffler.wait_for(1)) == 1
 
 
 def test_device_cli_error_is_one_line(mosquitto: Broker, tmp_path: Path) -> None:

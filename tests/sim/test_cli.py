@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from aggregator.accountant import (
@@ -16,7 +19,7 @@ from aggregator.accountant import (
     blanket_epsilon,
     blanket_pair_for_spec,
     epsilon_central,
-    epsilon_total,
+    epsilon_total_rounds,
     generic_clone_probability,
 )
 from edge import MechanismSpec
@@ -101,7 +104,7 @@ def test_privacy_curve_is_a_list_falling_with_n() -> None:
     assert [row["n"] for row in out] == [1000, 10000, 100000]
     eps = [row["epsilon_central"] for row in out]
     assert eps == sorted(eps, reverse=True)
-    # The reference value for (0.5, 10000, 1e-6) in ../shared/reference/amplification.tsv.
+    # The value for (0.5, 10000, 1e-6) of the reference tables (docs/reference/amplification.tsv).
     assert eps[1] == pytest.approx(0.01811740826, abs=2e-6)
 
 
@@ -144,7 +147,8 @@ def test_privacy_rounds_json_contract_and_monotone() -> None:
         totals.append(out[0]["epsilon_total"])
     assert totals == sorted(totals)  # grows with the rounds
     spec = MechanismSpec(mechanism="collision", d=64, s=4, epsilon=1.0)
-    assert totals[1] == epsilon_total(blanket_pair_for_spec(spec, n=2000), rounds=10, delta=1e-6)
+    # as the aggregator's ledger accounts 10 rounds of 2,000 (composed at 1,984)
+    assert totals[1] == epsilon_total_rounds(spec, {2000: 10}, delta=1e-6)
     plain = run_json(*base.split())
     assert isinstance(plain, list)
     assert "epsilon_total" not in plain[0]
@@ -296,10 +300,25 @@ def test_simulate_sensors_json_gives_each_trial_and_channel() -> None:
     assert "temperature" in table.output
 
 
-def test_simulate_sensors_needs_five_to_eight_channels() -> None:
-    result = runner.invoke(app, [*SENSORS.replace("--d 6", "--d 4").split()])
+@pytest.mark.parametrize("d", [3, 12, 20])
+def test_simulate_sensors_takes_any_channel_count(d: int) -> None:
+    out = run_json(*SENSORS.replace("--d 6", f"--d {d}").split(), "--trials", "2")
+    assert isinstance(out, dict)
+    names = list(out["coverage"])
+    assert names == list(SensorFleet(n_devices=1, channels=d).names)
+    assert len(names) == d
+    for trial in out["per_trial"]:
+        assert all(ch["ci95_halfwidth"] > 0 for ch in trial["channels"])
+    table = runner.invoke(app, SENSORS.replace("--d 6", f"--d {d}").split())
+    assert table.exit_code == 0, table.output
+    assert "channels must be" not in table.output
+    assert names[-1] in table.output
+
+
+def test_simulate_sensors_refuses_no_channels() -> None:
+    result = runner.invoke(app, [*SENSORS.replace("--d 6", "--d 0").split()])
     assert result.exit_code == 1
-    assert "channels must be in [5, 8], got 4" in result.output
+    assert "error: d must be in [1," in result.output
 
 
 def test_installed_console_script_runs() -> None:
@@ -421,3 +440,85 @@ def test_listed_help_is_each_lazy_command_own() -> None:
     assert result.exit_code == 0
     for name in LAZY_COMMANDS:
         assert name in result.output
+
+
+def _coco(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``coco ARGS`` in a fresh interpreter (the environment without COCO_LOG_LEVEL, plus
+    ``env``)."""
+    base = {k: v for k, v in os.environ.items() if k != "COCO_LOG_LEVEL"}
+    return subprocess.run(
+        [sys.executable, "-c", "from sim.cli import main; main()", *args],
+        cwd=Path(__file__).resolve().parents[2],
+        env=base | (env or {}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+SMALL_RUN = [
+    "simulate",
+    "--mechanism",
+    "coco",
+    "--d",
+    "6",
+    "--s",
+    "2",
+    "--epsilon",
+    "1",
+    "--n",
+    "10",
+    "--seed",
+    "1",
+]
+
+
+@pytest.mark.parametrize("how", ["option", "environment"])
+def test_an_unknown_log_level_is_a_one_line_error_naming_the_levels(how: str) -> None:
+    """Issue 18: `COCO_LOG_LEVEL=verbose` or `--log-level verbose` printed a 41-line
+    traceback."""
+    if how == "option":
+        done = _coco("--log-level", "verbose", *SMALL_RUN)
+    else:
+        done = _coco(*SMALL_RUN, env={"COCO_LOG_LEVEL": "verbose"})
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert "'verbose'" in lines[0]
+    assert "debug, info, warning, error, critical" in lines[0]
+    assert "--log-level" in lines[0]
+    assert "COCO_LOG_LEVEL" in lines[0]
+
+
+def test_a_known_log_level_in_any_case_is_taken() -> None:
+    assert _coco("--log-level", "DEBUG", *SMALL_RUN).returncode == 0
+    assert _coco(*SMALL_RUN, env={"COCO_LOG_LEVEL": "Warning"}).returncode == 0
+
+
+def _options_without_help() -> list[str]:
+    """``command --option`` of every visible option of every command with no help text."""
+    missing: list[str] = []
+
+    def walk(command: Any, path: list[str]) -> None:
+        if hasattr(command, "list_commands"):
+            ctx = typer.Context(command)
+            for name in command.list_commands(ctx):
+                walk(command.get_command(ctx, name), [*path, name])
+        for param in command.params:
+            if param.param_type_name == "option" and not param.hidden and not param.help:
+                missing.append(" ".join([*path, param.opts[0]]))
+
+    walk(typer.main.get_command(app), ["coco"])
+    return missing
+
+
+def test_every_option_of_every_command_has_a_help_text() -> None:
+    """Issue 18: --cert-file, --key-file and fleet --password showed no help text."""
+    assert _options_without_help() == []
+    result = runner.invoke(app, ["device", "--help"], terminal_width=200)
+    for option in ("--cert-file", "--key-file"):
+        line = next(x for x in result.output.splitlines() if option + " " in x)
+        assert "<path>" in line
+        assert line.split("<path>", 1)[1].strip(" │")  # a help text beside the option

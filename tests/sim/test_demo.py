@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from aggregator.live_page import CONTENT_SECURITY_POLICY
 from sim.cli import app
-from sim.sensors import CHANNELS, SensorFleet
+from sim.sensors import CHANNELS, MORE_CHANNELS, SensorFleet, channel_table
 from tests.conftest import Broker
 
 
@@ -45,10 +45,40 @@ def test_daily_cycle_moves_the_temperature() -> None:
 
 
 def test_bad_parameters_are_named() -> None:
-    with pytest.raises(ValueError, match="channels must be in"):
-        SensorFleet(n_devices=10, channels=4)
+    with pytest.raises(ValueError, match="channels must be >= 1, got 0"):
+        SensorFleet(n_devices=10, channels=0)
     with pytest.raises(ValueError, match="n_devices"):
         SensorFleet(n_devices=0)
+
+
+@pytest.mark.parametrize("channels", [1, 4, 12, 16, 17, 40])
+def test_any_channel_count_has_named_channels_in_range(channels: int) -> None:
+    fleet = SensorFleet(n_devices=300, channels=channels, seed=3, faulty_fraction=0.05)
+    x = fleet.readings(2)
+    assert x.shape == (300, channels)
+    assert len(set(fleet.names)) == channels  # distinct names, one per channel
+    lo, hi = (np.array(r) for r in fleet.ranges)
+    assert np.all((lo <= x) & (x <= hi))
+    catalogue = CHANNELS + MORE_CHANNELS
+    for j, ch in enumerate(fleet.channel_specs):
+        base = catalogue[j % len(catalogue)]
+        board = j // len(catalogue)
+        assert ch.name == (base.name if board == 0 else f"{base.name}_{board + 1}")
+        assert (ch.unit, ch.lo, ch.hi) == (base.unit, base.lo, base.hi)
+    # the channels of the repeated boards read values of their own
+    if channels > len(catalogue):
+        assert not np.array_equal(x[:, 0], x[:, len(catalogue)])
+
+
+def test_the_first_channels_and_their_readings_do_not_depend_on_the_count() -> None:
+    """Up to eight channels the fleet is the one it always was: CHANNELS' first ``channels``
+    (the demo's six included), and a larger fleet's first channels are the same ones."""
+    for k in range(1, 9):
+        assert channel_table(k) == CHANNELS[:k]
+    assert channel_table(16)[:8] == CHANNELS
+    assert SensorFleet(n_devices=1).names == (
+        "temperature", "humidity", "pressure", "co2", "light", "noise",
+    )  # fmt: skip
 
 
 def test_encoder_round_trip_of_the_truth() -> None:

@@ -11,13 +11,16 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
@@ -35,8 +38,17 @@ from edge.topics import spec_topic
 from sim.cli import app
 from sim.credentials import device_id, mosquitto_password_file
 from sim.fleet import Fleet, FleetConfig, ensure_fd_limit, next_round
+from sim.fleet_cli import EXIT_NOT_SENT
+from sim.fleet_connection import backoff_delay
 from sim.fleet_metrics import CONNECT_FAILURE_REASONS, PUBLISH_FAILURE_REASONS
 from sim.fleet_models import FleetModel
+from sim.fleet_truth import (
+    GroundTruth,
+    GroundTruthFileError,
+    merge_documents,
+    read_document,
+    write_merged,
+)
 from tests.asyncutil import run, value, wait_until
 from tests.conftest import MOSQUITTO, Broker, free_port
 
@@ -89,32 +101,78 @@ def capture(cfg: FleetConfig) -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
     return seen, summary
 
 
-def without_round(seen: list[tuple[str, bytes]]) -> list[tuple[str, int, int, int]]:
-    """``(topic, fingerprint, seed, z)`` of each report: what a seed fixes (the round is the
-    clock's)."""
-    out = []
+def by_round(seen: list[tuple[str, bytes]]) -> dict[int, dict[str, tuple[int, int, int]]]:
+    """``{round: {topic: (fingerprint, seed, z)}}`` of the reports seen."""
+    out: dict[int, dict[str, tuple[int, int, int]]] = {}
     for topic, payload in seen:
-        _, fingerprint, _, seed, z = decode_report(payload)
-        out.append((topic, fingerprint, seed, z))
+        _, fingerprint, round_, seed, z = decode_report(payload)
+        assert topic not in out.setdefault(round_, {})  # one report per device and round
+        out[round_][topic] = (fingerprint, seed, z)
     return out
 
 
-def test_same_seed_same_reports_whatever_the_mode(mosquitto: Broker) -> None:
+def replayed(cfg: FleetConfig, round_: int) -> dict[str, tuple[int, int, int]]:
+    """What ``cfg``'s devices report in wall-clock ``round_``, computed offline."""
+    fleet = Fleet(cfg)
+    fingerprint = cfg.spec.fingerprint_int
+    return {
+        topic: (fingerprint, seed, z)
+        for topic, (_, _, seed, z) in zip(fleet.topics, fleet.reports(round_), strict=True)
+    }
+
+
+def test_same_seed_same_reports_in_a_round_whatever_the_mode(mosquitto: Broker) -> None:
+    """A round's reports are a function of (seed, device, round): every mode sends exactly
+    what an offline replay of that round computes."""
     own, summary = capture(config(mosquitto))
     assert summary["reports_published"] == 80
-    again, _ = capture(config(mosquitto, deployment="fleet-test-2"))
     shared, _ = capture(config(mosquitto, mode="multiplexed", connections=3))
-    other, _ = capture(config(mosquitto, seed=12))
-    reports = without_round(own)
-    assert [r[1:] for r in reports] == [r[1:] for r in without_round(again)]
-    assert sorted(reports) == sorted(without_round(shared))  # same reports, same topics
-    assert [r[2:] for r in reports] != [r[2:] for r in without_round(other)]
-    assert len(set(reports)) == len(reports)  # no report repeats
+    for seen in (own, shared):
+        per_round = by_round(seen)
+        assert len(per_round) == 2  # two wall-clock rounds, 40 reports each
+        for round_, reports in per_round.items():
+            assert reports == replayed(config(mosquitto), round_)
     rounds = [decode_report(p)[2] for _, p in own]
     assert rounds == sorted(rounds)
-    assert len(set(rounds)) == 2  # two wall-clock rounds, 40 reports each
     assert summary["first_round"] == rounds[0] < rounds[-1] == summary["last_round"]
     assert summary["round_seconds"] == 1
+
+
+def test_a_device_report_depends_on_seed_device_and_round_only() -> None:
+    """Offline: another fleet size, mode or order of rounds gives device i the same report
+    in round r; another round or another seed gives it another one."""
+    base = FleetConfig(
+        broker="mqtt://127.0.0.1:1", deployment="d", spec=SENSORS, devices=30,
+        round_seconds=10, seed=7,
+    )  # fmt: skip
+    r = 177_000_000
+    first = Fleet(base).reports(r)
+    again = Fleet(base)
+    again.reports(r + 5)  # another round first: nothing carries over
+    assert again.reports(r) == first
+    small = Fleet(replace(base, devices=10, mode="multiplexed"))
+    assert small.reports(r) == first[:10]
+    for other in (Fleet(base).reports(r + 1), Fleet(replace(base, seed=8)).reports(r)):
+        assert all(a[2:] != b[2:] for a, b in zip(first, other, strict=True))
+    kv = replace(base, spec=KEYVALUE, model="keyvalue")
+    assert Fleet(kv).reports(r) == Fleet(kv).reports(r)
+    assert [x[:2] for x in Fleet(kv).reports(r)] != [x[:2] for x in Fleet(kv).reports(r + 1)]
+
+
+def test_a_rerun_with_the_same_seed_sends_new_reports(mosquitto: Broker) -> None:
+    """Issue 18: the README's fleet run twice with --seed 7 published the identical (seed,
+    z) reports in new rounds, which the aggregator counted as new data."""
+    first, _ = capture(config(mosquitto))
+    second, summary = capture(config(mosquitto))
+    assert summary["reports_published"] == 80
+    one, two = by_round(first), by_round(second)
+    assert not set(one) & set(two)  # new rounds (a run never reuses the previous one's)
+    sent = {(topic, report[1:]) for reports in one.values() for topic, report in reports.items()}
+    again = {(topic, report[1:]) for reports in two.values() for topic, report in reports.items()}
+    assert len(sent) == len(again) == 80
+    assert not sent & again  # no device repeats a (seed, z)
+    for round_, reports in two.items():
+        assert reports == replayed(config(mosquitto), round_)  # reproducible per round
 
 
 def test_every_device_reports_on_its_own_topic_and_the_truth_matches(mosquitto: Broker) -> None:
@@ -146,8 +204,8 @@ def test_every_device_reports_on_its_own_topic_and_the_truth_matches(mosquitto: 
     # Recompute from the model: same vectors, same (seed, z) on the same topic and round.
     replay = Fleet(cfg)
     truth = replay.truth
-    for r, round_ in enumerate(used):
-        for i, (keys, signs, seed, z) in enumerate(replay.reports(r)):
+    for round_ in used:
+        for i, (keys, signs, seed, z) in enumerate(replay.reports(round_)):
             report = by_topic_round[(replay.topics[i], round_)]
             assert report == (1, SENSORS.fingerprint_int, round_, seed, z)
             truth.add(round_, keys, signs)
@@ -212,6 +270,99 @@ def test_private_estimates_are_within_k_standard_errors_of_the_truth(
     freq_err = np.abs(est.freq - np.array(truth["freq"]))
     assert np.all(mean_err <= k * est.mean_se), (mean_err / est.mean_se).max()
     assert np.all(freq_err <= k * est.freq_se), (freq_err / est.freq_se).max()
+
+
+def fleet_cli(broker: Broker, spec_file: Path, *extra: str) -> Any:
+    """``coco fleet`` in-process: 20 devices, 2 rounds of 1 s, the spec from a file."""
+    return CliRunner().invoke(
+        app,
+        [
+            *("fleet", "--broker", broker.url, "--deployment", "truth-file"),
+            *("--spec", str(spec_file), "--round-seconds", "1"),
+            *("--devices", "20", "--rounds", "2", "--no-progress", "--json"),
+            *extra,
+        ],
+    )
+
+
+def test_ground_truth_files_are_added_to_never_overwritten(
+    mosquitto: Broker, tmp_path: Path
+) -> None:
+    """Issue 18: a second run overwrote truth.json. Now the rounds of every run of the same
+    seed, spec, model and round length are merged in the file; another run's file is
+    refused before anything is published, and left as it was."""
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(SENSORS.to_dict()))
+    truth = tmp_path / "truth.json"
+    runs = []
+    for _ in range(2):
+        result = fleet_cli(mosquitto, spec_file, "--seed", "7", "--ground-truth", str(truth))
+        assert result.exit_code == 0, result.output
+        runs.append(json.loads(result.stdout))
+    doc = json.loads(truth.read_text())
+    assert doc["simulation_only"] is True
+    assert (doc["seed"], doc["model"], doc["round_seconds"]) == (7, "sensors", 1)
+    assert [run["reports_published"] for run in doc["runs"]] == [40, 40]
+    rounds = [x["round"] for x in doc["rounds"]]
+    ends = [(run["first_round"], run["last_round"]) for run in runs]
+    assert rounds == [ends[0][0], ends[0][1], ends[1][0], ends[1][1]]
+    assert len(rounds) == 4
+    assert doc["overall"]["n"] == 80 == sum(x["n"] for x in doc["rounds"])
+    for j in range(SENSORS.d):
+        total = sum(x["total"][j] for x in doc["rounds"])
+        assert doc["overall"]["total"][j] == total
+        assert doc["overall"]["mean"][j] == total / 80
+
+    before = truth.read_bytes()
+    for extra, message in [
+        (("--seed", "8"), "with seed 7, this run has seed 8"),
+        (("--seed", "7", "--model", "keyvalue"), "with model sensors, this run has model keyvalue"),
+    ]:
+        result = fleet_cli(mosquitto, spec_file, *extra, "--ground-truth", str(truth))
+        assert result.exit_code == 1, result.output
+        assert result.stdout == ""  # refused before the run: no summary
+        assert result.stderr.strip().splitlines() == [
+            f"error: {truth} is the ground truth of a run {message}: not adding to it (give "
+            "--ground-truth another path)"
+        ]
+        assert truth.read_bytes() == before
+    other = tmp_path / "other.json"
+    other.write_text('{"not": "a ground truth"}')
+    result = fleet_cli(mosquitto, spec_file, "--seed", "7", "--ground-truth", str(other))
+    assert result.exit_code == 1
+    assert "is not a ground-truth file of coco fleet" in result.stderr
+    assert other.read_text() == '{"not": "a ground truth"}'
+
+
+def test_merging_ground_truth_documents(tmp_path: Path) -> None:
+    """A round in both documents is kept once if its counts agree, refused otherwise; a
+    document of another spec is refused."""
+    path = tmp_path / "truth.json"
+
+    def document(seed: int, spec: MechanismSpec, rounds: dict[int, list[list[int]]]) -> Any:
+        truth = GroundTruth(d=spec.d)
+        for round_, vectors in rounds.items():
+            for keys in vectors:
+                truth.add(round_, keys, [1] * len(keys))
+        return truth.to_dict(spec=spec, seed=seed, model="sensors", round_seconds=1, run={})
+
+    a = document(1, SENSORS, {10: [[0, 1], [2, 3]], 11: [[0, 4]]})
+    b = document(1, SENSORS, {11: [[0, 4]], 12: [[5, 1]]})
+    merged = merge_documents(path, a, b)
+    assert [x["round"] for x in merged["rounds"]] == [10, 11, 12]
+    assert merged["overall"]["n"] == 4
+    assert merged["overall"]["present"] == [2, 2, 1, 1, 1, 1]
+    assert merged["runs"] == [{}, {}]
+    clash = document(1, SENSORS, {11: [[0, 4], [2, 3]]})
+    with pytest.raises(GroundTruthFileError, match="already holds round 11 with other counts"):
+        merge_documents(path, a, clash)
+    other = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=2.0)
+    with pytest.raises(GroundTruthFileError, match=f"this run has spec {other.fingerprint}"):
+        merge_documents(path, a, document(1, other, {12: [[0, 1]]}))
+    write_merged(path, a)
+    write_merged(path, b)
+    assert json.loads(path.read_text()) == merged
+    assert read_document(tmp_path / "absent.json") is None
 
 
 def _auth_broker(tmp_path: Path, secret: bytes, n: int) -> Broker:
@@ -475,6 +626,34 @@ def test_cli_errors_are_one_line_without_a_traceback(mosquitto: Broker, tmp_path
         assert message in result.output
 
 
+def test_a_busy_metrics_port_is_a_one_line_error_naming_the_port_and_option(
+    tmp_path: Path,
+) -> None:
+    """Issue 18: "[Errno 98] Address already in use", without the port or the option."""
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(SENSORS.to_dict()))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", free_port()))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(
+            app,
+            [
+                *("fleet", "--deployment", "busy", "--spec", str(spec_file)),
+                *("--round-seconds", "1", "--no-progress"),
+                *("--broker", f"mqtt://127.0.0.1:{free_port()}"),  # never reached
+                *("--metrics-port", str(port), "--metrics-host", "127.0.0.1"),
+            ],
+        )
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = result.stderr.strip().splitlines()
+    assert lines == [
+        f"error: --metrics-port {port}: cannot serve /metrics on 127.0.0.1:{port}: "
+        "Address already in use"
+    ]
+
+
 T0 = 1_764_115_200  # 2025-11-26T00:00:00Z, a multiple of 60
 
 
@@ -511,10 +690,20 @@ def test_round_options_are_checked() -> None:
         ({"round_seconds": 60, "round_offset": -1.0}, "round_offset must be >= 0"),
         ({"round_seconds": 60, "round_spread": float("nan")}, "round_spread must be >= 0"),
         ({"round_seconds": 60, "round_offset": 30, "round_spread": 30}, "must be < round_se"),
+        ({"round_seconds": 60, "reconnect_min_delay": 0.0}, "reconnect_min_delay must be > 0"),
+        ({"round_seconds": 60, "reconnect_max_delay": 0.5}, "reconnect_max_delay must be >="),
     ]
     for bad, message in cases:
         with pytest.raises(ValueError, match=message):
             FleetConfig(**base, **bad)
+
+
+def test_reconnection_delays_double_up_to_the_cap_with_jitter() -> None:
+    rng = random.Random(1)
+    for attempt, base in [(0, 1.0), (1, 2.0), (3, 8.0), (4, 16.0), (5, 30.0), (80, 30.0)]:
+        delays = [backoff_delay(attempt, 1.0, 30.0, rng) for _ in range(200)]
+        assert all(base / 2 <= d <= base for d in delays)
+        assert max(delays) - min(delays) > base / 4  # jittered, not one value
 
 
 def test_each_own_connection_uses_its_device_id_as_client_id(
@@ -535,7 +724,8 @@ def test_cli_fails_when_the_broker_acknowledged_no_report(
     mosquitto_client_id_acl: Broker, tmp_path: Path
 ) -> None:
     """Every publish refused (shared connections under a client-id ACL): one error line
-    naming the failures, and exit status 1, not a summary that looks like success."""
+    naming the failures, and exit status 3 (reports not sent), not a summary that looks
+    like success."""
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(SENSORS.to_dict()))
     result = CliRunner().invoke(
@@ -560,6 +750,6 @@ def test_cli_fails_when_the_broker_acknowledged_no_report(
             "--json",
         ],
     )
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == EXIT_NOT_SENT == 3, result.output
     assert "error: the broker acknowledged no report" in result.output
     assert "not_authorized" in result.output

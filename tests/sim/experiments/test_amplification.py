@@ -26,9 +26,9 @@ from sim.experiments.privacy_cli import amplification, paste_summary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-# Rows of shared/reference/amplification.tsv (generic stronger clone; FMT21; EFMRTT19), whose
-# README states a precision of about 1e-7 in eps and agreement with Wang et al.'s reference
-# implementation to within 3e-7.
+# Rows of the independent reference table amplification.tsv (generic stronger clone; FMT21;
+# EFMRTT19; docs/reference.md), stated to a precision of about 1e-7 in eps and to agree with
+# Wang et al.'s reference implementation to within 3e-7.
 REFERENCE = [
     # eps0, n, eps_c_stronger_clone, fmt21, efmrtt19
     (0.5, 10_000, 0.01166958931, 0.08222984784, 0.19097892),

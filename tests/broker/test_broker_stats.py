@@ -1,0 +1,166 @@
+"""broker/broker_stats.py against a real Mosquitto: the loss that happens after a PUBACK
+(a persistent session's queue over ``max_queued_messages``) shows in the metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import aiomqtt
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from prometheus_client import CollectorRegistry
+
+from broker.broker_stats import MosquittoSysStats, parse_sys_value
+from tests.asyncutil import run
+from tests.conftest import MOSQUITTO, Broker, free_port
+
+QUEUE_LIMIT = 5
+TOPIC = "coco/v1/lab/ingress/dev-1"
+DROPPED = "coco_mosquitto_publish_messages_dropped_total"
+
+
+@pytest.fixture
+def small_queue_broker(tmp_path: Path) -> Iterator[Broker]:
+    """$SYS every second and a queue limit of 5 per session (later lines win)."""
+    if not Path(MOSQUITTO).exists():
+        pytest.skip("mosquitto is not installed")
+    broker = Broker(
+        tmp_path, free_port(), extra_config=f"sys_interval 1\nmax_queued_messages {QUEUE_LIMIT}\n"
+    )
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def overflow_an_offline_session(broker: Broker, messages: int) -> int:
+    """A persistent session subscribes and goes away; ``messages`` QoS 1 reports are then
+    published to it. Returns how many PUBACKs the publisher got."""
+    sub = mqtt.Client(
+        CallbackAPIVersion.VERSION2,
+        client_id="shuffler",
+        protocol=mqtt.MQTTv311,
+        clean_session=False,
+    )
+    subscribed = threading.Event()
+    sub.on_subscribe = lambda *_a: subscribed.set()
+    sub.connect("127.0.0.1", broker.port)
+    sub.loop_start()
+    sub.subscribe("coco/v1/lab/ingress/+", qos=1)
+    assert subscribed.wait(30)
+    sub.disconnect()
+    sub.loop_stop()
+    acked: set[int] = set()
+    pub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="dev-1", protocol=mqtt.MQTTv311)
+    pub.on_publish = lambda _c, _u, mid, _rc, _p: acked.add(mid)
+    pub.connect("127.0.0.1", broker.port)
+    pub.loop_start()
+    infos = [pub.publish(TOPIC, bytes(16), qos=1) for _ in range(messages)]
+    for info in infos:
+        info.wait_for_publish(30)
+    pub.disconnect()
+    pub.loop_stop()
+    return sum(1 for info in infos if info.mid in acked)
+
+
+async def wait_for_sample(
+    registry: CollectorRegistry, name: str, holds: Callable[[float], bool]
+) -> None:
+    """Poll until the sample ``name`` exists and ``holds``."""
+    async with asyncio.timeout(60):
+        while True:
+            value = registry.get_sample_value(name)
+            if value is not None and holds(value):
+                return
+            await asyncio.sleep(0.05)
+
+
+def test_parse_sys_value() -> None:
+    assert parse_sys_value(b"5") == 5.0
+    assert parse_sys_value("12 seconds") == 12.0
+    assert parse_sys_value(b"0.25") == 0.25
+    assert parse_sys_value(b"mosquitto version 2.0.11") is None
+
+
+def test_dropped_after_puback_shows_on_its_own_connection(small_queue_broker: Broker) -> None:
+    registry = CollectorRegistry()
+    stats = MosquittoSysStats(registry)
+    assert registry.get_sample_value(DROPPED) is None
+
+    async def scenario() -> None:
+        watcher = asyncio.create_task(stats.watch(small_queue_broker.url, retry_seconds=0.2))
+        try:
+            await wait_for_sample(registry, DROPPED, lambda v: v == 0)
+            acked = await asyncio.to_thread(overflow_an_offline_session, small_queue_broker, 12)
+            assert acked == 12  # every report was acknowledged ...
+            # ... and 7 of them dropped by the broker: visible only here
+            await wait_for_sample(registry, DROPPED, lambda v: v == 7)
+            await wait_for_sample(
+                registry, "coco_mosquitto_store_messages", lambda v: v >= QUEUE_LIMIT
+            )
+            await wait_for_sample(registry, "coco_mosquitto_clients_disconnected", lambda v: v == 1)
+            assert registry.get_sample_value("coco_mosquitto_uptime_seconds") is not None
+            assert registry.get_sample_value("coco_mosquitto_sys_last_update_timestamp_seconds")
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    run(scenario(), timeout=180)
+
+
+def test_on_a_shared_client_only_sys_messages_are_taken(small_queue_broker: Broker) -> None:
+    registry = CollectorRegistry()
+    stats = MosquittoSysStats(registry)
+    others: list[str] = []
+
+    async def scenario() -> None:
+        async with aiomqtt.Client(
+            "127.0.0.1", small_queue_broker.port, protocol=aiomqtt.ProtocolVersion.V311
+        ) as client:
+            await stats.subscribe(client)
+            await client.subscribe("app/#", qos=1)
+            await client.publish("app/x", b"payload", qos=1)
+            async with asyncio.timeout(60):
+                async for message in client.messages:
+                    payload = message.payload
+                    assert isinstance(payload, bytes)
+                    if not stats.handle(message.topic.value, payload):
+                        others.append(message.topic.value)
+                    if others and stats.value("$SYS/broker/uptime") is not None:
+                        break
+
+    run(scenario(), timeout=120)
+    assert others == ["app/x"]
+    assert registry.get_sample_value("coco_mosquitto_uptime_seconds") is not None
+    assert not stats.handle("coco/v1/lab/batches", b"1")
+
+
+def test_watch_retries_until_the_broker_is_up(tmp_path: Path) -> None:
+    """Started before its broker, the watcher connects once the broker listens."""
+    if not Path(MOSQUITTO).exists():
+        pytest.skip("mosquitto is not installed")
+    broker = Broker(tmp_path, free_port(), extra_config="sys_interval 1\n")
+    registry = CollectorRegistry()
+    stats = MosquittoSysStats(registry)
+
+    async def scenario() -> None:
+        watcher = asyncio.create_task(stats.watch(broker.url, retry_seconds=0.1))
+        try:
+            await asyncio.sleep(0.3)  # the watcher fails at least once
+            await asyncio.to_thread(broker.start)
+            async with asyncio.timeout(60):
+                while stats.value("$SYS/broker/uptime") is None:
+                    await asyncio.sleep(0.05)
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    try:
+        run(scenario(), timeout=120)
+    finally:
+        broker.stop()

@@ -1,0 +1,84 @@
+"""libcoco in firmware build systems: CMake (host, and a Cortex-M cross build with Debian's
+arm-none-eabi-gcc), and the Arduino and PlatformIO library layouts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.libcoco import build
+
+pytestmark = pytest.mark.integration
+
+
+def cmake(*args: str) -> None:
+    subprocess.run(
+        [build.tool("cmake", "cmake"), *args], check=True, capture_output=True, timeout=600
+    )
+
+
+def test_cmake_builds_the_library_and_the_example(tmp_path: Path) -> None:
+    build.tool("cc", "gcc")
+    with_example = Path("/usr/include/mosquitto.h").exists()
+    cmake("-S", str(build.LIBCOCO), "-B", str(tmp_path), "-DCOCO_MAX_S=48",
+          f"-DCOCO_BUILD_EXAMPLES={'ON' if with_example else 'OFF'}")  # fmt: skip
+    cmake("--build", str(tmp_path))
+    assert (tmp_path / "libcoco.a").is_file()
+    if with_example:
+        usage = subprocess.run(
+            [str(tmp_path / "mosquitto_publish")], capture_output=True, text=True, check=False
+        )
+        assert usage.returncode == 2
+        assert "usage: mosquitto_publish" in usage.stderr
+
+
+def test_cmake_cross_builds_for_a_cortex_m(tmp_path: Path) -> None:
+    """A firmware project's toolchain file, in four lines (libcoco needs no libc)."""
+    gcc = build.tool("arm-none-eabi-gcc", "gcc-arm-none-eabi")
+    toolchain = tmp_path / "arm.cmake"
+    toolchain.write_text(
+        "set(CMAKE_SYSTEM_NAME Generic)\n"
+        f"set(CMAKE_C_COMPILER {gcc})\n"
+        "set(CMAKE_TRY_COMPILE_TARGET_TYPE STATIC_LIBRARY)\n"
+        'set(CMAKE_C_FLAGS_INIT "-mcpu=cortex-m0plus -mthumb -Os -ffreestanding")\n'
+    )
+    out = tmp_path / "build"
+    cmake("-S", str(build.LIBCOCO), "-B", str(out), f"-DCMAKE_TOOLCHAIN_FILE={toolchain}")
+    cmake("--build", str(out))
+    archive = out / "libcoco.a"
+    assert archive.is_file()
+    objdump = build.tool("arm-none-eabi-objdump", "binutils-arm-none-eabi")
+    headers = subprocess.run(
+        [objdump, "-f", str(archive)], capture_output=True, text=True, check=True
+    )
+    assert "elf32-littlearm" in headers.stdout
+
+
+def test_cmake_lists_every_source() -> None:
+    cmake_lists = (build.LIBCOCO / "CMakeLists.txt").read_text()
+    listed = sorted(
+        line.strip() for line in cmake_lists.splitlines() if line.strip().startswith("src/")
+    )
+    assert listed == [f"src/{source.name}" for source in build.SOURCES]
+
+
+def test_arduino_and_platformio_layouts() -> None:
+    properties = dict(
+        line.split("=", 1)
+        for line in (build.LIBCOCO / "library.properties").read_text().splitlines()
+        if "=" in line
+    )
+    for field in ("name", "version", "author", "maintainer", "sentence", "category"):
+        assert properties[field]
+    assert properties["includes"] == "coco.h"
+    manifest = json.loads((build.LIBCOCO / "library.json").read_text())
+    assert manifest["version"] == properties["version"]
+    assert manifest["build"]["includeDir"] == "include"
+    assert manifest["build"]["srcDir"] == "src"
+    # Arduino puts src/ on the include path: its coco.h forwards to the one public header
+    assert '#include "../include/coco.h"' in (build.LIBCOCO / "src" / "coco.h").read_text()
+    header = (build.INCLUDE / "coco.h").read_text()
+    assert f'#define COCO_VERSION "{properties["version"]}"' in header
