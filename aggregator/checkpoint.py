@@ -163,9 +163,11 @@ class Checkpoint:
     smallest_batch: int | None
     latest_batch: int | None
     batch_sizes: dict[int, int]
-    """Batches applied by size (the history ``epsilon_total`` composes). A checkpoint
-    without it (written before it existed) counts every batch as one of the smallest size:
-    the largest per-batch epsilon, so the composition stays an upper bound."""
+    """The old per-batch privacy records (version 2: every batch applied, by size; a
+    checkpoint without them counts every batch as one of the smallest size, the largest
+    per-batch epsilon, so the composition stays an upper bound). Version 3 carries them
+    over only for a deployment upgraded from version 2; its privacy ledger has its own
+    file (:mod:`aggregator.ledger_file`)."""
     last_batch_timestamp: float | None
     written_at: float | None = None
     shards: dict[str, dict[str, int | None]] = field(default_factory=dict)
@@ -261,7 +263,7 @@ def _parse_batch_sizes(fields: _Fields, smallest: int | None, batches: int) -> d
         if not key.isdigit() or int(key) < 1:
             raise fields.error(f"batch_sizes.{key}", "must be keyed by a batch size >= 1")
         sizes[int(key)] = count
-    if sum(sizes.values()) != batches:
+    if fields.data.get("version") == 2 and sum(sizes.values()) != batches:
         raise fields.error(
             "batch_sizes", f"counts {sum(sizes.values())} batches, counters.batches {batches}"
         )

@@ -51,6 +51,7 @@ Acknowledgements across checkpoint generations: :mod:`aggregator.acks`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -78,6 +79,11 @@ __all__ = [
     "ShardStats",
     "Verified",
 ]
+
+ACCOUNTED_REFUSALS = frozenset({"future_round", "wrong_shard"})
+"""Verified batches and manifests refused for their round, yet released by a trusted
+shuffler: the privacy ledger accounts them all the same (a stale round's detail is
+compacted: a replay there would be counted again and again)."""
 
 Outcome = Literal["applied", "duplicate"] | str
 """What :meth:`AggregatorCore.handle` did: ``"applied"``, ``"duplicate"`` or the reason a
@@ -110,6 +116,14 @@ class CoreRules:
     ``future_round`` check: there is no clock to judge by."""
     manifest_grace: float = 120.0
     """Seconds a manifest waits for its batches before the missing ones are counted."""
+
+    @property
+    def ledger_lag_rounds(self) -> int:
+        """Rounds the privacy ledger keeps in detail behind the newest one: twice the
+        grace period in rounds, and two more (ten without a round length)."""
+        if self.round_seconds is None:
+            return 10
+        return math.ceil(2 * self.manifest_grace / self.round_seconds) + 2
 
     def __post_init__(self) -> None:
         TrustedKeys(self.trusted, self.deployment)  # CocoError if malformed
@@ -281,7 +295,15 @@ class AggregatorCore:
             raise RejectedError("empty")
         if size < self.rules.min_batch:
             raise RejectedError("below_min_batch", size)
-        self._check_round(shard, round_, size, now)
+        try:
+            self._check_round(shard, round_, size, now)
+        except RejectedError as rejected:
+            if rejected.reason in ACCOUNTED_REFUSALS:  # released all the same: accounted
+                self.ledger.record_batch(
+                    round=round_, shard=shard or "", batch_id=batch_id, size=size
+                )
+                self._touch()
+            raise
         if batch_id in self.memory:
             return None
         return Verified(batch_id, round_, seeds, z, shard)
@@ -327,7 +349,9 @@ class AggregatorCore:
         )
         self.latest_batch = size
         self.last_batch_timestamp = now
-        self.ledger.record(size)
+        self.ledger.record_batch(
+            round=batch.round, shard=batch.shard or "", batch_id=batch.batch_id, size=size
+        )
         if batch.shard is not None:
             self.shards.setdefault(batch.shard, ShardStats()).add(size)
         agrees = self.reconciler.batch(
@@ -356,7 +380,12 @@ class AggregatorCore:
                 raise RejectedError(exc.reason) from None
             if fingerprint != self.spec.fingerprint_int:
                 raise RejectedError("fingerprint_mismatch")
-            self._check_round(shard, round_, 0, now)
+            try:
+                self._check_round(shard, round_, 0, now)
+            except RejectedError as rejected:
+                if rejected.reason in ACCOUNTED_REFUSALS:  # released all the same
+                    self._account_release(shard, round_, release_id, entries)
+                raise
             outcome = self.reconciler.manifest(
                 release_id,
                 entries,
@@ -367,6 +396,8 @@ class AggregatorCore:
             )
             if outcome == "manifest_mismatch":
                 raise RejectedError(outcome)
+            if outcome == "accepted":
+                self._account_release(shard, round_, release_id, entries)
         except RejectedError as rejected:
             rejects = self.counters.manifests_rejected
             rejects[rejected.reason] = rejects.get(rejected.reason, 0) + 1
@@ -376,6 +407,23 @@ class AggregatorCore:
             self.counters.manifests_duplicate += 1
         self._touch()
         return outcome
+
+    def _account_release(
+        self, shard: str | None, round_: int, release_id: bytes, entries: list[tuple[bytes, int]]
+    ) -> None:
+        """A verified release goes into the privacy ledger, applied here or not."""
+        if entries and all(count >= 1 for _, count in entries):
+            self.ledger.record_manifest(
+                round=round_, shard=shard or "", release_id=release_id, batches=entries
+            )
+
+    def compact_ledger(self) -> None:
+        """Fold the ledger's rounds older than ``ledger_lag_rounds`` behind the newest
+        round applied (their cost kept, their ids dropped: the ledger stays small). A
+        record that arrives later for such a round is counted again, pessimistically."""
+        newest = self.memory.newest_round
+        if newest is not None and newest > self.rules.ledger_lag_rounds:
+            self.ledger.compact(newest - self.rules.ledger_lag_rounds)
 
     def reconcile(self, now: float) -> list[Loss]:
         """Count what the grace period did not bring (:meth:`Reconciler.reconcile`)."""
@@ -429,6 +477,7 @@ class AggregatorCore:
         """What a checkpoint holds, as copies (O(d) for the sums, O(retained ids) for the
         ids), to serialise later in another thread; clears ``dirty``."""
         self.dirty = False
+        self.compact_ledger()
         return Checkpoint(
             version=CHECKPOINT_VERSION,
             generation=generation,

@@ -15,11 +15,19 @@ import asyncio
 import logging
 import os
 import time
+from pathlib import Path
 
 from aggregator.acks import AckGenerations
-from aggregator.checkpoint import previous_path, write_checkpoint
+from aggregator.checkpoint import Checkpoint, previous_path, write_atomically, write_checkpoint
 from aggregator.config import AggregatorConfig
 from aggregator.core import AggregatorCore
+from aggregator.ledger_file import (
+    LedgerFileError,
+    decode_ledger,
+    encode_ledger,
+    ledger_path_for,
+)
+from aggregator.ledger_file import previous_path as ledger_previous_path
 from aggregator.metrics import AggregatorMetrics
 from aggregator.session import Ack, BatchSession
 
@@ -75,8 +83,9 @@ class Generations:
             return
         # The content and the deliveries it covers are taken together, with no await.
         content = self.core.content(generation=self.generation + 1, written_at=time.time())
+        ledger = encode_ledger(self.core.ledger)  # small: its old rounds are compacted
         self.acks.snapshot()
-        write = asyncio.ensure_future(asyncio.to_thread(write_checkpoint, path, content))
+        write = asyncio.ensure_future(asyncio.to_thread(self._write_files, path, content, ledger))
         try:
             await asyncio.shield(write)
         except asyncio.CancelledError:
@@ -92,6 +101,26 @@ class Generations:
             return
         self._written(True)
         logger.debug("checkpoint generation %d written: n=%d", self.generation, content.state.n)
+
+    def _write_files(self, path: Path, content: Checkpoint, ledger: str) -> None:
+        """The privacy ledger's file first, then the checkpoint: a crash between the two
+        leaves the ledger ahead, and what the checkpoint lacks is redelivered and found
+        in the ledger already (``duplicate``), never missing from it."""
+        ledger_path = ledger_path_for(path)
+        if ledger_path.exists():  # keep the last good generation as <ledger>.prev
+            try:
+                decode_ledger(
+                    ledger_path.read_text(encoding="utf-8"),
+                    path=ledger_path,
+                    spec=self.core.spec,
+                    delta=self.core.delta,
+                )
+            except (LedgerFileError, OSError, UnicodeDecodeError) as exc:
+                logger.warning("not keeping %s as the previous generation: %s", ledger_path, exc)
+            else:
+                os.replace(ledger_path, ledger_previous_path(ledger_path))
+        write_atomically(ledger_path, ledger)
+        write_checkpoint(path, content)
 
     def _written(self, ok: bool) -> None:
         if not ok:

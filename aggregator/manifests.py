@@ -150,7 +150,7 @@ class Reconciler:
         if any(release_id in ids for ids in self.releases.values()):
             return "duplicate"
         ids = [batch_id for batch_id, _ in entries]
-        if len(set(ids)) != len(ids) or any(count < self.min_batch for _, count in entries):
+        if not ids or len(set(ids)) != len(ids) or any(c < self.min_batch for _, c in entries):
             return "manifest_mismatch"
         for batch_id, count in entries:
             if batch_id in self.listed:

@@ -30,6 +30,7 @@ from aggregator.checkpoint import recover_checkpoint
 from aggregator.config import AggregatorConfig
 from aggregator.core import AggregatorCore
 from aggregator.estimators import AggregateState
+from aggregator.ledger_file import ledger_path_for, load_ledger
 from aggregator.metrics import AggregatorMetrics, epsilon_curve_grid
 from aggregator.privacy_ledger import PrivacyLedger, PrivacyLevel
 from edge.errors import CocoError
@@ -100,7 +101,8 @@ class Publisher:
         self._loop_thread = threading.get_ident()
 
     def applied(self) -> None:
-        """A batch was applied: the privacy level is out of date."""
+        """The privacy ledger changed (a batch applied, a release recorded): the privacy
+        level is out of date."""
         self.settled.clear()
         self.privacy_dirty.set()
 
@@ -165,7 +167,9 @@ class Publisher:
         core.changed = False  # before reading: a change from another thread re-marks it
         estimates = core.state.estimate(confidence=self.config.confidence)
         self.metrics.set_estimates(estimates)
-        smallest, latest = core.smallest_batch, core.latest_batch
+        # the sizes behind the epsilons: the smallest participation ever and the newest
+        # round's (each round at its smallest release, applied here or not)
+        smallest, latest = core.ledger.smallest, core.ledger.latest
         level = self.level.for_sizes(smallest=smallest, latest=latest)
         self.metrics.set_epsilon(**level.epsilon_central)
         self.metrics.set_epsilon_generic(**level.epsilon_central_generic)
@@ -203,9 +207,9 @@ class Publisher:
 
     def adopt(self, level: PrivacyLevel) -> None:
         """Show ``level`` from the next publication on, unless a newer one is shown."""
-        if level.batches >= self.level.batches:
+        if level.generation >= self.level.generation:
             self.level = level
-        if level.batches == self.core.counters.batches:
+        if level.generation == self.core.ledger.generation:
             self.settled.set()
         self.core.changed = True
 
@@ -265,10 +269,13 @@ def estimates_document(
     latest_batch: int | None,
     confidence: float = 0.95,
     extra: dict[str, Any] | None = None,
+    ledger: PrivacyLedger | None = None,
 ) -> dict[str, Any]:
-    """The offline ``/estimates`` JSON of a checkpoint (``coco aggregator snapshot``)."""
-    ledger = PrivacyLedger(state.spec, delta=delta)
-    ledger.restore(batch_sizes, latest_batch)
+    """The offline ``/estimates`` JSON of a checkpoint (``coco aggregator snapshot``): the
+    privacy level of ``ledger`` (the ledger file's), else of the old per-batch records."""
+    if ledger is None:
+        ledger = PrivacyLedger(state.spec, delta=delta)
+        ledger.restore(batch_sizes, latest_batch)
     level = ledger.compute(ledger.snapshot())
     return {
         "spec": state.spec.to_dict(),
@@ -276,7 +283,7 @@ def estimates_document(
         "estimates": state.estimate(confidence=confidence).to_dict(),
         "epsilon_local": state.spec.epsilon,
         **level.to_dict(),
-        "batch_size": {"smallest": ledger.smallest, "latest": latest_batch},
+        "batch_size": {"smallest": ledger.smallest, "latest": ledger.latest},
         "delta": delta,
         **(extra or {}),
     }
@@ -295,8 +302,10 @@ def snapshot_from_checkpoint(path: Path, *, confidence: float = 0.95) -> dict[st
     }
     if recovery.fallback is not None:
         extra["fallback"] = recovery.fallback
+    ledger = load_ledger(ledger_path_for(path), spec=checkpoint.state.spec, delta=checkpoint.delta)
     return estimates_document(
         checkpoint.state,
+        ledger=ledger,
         delta=checkpoint.delta,
         batch_sizes=checkpoint.batch_sizes,
         latest_batch=checkpoint.latest_batch,

@@ -78,10 +78,17 @@ from aggregator.checkpoint import (
     recover_checkpoint,
 )
 from aggregator.config import AggregatorConfig
-from aggregator.core import AggregatorCore, CoreRules, RejectedError, check_resumable
+from aggregator.core import (
+    ACCOUNTED_REFUSALS,
+    AggregatorCore,
+    CoreRules,
+    RejectedError,
+    check_resumable,
+)
 from aggregator.generations import Generations
 from aggregator.http import MetricsServer
 from aggregator.keys import describe_anchor
+from aggregator.ledger_file import ledger_path_for, load_ledger
 from aggregator.metrics import UNACKED_REASONS, AggregatorMetrics
 from aggregator.privacy_ledger import PrivacyLedger, PrivacyLevel
 from aggregator.publishing import (
@@ -244,6 +251,11 @@ class Aggregator:
         return self.generations.generation
 
     @property
+    def privacy_settled(self) -> bool:
+        """Whether the privacy level shown covers everything the ledger recorded."""
+        return self.publisher.level.generation == self.core.ledger.generation
+
+    @property
     def ready(self) -> bool:
         """Recovered and subscribed (module docs, *Readiness*)."""
         return self.recovered and self.session.subscribed.is_set()
@@ -337,6 +349,18 @@ class Aggregator:
         )
         if checkpoint is not None:
             self._restore(checkpoint)
+        ledger_path = ledger_path_for(path)
+        ledger = await asyncio.to_thread(
+            load_ledger, ledger_path, spec=self.spec, delta=self.config.delta
+        )
+        if ledger is not None:  # what the devices spent, kept apart from the estimates
+            self.core.ledger = ledger
+            logger.info(
+                "privacy ledger %s: generation %d, %d participations",
+                ledger_path,
+                ledger.generation,
+                sum(ledger.rounds().values()),
+            )
 
     def _restore(self, checkpoint: Any) -> None:
         self.core.restore(checkpoint)
@@ -494,6 +518,8 @@ class Aggregator:
                     return "applied"
         except RejectedError as rejected:
             self._reject(rejected)
+            if rejected.reason in ACCOUNTED_REFUSALS:
+                self.publisher.applied()
             return rejected.reason
         core.duplicate()
         self.metrics.sync(core)
@@ -509,8 +535,11 @@ class Aggregator:
     def handle_manifest(self, payload: bytes, shard: str | None = None) -> str:
         """Check and reconcile one sealed release manifest (:mod:`aggregator.manifests`);
         returns ``"accepted"``, ``"duplicate"`` or the reject reason."""
+        generation = self.core.ledger.generation
         outcome = self.core.manifest(payload, now=time.time(), shard=shard)
         self.metrics.sync(self.core)
+        if self.core.ledger.generation != generation:
+            self.publisher.applied()
         if outcome not in ("accepted", "duplicate"):
             count = self.counters.manifests_rejected[outcome]
             if _is_power_of_two(count - self._run_start.manifests_rejected.get(outcome, 0)):

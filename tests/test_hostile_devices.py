@@ -498,9 +498,7 @@ async def run_fleet(p: Pipeline, attack: Callable[[], object], *, seed: int) -> 
     # on a loaded machine it waits for a CPU longest
     aggregator = p.aggregator
     assert aggregator is not None
-    await wait_until(
-        lambda: aggregator.privacy.batches == aggregator.counters.batches, PRIVACY_WAIT
-    )
+    await wait_until(lambda: aggregator.privacy_settled, PRIVACY_WAIT)
 
 
 def check_honest_reports_all_aggregated(
@@ -990,7 +988,7 @@ def test_forged_and_replayed_batches_are_rejected_and_move_no_epsilon(  # noqa: 
         the event loop) covers every batch applied."""
         agg = p.aggregator
         assert agg is not None
-        await wait_until(lambda: agg.privacy.batches == agg.counters.batches, TIMEOUT)
+        await wait_until(lambda: agg.privacy_settled, TIMEOUT)
         return value(p.aggregator_registry, "coco_aggregator_epsilon_central", batch="smallest")
 
     def duplicates(p: Pipeline) -> float:

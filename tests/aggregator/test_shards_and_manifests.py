@@ -272,3 +272,27 @@ def test_missing_reports_are_exactly_the_batches_that_never_came(
         payload = SIGNERS[label].seal(raw(releases[r][i][0], batch_ids[(r, i)]))
         assert agg.handle(payload, now=NOW + GRACE + 1, shard=label) == "applied"
     assert agg.reconciler.counts.reports_late == counts.reports_missing
+
+
+def test_the_ledger_accounts_every_release_applied_here_or_not() -> None:
+    """Issue 19 item 6 at the aggregator: a release known from its manifest only, a batch
+    refused for its round (wrong_shard) and applied batches all go into the privacy ledger;
+    a round is one participation at its smallest release."""
+    agg = core()
+    assert agg.handle(OLD["g0s0"].seal(raw(9, 1)), now=NOW, shard="g0s0") == "applied"
+    assert agg.handle(OLD["g0s1"].seal(raw(12, 2)), now=NOW, shard="g0s1") == "applied"
+    assert agg.ledger.rounds() == {9: 1}  # round ROUND: one participation, at 9
+    # a release whose batches never came here (lost at the broker): its manifest counts
+    entries = [(77, 5), (78, 6)]
+    assert agg.manifest(manifest("g0s1", ROUND + 1, 7, entries), now=NOW, shard="g0s1") == (
+        "accepted"
+    )
+    assert agg.ledger.rounds() == {9: 1, 11: 1}  # the release of 11 reports, once
+    # a batch the old layout's shuffler released for a round of the new layout: refused,
+    # but released all the same: accounted
+    late = OLD["g0s0"].seal(raw(4, 3, RESHARD))
+    assert agg.handle(late, now=NOW, shard="g0s0") == "wrong_shard"
+    assert agg.ledger.rounds() == {4: 1, 9: 1, 11: 1}
+    assert agg.ledger.smallest == 4  # the guarantee every report has
+    assert agg.handle(late, now=NOW, shard="g0s0") == "wrong_shard"  # a replay: once
+    assert agg.ledger.rounds() == {4: 1, 9: 1, 11: 1}

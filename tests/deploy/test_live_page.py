@@ -227,7 +227,7 @@ def test_the_page_shows_what_estimates_holds(mosquitto: Broker, tmp_path: Path) 
         await publish(mosquitto, *payloads)
         await until(lambda: agg.counters.batches == 3 and agg.counters.duplicates == 1)
         await until(lambda: sum(agg.counters.rejected.values()) == 2)
-        await until(lambda: agg.privacy.batches == 3)  # accounted off the event loop
+        await until(lambda: agg.privacy_settled)  # accounted off the event loop
         url = f"http://127.0.0.1:{agg.http_port}/"
         before, _ = await asyncio.to_thread(get, url + "estimates")
         seen["html"], seen["headers"] = await asyncio.to_thread(get, url)
