@@ -282,7 +282,8 @@ class AggregatorMetrics:
         )
         self.batch_size = Gauge(
             f"{p}_batch_size",
-            "Reports in the smallest batch applied and in the latest (the n of epsilon_central).",
+            "Reports in the smallest release ever accounted and in the newest round's smallest "
+            "(the n of epsilon_central).",
             ["batch"],
             registry=registry,
         )
@@ -295,8 +296,9 @@ class AggregatorMetrics:
         )
         self.epsilon_total = Gauge(
             f"{p}_epsilon_total",
-            "Composed central epsilon (at delta) of a device present in every batch applied "
-            "so far (pessimistic PLD composition of the per-batch certified bounds).",
+            "Composed central epsilon (at delta) of a device present in every round released "
+            "so far, one participation per round at its smallest release (pessimistic PLD "
+            "composition of the certified bounds).",
             registry=registry,
         )
         self.epsilon_curve = Gauge(
