@@ -95,6 +95,8 @@ class Publisher:
         self.entered = False  # whether the service is entered (its loop owns the state)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
+        self._computing: int | None = None
+        """The ledger generation of the level being computed."""
 
     def bind_loop(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -229,6 +231,7 @@ class Publisher:
         await self.privacy_dirty.wait()
         self.privacy_dirty.clear()
         snapshot = self.core.ledger.snapshot()
+        self._computing = snapshot.generation
         try:
             level = await accountant_process.compute_level(
                 self.core.spec, self.config.delta, snapshot
@@ -246,6 +249,12 @@ class Publisher:
     async def publish_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.publish_interval)
+            # whatever changed the ledger (a batch, a manifest, a compaction at a
+            # checkpoint), a level that does not cover it is recomputed
+            generation = self.core.ledger.generation
+            if generation not in (self.level.generation, self._computing):
+                self.settled.clear()
+                self.privacy_dirty.set()
             self.publish()
 
     async def export_epsilon_curve(self) -> None:
