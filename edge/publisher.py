@@ -557,7 +557,9 @@ class DevicePublisher:
                 client.disconnect()  # stop paho reconnecting with a version it refuses
             return
         logger.info("connected to %s", self.config.broker)
-        result, mid = client.subscribe(self._spec_topic, qos=1)
+        # QoS 0: the retained announcement comes with every subscription anyway, and a QoS 1
+        # subscription costs a replicated consumer per device on a NATS cluster.
+        result, mid = client.subscribe(self._spec_topic, qos=0)
         with self._cond:
             self._connected = True
             self._connect_error = None

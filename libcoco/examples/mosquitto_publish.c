@@ -237,7 +237,7 @@ static int run_device(const options *o, int index, FILE *reports, counts *c) {
     }
     /* the retained announcement, read afresh on every connection */
     if (coco_spec_topic(o->deployment, spec_topic, sizeof spec_topic) != COCO_OK ||
-        mosquitto_subscribe(mosq, NULL, spec_topic, 1) != MOSQ_ERR_SUCCESS ||
+        mosquitto_subscribe(mosq, NULL, spec_topic, 0) != MOSQ_ERR_SUCCESS ||
         !wait_for(mosq, &s, &s.subscribed, o->timeout_s)) {
         fprintf(stderr, "error: cannot subscribe to %s\n", spec_topic);
         goto done;
