@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client.registry import Collector
 
 from aggregator import accountant_process
-from aggregator.checkpoint import recover_checkpoint
+from aggregator.checkpoint import Counters, recover_checkpoint
 from aggregator.config import AggregatorConfig
 from aggregator.core import AggregatorCore
 from aggregator.estimators import AggregateState
@@ -320,4 +320,30 @@ def snapshot_from_checkpoint(path: Path, *, confidence: float = 0.95) -> dict[st
         latest_batch=checkpoint.latest_batch,
         confidence=confidence,
         extra=extra,
+    )
+
+
+def log_shutdown(now: Counters, start: Counters) -> None:
+    """This run's counts at INFO: what was applied, ignored, rejected, unacknowledged."""
+
+    def since(current: dict[str, int], before: dict[str, int]) -> dict[str, int]:
+        delta = {k: v - before.get(k, 0) for k, v in current.items()}
+        return {k: v for k, v in sorted(delta.items()) if v}
+
+    rejected = since(now.rejected, start.rejected)
+    rejected_reports = since(now.rejected_reports, start.rejected_reports)
+    unacked = since(now.unacknowledged, start.unacknowledged)
+    logger.info(
+        "stopping: this run applied %d batches (%d reports) and ignored %d duplicates; "
+        "rejected %d batches %s holding %d verified reports %s; left %d batches "
+        "unacknowledged %s, which the broker redelivers to the session",
+        now.batches - start.batches,
+        now.reports - start.reports,
+        now.duplicates - start.duplicates,
+        sum(rejected.values()),
+        rejected,
+        sum(rejected_reports.values()),
+        rejected_reports,
+        sum(unacked.values()),
+        unacked,
     )

@@ -95,6 +95,7 @@ from aggregator.publishing import (
     Publisher,
     RefreshOnCollect,
     estimates_document,
+    log_shutdown,
     snapshot_from_checkpoint,
 )
 from aggregator.session import (
@@ -406,7 +407,7 @@ class Aggregator:
             if self.acks:
                 self._count_unacknowledged("checkpoint_failed", len(self.acks))
                 self.acks = AckGenerations()
-            self._log_shutdown()
+            log_shutdown(self.counters, self._run_start)
             # what stays in the registry and document: final. The privacy level of batches
             # not yet accounted for is computed by the first read after this, not here.
             self.core.changed = True
@@ -426,32 +427,6 @@ class Aggregator:
         if self._lock_fd is not None:
             os.close(self._lock_fd)  # closing the descriptor releases the flock
             self._lock_fd = None
-
-    def _log_shutdown(self) -> None:
-        """This run's counts at INFO: what was applied, ignored, rejected, unacknowledged."""
-        now, start = self.counters, self._run_start
-
-        def since(current: dict[str, int], before: dict[str, int]) -> dict[str, int]:
-            delta = {k: v - before.get(k, 0) for k, v in current.items()}
-            return {k: v for k, v in sorted(delta.items()) if v}
-
-        rejected = since(now.rejected, start.rejected)
-        rejected_reports = since(now.rejected_reports, start.rejected_reports)
-        unacked = since(now.unacknowledged, start.unacknowledged)
-        logger.info(
-            "stopping: this run applied %d batches (%d reports) and ignored %d duplicates; "
-            "rejected %d batches %s holding %d verified reports %s; left %d batches "
-            "unacknowledged %s, which the broker redelivers to the session",
-            now.batches - start.batches,
-            now.reports - start.reports,
-            now.duplicates - start.duplicates,
-            sum(rejected.values()),
-            rejected,
-            sum(rejected_reports.values()),
-            rejected_reports,
-            sum(unacked.values()),
-            unacked,
-        )
 
     async def run(self) -> None:
         """Consume batches (reconnecting as needed) and checkpoint, until cancelled.
