@@ -1,25 +1,50 @@
-"""The aggregator's checkpoint file: what it holds, how it is read, written and locked.
+"""The aggregator's checkpoint files: what they hold, how they are checked, written, kept
+and locked.
 
-A checkpoint is one UTF-8 JSON object, written atomically (temporary file, ``fsync``,
-``os.replace``, ``fsync`` of the directory) by :func:`write_checkpoint`, in a thread of the
-service::
+A checkpoint is one UTF-8 JSON object (:func:`encode_checkpoint`)::
 
-    {"version": 2, "fingerprint": ..., "deployment": ..., "delta": ...,
-     "state": AggregateState.to_dict(), "batch_rounds": {"<round>": ["<32 hex>", ...]},
-     "retention_rounds": ..., "counters": {...}, "smallest_batch": ..., "latest_batch": ...,
-     "last_batch_timestamp": ..., "written_at": ...}
+    {"version": 3, "generation": 17, "fingerprint": ..., "deployment": ..., "delta": ...,
+     "trusted": ..., "retention_rounds": ..., "counters": {...},
+     "smallest_batch": ..., "latest_batch": ..., "batch_sizes": {...},
+     "last_batch_timestamp": ..., "written_at": ..., "shards": {"<label>": {...}},
+     "reconciliation": {...}, "state": AggregateState.to_dict(),
+     "batch_rounds": {"<round>": ["<32 hex>", ...]}, "checksums": {"<field>": "<32 hex>"}}
 
 ``batch_rounds`` holds the ids of the applied batches of the retained rounds only
-(:mod:`aggregator.service`), so its size follows the traffic of the window, not the age of
-the deployment. :func:`load_checkpoint` checks every field and names the file and the field
-in a one-line :class:`CheckpointError`. :func:`lock_checkpoint` takes the single-writer
-lock, an exclusive ``flock`` on ``<checkpoint>.lock``.
+(:mod:`aggregator.core`), so its size follows the traffic of the window, not the age of the
+deployment. ``trusted`` is what the sums were verified under (the batch key, or the
+announced shard layouts: :mod:`aggregator.keys`); ``shards`` the batches applied per shard;
+``reconciliation`` the manifests and batches still being matched
+(:mod:`aggregator.manifests`).
+
+Integrity
+---------
+``checksums`` holds, for every other field, the first 128 bits of the SHA-256 of its value
+as compact JSON. :func:`load_checkpoint` checks each field's form first, then its checksum,
+and names the file and the field in a one-line :class:`CheckpointError`: a digit changed in
+``sum_u`` (valid JSON, a plausible number) is ``field 'state' does not match its checksum``,
+never a silently wrong sum. Files of versions 1 and 2 (written before checksums) are read
+as before and rewritten as version 3 at the next checkpoint.
+
+Generations
+-----------
+:func:`write_checkpoint` keeps the previous generation: the newest file is renamed to
+``<checkpoint>.previous`` before the new one takes its name (temporary file, ``fsync``,
+``os.replace``, ``fsync`` of the directory). :func:`recover_checkpoint` resumes from the
+newest file, and from the previous generation when the newest is missing or damaged (the
+damaged file is kept as ``<checkpoint>.damaged`` for inspection); the service sends the
+PUBACKs of generation ``N``'s batches only once ``N + 1`` is durable
+(:class:`aggregator.core.AckGenerations`), so the broker still holds, unacknowledged,
+every batch the previous generation lacks, and redelivers it. Both damaged: a one-line
+error naming both files. :func:`lock_checkpoint` takes the single-writer lock, an
+exclusive ``flock`` on ``<checkpoint>.lock``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -29,16 +54,44 @@ from typing import Any
 import numpy as np
 
 from aggregator.estimators import AggregateState
+from aggregator.keys import is_anchor
+from aggregator.manifests import Reconciler
 from edge.errors import CocoError
 
-CHECKPOINT_VERSION = 2
-"""Version 2 keeps the applied batch ids per round (``batch_rounds``). A version-1
-checkpoint (unsigned batches, a flat ``seen`` list) is read for its sums and counters; its
-ids are dropped, since a redelivered unsigned batch fails its signature anyway."""
+CHECKPOINT_VERSION = 3
+"""Version 3 adds ``generation``, ``trusted``, ``shards``, ``reconciliation`` and
+``checksums``. Version 2 kept the
+applied batch ids per round (``batch_rounds``); a version-1 checkpoint (unsigned batches,
+a flat ``seen`` list) is read for its sums and counters, its ids dropped, since a
+redelivered unsigned batch fails its signature anyway."""
+CHECKSUM_HEX = 32
+PREVIOUS_SUFFIX = ".previous"
+DAMAGED_SUFFIX = ".damaged"
+_ORDER = (
+    "version",
+    "generation",
+    "fingerprint",
+    "deployment",
+    "delta",
+    "trusted",
+    "retention_rounds",
+    "counters",
+    "smallest_batch",
+    "latest_batch",
+    "batch_sizes",
+    "last_batch_timestamp",
+    "written_at",
+    "shards",
+    "reconciliation",
+    "state",
+    "batch_rounds",
+)
+"""The fields of a version-3 checkpoint, in the order they are written (``checksums``
+last)."""
 
 
 class CheckpointError(CocoError):
-    """A checkpoint that cannot be read, or that belongs to another spec."""
+    """A checkpoint that cannot be read, is damaged, or belongs to another spec or key."""
 
 
 class CheckpointLockedError(CocoError):
@@ -58,6 +111,10 @@ class Counters:
     """Reports in the rejected batches whose signature verified, by reason."""
     unacknowledged: dict[str, int] = field(default_factory=dict)
     """Batches left without a PUBACK (the broker redelivers them), by reason."""
+    manifests_rejected: dict[str, int] = field(default_factory=dict)
+    """Manifests rejected, by reason."""
+    manifests_duplicate: int = 0
+    """Manifests of a release already accepted (re-sent), ignored."""
 
     def copy(self) -> Counters:
         return Counters(
@@ -67,6 +124,8 @@ class Counters:
             rejected=dict(self.rejected),
             rejected_reports=dict(self.rejected_reports),
             unacknowledged=dict(self.unacknowledged),
+            manifests_rejected=dict(self.manifests_rejected),
+            manifests_duplicate=self.manifests_duplicate,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -77,28 +136,55 @@ class Counters:
             "rejected": dict(sorted(self.rejected.items())),
             "rejected_reports": dict(sorted(self.rejected_reports.items())),
             "unacknowledged": dict(sorted(self.unacknowledged.items())),
+            "manifests_rejected": dict(sorted(self.manifests_rejected.items())),
+            "manifests_duplicate": self.manifests_duplicate,
         }
 
 
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint:
-    """A checked checkpoint file (:func:`load_checkpoint`)."""
+    """What a checkpoint holds (:meth:`aggregator.core.AggregatorCore.content`), or a
+    checked checkpoint file (:func:`load_checkpoint`, with its ``path``)."""
 
-    path: Path
-    version: int
+    version: int = CHECKPOINT_VERSION
+    generation: int = 0
+    """Counts the checkpoints written for this state (0 in files of version 1 and 2)."""
     fingerprint: str
+    deployment: str | None = None
     delta: float
+    trusted: str | None = None
+    """What the sums were verified under: the batch key or the shard layouts
+    (:mod:`aggregator.keys`; ``None`` in files of version 1 and 2)."""
     state: AggregateState
     batch_rounds: dict[int, list[bytes]]
     """Applied batch ids by round (empty for a version-1 file)."""
+    retention_rounds: int | None = None
     counters: Counters
     smallest_batch: int | None
     latest_batch: int | None
     batch_sizes: dict[int, int]
-    """Batches applied by size (the history ``epsilon_total`` composes). A checkpoint
-    without it (written before it existed) counts every batch as one of the smallest size:
-    the largest per-batch epsilon, so the composition stays an upper bound."""
+    """The old per-batch privacy records (version 2: every batch applied, by size; a
+    checkpoint without them counts every batch as one of the smallest size, the largest
+    per-batch epsilon, so the composition stays an upper bound). Version 3 carries them
+    over only for a deployment upgraded from version 2; its privacy ledger has its own
+    file (:mod:`aggregator.ledger_file`)."""
     last_batch_timestamp: float | None
+    written_at: float | None = None
+    shards: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    """Batches applied per shard label: ``batches``, ``reports``, ``smallest``, ``latest``."""
+    reconciliation: dict[str, Any] | None = None
+    """:meth:`aggregator.manifests.Reconciler.to_json` (``None`` in older files)."""
+    path: Path | None = None
+
+
+def previous_path(path: Path) -> Path:
+    """``<checkpoint>.previous``: the generation before the newest."""
+    return path.with_name(path.name + PREVIOUS_SUFFIX)
+
+
+def damaged_path(path: Path) -> Path:
+    """``<checkpoint>.damaged``: a newest file found damaged, kept for inspection."""
+    return path.with_name(path.name + DAMAGED_SUFFIX)
 
 
 def _short(value: object) -> str:
@@ -177,20 +263,101 @@ def _parse_batch_sizes(fields: _Fields, smallest: int | None, batches: int) -> d
         if not key.isdigit() or int(key) < 1:
             raise fields.error(f"batch_sizes.{key}", "must be keyed by a batch size >= 1")
         sizes[int(key)] = count
-    if sum(sizes.values()) != batches:
+    if fields.data.get("version") == 2 and sum(sizes.values()) != batches:
         raise fields.error(
             "batch_sizes", f"counts {sum(sizes.values())} batches, counters.batches {batches}"
         )
     return sizes
 
 
-def load_checkpoint(path: Path) -> Checkpoint:
-    """The checked checkpoint at ``path``; :class:`CheckpointError` (one line, naming the
-    file and, for a bad field, the field) otherwise."""
+def _parse_counters(fields: _Fields) -> Counters:
+    raw = fields.get("counters")
+    if not isinstance(raw, dict):
+        raise fields.error("counters", f"must be an object, got {_short(raw)}")
+    return Counters(
+        reports=fields.count("counters.reports", fields.get("reports", raw)),
+        batches=fields.count("counters.batches", fields.get("batches", raw)),
+        duplicates=fields.count("counters.duplicates", fields.get("duplicates", raw)),
+        rejected=fields.counts("counters.rejected", fields.get("rejected", raw)),
+        rejected_reports=fields.counts(
+            "counters.rejected_reports", raw.get("rejected_reports", {})
+        ),
+        unacknowledged=fields.counts("counters.unacknowledged", raw.get("unacknowledged", {})),
+        manifests_rejected=fields.counts(
+            "counters.manifests_rejected", raw.get("manifests_rejected", {})
+        ),
+        manifests_duplicate=fields.count(
+            "counters.manifests_duplicate", raw.get("manifests_duplicate", 0)
+        ),
+    )
+
+
+def _parse_trusted(fields: _Fields) -> str:
+    trusted = fields.get("trusted")
+    if not is_anchor(trusted):
+        raise fields.error(
+            "trusted", f"is neither a batch key nor shard layouts: {_short(trusted)}"
+        )
+    assert isinstance(trusted, str)
+    return trusted
+
+
+def _parse_shards(fields: _Fields) -> dict[str, dict[str, int | None]]:
+    raw = fields.get("shards")
+    if not isinstance(raw, dict):
+        raise fields.error("shards", f"must be an object of shards, got {_short(raw)}")
+    shards: dict[str, dict[str, int | None]] = {}
+    for label, stats in raw.items():
+        name = f"shards.{label}"
+        if not isinstance(stats, dict) or set(stats) != {
+            "batches",
+            "reports",
+            "smallest",
+            "latest",
+        }:
+            raise fields.error(
+                name, f"must hold batches, reports, smallest, latest: {_short(stats)}"
+            )
+        shards[label] = {
+            key: None
+            if value is None and key in ("smallest", "latest")
+            else fields.count(f"{name}.{key}", value)
+            for key, value in stats.items()
+        }
+    return shards
+
+
+def _parse_reconciliation(fields: _Fields) -> dict[str, Any]:
+    raw = fields.get("reconciliation")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {_one_line(exc)}") from exc
+        if not isinstance(raw, dict):
+            raise TypeError("not an object")
+        Reconciler.from_json(raw, grace=1.0, min_batch=1)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise fields.error("reconciliation", f"is not valid ({_one_line(exc)})") from None
+    return raw
+
+
+def _checksum(value: object) -> str:
+    text = json.dumps(value, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:CHECKSUM_HEX]
+
+
+def _verify_checksums(fields: _Fields) -> None:
+    """Every field's value against its checksum; a one-line error naming the first field
+    that differs (or the ``checksums`` field itself when it is malformed)."""
+    sums = fields.get("checksums")
+    names = [name for name in fields.data if name != "checksums"]
+    if not isinstance(sums, dict) or sorted(sums) != sorted(names):
+        raise fields.error("checksums", "does not list the other fields: the file is damaged")
+    for name in names:
+        if sums[name] != _checksum(fields.data[name]):
+            raise fields.error(name, "does not match its checksum: the file is damaged")
+
+
+def decode_checkpoint(text: str, path: Path) -> Checkpoint:
+    """The checked checkpoint of ``text`` (read from ``path``, named in errors):
+    :class:`CheckpointError`, one line naming the file and, for a field, the field."""
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -199,8 +366,14 @@ def load_checkpoint(path: Path) -> Checkpoint:
         raise CheckpointError(f"checkpoint {path} is not a JSON object")
     fields = _Fields(path, data)
     version = fields.get("version")
-    if version not in (1, CHECKPOINT_VERSION) or isinstance(version, bool):
-        raise fields.error("version", f"must be 1 or {CHECKPOINT_VERSION}, got {_short(version)}")
+    if version not in (1, 2, CHECKPOINT_VERSION) or isinstance(version, bool):
+        raise fields.error("version", f"must be 1 to {CHECKPOINT_VERSION}, got {_short(version)}")
+    if version == CHECKPOINT_VERSION:
+        unknown = sorted(set(data) - {*_ORDER, "checksums"})
+    else:  # a damaged key name must not pass as an older version's file
+        unknown = sorted(set(data) & {"checksums", "generation", "trusted", "reconciliation"})
+    if unknown:
+        raise fields.error(unknown[0], f"is not a field of a version-{version} checkpoint")
     fingerprint = fields.get("fingerprint")
     if not isinstance(fingerprint, str):
         raise fields.error("fingerprint", f"must be a string, got {_short(fingerprint)}")
@@ -213,30 +386,23 @@ def load_checkpoint(path: Path) -> Checkpoint:
         raise
     except (CocoError, KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
         raise fields.error("state", f"is not a valid state ({_one_line(exc)})") from exc
-    raw_counters = fields.get("counters")
-    if not isinstance(raw_counters, dict):
-        raise fields.error("counters", f"must be an object, got {_short(raw_counters)}")
-    counters = Counters(
-        reports=fields.count("counters.reports", fields.get("reports", raw_counters)),
-        batches=fields.count("counters.batches", fields.get("batches", raw_counters)),
-        duplicates=fields.count("counters.duplicates", fields.get("duplicates", raw_counters)),
-        rejected=fields.counts("counters.rejected", fields.get("rejected", raw_counters)),
-        rejected_reports=fields.counts(
-            "counters.rejected_reports", raw_counters.get("rejected_reports", {})
-        ),
-        unacknowledged=fields.counts(
-            "counters.unacknowledged", raw_counters.get("unacknowledged", {})
-        ),
-    )
+    counters = _parse_counters(fields)
     smallest = fields.optional_count("smallest_batch")
     last = fields.get("last_batch_timestamp")
     if last is not None and (isinstance(last, bool) or not isinstance(last, int | float)):
         raise fields.error("last_batch_timestamp", f"must be a number, got {_short(last)}")
-    return Checkpoint(
+    generation = (
+        0 if version < CHECKPOINT_VERSION else fields.count("generation", fields.get("generation"))
+    )
+    deployment = data.get("deployment")
+    checkpoint = Checkpoint(
         path=path,
         version=version,
+        generation=generation,
         fingerprint=fingerprint,
+        deployment=deployment if isinstance(deployment, str) else None,
         delta=float(delta),
+        trusted=_parse_trusted(fields) if version == CHECKPOINT_VERSION else None,
         state=state,
         batch_rounds={} if version == 1 else _parse_batch_rounds(fields),
         counters=counters,
@@ -244,6 +410,67 @@ def load_checkpoint(path: Path) -> Checkpoint:
         latest_batch=fields.optional_count("latest_batch"),
         batch_sizes=_parse_batch_sizes(fields, smallest, counters.batches),
         last_batch_timestamp=None if last is None else float(last),
+        shards=_parse_shards(fields) if version == CHECKPOINT_VERSION else {},
+        reconciliation=_parse_reconciliation(fields) if version == CHECKPOINT_VERSION else None,
+    )
+    if version == CHECKPOINT_VERSION:
+        _verify_checksums(fields)
+    return checkpoint
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """The checked checkpoint at ``path`` (this one file: :func:`recover_checkpoint` falls
+    back to the previous generation); :class:`CheckpointError` (one line, naming the file
+    and, for a bad field, the field) otherwise."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {_one_line(exc)}") from exc
+    return decode_checkpoint(text, path)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What :func:`recover_checkpoint` found: the checkpoint to resume (``None``: start
+    from zero) and, when it fell back to the previous generation, why (one line)."""
+
+    checkpoint: Checkpoint | None
+    fallback: str | None = None
+
+
+def recover_checkpoint(path: Path, *, move_damaged: bool = True) -> Recovery:
+    """The newest good generation of the checkpoint at ``path`` (module docs,
+    *Generations*): the newest file, else the previous one (with ``move_damaged``, the
+    damaged newest file is moved to ``<checkpoint>.damaged``, so that the next checkpoint
+    does not rotate it into ``.previous``); :class:`CheckpointError` when neither is good
+    but one exists."""
+    previous = previous_path(path)
+    try:
+        newest_problem = None
+        if path.exists():
+            return Recovery(load_checkpoint(path))
+    except CheckpointError as exc:
+        newest_problem = str(exc)
+    if not previous.exists():
+        if newest_problem is not None:
+            raise CheckpointError(f"{newest_problem} (and there is no {previous.name})")
+        return Recovery(None)
+    try:
+        checkpoint = load_checkpoint(previous)
+    except CheckpointError as exc:
+        if newest_problem is None:
+            raise
+        raise CheckpointError(f"{newest_problem}; and {exc}") from None
+    if newest_problem is None:
+        return Recovery(checkpoint, f"{path} is missing; resuming from {previous.name}")
+    moved = ""
+    if move_damaged:
+        os.replace(path, damaged_path(path))
+        moved = f"; moved it to {damaged_path(path).name}"
+    return Recovery(
+        checkpoint,
+        f"{newest_problem}{moved}; resuming from the previous generation "
+        f"{checkpoint.generation} ({previous.name})",
     )
 
 
@@ -269,35 +496,66 @@ def _quoted_hex(ids: tuple[bytes, ...]) -> str:
     return out.tobytes()[:-1].decode("ascii")
 
 
-def encode_checkpoint(snapshot: dict[str, Any]) -> str:
-    """The checkpoint text of a :meth:`Aggregator._checkpoint_snapshot` (runs in a thread:
-    the snapshot holds copies, nothing the event loop changes).
+def _document_head(checkpoint: Checkpoint) -> dict[str, Any]:
+    return {
+        "version": checkpoint.version,
+        "generation": checkpoint.generation,
+        "fingerprint": checkpoint.fingerprint,
+        "deployment": checkpoint.deployment,
+        "delta": checkpoint.delta,
+        "trusted": checkpoint.trusted,
+        "retention_rounds": checkpoint.retention_rounds,
+        "counters": checkpoint.counters.to_dict(),
+        "smallest_batch": checkpoint.smallest_batch,
+        "latest_batch": checkpoint.latest_batch,
+        "batch_sizes": {str(n): c for n, c in sorted(checkpoint.batch_sizes.items())},
+        "last_batch_timestamp": checkpoint.last_batch_timestamp,
+        "written_at": checkpoint.written_at,
+        "shards": checkpoint.shards,
+        "reconciliation": checkpoint.reconciliation,
+        "state": checkpoint.state.to_dict(),
+    }
 
-    Equal to ``json.dumps(document, separators=(",", ":"))`` with ``batch_rounds`` last,
-    but the ids (hex digits: nothing to escape) are written by :func:`_quoted_hex` instead
-    of the C encoder, which would hold the GIL for all of them in one call (about 100 ms
-    for 10^5 ids, time the event loop could not run)."""
-    state: AggregateState = snapshot.pop("state")
-    rounds: dict[int, tuple[bytes, ...]] = snapshot.pop("batch_rounds")
-    head = json.dumps({**snapshot, "state": state.to_dict()}, separators=(",", ":"))
-    parts = [head[:-1], ',"batch_rounds":{']
-    for i, (round_, ids) in enumerate(sorted(rounds.items())):
+
+def encode_checkpoint(checkpoint: Checkpoint) -> str:
+    """The text of a version-3 checkpoint (runs in a thread: ``checkpoint`` holds copies,
+    nothing the event loop changes).
+
+    Equal to ``json.dumps(document, separators=(",", ":"))`` of the fields in
+    :data:`_ORDER` and ``checksums``, but the ids (hex digits: nothing to escape) are
+    written by :func:`_quoted_hex` instead of the C encoder, which would hold the GIL for
+    all of them in one call (about 100 ms for 10^5 ids, time the event loop could not
+    run)."""
+    head = _document_head(checkpoint)
+    sums = {name: _checksum(value) for name, value in head.items()}
+    parts = ['"batch_rounds":{']
+    for i, (round_, ids) in enumerate(sorted(checkpoint.batch_rounds.items())):
         parts.append(f'{"," if i else ""}"{round_}":[')
-        parts.append(_quoted_hex(ids))
+        parts.append(_quoted_hex(tuple(ids)))
         parts.append("]")
-    parts.append("}}")
-    return "".join(parts)
+    parts.append("}")
+    rounds = "".join(parts)
+    sums["batch_rounds"] = hashlib.sha256(rounds[len('"batch_rounds":') :].encode()).hexdigest()[
+        :CHECKSUM_HEX
+    ]
+    text = json.dumps(head, separators=(",", ":"))
+    tail = json.dumps({"checksums": sums}, separators=(",", ":"))
+    return f"{text[:-1]},{rounds},{tail[1:]}"
 
 
-def write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str, *, keep_previous: bool = False) -> None:
+    """``path`` holds ``text`` or what it held before, whatever happens; with
+    ``keep_previous`` the file it replaces becomes ``<path>.previous``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w") as fh:
         fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
+    if keep_previous and path.exists():
+        os.replace(path, previous_path(path))
     os.replace(tmp, path)
-    with contextlib.suppress(OSError):  # make the rename durable where directories open
+    with contextlib.suppress(OSError):  # make the renames durable where directories open
         fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -305,8 +563,10 @@ def write_atomically(path: Path, text: str) -> None:
             os.close(fd)
 
 
-def write_checkpoint(path: Path, snapshot: dict[str, Any]) -> None:
-    write_atomically(path, encode_checkpoint(snapshot))
+def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
+    """Write ``checkpoint`` as the newest generation, the one it replaces kept as
+    ``<checkpoint>.previous`` (module docs, *Generations*); durable when it returns."""
+    write_atomically(path, encode_checkpoint(checkpoint), keep_previous=True)
 
 
 def lock_checkpoint(lock: Path, checkpoint: Path) -> int:

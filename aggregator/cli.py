@@ -1,5 +1,6 @@
-"""``coco aggregator run | snapshot`` (:data:`aggregator_app`): the streaming service.
-``coco privacy`` lives in :mod:`aggregator.privacy_cli` (its names are re-exported here)."""
+"""``coco aggregator run | snapshot | trust`` (:data:`aggregator_app`): the streaming
+service, an offline snapshot of its checkpoint, and the pinned batch keys. ``coco privacy``
+lives in :mod:`aggregator.privacy_cli` (its names are re-exported here)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import signal
 import string
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Coroutine
 from pathlib import Path
@@ -19,7 +21,7 @@ import typer
 
 from aggregator.privacy_cli import PrivacyMechanism, privacy_app, privacy_rows
 from edge import CocoError, MechanismSpec, SpecError
-from edge.announce import load_spec_file
+from edge.announce import load_spec_file, shard_plan
 from edge.cli_options import (
     DEFAULT_BROKER,
     BrokerOption,
@@ -31,13 +33,11 @@ from edge.cli_options import (
     UsernameOption,
     resolve_password,
 )
+from edge.shards import ShardPlan
 
 __all__ = ["PrivacyMechanism", "aggregator_app", "privacy_app", "privacy_rows"]
 
 HEX_KEY_DIGITS = 64
-
-
-# -- coco aggregator run | snapshot ------------------------------------------------------------
 
 aggregator_app = typer.Typer(help="The streaming aggregator service.", no_args_is_help=True)
 
@@ -121,26 +121,47 @@ def aggregator_run(
             "coco-aggregator-<deployment>).",
         ),
     ] = None,
+    manifest_grace: Annotated[
+        float,
+        typer.Option(
+            envvar="COCO_MANIFEST_GRACE",
+            help="Seconds a shuffler's release manifest waits for its batches before the "
+            "missing reports are counted (coco_aggregator_reports_missing_total).",
+        ),
+    ] = 120.0,
+    mqtt_version: Annotated[
+        str,
+        typer.Option(
+            envvar="COCO_MQTT_VERSION",
+            help="MQTT protocol: auto (5, else 3.1.1 if the broker refuses 5), 5 or 3.1.1.",
+        ),
+    ] = "auto",
 ) -> None:
     """Consume shuffled batches; serve estimates, metrics and the certified central epsilon.
 
-    Only batches sealed by the shuffler's key are applied. One aggregator per deployment: a
-    second one with the same checkpoint refuses to start, and one whose MQTT session is taken
-    over by another client stops.
+    Only batches sealed by the shuffler's key are applied; with --checkpoint that key is
+    pinned on first use beside the checkpoint (<checkpoint>.trust), and a changed
+    announcement is refused until `coco aggregator trust` accepts it. One aggregator per
+    deployment: a second one with the same checkpoint refuses to start, and one whose MQTT
+    session is taken over by another client stops. GET /ready answers 200 once the
+    checkpoint is recovered and the batches topic subscribed.
     """
-    from aggregator.service import (  # noqa: PLC0415 (keeps `coco privacy` light)
+    from aggregator.config import (  # noqa: PLC0415 (keeps `coco privacy` light)
         AggregatorConfig,
-        fetch_announcement,
         resolve_batch_public_key,
-        run_aggregator,
     )
+    from aggregator.service import run_aggregator  # noqa: PLC0415
+    from aggregator.session import fetch_announcement  # noqa: PLC0415
+    from edge.mqtt_version import check_mqtt_version  # noqa: PLC0415
 
     try:
+        version = check_mqtt_version(mqtt_version)
         password = resolve_password(password, password_file)
         configured_key = (
             None if batch_public_key is None else read_public_key_option(batch_public_key)
         )
         announced_key: str | None = None
+        shards: ShardPlan | None = None
         round_seconds: int | None = None
         if spec is not None:
             mechanism = load_spec_file(spec)
@@ -157,6 +178,7 @@ def aggregator_run(
                     username=username,
                     password=password,
                     ca_file=ca_file,
+                    mqtt_version=version,
                 )
             )
             mechanism = MechanismSpec.from_dict(announcement["spec"])
@@ -164,7 +186,16 @@ def aggregator_run(
             min_batch = max(int(announcement["min_batch"]), min_batch or 0)
             round_seconds = int(announcement["round_seconds"])
             announced_key = announcement.get("batch_public_key")
-        key = resolve_batch_public_key(configured_key, announced_key)
+            shards = shard_plan(announcement)
+        if shards is not None:
+            if configured_key is not None:
+                raise CocoError(
+                    "the deployment is sharded: the aggregator trusts the announced per-shard "
+                    "keys, not --batch-public-key"
+                )
+            key = None
+        else:
+            key = resolve_batch_public_key(configured_key, announced_key)
         config = AggregatorConfig(
             broker=broker,
             deployment=deployment,
@@ -178,6 +209,10 @@ def aggregator_run(
             http_port=metrics_port,
             min_batch=min_batch,
             batch_public_key=key,
+            shards=shards,
+            manifest_grace=manifest_grace,
+            key_source="configured" if configured_key is not None else "announced",
+            mqtt_version=version,
             retention_rounds=retention_rounds,
             round_seconds=round_seconds,
             client_id=client_id,
@@ -191,8 +226,15 @@ def aggregator_run(
         raise typer.Exit(1) from None
     typer.echo(
         f"aggregator: deployment={deployment} spec={mechanism.fingerprint} delta={delta:g} "
-        f"min_batch={config.min_batch} batch_key={key[:16]}... client_id="
-        f"{config.mqtt_client_id} http://{metrics_host}:{metrics_port}/metrics",
+        f"min_batch={config.min_batch} "
+        + (
+            f"batch_key={key[:16]}..."
+            if key
+            else f"shards={','.join(shards.labels if shards else ())}"
+        )
+        + " client_id="
+        f"{config.mqtt_client_id} http://{metrics_host}:{metrics_port}/ "
+        "(/metrics, /estimates, /ready)",
         err=True,
     )
     try:
@@ -220,6 +262,34 @@ def read_public_key_option(value: str) -> str:
             "(the shuffler's Ed25519 public key)"
         )
     return text.lower()
+
+
+def read_estimates_url(url: str, *, timeout: float) -> dict[str, Any]:
+    """The ``/estimates`` document at ``url``; a service's base URL (``http://host:port``
+    or ``.../``) means its ``/estimates``. :class:`CocoError` (one line) for anything that
+    is not an ``/estimates`` document."""
+    if not url.startswith(("http://", "https://")):
+        raise CocoError(f"--url must be http(s)://host:port/estimates, got {url!r}")
+    parts = urllib.parse.urlsplit(url)
+    if parts.path in ("", "/"):
+        url = urllib.parse.urlunsplit(parts._replace(path="/estimates"))
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        raise CocoError(f"cannot read {url}: HTTP {exc.code} {exc.reason}") from None
+    except urllib.error.URLError as exc:  # the reason alone, naming the URL
+        raise CocoError(f"cannot read {url}: {exc.reason}") from None
+    try:
+        document = json.loads(body)
+    except ValueError:
+        document = None
+    if not isinstance(document, dict) or "estimates" not in document:
+        raise CocoError(
+            f"{url} is not an aggregator's /estimates document; give "
+            "--url http://host:port/estimates"
+        )
+    return document
 
 
 def _run_until_signal(main: Coroutine[Any, Any, None]) -> None:
@@ -259,7 +329,7 @@ def aggregator_snapshot(
     timeout: Annotated[float, typer.Option(help="HTTP timeout in seconds.")] = 10.0,
 ) -> None:
     """Print the current estimates JSON, from a running service or a checkpoint."""
-    from aggregator.service import snapshot_from_checkpoint  # noqa: PLC0415
+    from aggregator.publishing import snapshot_from_checkpoint  # noqa: PLC0415
 
     if (url is None) == (checkpoint is None):
         typer.echo("error: give exactly one of --url and --checkpoint", err=True)
@@ -269,14 +339,57 @@ def aggregator_snapshot(
             document = snapshot_from_checkpoint(checkpoint)
         else:
             assert url is not None
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"--url must be http(s)://..., got {url!r}")
-            try:
-                with urllib.request.urlopen(url, timeout=timeout) as response:
-                    document = json.loads(response.read())
-            except urllib.error.URLError as exc:  # the reason alone, naming the URL
-                raise CocoError(f"cannot read {url}: {exc.reason}") from None
+            document = read_estimates_url(url, timeout=timeout)
     except (CocoError, OSError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     typer.echo(json.dumps(document, indent=1))
+
+
+@aggregator_app.command("trust")
+def aggregator_trust(
+    checkpoint: Annotated[
+        Path, typer.Option(envvar="COCO_CHECKPOINT", help="The aggregator's checkpoint file.")
+    ],
+    accept_announced: Annotated[
+        bool,
+        typer.Option(
+            "--accept-announced",
+            help="Pin the announced batch key the service refused (after checking it is the "
+            "shuffler's new key).",
+        ),
+    ] = False,
+    accept: Annotated[
+        str | None,
+        typer.Option(help="Pin this batch key: 64 hex digits, or a file holding them."),
+    ] = None,
+) -> None:
+    """Show, or move, the batch key pinned beside a checkpoint (<checkpoint>.trust).
+
+    Without an option: print the pinned key and the announced key last refused. A running
+    service picks an accepted key up within seconds; batches signed by the old key are
+    rejected from then on.
+    """
+    from aggregator.keys import describe_anchor  # noqa: PLC0415
+    from aggregator.trust import accept as accept_key  # noqa: PLC0415
+    from aggregator.trust import load_pins, trust_path  # noqa: PLC0415
+
+    path = trust_path(checkpoint)
+    try:
+        if accept_announced and accept is not None:
+            raise CocoError("give --accept-announced or --accept KEY, not both")
+        if not accept_announced and accept is None:
+            pins = load_pins(path)
+            if pins is None:
+                raise CocoError(f"no key is pinned ({path} does not exist)")
+            typer.echo(f"pinned:  {describe_anchor(pins.trusted)}")
+            typer.echo(f"refused: {describe_anchor(pins.refused) if pins.refused else '-'}")
+            return
+        key = None if accept is None else read_public_key_option(accept)
+        old, new = accept_key(path, key=key)
+    except (CocoError, OSError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"old: {describe_anchor(old) if old else '-'}")
+    typer.echo(f"new: {describe_anchor(new)}")
+    typer.echo(f"pinned in {path}")

@@ -6,6 +6,9 @@ HTTP handler sends it with a Content-Security-Policy that lets the page load not
 :data:`POLL_SECONDS` and shows
 
 * the report counts: ``n``, reports, batches, rejected batches, duplicates;
+* in a sharded deployment, the smallest batch of each shard (the smallest of all is the
+  guarantee every report has), and the reports the shufflers' manifests list that never
+  came;
 * the certified central epsilon of the smallest and the latest batch, the generic bound
   beside it, the composed ``epsilon_total``, and a time series of the latest batch's
   epsilon and of ``epsilon_total`` that the page keeps while it is open (one point per
@@ -106,6 +109,9 @@ svg text { font: 11px system-ui, sans-serif; fill: #57606a; }
 <tr><td class="left">epsilon_local (one report)</td>
  <td class="num" colspan="2" data-field="epsilon_local" data-value="null">-</td></tr>
 </table>
+<div class="muted" id="shards-note">smallest batch by shard (sharded deployments): <span
+ id="shards">-</span>; reports counted missing from the shufflers' manifests: <span
+ data-field="manifests.reports_missing" data-value="null">-</span></div>
 <svg id="eps-chart" width="640" height="190" role="img"
  aria-label="epsilon per batch and epsilon_total over time"></svg>
 <div class="muted"><span class="key" style="background:#0969da"></span> epsilon_central of
@@ -283,9 +289,13 @@ function render(doc) {
   for (const name of ["delta", "epsilon_local", "epsilon_total", "batches_accounted",
       "batch_size.smallest", "batch_size.latest", "epsilon_central.smallest",
       "epsilon_central.latest", "epsilon_central_generic.smallest",
-      "epsilon_central_generic.latest"]) {
+      "epsilon_central_generic.latest", "manifests.reports_missing"]) {
     put(field(name), get(doc, name));
   }
+  const shards = Object.entries(doc.shards || {});
+  document.getElementById("shards").textContent = shards.length
+    ? shards.map(([label, s]) => label + " " + (isNum(s.smallest) ? s.smallest : "-")).join(", ")
+    : "-";
   document.getElementById("deployment").textContent = String(doc.deployment || "-");
   const spec = doc.spec || {};
   document.getElementById("spec").textContent =

@@ -22,37 +22,27 @@ coco_aggregator_reports_total`` (reports released but not applied yet). A histog
 time minus release time is not possible: a batch carries no release time (docs/protocol.md,
 section 10.3), and adding one would change the wire format.
 
-:class:`MetricsServer` serves, on one port, the live page at ``/``
-(:mod:`aggregator.live_page`), ``/metrics`` (Prometheus text format) and
-``/estimates`` (JSON: spec, n, estimates, certified central epsilon for the smallest and the
-latest batch, delta, the counters and the retained horizon; rebuilt for every request, so
-they never lag ``/metrics``). It is a stdlib ``ThreadingHTTPServer`` in a daemon thread:
-the handler asks the event loop for a fresh snapshot (an immutable document the loop
-replaces; :mod:`aggregator.service`, *Publishing*) and waits for it, so no lock is needed
-and a slow scraper never blocks the event loop.
+The HTTP endpoint that serves them is :class:`aggregator.http.MetricsServer`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
-from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from aggregator.accountant import amplify_spec
+from aggregator.core import AggregatorCore
 from aggregator.estimators import Estimates
-from aggregator.live_page import CONTENT_SECURITY_POLICY, PAGE
 from edge.spec import MechanismSpec
 
 logger = logging.getLogger(__name__)
 
 REJECT_REASONS = (
+    "unknown_shard",
     "bad_length",
     "bad_signature",
     "bad_version",
@@ -62,20 +52,63 @@ REJECT_REASONS = (
     "fingerprint_mismatch",
     "empty",
     "below_min_batch",
+    "wrong_shard",
     "stale_round",
     "future_round",
     "z_out_of_range",
     "seed_out_of_range",
 )
 """Every ``reason`` label of ``coco_aggregator_batches_rejected_total`` (pre-created at 0), in
-the order the checks run: ``bad_length`` (too short to hold a batch and its signature, or a
+the order the checks run: ``unknown_shard`` (a topic of no trusted shard: a shard not
+announced, or a sharded topic in an unsharded deployment or the other way round),
+``bad_length`` (too short to hold a batch and its signature, or a
 length that does not match the count), ``bad_signature`` (not sealed by the trusted shuffler
 key), the codec's ``bad_version``, ``bad_kind``, ``bad_count``, ``bad_field``, then
-``fingerprint_mismatch`` (another spec), ``empty``, ``below_min_batch``, ``stale_round``
+``fingerprint_mismatch`` (another spec), ``empty``, ``below_min_batch``, ``wrong_shard``
+(a round its shard's layout does not serve), ``stale_round``
 (a round below the retained horizon), ``future_round`` (a round more than the retained
 window ahead of the aggregator's clock) and the record checks ``z_out_of_range``,
 ``seed_out_of_range``. A redelivered or replayed ``batch_id`` is not a rejection but a
 duplicate (``coco_aggregator_batches_duplicate_total``)."""
+MANIFEST_REJECT_REASONS = (
+    "unknown_shard",
+    "bad_length",
+    "bad_signature",
+    "bad_version",
+    "bad_kind",
+    "bad_count",
+    "bad_field",
+    "fingerprint_mismatch",
+    "wrong_shard",
+    "stale_round",
+    "future_round",
+    "manifest_mismatch",
+)
+"""Every ``reason`` label of ``coco_aggregator_manifests_rejected_total``: the batch checks
+that apply to a manifest (signature under its shard's key with the manifest domain, wire
+format, spec, round), and ``manifest_mismatch`` (it disagrees with a batch received: same
+``batch_id`` with another count, round or shard; lists a batch twice, or one another
+manifest lists, or a count below ``min_batch``). A rejected manifest changes nothing."""
+RECONCILED = (
+    ("manifests", "manifests", "Release manifests accepted."),
+    (
+        "reports_missing",
+        "reports_missing",
+        "Reports listed in a manifest whose batch never came within the grace period.",
+    ),
+    (
+        "batches_missing",
+        "batches_missing",
+        "Batches listed in a manifest that never came within the grace period.",
+    ),
+    (
+        "batches_unlisted",
+        "batches_unlisted",
+        "Batches of a (shard, round) with manifests, none of which listed them.",
+    ),
+    ("reports_late", "reports_late", "Reports of batches that came after being counted missing."),
+)
+"""``(Reconciler.counts field, metric name without prefix and _total, help)``."""
 UNACKED_REASONS = ("connection_lost", "unprocessed", "checkpoint_failed", "taken_over")
 """Every ``reason`` label of ``coco_aggregator_batches_unacknowledged_total``: batches whose
 PUBACK could not be sent because the connection ended first (``connection_lost``), that were
@@ -155,8 +188,41 @@ class AggregatorMetrics:
             registry,
             f"{p}_reports_rejected",
             "Reports in rejected batches whose signature verified, by reason.",
-            [r for r in REJECT_REASONS if r not in ("bad_length", "bad_signature")],
+            [
+                r
+                for r in REJECT_REASONS
+                if r not in ("unknown_shard", "bad_length", "bad_signature")
+            ],
         )
+        self.manifests_rejected = _reason_counter(
+            registry,
+            f"{p}_manifests_rejected",
+            "Release manifests rejected, by reason.",
+            MANIFEST_REJECT_REASONS,
+        )
+        self.manifests_duplicate = Counter(
+            f"{p}_manifests_duplicate",
+            "Release manifests ignored because their release was already accepted.",
+            registry=registry,
+        )
+        self.reconciled = {
+            field: Counter(f"{p}_{name}", help_text, registry=registry)
+            for field, name, help_text in RECONCILED
+        }
+        self.shard_batches = Counter(
+            f"{p}_shard_batches", "Batches applied, by shard.", ["shard"], registry=registry
+        )
+        self.shard_reports = Counter(
+            f"{p}_shard_reports", "Reports applied, by shard.", ["shard"], registry=registry
+        )
+        self.shard_batch_size = Gauge(
+            f"{p}_shard_batch_size",
+            "Reports in the smallest and in the latest batch applied, by shard (the smallest "
+            "over all shards is the guarantee every report has).",
+            ["shard", "batch"],
+            registry=registry,
+        )
+        self._synced: dict[tuple[str, str], float] = {}
         self.unacknowledged = _reason_counter(
             registry,
             f"{p}_batches_unacknowledged",
@@ -216,7 +282,8 @@ class AggregatorMetrics:
         )
         self.batch_size = Gauge(
             f"{p}_batch_size",
-            "Reports in the smallest batch applied and in the latest (the n of epsilon_central).",
+            "Reports in the smallest release ever accounted and in the newest round's smallest "
+            "(the n of epsilon_central).",
             ["batch"],
             registry=registry,
         )
@@ -229,8 +296,9 @@ class AggregatorMetrics:
         )
         self.epsilon_total = Gauge(
             f"{p}_epsilon_total",
-            "Composed central epsilon (at delta) of a device present in every batch applied "
-            "so far (pessimistic PLD composition of the per-batch certified bounds).",
+            "Composed central epsilon (at delta) of a device present in every round released "
+            "so far, one participation per round at its smallest release (pessimistic PLD "
+            "composition of the certified bounds).",
             registry=registry,
         )
         self.epsilon_curve = Gauge(
@@ -250,6 +318,18 @@ class AggregatorMetrics:
             self.epsilon_target.set(epsilon_target)
         self.delta = Gauge(f"{p}_delta", "Target delta of the accountant.", registry=registry)
         self.n = Gauge(f"{p}_n", "Reports in the current estimates.", registry=registry)
+        self.ready = ready_gauge(registry)
+        self.announcements_refused = Counter(
+            f"{p}_announcements_refused",
+            "Spec announcements refused because they name another batch key than the "
+            "pinned one (each new key once; accepted only by `coco aggregator trust`).",
+            registry=registry,
+        )
+        self.checkpoint_generation = Gauge(
+            f"{p}_checkpoint_generation",
+            "Generation of the newest checkpoint written or recovered (0: none yet).",
+            registry=registry,
+        )
         self.info = Info(f"{p}_mechanism", "The mechanism in force.", registry=registry)
         self.last_batch = Gauge(
             f"{p}_last_batch_timestamp_seconds",
@@ -266,6 +346,47 @@ class AggregatorMetrics:
                 "fingerprint": spec.fingerprint,
             }
         )
+
+    def sync(self, core: AggregatorCore) -> None:
+        """Bring every counter up to the core's counts (which continue across restarts
+        in the checkpoint) and the per-shard gauges to its shard stats. ``O(reasons +
+        shards)``: after each batch or manifest, and on restore."""
+        counters = core.counters
+        self._bump(self.reports, ("reports", ""), counters.reports)
+        self._bump(self.batches, ("batches", ""), counters.batches)
+        self._bump(self.duplicates, ("duplicates", ""), counters.duplicates)
+        for name, metric, counts in (
+            ("rejected", self.rejected, counters.rejected),
+            ("rejected_reports", self.rejected_reports, counters.rejected_reports),
+            ("unacknowledged", self.unacknowledged, counters.unacknowledged),
+            ("manifests_rejected", self.manifests_rejected, counters.manifests_rejected),
+        ):
+            for reason, value in counts.items():
+                self._bump(metric.labels(reason=reason), (name, reason), value)
+        self._bump(
+            self.manifests_duplicate, ("manifests_duplicate", ""), counters.manifests_duplicate
+        )
+        for field, metric in self.reconciled.items():
+            self._bump(metric, ("reconciled", field), getattr(core.reconciler.counts, field))
+        for label, stats in core.shards.items():
+            self._bump(
+                self.shard_batches.labels(shard=label), ("shard_batches", label), stats.batches
+            )
+            self._bump(
+                self.shard_reports.labels(shard=label), ("shard_reports", label), stats.reports
+            )
+            for which, size in (("smallest", stats.smallest), ("latest", stats.latest)):
+                self.shard_batch_size.labels(shard=label, batch=which).set(
+                    np.nan if size is None else size
+                )
+        if core.last_batch_timestamp is not None:
+            self.last_batch.set(core.last_batch_timestamp)
+
+    def _bump(self, metric: Any, key: tuple[str, str], value: float) -> None:
+        last = self._synced.get(key, 0.0)
+        if value > last:
+            metric.inc(value - last)
+            self._synced[key] = value
 
     def set_estimates(self, estimates: Estimates) -> None:
         """Export the estimates of the bounded set of dimensions (NaN while ``n == 0``)."""
@@ -319,89 +440,11 @@ class AggregatorMetrics:
             self.epsilon_curve.labels(n=str(n)).set(epsilon)
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        headers: dict[str, str] = {}
-        try:
-            if path == "/":
-                body = PAGE
-                content_type = "text/html; charset=utf-8"
-                headers = {
-                    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
-                    "Cache-Control": "no-cache",
-                }
-            elif path == "/favicon.ico":
-                self.send_response(204)
-                self.end_headers()
-                return
-            elif path == "/metrics":
-                body = generate_latest(self.server.registry)
-                content_type = CONTENT_TYPE_LATEST
-            elif path == "/estimates":
-                body = json.dumps(self.server.estimates()).encode()
-                content_type = "application/json"
-            else:
-                self.send_error(404, "try /, /metrics or /estimates")
-                return
-        except Exception:  # a failing snapshot must not kill the server thread
-            logger.exception("error serving %s", path)
-            self.send_error(500)
-            return
-        self.send_response(200)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        logger.debug("http: " + format, *args)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(
-        self,
-        address: tuple[str, int],
-        registry: CollectorRegistry,
-        estimates: Callable[[], dict[str, Any]],
-    ) -> None:
-        super().__init__(address, _Handler)
-        self.registry = registry
-        self.estimates = estimates
-
-
-class MetricsServer:
-    """``/``, ``/metrics`` and ``/estimates`` on ``host:port`` (``port=0`` picks a free port)."""
-
-    def __init__(
-        self,
-        *,
-        host: str,
-        port: int,
-        registry: CollectorRegistry,
-        estimates: Callable[[], dict[str, Any]],
-    ) -> None:
-        self._server = _Server((host, port), registry, estimates)
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="coco-aggregator-http", daemon=True
-        )
-
-    @property
-    def port(self) -> int:
-        port: int = self._server.server_address[1]
-        return port
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            self._server.shutdown()
-            self._thread.join(timeout=5)
-        self._server.server_close()
+def ready_gauge(registry: CollectorRegistry) -> Gauge:
+    """``coco_aggregator_ready``: 1 once the checkpoint is recovered and the batches topic
+    subscribed, else 0 (the same as ``/ready``)."""
+    return Gauge(
+        "coco_aggregator_ready",
+        "1 once the checkpoint is recovered and the batches topic subscribed, else 0.",
+        registry=registry,
+    )

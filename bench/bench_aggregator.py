@@ -45,8 +45,9 @@ from prometheus_client import generate_latest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from aggregator.batch_codec import encode_batch_arrays
+from aggregator.config import AggregatorConfig
 from aggregator.estimators import AggregateState
-from aggregator.service import Aggregator, AggregatorConfig
+from aggregator.service import Aggregator
 from edge.batch_auth import BatchSigner
 from edge.spec import MechanismSpec
 
@@ -180,7 +181,7 @@ async def lag_probe(
         async with Aggregator(cfg) as agg:
             ids = np.random.default_rng(seed + 1).bytes(16 * retained_ids)
             for i in range(retained_ids):  # a day of traffic in the retained window
-                agg._remember(ids[16 * i : 16 * i + 16], 1)
+                agg.core.memory.remember(ids[16 * i : 16 * i + 16], 1)
             scrapes = 0
 
             def scraper() -> None:  # Prometheus and a dashboard, every 50 ms
@@ -196,8 +197,8 @@ async def lag_probe(
             # what run() starts beside the MQTT loop: the privacy loop (the accountant's
             # process) and the publishing interval
             background = [
-                asyncio.create_task(agg._privacy_loop()),
-                asyncio.create_task(agg._publish_loop()),
+                asyncio.create_task(agg.publisher.privacy_loop()),
+                asyncio.create_task(agg.publisher.publish_loop()),
             ]
             thread.start()
             await asyncio.sleep(0.05)
@@ -206,7 +207,7 @@ async def lag_probe(
                 outcome = await agg.handle_batch(payload)
                 assert outcome == "applied", outcome
                 if i % 10 == 9:
-                    agg._dirty = True
+                    agg.core.dirty = True
                     await agg.checkpoint()
                 await asyncio.sleep(0)  # the MQTT client yields between messages
             elapsed = time.perf_counter() - start

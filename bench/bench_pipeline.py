@@ -323,7 +323,8 @@ async def _run_shuffler(
 
 
 async def _run_aggregator(port: int, expected: int, timeout: float) -> None:
-    from aggregator.service import Aggregator, AggregatorConfig  # noqa: PLC0415
+    from aggregator.config import AggregatorConfig  # noqa: PLC0415
+    from aggregator.service import Aggregator  # noqa: PLC0415
     from edge.batch_auth import load_or_create_signing_key, public_key_hex  # noqa: PLC0415
 
     config = AggregatorConfig(

@@ -58,9 +58,10 @@ import numpy as np
 from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
+from aggregator.config import AggregatorConfig
 from aggregator.estimators import AggregateState
-from aggregator.metrics import MetricsServer
-from aggregator.service import Aggregator, AggregatorConfig
+from aggregator.http import MetricsServer
+from aggregator.service import Aggregator
 from broker.core import MAX_BATCH_LIMIT
 from broker.metrics import DROP_REASONS, REJECT_REASONS
 from broker.shuffler import Shuffler, ShufflerConfig, parse_broker_url
@@ -588,13 +589,14 @@ async def _run(
 
 async def _all_applied(config: DemoConfig, aggregator: Aggregator, released: int) -> bool:
     """Wait until the aggregator has applied ``released`` reports and, when it serves its
-    page, until its privacy level (computed in the accountant's process) covers every batch, so that
+    page, until its privacy level (computed in the accountant's process) covers everything its
+    ledger recorded, so that
     the page and ``/metrics`` end on the final epsilon. ``False`` after a timeout."""
     if not await _wait_until(lambda: aggregator.state.n >= released, 20):
         return False
     if config.http_port is None:
         return True
-    return await _wait_until(lambda: aggregator.privacy.batches >= aggregator.counters.batches, 20)
+    return await _wait_until(lambda: aggregator.privacy_settled, 20)
 
 
 def _announce_page(config: DemoConfig, aggregator: Aggregator) -> int | None:
@@ -760,7 +762,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"closed form {result['mse_mean_theory']:.4g}",
         f"epsilon_local {result['epsilon_local']:g}  epsilon_central (certified, smallest "
         f"batch) {'n/a' if eps_c is None else f'{eps_c:.4g}'}  delta {result['delta']:g}",
-        f"epsilon_total (a device in all {result['epsilon_total_batches']} batches) "
+        f"epsilon_total (a device in all {result['epsilon_total_batches']} rounds) "
         f"{'n/a' if eps_t is None else f'{eps_t:.4g}'}",
         f"throughput: {result['throughput_reports_per_s'] or 0:.0f} reports/s published",
         *([f"live page: {result['url']}"] if result.get("url") else []),

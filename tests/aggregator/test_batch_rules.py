@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from aggregator.checkpoint import CheckpointError, load_checkpoint
-from aggregator.service import Aggregator, AggregatorConfig, resolve_batch_public_key
+from aggregator.checkpoint import CHECKPOINT_VERSION, CheckpointError, load_checkpoint
+from aggregator.config import AggregatorConfig, resolve_batch_public_key
+from aggregator.service import Aggregator
 from edge.batch_auth import BatchSigner
 from edge.errors import CocoError
 from tests.aggregator.test_service import (
@@ -177,7 +178,7 @@ def test_an_unsigned_version_1_checkpoint_keeps_its_sums(tmp_path: Path) -> None
             assert agg.retained_batch_ids == 0
 
     asyncio.run(main())
-    assert load_checkpoint(tmp_path / "ckpt.json").version == 2
+    assert load_checkpoint(tmp_path / "ckpt.json").version == CHECKPOINT_VERSION
 
 
 def _valid_checkpoint(tmp_path: Path) -> dict[str, Any]:
@@ -276,3 +277,22 @@ def test_a_round_far_beyond_the_clock_cannot_move_the_horizon() -> None:
     assert outcomes(Aggregator(agg_config()), far) == ["applied"]
     with pytest.raises(ValueError, match="round_seconds must be an int"):
         agg_config(round_seconds=0)
+
+
+def test_the_privacy_ledger_survives_a_checkpoint_reset(tmp_path: Path) -> None:
+    """The ledger has its own file beside the checkpoint: moving the checkpoint (and its
+    previous generation) away, as an operator resets the estimates, forgets no privacy
+    loss."""
+    rep = reports(MIN_BATCH, 9)
+
+    async def run(batches: list[tuple[int, int]]) -> tuple[int, int]:
+        async with Aggregator(agg_config(tmp_path)) as agg:
+            for batch_id, round_ in batches:
+                assert await agg.handle_batch(batch(rep, batch_id, round_=round_)) == "applied"
+            return agg.state.n, sum(agg.ledger.rounds().values())
+
+    assert asyncio.run(run([(1, 10), (2, 11)])) == (2 * MIN_BATCH, 2)
+    for name in ("ckpt.json", "ckpt.json.previous"):
+        (tmp_path / name).unlink(missing_ok=True)
+    # the estimates start from zero; the privacy loss of rounds 10 and 11 stays
+    assert asyncio.run(run([(3, 12)])) == (MIN_BATCH, 3)

@@ -3,59 +3,89 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from aggregator.checkpoint import CHECKPOINT_VERSION, encode_checkpoint
+from aggregator.checkpoint import Checkpoint, Counters, decode_checkpoint, encode_checkpoint
 from aggregator.estimators import AggregateState
+from aggregator.manifests import Reconciler
 from edge import MechanismSpec
 
 SPEC = MechanismSpec(mechanism="coco", d=12, s=2, epsilon=2.0)
 
 
-def snapshot(rounds: dict[int, tuple[bytes, ...]]) -> dict[str, Any]:
+def checkpoint(rounds: dict[int, list[bytes]]) -> Checkpoint:
     state = AggregateState(SPEC)
     rng = np.random.default_rng(0)
     state.add(rng.integers(0, 2**32, 500, dtype=np.uint32), rng.integers(0, SPEC.t, 500))
+    return Checkpoint(
+        generation=4,
+        fingerprint=SPEC.fingerprint,
+        deployment="test",
+        delta=1e-6,
+        trusted="ab" * 32,
+        state=state,
+        batch_rounds=rounds,
+        retention_rounds=1440,
+        counters=Counters(reports=500, batches=1, rejected={"empty": 2}),
+        smallest_batch=500,
+        latest_batch=None,
+        batch_sizes={500: 1},
+        last_batch_timestamp=1.5,
+        written_at=2.25,
+        shards={"g0s1": {"batches": 1, "reports": 500, "smallest": 500, "latest": 500}},
+        reconciliation=Reconciler(grace=60).to_json(),
+    )
+
+
+def reference(ckpt: Checkpoint) -> dict[str, Any]:
+    """Slow reference: the whole document (without its checksums) as the json module
+    would write it."""
     return {
-        "version": CHECKPOINT_VERSION,
-        "fingerprint": SPEC.fingerprint,
-        "deployment": "test",
-        "delta": 1e-6,
-        "state": state,
-        "batch_rounds": rounds,
-        "retention_rounds": 1440,
-        "counters": {"reports": 500, "batches": 1, "rejected": {"empty": 2}},
-        "smallest_batch": 500,
-        "latest_batch": None,
-        "last_batch_timestamp": 1.5,
-        "written_at": 2.25,
-    }
-
-
-def reference(snap: dict[str, Any]) -> str:
-    """Slow reference: the whole document through ``json.dumps`` at once."""
-    document = {
-        **{k: v for k, v in snap.items() if k not in ("state", "batch_rounds")},
-        "state": snap["state"].to_dict(),
+        "version": 3,
+        "generation": ckpt.generation,
+        "fingerprint": ckpt.fingerprint,
+        "deployment": ckpt.deployment,
+        "delta": ckpt.delta,
+        "trusted": ckpt.trusted,
+        "retention_rounds": ckpt.retention_rounds,
+        "counters": ckpt.counters.to_dict(),
+        "smallest_batch": ckpt.smallest_batch,
+        "latest_batch": ckpt.latest_batch,
+        "batch_sizes": {str(n): c for n, c in ckpt.batch_sizes.items()},
+        "last_batch_timestamp": ckpt.last_batch_timestamp,
+        "written_at": ckpt.written_at,
+        "shards": ckpt.shards,
+        "reconciliation": ckpt.reconciliation,
+        "state": ckpt.state.to_dict(),
         "batch_rounds": {
-            str(r): [i.hex() for i in ids] for r, ids in sorted(snap["batch_rounds"].items())
+            str(r): [i.hex() for i in ids] for r, ids in sorted(ckpt.batch_rounds.items())
         },
     }
-    return json.dumps(document, separators=(",", ":"))
 
 
-def test_piecewise_text_equals_one_json_dumps() -> None:
+def test_piecewise_text_equals_one_json_dumps_and_reads_back() -> None:
     rng = np.random.default_rng(1)
-    cases: list[dict[int, tuple[bytes, ...]]] = [
+    cases: list[dict[int, list[bytes]]] = [
         {},
-        {7: ()},
-        {3: (rng.bytes(16),)},
-        {12: tuple(rng.bytes(16) for _ in range(2500)), 2: (rng.bytes(16), rng.bytes(16))},
+        {7: []},
+        {3: [rng.bytes(16)]},
+        {12: [rng.bytes(16) for _ in range(2500)], 2: [rng.bytes(16), rng.bytes(16)]},
     ]
     for rounds in cases:
-        want = reference(snapshot(rounds))
-        got = encode_checkpoint(snapshot(rounds))
-        assert got == want
-        assert json.loads(got)["batch_rounds"] == json.loads(want)["batch_rounds"]
+        ckpt = checkpoint(rounds)
+        text = encode_checkpoint(ckpt)
+        document = json.loads(text)
+        checksums = document.pop("checksums")
+        want = reference(ckpt)
+        assert json.dumps(document, separators=(",", ":")) == json.dumps(
+            want, separators=(",", ":")
+        )
+        assert sorted(checksums) == sorted(want)
+        back = decode_checkpoint(text, Path("ckpt.json"))
+        assert back.batch_rounds == {r: list(ids) for r, ids in rounds.items()}
+        assert back.state.to_dict() == ckpt.state.to_dict()
+        assert back.generation == 4
+        assert back.trusted == "ab" * 32

@@ -21,9 +21,9 @@ def test_batches_are_published_on_request_not_per_batch() -> None:
 
     async def main() -> None:
         async with Aggregator(agg_config(http_port=0)) as agg:
-            before = agg._document["n"]
+            before = agg.publisher.document["n"]
             assert await agg.handle_batch(batch(reports(MIN_BATCH, 1), 1)) == "applied"
-            assert agg._document["n"] == before == 0  # nothing rebuilt by the batch itself
+            assert agg.publisher.document["n"] == before == 0  # nothing rebuilt by the batch itself
             url = f"http://127.0.0.1:{agg.http_port}/estimates"
 
             def get() -> object:

@@ -23,7 +23,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
 from aggregator.checkpoint import load_checkpoint
-from aggregator.service import SESSION_TAKEN_OVER, _session_taken_over
+from aggregator.session import SESSION_TAKEN_OVER, session_taken_over
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner
 from edge.topics import spec_topic
@@ -260,4 +260,4 @@ def test_a_disconnect_with_reason_0x8e_is_told_from_a_lost_connection() -> None:
     for cause, expected in ((taken, True), (lost, False)):
         outer = aiomqtt.MqttError("Disconnected during message iteration")
         outer.__cause__ = aiomqtt.MqttCodeError(cause, "Unexpected disconnection")
-        assert _session_taken_over(outer) is expected
+        assert session_taken_over(outer) is expected

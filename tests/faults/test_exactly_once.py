@@ -9,6 +9,8 @@ a run's moments):
 
 * ``kill -9`` of the shuffler, restarted on the same ``--state-dir``;
 * ``kill -9`` of the aggregator, restarted on the same ``--checkpoint``;
+* ``kill -9`` of the aggregator, a random bit of its newest checkpoint flipped (or the file
+  cut short), restarted: it falls back to the previous generation;
 * both at once;
 * SIGTERM restarts of each;
 * a broker restart (SIGTERM, start again) of the shipped deploy/mosquitto/mosquitto.conf,
@@ -67,7 +69,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from prometheus_client.parser import text_string_to_metric_families
 
-from aggregator.checkpoint import load_checkpoint
+from aggregator.checkpoint import load_checkpoint, previous_path
 from aggregator.estimators import AggregateState
 from broker.records import ADMITTED, HEAD_SIZE, read_header, record_spans
 from edge.batch_auth import BatchAuthError, BatchVerifier, load_or_create_signing_key
@@ -661,6 +663,29 @@ def kill_aggregator(stack: Stack, rng: random.Random) -> None:
     stack.start_aggregator()
 
 
+def kill_aggregator_damage_checkpoint(stack: Stack, rng: random.Random) -> None:
+    """``kill -9`` of the aggregator once it has two checkpoint generations, a random bit
+    of the newest file flipped (or the file cut short): it resumes from the previous
+    generation, and the broker redelivers the batches that generation lacks, none of which
+    had been acknowledged."""
+    previous = previous_path(stack.checkpoint)
+    wait_for("two checkpoint generations", previous.exists, 60)
+    stack.aggregator.stop(signal.SIGKILL)
+    data = bytearray(stack.checkpoint.read_bytes())
+    if rng.random() < 0.25:
+        data = data[: rng.randrange(len(data))]
+        print(f"checkpoint cut to {len(data)} bytes")
+    else:
+        offset, bit = rng.randrange(len(data)), rng.randrange(8)
+        data[offset] ^= 1 << bit
+        print(f"checkpoint byte {offset} of {len(data)}: bit {bit} flipped")
+    stack.checkpoint.write_bytes(bytes(data))
+    pause(rng)
+    stack.start_aggregator()
+    fallback = "resuming from the previous generation" in stack.aggregator.output()
+    print(f"fell back to the previous generation: {fallback}")
+
+
 def kill_both(stack: Stack, rng: random.Random) -> None:
     stack.shuffler.send(signal.SIGKILL)
     stack.aggregator.send(signal.SIGKILL)
@@ -692,6 +717,7 @@ def restart_broker(stack: Stack, rng: random.Random) -> None:
 FAULTS: dict[str, Fault] = {
     "kill-9-shuffler": kill_shuffler,
     "kill-9-aggregator": kill_aggregator,
+    "kill-9-aggregator-damaged-checkpoint": kill_aggregator_damage_checkpoint,
     "kill-9-both": kill_both,
     "sigterm-shuffler": term_shuffler,
     "sigterm-aggregator": term_aggregator,

@@ -165,7 +165,8 @@ def test_demo_serve_keeps_the_live_page_up_until_ctrl_c(mosquitto: Broker) -> No
     assert proc.returncode == 0, stderr
     doc = json.loads(estimates)
     assert doc["n"] == doc["counters"]["reports"] == 600
-    assert doc["batches_accounted"] == doc["counters"]["batches"]
+    # one participation per round (aggregator/privacy_ledger.py), at most one per batch
+    assert 1 <= doc["batches_accounted"] <= doc["counters"]["batches"]
     assert page.startswith(b"<!doctype html>")
     assert policy == CONTENT_SECURITY_POLICY
     assert stdout.rstrip().endswith(f"live page: {url}")  # the table's last line

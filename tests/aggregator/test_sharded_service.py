@@ -1,0 +1,204 @@
+"""A sharded deployment through a real ``coco aggregator run`` and a real Mosquitto: the
+announced layouts are pinned; shard batches on ``batches/<L>``, manifests on
+``manifests/<L>``; a batch signed by an unannounced key, a manifest that disagrees with the
+batches, and a batch that never comes, each counted; per-shard sizes in ``/estimates`` and
+``/metrics``; a reshard announced is refused until the operator accepts it."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+
+import aiomqtt
+import pytest
+
+from aggregator.trust import load_pins, trust_path
+from edge.announce import encode_announcement
+from edge.batch_auth import BatchSigner
+from edge.codec import encode_manifest
+from edge.shards import ShardLayout, ShardPlan
+from edge.topics import batches_topic, manifests_topic, spec_topic
+from tests.aggregator.test_service import (
+    DELTA,
+    DEPLOYMENT,
+    MIN_BATCH,
+    SPEC,
+    Reports,
+    raw_batch,
+    reports,
+)
+from tests.aggregator.test_single_writer import (
+    COCO,
+    ROOT,
+    coco_run,
+    env,
+    estimates,
+    service,
+    started,
+    stop,
+    wait_for,
+)
+from tests.conftest import Broker, free_port
+from tests.faults.test_exactly_once import metrics
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+GRACE = 2.0
+
+
+def layout(generation: int, signers: list[BatchSigner], from_round: int) -> ShardLayout:
+    return ShardLayout(
+        count=len(signers),
+        from_round=from_round,
+        generation=generation,
+        seed=11 + generation,
+        keys=tuple(s.public_key_hex for s in signers),
+    )
+
+
+async def announce(broker: Broker, plan: ShardPlan) -> None:
+    payload = encode_announcement(SPEC.to_dict(), min_batch=MIN_BATCH, delta=DELTA, shards=plan)
+    async with asyncio.timeout(10), aiomqtt.Client("127.0.0.1", broker.port) as client:
+        await client.publish(spec_topic(DEPLOYMENT), payload, qos=1, retain=True)
+
+
+async def send(broker: Broker, *messages: tuple[str, bytes]) -> None:
+    async with asyncio.timeout(10), aiomqtt.Client("127.0.0.1", broker.port) as client:
+        for topic, payload in messages:
+            await client.publish(topic, payload, qos=1)
+
+
+def test_a_sharded_deployment_end_to_end(mosquitto: Broker, tmp_path: Path) -> None:
+    round_ = int(time.time() // 60)
+    old = [BatchSigner.generate(DEPLOYMENT, f"g0s{i}") for i in range(2)]
+    plan = ShardPlan((layout(0, old, round_ - 5),))
+    checkpoint = tmp_path / "aggregator.json"
+    port = free_port()
+    args = coco_run(
+        mosquitto, tmp_path, "--checkpoint", str(checkpoint), "--metrics-port", str(port),
+        "--manifest-grace", str(GRACE), spec=False,
+    )  # fmt: skip
+    rs = [reports(MIN_BATCH + 10 * i, 300 + i) for i in range(5)]
+
+    def sealed(i: int, signer: BatchSigner, batch_id: int, at: int = round_) -> bytes:
+        return signer.seal(raw_batch(rs[i], batch_id, round_=at))
+
+    def manifest(signer: BatchSigner, release: int, entries: list[tuple[int, int]]) -> bytes:
+        body = encode_manifest(
+            SPEC.fingerprint_int,
+            round_,
+            release.to_bytes(16, "big"),
+            [(b.to_bytes(16, "big"), c) for b, c in entries],
+        )
+        return signer.seal_manifest(body)
+
+    size = [len(r[0]) for r in rs]
+    asyncio.run(announce(mosquitto, plan))
+    with service(args) as proc:
+        started(proc, port)
+        forger = BatchSigner.generate(DEPLOYMENT, "g0s0")
+        asyncio.run(
+            send(
+                mosquitto,
+                (batches_topic(DEPLOYMENT, "g0s0"), sealed(0, old[0], 1)),
+                (batches_topic(DEPLOYMENT, "g0s1"), sealed(1, old[1], 2)),
+                (batches_topic(DEPLOYMENT, "g0s0"), sealed(2, forger, 3)),  # unannounced key
+                (batches_topic(DEPLOYMENT, "g0s1"), sealed(3, old[1], 4)),
+                # g0s0's release listed batch 1 and batch 5, which never comes
+                (manifests_topic(DEPLOYMENT, "g0s0"), manifest(old[0], 1, [(1, size[0]), (5, 70)])),
+                # g0s1's manifest says batch 2 had another count: rejected, changes nothing
+                (manifests_topic(DEPLOYMENT, "g0s1"), manifest(old[1], 2, [(2, size[1] + 1)])),
+                (
+                    manifests_topic(DEPLOYMENT, "g0s1"),
+                    manifest(old[1], 3, [(2, size[1]), (4, size[3])]),
+                ),
+            ),
+        )
+
+        def reconciled() -> bool:
+            document = estimates(port) or {}
+            return bool(document.get("manifests", {}).get("reports_missing") == 70)
+
+        wait_for(reconciled, proc)
+        document = estimates(port)
+        assert document is not None
+        assert document["n"] == size[0] + size[1] + size[3]
+        assert document["shards"] == {
+            "g0s0": {"batches": 1, "reports": size[0], "smallest": size[0], "latest": size[0]},
+            "g0s1": {
+                "batches": 2,
+                "reports": size[1] + size[3],
+                "smallest": size[1],
+                "latest": size[3],
+            },
+        }
+        # the guarantee every report has: the smallest release of the round, as its
+        # manifest gives it (g0s0 shuffled 70 + size[0] reports, whatever came here)
+        assert document["batch_size"]["smallest"] == size[0] + 70
+        assert document["counters"]["rejected"] == {"bad_signature": 1}
+        assert document["counters"]["manifests_rejected"] == {"manifest_mismatch": 1}
+        losses = document["manifests"]["recent_losses"]
+        assert [(x["shard"], x["round"], x["reports"]) for x in losses] == [("g0s0", round_, 70)]
+        samples = metrics(port)
+        assert samples is not None
+        assert samples["coco_aggregator_reports_missing_total"] == 70
+        assert samples["coco_aggregator_manifests_total"] == 2
+        assert samples["coco_aggregator_manifests_rejected_total{reason=manifest_mismatch}"] == 1
+        assert samples["coco_aggregator_shard_batch_size{batch=smallest,shard=g0s1}"] == size[1]
+        assert samples["coco_aggregator_shard_reports_total{shard=g0s0}"] == size[0]
+
+        reshard(
+            mosquitto, proc, port=port, checkpoint=checkpoint, plan=plan, rep=rs[4], round_=round_
+        )
+        rc, err = stop(proc)
+    assert rc == 0, err
+
+
+def reshard(
+    mosquitto: Broker,
+    proc: subprocess.Popen[str],
+    *,
+    port: int,
+    checkpoint: Path,
+    plan: ShardPlan,
+    rep: Reports,
+    round_: int,
+) -> None:
+    """A second layout from the next round on: refused until the operator accepts it."""
+    new = [BatchSigner.generate(DEPLOYMENT, f"g1s{i}") for i in range(3)]
+
+    def sealed(batch_id: int) -> bytes:
+        return new[2].seal(raw_batch(rep, batch_id, round_=round_ + 1))
+
+    # a reshard: a second layout from the next round on; refused until accepted
+    resharded = ShardPlan((plan.layouts[0], layout(1, new, round_ + 1)))
+    asyncio.run(announce(mosquitto, resharded))
+    wait_for(
+        lambda: (metrics(port) or {}).get("coco_aggregator_announcements_refused_total") == 1,
+        proc,
+    )
+    asyncio.run(send(mosquitto, (batches_topic(DEPLOYMENT, "g1s2"), sealed(6))))
+    wait_for(
+        lambda: (
+            (estimates(port) or {}).get("counters", {}).get("rejected", {}).get("unknown_shard")
+            == 1
+        ),
+        proc,
+    )
+    accepted = subprocess.run(
+        [*COCO, "aggregator", "trust", "--checkpoint", str(checkpoint), "--accept-announced"],
+        check=False, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert accepted.returncode == 0, accepted.stderr
+    assert "new: shards g0s0=" in accepted.stdout
+    pins = load_pins(trust_path(checkpoint))
+    assert pins is not None
+    assert "g1s2" not in pins.trusted  # the layouts as JSON: keys, not labels
+    wait_for(lambda: "g1s2=" in (estimates(port) or {}).get("batch_public_key", ""), proc)
+    asyncio.run(send(mosquitto, (batches_topic(DEPLOYMENT, "g1s2"), sealed(7))))
+    wait_for(
+        lambda: (estimates(port) or {}).get("shards", {}).get("g1s2", {}).get("batches") == 1,
+        proc,
+    )
