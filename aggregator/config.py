@@ -130,7 +130,7 @@ class AggregatorConfig:
     exported_dims: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        mqtt_url.parse_broker_url(self.broker)
+        mqtt_url.parse_broker_urls(self.broker)
         topics.check_name("deployment", self.deployment)
         if not 0 < self.delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {self.delta}")

@@ -77,11 +77,13 @@ def mqtt_connection(
     username: str | None = None,
     password: str | None = None,
     ca_file: str | None = None,
+    node: mqtt_url.BrokerAddress | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of :class:`aiomqtt.Client` for ``broker`` (``mqtt://`` or
-    ``mqtts://``, :func:`edge.mqtt_url.parse_broker_url`): address, credentials, and for
-    ``mqtts://`` a verifying TLS context (``ca_file``, or the system's CA store)."""
-    address = mqtt_url.parse_broker_url(broker)
+    ``mqtts://``, or a cluster's comma-separated nodes: :func:`edge.mqtt_url.parse_broker_urls`;
+    ``node`` picks one, default the first): address, credentials, and for ``mqtts://`` a
+    verifying TLS context (``ca_file``, or the system's CA store)."""
+    address = node if node is not None else mqtt_url.parse_broker_urls(broker)[0]
     kwargs: dict[str, Any] = {
         "hostname": address.host,
         "port": address.port,
@@ -178,11 +180,19 @@ async def fetch_announcement(
 ) -> dict[str, Any]:
     """The retained spec announcement of ``deployment`` (:func:`decode_announcement`), over
     MQTT 5 or 3.1.1 (``auto``: 5, then 3.1.1 if the broker refuses 5)."""
-    connection = mqtt_connection(broker, username=username, password=password, ca_file=ca_file)
+    nodes = mqtt_url.BrokerList(broker)
     choice = VersionChoice(mqtt_version, broker=broker)
+    tried = 0
     try:
         async with asyncio.timeout(timeout):
             while True:
+                connection = mqtt_connection(
+                    broker,
+                    username=username,
+                    password=password,
+                    ca_file=ca_file,
+                    node=nodes.current,
+                )
                 try:
                     return await _read_announcement(
                         make_client(connection, choice.current, timeout=timeout), deployment
@@ -192,6 +202,10 @@ async def fetch_announcement(
                         if choice.refused():
                             continue
                         raise CocoError(choice.describe_refusal()) from None
+                    tried += 1
+                    if tried < len(nodes):
+                        nodes.failed()  # a cluster node that is down: the next one
+                        continue
                     raise CocoError(
                         f"cannot read the spec announcement from {broker}: {exc}"
                     ) from exc
@@ -203,7 +217,9 @@ async def fetch_announcement(
 
 async def _read_announcement(client: aiomqtt.Client, deployment: str) -> dict[str, Any]:
     async with client:
-        await client.subscribe(topics.spec_topic(deployment), qos=1)
+        # QoS 0: the retained announcement comes with the subscription either way (and a
+        # QoS 1 subscription can be refused while a node of a NATS cluster is down)
+        await client.subscribe(topics.spec_topic(deployment), qos=0)
         async for message in client.messages:
             payload = message.payload
             if isinstance(payload, bytes | bytearray):
@@ -242,6 +258,8 @@ class BatchSession:
         self.on_stop = on_stop
         self.on_announcement = on_announcement
         self.version = VersionChoice(config.mqtt_version, broker=config.broker)
+        self.nodes = mqtt_url.BrokerList(config.broker)
+        """The broker's nodes: a lost or refused connection moves to the next one."""
         self.subscribed = asyncio.Event()
         """Set while subscribed to the batches topic."""
         self.connections = 0
@@ -270,7 +288,11 @@ class BatchSession:
     def _client(self) -> aiomqtt.Client:
         cfg = self.config
         connection = mqtt_connection(
-            cfg.broker, username=cfg.username, password=cfg.password, ca_file=cfg.ca_file
+            cfg.broker,
+            username=cfg.username,
+            password=cfg.password,
+            ca_file=cfg.ca_file,
+            node=self.nodes.current,
         )
         client = make_client(
             connection,
@@ -454,6 +476,7 @@ class BatchSession:
                     if self.version.refused():
                         continue  # at once, with MQTT 3.1.1
                     raise CocoError(self.version.describe_refusal()) from None
+                self.nodes.failed()  # a cluster's next node (the lost one may have died)
                 logger.warning("broker connection lost (%s); reconnecting in %.2f s", exc, delay)
             finally:
                 self.confirmed = False
