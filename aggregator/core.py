@@ -375,7 +375,7 @@ class AggregatorCore:
         try:
             inner = self._open(payload, shard, manifest=True)
             try:
-                fingerprint, round_, release_id, entries = decode_manifest(inner)
+                fingerprint, round_, release_id, entries, sources = decode_manifest(inner)
             except CodecError as exc:
                 raise RejectedError(exc.reason) from None
             if fingerprint != self.spec.fingerprint_int:
@@ -384,7 +384,7 @@ class AggregatorCore:
                 self._check_round(shard, round_, 0, now)
             except RejectedError as rejected:
                 if rejected.reason in ACCOUNTED_REFUSALS:  # released all the same
-                    self._account_release(shard, round_, release_id, entries)
+                    self._account_release(shard, round_, release_id, entries, sources)
                 raise
             outcome = self.reconciler.manifest(
                 release_id,
@@ -397,7 +397,7 @@ class AggregatorCore:
             if outcome == "manifest_mismatch":
                 raise RejectedError(outcome)
             if outcome == "accepted":
-                self._account_release(shard, round_, release_id, entries)
+                self._account_release(shard, round_, release_id, entries, sources)
         except RejectedError as rejected:
             rejects = self.counters.manifests_rejected
             rejects[rejected.reason] = rejects.get(rejected.reason, 0) + 1
@@ -409,12 +409,21 @@ class AggregatorCore:
         return outcome
 
     def _account_release(
-        self, shard: str | None, round_: int, release_id: bytes, entries: list[tuple[bytes, int]]
+        self,
+        shard: str | None,
+        round_: int,
+        release_id: bytes,
+        entries: list[tuple[bytes, int]],
+        sources: list[tuple[int, int, int]],
     ) -> None:
         """A verified release goes into the privacy ledger, applied here or not."""
         if entries and all(count >= 1 for _, count in entries):
             self.ledger.record_manifest(
-                round=round_, shard=shard or "", release_id=release_id, batches=entries
+                round=round_,
+                shard=shard or "",
+                release_id=release_id,
+                batches=entries,
+                sources=[(r, length) for r, length, count in sources if count > 0],
             )
 
     def compact_ledger(self) -> None:

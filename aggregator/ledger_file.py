@@ -122,12 +122,12 @@ class _Reader:
             out[int(key)] = self.integer(f"{name}.{key}", count, low=1, high=_BIG)
         return out
 
-    def rows(self, name: str, shape: str) -> list[list[Any]]:
+    def rows(self, name: str, shape: str, lengths: tuple[int, ...] = (4,)) -> list[list[Any]]:
         raw = self.get(name)
         if not isinstance(raw, list):
             raise _FieldError(name, "must be a list")
         for i, row in enumerate(raw):
-            if not (isinstance(row, list) and len(row) == 4 and isinstance(row[1], str)):
+            if not (isinstance(row, list) and len(row) in lengths and isinstance(row[1], str)):
                 raise _FieldError(f"{name}[{i}]", f"must be {shape}")
         return raw
 
@@ -139,6 +139,20 @@ class _Reader:
             return bytes.fromhex(value)
         except ValueError:
             raise _FieldError(name, f"holds {value!r}, not a {2 * ID_BYTES}-hex-digit id") from None
+
+
+def _sources(name: str, value: object) -> list[tuple[int, int]] | None:
+    """A manifest row's sources (``None``: a row written without them)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+        isinstance(item, list)
+        and len(item) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in item)
+        for item in value
+    ):
+        raise _FieldError(f"{name}.sources", "must be [[round, round_seconds], ...]")
+    return [(int(r), int(length)) for r, length in value]
 
 
 def _parse(spec: MechanismSpec, delta: float, data: Mapping[str, Any]) -> PrivacyLedger:
@@ -158,8 +172,8 @@ def _parse(spec: MechanismSpec, delta: float, data: Mapping[str, Any]) -> Privac
         per_batch=read.counts("per_batch"),
         per_batch_latest=read.optional("per_batch_latest", low=1),
     )
-    shape = "[round, shard, release_id, [[batch_id, count], ...]]"
-    for i, row in enumerate(read.rows("manifests", shape)):
+    shape = "[round, shard, release_id, [[batch_id, count], ...], [[round, seconds], ...]]"
+    for i, row in enumerate(read.rows("manifests", shape, (4, 5))):
         name = f"manifests[{i}]"
         if not isinstance(row[3], list) or not all(
             isinstance(item, list) and len(item) == 2 for item in row[3]
@@ -170,9 +184,10 @@ def _parse(spec: MechanismSpec, delta: float, data: Mapping[str, Any]) -> Privac
         ]
         round_ = read.integer(f"{name}.round", row[0])
         release_id = read.hex_id(name, row[2])
+        sources = _sources(name, row[4] if len(row) == 5 else None)
         try:
             outcome = ledger.record_manifest(
-                round=round_, shard=row[1], release_id=release_id, batches=listed
+                round=round_, shard=row[1], release_id=release_id, batches=listed, sources=sources
             )
         except ValueError as exc:
             raise _FieldError(name, str(exc)) from None

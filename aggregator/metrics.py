@@ -297,8 +297,9 @@ class AggregatorMetrics:
         self.epsilon_total = Gauge(
             f"{p}_epsilon_total",
             "Composed central epsilon (at delta) of a device present in every round released "
-            "so far, one participation per round at its smallest release (pessimistic PLD "
-            "composition of the certified bounds).",
+            "so far, one participation per round a device reported in, at the smallest "
+            "release holding that round's reports (pessimistic PLD composition of the "
+            "certified bounds).",
             registry=registry,
         )
         self.epsilon_curve = Gauge(

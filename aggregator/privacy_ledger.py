@@ -14,7 +14,8 @@ The API the service calls
     ledger = ledger_file.load_ledger(path, spec=spec, delta=delta)  # None: no file yet
     ledger = ledger or PrivacyLedger(spec, delta=delta)
     ledger.record_manifest(round=r, shard="g0s1", release_id=rid,
-                           batches=[(batch_id, count), ...])   # a verified manifest
+                           batches=[(batch_id, count), ...],   # a verified manifest
+                           sources=[(sent_round, round_seconds), ...])
     ledger.record_batch(round=r, shard="g0s1", batch_id=bid, size=n)  # an applied batch
     ledger.compact(through_round)     # fold old rounds' detail, keep their cost
     ledger_file.save_ledger(path, ledger)   # with the checkpoint, in a thread
@@ -31,18 +32,22 @@ changed), ``"covered"`` (a batch its manifest already accounts for), ``"mismatch
 contradicts what is recorded: nothing changed; count it), ``"late"`` (a round whose detail
 was compacted: accounted as an extra participation, the pessimistic reading). Invalid
 arguments raise ``ValueError``. ``generation`` grows by one with every change;
-``PrivacyLevel.batches`` is the number of participations (rounds) a level composed.
+``PrivacyLevel.batches`` is the number of participations a level composed.
 
 The old per-batch calls (:meth:`PrivacyLedger.record`, :meth:`PrivacyLedger.restore`,
 ``ledger.sizes``) still work, with their old meaning (each batch one participation), until
 the service moves over; the two kinds of record add up.
 
-What a release is, and why a round is one participation
--------------------------------------------------------
+What a release is, and what a participation is
+----------------------------------------------
 A *release* is one shuffler's pool of one round (of one shard), permuted uniformly at
 random once and published as one or more slices (batches) of consecutive positions, cut
-only above ``max_batch`` (:mod:`broker.core`); a signed manifest lists its batches. Three
-facts make a round cost one participation at the level of its smallest release:
+only above ``max_batch`` (:mod:`broker.core`); a signed manifest lists its batches and
+its *sources*: the rounds its reports were sent in (the round in each report), with how
+many reports of each. A pool carried into a later round (policy ``carry``) keeps its
+reports' own rounds there, so a release's round number alone does not say which rounds it
+holds. The ledger charges one *participation* per source round, at the level of the
+smallest release holding any report of that round:
 
 1. *Slices are post-processing.* The slices of a release are a deterministic function of
    the uniformly permuted sequence of its ``n`` reports, and that sequence is the shuffled
@@ -51,21 +56,35 @@ facts make a round cost one participation at the level of its smallest release:
    same hockey-stick divergence for every neighbouring pair of datasets; a release of ``n``
    reports is accounted as ONE shuffle of ``n``, however many batches it was cut into.
    (Batch ids are fresh random values, independent of the data.)
-2. *One report per device per round.* A device reports at most once per round, to the one
-   shard its id hashes to; the shuffler keeps one report per device per round and per pool
-   (duplicate tokens; a carried report is superseded by the device's newer one). So a
-   device is in at most one release of a round. The other releases of the round, in any
-   shard, hold only other devices' reports: given the other devices' data they do not
-   depend on the device's input, so adding them to the view is post-processing.
+2. *One report per device per source round.* A device sends at most one report per round,
+   to the one shard its id hashes to for that round, and a release never holds two reports
+   of one device (duplicate tokens; a carried report is superseded by the device's newer
+   one). So each of a device's reports is in exactly one release, and the reports a
+   device sent in round ``r`` are at most one: whatever releases hold reports of round
+   ``r``, the device is in at most one of them *through its round-``r`` report*. Every
+   other release that holds reports of round ``r`` holds only other devices' reports of
+   that round (and maybe this device's reports of other rounds, which their own source
+   rounds charge), so given everyone else's data it adds nothing about the round-``r``
+   report: post-processing. A device's reports of different rounds are independent
+   randomisations, and the releases compose over them (adaptively).
 3. *Monotone in n.* The release of ``n`` reports is a post-processing of the shuffle of any
-   ``n' <= n`` of them, so the pair that dominates the smallest release dominates every
-   release of the round (:mod:`aggregator.accountant.history`, "Accounting sizes").
+   ``n' <= n`` of them, so the pair that dominates the smallest release holding reports of
+   a round dominates every release holding them (:mod:`aggregator.accountant.history`,
+   "Accounting sizes").
 
-Hence a round is dominated by one blanket pair at its smallest release, and across rounds
-the pairs compose (adaptively: the data may change from round to round).
-``epsilon_total`` composes one participation per round
-(:func:`aggregator.accountant.history.epsilon_total_rounds`). Items 1 and 2 are checked by
-exact enumeration in tests/aggregator/test_release_enumeration.py.
+Hence each source round is dominated by one blanket pair at its smallest release, and
+``epsilon_total`` composes one participation per source round
+(:func:`aggregator.accountant.history.epsilon_total_rounds`). Counting by the release's
+round number instead would be wrong under ``carry``: a device's carried report of round
+``r - 1`` and its fresh report of round ``r`` can sit in two releases that both bear round
+``r`` (an early release, then the round's end), which is two participations. A source
+round is keyed with its round length, ``(round, round_seconds)``, so rounds counted before
+and after a change of ``round_seconds`` are never confused.
+
+Records the ledger cannot place are charged pessimistically: a manifest without sources,
+or with reports of an unknown round, is a participation of its own per release; an applied
+batch without a manifest is a participation of its own per batch (below). Items 1 and 2
+are checked by exact enumeration in tests/aggregator/test_release_enumeration.py.
 
 Where releases come from
 ------------------------
@@ -73,11 +92,11 @@ Where releases come from
   its batches (a stale round, a batch lost at the broker, a checkpoint reset): the ledger
   accounts what the devices really spent, not only what was applied here.
 * *Applied batches without a manifest* (an older shuffler, or a manifest still on its way)
-  are grouped by (shard, round) into one record accounted at the size of its **smallest
-  batch**: from batches alone the ledger cannot tell one release cut into slices from two
-  releases of the same round (an early release, a late pool), and summing them could
-  overstate privacy. A manifest that arrives later covers its batches and replaces their
-  record by the release's true size; nothing is counted twice.
+  are each a participation of their own, at their own size: from batches alone the ledger
+  can tell neither which rounds their reports were sent in nor which batches are slices of
+  one release, and every other grouping could understate the loss. A manifest that
+  arrives later covers its batches and replaces their records by the release's sources;
+  nothing is counted twice.
 
 Compaction
 ----------
@@ -120,15 +139,34 @@ Outcome = Literal["recorded", "duplicate", "covered", "mismatch", "late"]
 """What a ``record_*`` call did (module docstring)."""
 
 
+UNKNOWN_SOURCE: Final = (MAX_ROUND, 0)
+"""A manifest's source ``(round, round_seconds)`` for reports whose round is not known."""
+
+_Key = tuple[object, ...]
+"""A participation: ``("s", round, round_seconds)`` (a source round), ``("r", release_id)``
+(a release whose sources are unknown) or ``("b", batch_id)`` (a batch without manifest)."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Manifest:
     round: int
     shard: str
     batches: tuple[tuple[bytes, int], ...]
+    sources: tuple[tuple[int, int], ...] | None = None
+    """The ``(round, round_seconds)`` its reports were sent in (``None``: not known)."""
 
     @property
     def size(self) -> int:
         return sum(count for _, count in self.batches)
+
+    def keys(self, release_id: bytes) -> list[_Key]:
+        """The participations this release charges."""
+        if self.sources is None or not self.sources:
+            return [("r", release_id)]
+        keys: list[_Key] = [("s", r, length) for r, length in self.sources if length > 0]
+        if any(length == 0 for _, length in self.sources):  # an unknown round among them
+            keys.append(("r", release_id))
+        return keys
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,6 +267,17 @@ def _check_size(name: str, value: int) -> int:
     return value
 
 
+def _check_source(value: tuple[int, int]) -> tuple[int, int]:
+    if not (isinstance(value, tuple | list) and len(value) == 2):
+        raise ValueError(f"a source is (round, round_seconds), got {value!r}")
+    round_, length = _check_round(value[0]), value[1]
+    if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= MAX_ROUND:
+        raise ValueError(f"round_seconds must be an integer in [0, 2^32), got {length!r}")
+    if length == 0 and round_ != MAX_ROUND:
+        raise ValueError("round_seconds 0 stands only for an unknown round (2^32 - 1)")
+    return round_, length
+
+
 def _check_shard(value: str) -> str:
     if not isinstance(value, str) or len(value) > 64:
         raise ValueError(f"shard must be a label of at most 64 characters, got {value!r}")
@@ -268,7 +317,7 @@ class PrivacyLedger:
         self.sizes: Counter[int] = Counter()
         self._legacy_latest: int | None = None
         self._per_release: dict[int, tuple[float, float]] = {}
-        self._levels_cache: tuple[int, dict[int, int]] | None = None
+        self._levels_cache: tuple[int, dict[_Key, int]] | None = None
 
     # -- recording --------------------------------------------------------------------------
 
@@ -279,9 +328,12 @@ class PrivacyLedger:
         shard: str,
         release_id: bytes,
         batches: Sequence[tuple[bytes, int]],
+        sources: Sequence[tuple[int, int]] | None = None,
     ) -> Outcome:
         """A verified manifest: release ``release_id`` of ``round`` in ``shard`` was cut
-        into ``batches`` (``(batch_id, count)``, in the manifest's order)."""
+        into ``batches`` (``(batch_id, count)``, in the manifest's order) and holds reports
+        sent in the rounds ``sources`` (``(round, round_seconds)``; :data:`UNKNOWN_SOURCE`
+        for reports of an unknown round; ``None``: not known at all)."""
         round = _check_round(round)
         shard = _check_shard(shard)
         release_id = _check_id("release_id", release_id)
@@ -290,7 +342,8 @@ class PrivacyLedger:
             raise ValueError("a manifest lists at least one batch")
         if len({b for b, _ in listed}) != len(listed):
             raise ValueError("a manifest lists each batch once")
-        manifest = _Manifest(round=round, shard=shard, batches=listed)
+        rounds = None if sources is None else tuple(sorted({_check_source(s) for s in sources}))
+        manifest = _Manifest(round=round, shard=shard, batches=listed, sources=rounds)
         known = self._manifests.get(release_id)
         if known is not None:
             return "duplicate" if known == manifest else "mismatch"
@@ -350,30 +403,30 @@ class PrivacyLedger:
 
     def compact(self, through_round: int) -> int:
         """Fold every round ``<= through_round`` into the history of accounting sizes
-        (module docstring, "Compaction"); returns the number of rounds folded."""
+        (module docstring, "Compaction"); returns the number of participations folded. A
+        source round with releases on both sides of the cut is charged on both sides: an
+        overstatement of privacy loss, never of privacy."""
         through_round = _check_round(through_round)
         history = self._history
         if history.compacted_through is not None and through_round <= history.compacted_through:
             return 0
-        levels = self._round_levels()
-        folded = 0
+        folded_ids: set[bytes] = set()
         for round_ in sorted(r for r in self._rounds if r <= through_round):
-            ids = self._rounds.pop(round_)
-            size = levels.get(round_)
-            if size is not None:
-                history.compacted[accounting_size(size)] += 1
-                if history.compacted_smallest is None or size < history.compacted_smallest:
-                    history.compacted_smallest = size
-                folded += 1
-            for key in ids:
-                manifest = self._manifests.pop(key, None)
-                if manifest is not None:
-                    for batch_id, _ in manifest.batches:
-                        self._listed.pop(batch_id, None)
-                self._batches.pop(key, None)
+            folded_ids |= self._rounds.pop(round_)
+        levels = self._levels_of(folded_ids)
+        for size in levels.values():
+            history.compacted[accounting_size(size)] += 1
+            if history.compacted_smallest is None or size < history.compacted_smallest:
+                history.compacted_smallest = size
+        for key in folded_ids:
+            manifest = self._manifests.pop(key, None)
+            if manifest is not None:
+                for batch_id, _ in manifest.batches:
+                    self._listed.pop(batch_id, None)
+            self._batches.pop(key, None)
         history.compacted_through = through_round
         self.generation += 1
-        return folded
+        return len(levels)
 
     def _compacted(self, round_: int) -> bool:
         through = self._history.compacted_through
@@ -381,19 +434,29 @@ class PrivacyLedger:
 
     # -- reading ----------------------------------------------------------------------------
 
-    def _round_levels(self) -> dict[int, int]:
-        """Round -> the size of its smallest release or batch-derived record (cached per
-        generation; a covered batch changes no level)."""
+    def _levels_of(self, ids: set[bytes] | None = None) -> dict[_Key, int]:
+        """Participation -> the size of the smallest release (or unlisted batch) charging
+        it, over the records ``ids`` (default: every detailed record)."""
+        levels: dict[_Key, int] = {}
+        for release_id, manifest in self._manifests.items():
+            if ids is not None and release_id not in ids:
+                continue
+            size = manifest.size
+            for key in manifest.keys(release_id):
+                levels[key] = min(levels.get(key, size), size)
+        for batch_id, batch in self._batches.items():
+            if batch_id in self._listed or (ids is not None and batch_id not in ids):
+                continue  # its manifest accounts for it
+            levels[("b", batch_id)] = batch.size
+        return levels
+
+    def _round_levels(self) -> dict[_Key, int]:
+        """:meth:`_levels_of` of every detailed record, cached per generation (a covered
+        batch changes no level)."""
         cached = self._levels_cache
         if cached is not None and cached[0] == self.generation:
             return cached[1]
-        levels: dict[int, int] = {}
-        for manifest in self._manifests.values():
-            levels[manifest.round] = min(levels.get(manifest.round, manifest.size), manifest.size)
-        for batch_id, batch in self._batches.items():
-            if batch_id in self._listed:
-                continue  # its manifest accounts for it
-            levels[batch.round] = min(levels.get(batch.round, batch.size), batch.size)
+        levels = self._levels_of()
         self._levels_cache = (self.generation, levels)
         return levels
 
@@ -421,18 +484,23 @@ class PrivacyLedger:
 
     @property
     def latest(self) -> int | None:
-        """The level (exact size) of the newest detailed round; with only old per-batch
-        records, the latest batch."""
-        levels = self._round_levels()
-        if levels:
-            return levels[max(levels)]
+        """The smallest release (exact size) of the newest release round recorded in detail;
+        with only old per-batch records, the latest batch."""
+        newest: dict[int, int] = {}
+        for manifest in self._manifests.values():
+            newest[manifest.round] = min(newest.get(manifest.round, manifest.size), manifest.size)
+        for batch_id, batch in self._batches.items():
+            if batch_id not in self._listed:
+                newest[batch.round] = min(newest.get(batch.round, batch.size), batch.size)
+        if newest:
+            return newest[max(newest)]
         return self._legacy_latest
 
     @property
     def releases(self) -> int:
-        """Manifests and batch-derived (shard, round) records of the detailed rounds."""
-        derived = {(b.shard, b.round) for k, b in self._batches.items() if k not in self._listed}
-        return len(self._manifests) + len(derived)
+        """Manifests and batches without a manifest, of the detailed rounds."""
+        derived = sum(1 for k in self._batches if k not in self._listed)
+        return len(self._manifests) + derived
 
     def snapshot(self) -> LedgerSnapshot:
         """An immutable copy to hand to :meth:`compute` in another thread or process."""
@@ -502,7 +570,13 @@ class PrivacyLedger:
             "delta": self.delta,
             "generation": self.generation,
             "manifests": [
-                [m.round, m.shard, rid.hex(), [[b.hex(), c] for b, c in m.batches]]
+                [
+                    m.round,
+                    m.shard,
+                    rid.hex(),
+                    [[b.hex(), c] for b, c in m.batches],
+                    None if m.sources is None else [list(src) for src in m.sources],
+                ]
                 for rid, m in sorted(self._manifests.items(), key=lambda kv: (kv[1].round, kv[0]))
             ],
             "batches": [

@@ -93,13 +93,25 @@ from broker.effects import (
     Pooled,
     Released,
     Seen,
+    Sourced,
     batch_count_of,
     batch_id_of,
     batch_round_of,
     is_manifest,
 )
 from broker.rules import MAX_BATCH_LIMIT, BatchMaker, CoreConfig, RoundPolicy
-from broker.state import U64, Pool, TokenSet, as_u16, as_u32, as_u64, distinct, without
+from broker.state import (
+    U64,
+    UNKNOWN_SOURCE,
+    Pool,
+    TokenSet,
+    as_u16,
+    as_u32,
+    as_u64,
+    distinct,
+    source_key,
+    without,
+)
 from edge.codec import encode_batch_header, encode_manifest
 
 __all__ = [
@@ -119,6 +131,7 @@ __all__ = [
     "RoundPolicy",
     "Seen",
     "ShufflerCore",
+    "Sourced",
     "batch_count_of",
     "batch_id_of",
     "batch_round_of",
@@ -449,6 +462,7 @@ class ShufflerCore:
         pool = self._pools[round_]
         keep, _ = pool.resolve()
         tokens, seeds, zs = pool.columns(keep)
+        sources = pool.source_counts(keep, source_key(round_, self._units))
         n = int(seeds.size)
         if n < cfg.min_batch:  # defence in depth: never release a small batch
             raise AssertionError("refusing to release a batch below min_batch")
@@ -474,7 +488,10 @@ class ShufflerCore:
             messages.append(maker.seal(header + records[part].tobytes()))
         if maker.seal_manifest is not None:
             entries = [(batch_id_of(m), batch_count_of(m)) for m in messages]
-            manifest = encode_manifest(fp, round_, maker.new_batch_id(), entries)
+            rounds = [
+                (key & 0xFFFFFFFF, key >> 32, count) for key, count in sorted(sources.items())
+            ]
+            manifest = encode_manifest(fp, round_, maker.new_batch_id(), entries, rounds)
             messages.append(maker.seal_manifest(manifest))
         return Released(round_, tuple(messages))
 
@@ -499,9 +516,10 @@ class ShufflerCore:
                 pool = Pool()
                 pool.extend(tokens, seeds, zs)
                 pool.carried = carried
+                pool.sources.extend([UNKNOWN_SOURCE] * carried)  # a Sourced record follows
                 earlier = self._pools.get(round_)
                 if earlier is not None:
-                    pool.absorb(earlier)
+                    pool.absorb(earlier, source_key(round_, self._units))
                 self._pools[round_] = pool
                 self._buffered += len(seeds) // 4
                 if len(seeds) > 4 * carried and (round_ + 1) * self._units > self._closed:
@@ -519,9 +537,13 @@ class ShufflerCore:
                     applied.dropped["carry_superseded"] = len(pool) - released
             case Outboxed(messages):
                 self._add_outbox(messages)
+            case Sourced(round_, keys):
+                sourced = self._pools.get(round_)
+                if sourced is not None:
+                    sourced.set_sources(keys)
             case Carried(source, target):
                 pool = self._take(source)
-                self._pool(target).absorb(pool)
+                self._pool(target).absorb(pool, source_key(source, self._units))
             case Dropped(round_, reason):
                 pool = self._take(round_)
                 self._buffered -= len(pool)
@@ -561,10 +583,11 @@ class ShufflerCore:
         pools, self._pools = self._pools, {}
         for round_ in sorted(pools):
             pool = pools[round_]
+            pool.freeze(source_key(round_, old))  # its reports keep the round they were sent in
             target = round_ * old // new
             earlier = self._pools.get(target)
             if earlier is not None:
-                pool.absorb(earlier)
+                pool.absorb(earlier, source_key(target, new))  # (all its entries are carried)
             self._pools[target] = pool
 
     def _queued_batches(self) -> int:
@@ -606,6 +629,8 @@ class ShufflerCore:
             yield Pooled(
                 round_, pool.carried, bytes(pool.tokens), bytes(pool.seeds), bytes(pool.zs)
             )
+            if pool.carried:
+                yield Sourced(round_, bytes(pool.sources))
         for round_, seen in self._seen.items():
             # the pool's fresh tokens come back with it (Pooled): only the others here
             same = self._pools.get(round_)
@@ -629,7 +654,7 @@ class ShufflerCore:
             self._fingerprint,
             {r: s.tokens().tobytes() for r, s in self._seen.items()},
             {
-                r: (p.carried, bytes(p.tokens), bytes(p.seeds), bytes(p.zs))
+                r: (p.carried, bytes(p.tokens), bytes(p.seeds), bytes(p.zs), bytes(p.sources))
                 for r, p in self._pools.items()
             },
             tuple(self._outbox.items()),

@@ -23,6 +23,7 @@ __all__ = [
     "Pooled",
     "Released",
     "Seen",
+    "Sourced",
     "batch_count_of",
     "batch_id_of",
     "batch_round_of",
@@ -66,6 +67,15 @@ class Pooled:
     tokens: bytes
     seeds: bytes
     zs: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Sourced:
+    """The rounds the carried entries of the pool of ``round`` were sent in (snapshots:
+    packed u64 source keys, :func:`broker.state.source_key`, one per carried entry)."""
+
+    round: int
+    keys: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +137,17 @@ class Configured:
 
 
 Effect = (
-    Admitted | Seen | Pooled | Released | Outboxed | Carried | Dropped | Closed | Acked | Configured
+    Admitted
+    | Seen
+    | Pooled
+    | Sourced
+    | Released
+    | Outboxed
+    | Carried
+    | Dropped
+    | Closed
+    | Acked
+    | Configured
 )
 
 

@@ -39,6 +39,7 @@ from broker.effects import (
     Pooled,
     Released,
     Seen,
+    Sourced,
 )
 
 __all__ = [
@@ -70,6 +71,7 @@ _U64 = struct.Struct("<Q")
 (ADMITTED, SEEN, POOLED, RELEASED, OUTBOXED, CARRIED, DROPPED, CLOSED, ACKED, CONFIGURED) = range(
     1, 11
 )
+SOURCED = 11
 TYPE_NAMES = {
     ADMITTED: "admitted",
     SEEN: "seen",
@@ -81,6 +83,7 @@ TYPE_NAMES = {
     CLOSED: "closed",
     ACKED: "acked",
     CONFIGURED: "configured",
+    SOURCED: "sourced",
 }
 
 
@@ -145,6 +148,8 @@ def _body(effect: Effect) -> tuple[int, bytes]:
             return ACKED, bytes(batch_id)
         case Configured(round_seconds, fingerprint):
             return CONFIGURED, _TWO.pack(round_seconds, fingerprint)
+        case Sourced(round_, keys):
+            return SOURCED, _U32.pack(round_) + keys
     raise TypeError(f"not an effect: {effect!r}")  # pragma: no cover
 
 
@@ -197,6 +202,8 @@ def decode_record(kind: int, body: bytes) -> Effect:
         return Acked(body)
     if kind == CONFIGURED:
         return Configured(*_TWO.unpack(body))
+    if kind == SOURCED and len(body) >= 4 and (len(body) - 4) % 8 == 0:
+        return Sourced(_U32.unpack_from(body)[0], body[4:])
     raise ValueError(f"unknown record type {kind}")
 
 

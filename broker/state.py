@@ -22,7 +22,17 @@ from array import array
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Pool", "TokenSet", "as_u16", "as_u32", "as_u64", "distinct", "without"]
+__all__ = [
+    "UNKNOWN_SOURCE",
+    "Pool",
+    "TokenSet",
+    "as_u16",
+    "as_u32",
+    "as_u64",
+    "distinct",
+    "source_key",
+    "without",
+]
 
 if sys.byteorder != "little":  # pragma: no cover  # the packed columns are little-endian
     raise ImportError("broker.state needs a little-endian machine")
@@ -36,6 +46,16 @@ an eighth of it (and at least this many): lookups stay one ``searchsorted`` on t
 plus a few small runs, and each token is copied O(log n) times in all."""
 
 Tokens = npt.NDArray[np.uint64]
+
+UNKNOWN_SOURCE = 0xFFFFFFFF
+"""The source key of a carried report whose round is not known (a pool recovered from a log
+written before sources were recorded): ``round_seconds`` 0, round ``2**32 - 1``."""
+
+
+def source_key(round_: int, round_seconds: int) -> int:
+    """The round a report was sent in, with the round length it was counted in, as one u64
+    (``round_seconds << 32 | round``): what a release manifest lists as its sources."""
+    return (round_seconds << 32) | round_
 
 
 def as_u64(data: bytes | bytearray | memoryview | array[int]) -> Tokens:
@@ -139,14 +159,21 @@ class Pool:
     does, the newest report wins (the fresh one, else the last carried one) and the others
     are superseded: :meth:`resolve` does that in one vectorised pass, when the pool is
     released, carried on or dropped, never per report.
+
+    ``sources`` holds, for each carried entry, the round its report was sent in
+    (:func:`source_key`): a release's manifest lists the rounds of its reports, and the
+    privacy ledger charges each of them (a device sends one report per round, so the rounds
+    a release holds are the participations it costs, docs/privacy-model.md). The fresh
+    entries' round is the pool's own.
     """
 
-    __slots__ = ("carried", "seeds", "tokens", "zs")
+    __slots__ = ("carried", "seeds", "sources", "tokens", "zs")
 
     def __init__(self) -> None:
         self.tokens = array("Q")
         self.seeds = array("I")
         self.zs = array("H")
+        self.sources = array("Q")
         self.carried = 0
 
     def __len__(self) -> int:
@@ -158,8 +185,9 @@ class Pool:
         self.seeds.frombytes(seeds)
         self.zs.frombytes(zs)
 
-    def absorb(self, older: Pool) -> None:
-        """Take ``older``'s entries (a round before this one) as carried entries."""
+    def absorb(self, older: Pool, older_key: int) -> None:
+        """Take ``older``'s entries (a round before this one, whose fresh reports were
+        sent in the round ``older_key``) as carried entries."""
         # The carried part becomes: this pool's carried entries, then all of older's
         # (its carried ones, then its fresh ones), then this pool's fresh entries follow.
         # Carries happen oldest round first, so later entries are newer reports.
@@ -173,8 +201,45 @@ class Pool:
             column.extend(mine[:cut])
             column.extend(theirs)
             column.extend(mine[cut:])
-        self.tokens, self.seeds, self.zs = tokens, seeds, zs
+        sources = array("Q", self.sources[:cut])
+        sources.extend(older.sources[: older.carried])
+        sources.extend(array("Q", [older_key]) * (len(older) - older.carried))
+        self.tokens, self.seeds, self.zs, self.sources = tokens, seeds, zs, sources
         self.carried = cut + len(older)
+
+    def freeze(self, key: int) -> None:
+        """Turn every fresh entry (sent in the round ``key``) into a carried one: the pool
+        is moving to another round number (a change of ``round_seconds``)."""
+        self.sources.extend(array("Q", [key]) * (len(self) - self.carried))
+        self.carried = len(self)
+
+    def set_sources(self, keys: bytes) -> None:
+        """The carried entries' rounds, as a snapshot recorded them (ignored, leaving them
+        unknown, if they do not match the carried entries)."""
+        if len(keys) == 8 * self.carried:
+            self.sources = array("Q")
+            self.sources.frombytes(keys)
+
+    def source_counts(self, keep: npt.NDArray[np.intp] | None, fresh_key: int) -> dict[int, int]:
+        """``{source key: reports}`` of the entries ``keep`` (:meth:`resolve`), the fresh
+        ones counted under ``fresh_key``."""
+        carried = self.carried
+        if len(self.sources) != carried:  # recovered without its sources: unknown rounds
+            self.sources = array("Q", [UNKNOWN_SOURCE]) * carried
+        counts: dict[int, int] = {}
+        if keep is None:
+            kept_carried = np.frombuffer(self.sources, dtype=U64) if carried else None
+            fresh = len(self) - carried
+        else:
+            index = keep[keep < carried]
+            kept_carried = np.frombuffer(self.sources, dtype=U64)[index] if index.size else None
+            fresh = int(keep.size - index.size)
+        if kept_carried is not None and kept_carried.size:
+            values, numbers = np.unique(kept_carried, return_counts=True)
+            counts.update(zip(values.tolist(), numbers.tolist(), strict=True))
+        if fresh:
+            counts[fresh_key] = counts.get(fresh_key, 0) + fresh
+        return counts
 
     def resolve(self) -> tuple[npt.NDArray[np.intp] | None, int]:
         """``(keep, superseded)``: the indices of the entries that stay (``None``: all of
@@ -206,4 +271,5 @@ class Pool:
         return tokens[keep], seeds[keep], zs[keep]
 
     def nbytes(self) -> int:
-        return sum(c.itemsize * c.buffer_info()[1] for c in (self.tokens, self.seeds, self.zs))
+        columns = (self.tokens, self.seeds, self.zs, self.sources)
+        return sum(c.itemsize * c.buffer_info()[1] for c in columns)

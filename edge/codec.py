@@ -27,23 +27,31 @@ Shuffled batch, exactly ``BATCH_HEADER_SIZE + RECORD_SIZE * count = 30 + 6 count
     26      4     count        u32
     30      6 i   record i:    seed u32 | z u16, in the shuffled order
 
-Release manifest (shuffler -> aggregator: which batches one release made), exactly
-``MANIFEST_HEADER_SIZE + MANIFEST_ENTRY_SIZE * nbatches = 30 + 20 nbatches`` bytes::
+Release manifest (shuffler -> aggregator: which batches one release made, and the rounds
+its reports were sent in), exactly ``30 + 20 nbatches + 4 + 12 nsources`` bytes::
 
-    offset  size  field
-    0       1     version      u8   = 1
-    1       1     kind         u8   = 3 (manifest)
-    2       4     fingerprint  u32
-    6       4     round        u32  the round number its batches bear
-    10      16    release_id   random bytes from the shuffler's CSPRNG
-    26      4     nbatches     u32
-    30      20 i  entry i:     batch_id (16 bytes) | count u32, in release order
+    offset       size  field
+    0            1     version      u8   = 1
+    1            1     kind         u8   = 3 (manifest)
+    2            4     fingerprint  u32
+    6            4     round        u32  the round number its batches bear
+    10           16    release_id   random bytes from the shuffler's CSPRNG
+    26           4     nbatches     u32
+    30 + 20 i    20    batch i:     batch_id (16 bytes) | count u32, in release order
+    B            4     nsources     u32  (B = 30 + 20 nbatches)
+    B + 4 + 12 j 12    source j:    round u32 | round_seconds u32 | count u32
+
+A *source* is a round the release's reports were sent in (the round in the reports), with
+the round length it was counted in, and how many of the release's reports it holds: a pool
+carried into a later round keeps its reports' own rounds here. The counts of the sources
+add up to those of the batches. ``round = 0xFFFFFFFF`` with ``round_seconds = 0`` stands
+for reports whose round is unknown (a state recovered from an older log).
 
 Decoding checks, in this order, and raises :class:`CodecError` with the first failure:
 fewer than 2 bytes (``"bad_length"``), version (``"bad_version"``), kind (``"bad_kind"``),
 the length (``"bad_length"``: a report that is not 16 bytes, a batch shorter than its
 header) and, for a batch, that the length is exactly ``30 + 6 count`` (``"bad_count"``;
-for a manifest ``30 + 20 nbatches``).
+for a manifest ``30 + 20 nbatches + 4 + 12 nsources`` with sources adding up to the batches).
 Version and kind come first so that a message of another version or kind is counted as
 such whatever its length. The codec does not know ``t``: checking ``z < t`` and the
 fingerprint against the current spec is the receiver's job.
@@ -70,8 +78,11 @@ RECORD_SIZE = 6
 COUNT_OFFSET = 26
 MANIFEST_HEADER_SIZE = 30
 MANIFEST_ENTRY_SIZE = 20
+MANIFEST_SOURCE_SIZE = 12
 U16_MAX = 0xFFFF
 U32_MAX = 0xFFFFFFFF
+UNKNOWN_SOURCE = (U32_MAX, 0)
+"""``(round, round_seconds)`` of a manifest source whose round is not known."""
 REASONS = ("bad_length", "bad_version", "bad_kind", "bad_count", "bad_field")
 
 
@@ -220,9 +231,14 @@ def decode_batch(payload: "Buffer") -> "tuple[int, int, bytes, list[int], list[i
 
 
 def encode_manifest(
-    fingerprint: int, round_: int, release_id: bytes, entries: "Sequence[tuple[bytes, int]]"
+    fingerprint: int,
+    round_: int,
+    release_id: bytes,
+    entries: "Sequence[tuple[bytes, int]]",
+    sources: "Sequence[tuple[int, int, int]]",
 ) -> bytes:
-    """The manifest of one release: its batches ``(batch_id, count)`` in release order."""
+    """The manifest of one release: its batches ``(batch_id, count)`` in release order and
+    its sources ``(round, round_seconds, count)``, whose counts add up to the batches'."""
     _check_uint("fingerprint", fingerprint, U32_MAX)
     _check_uint("round", round_, U32_MAX)
     if not isinstance(release_id, (bytes, bytearray)) or len(release_id) != BATCH_ID_SIZE:
@@ -230,21 +246,35 @@ def encode_manifest(
             f"release_id must be {BATCH_ID_SIZE} bytes, got {release_id!r}", "bad_field"
         )
     _check_uint("nbatches", len(entries), U32_MAX)
+    _check_uint("nsources", len(sources), U32_MAX)
     out = bytearray([VERSION, KIND_MANIFEST])
     out += _u32(fingerprint) + _u32(round_) + bytes(release_id) + _u32(len(entries))
+    total = 0
     for batch_id, count in entries:
         if not isinstance(batch_id, (bytes, bytearray)) or len(batch_id) != BATCH_ID_SIZE:
             raise CodecError(
                 f"batch_id must be {BATCH_ID_SIZE} bytes, got {batch_id!r}", "bad_field"
             )
         _check_uint("count", count, U32_MAX)
+        total += count
         out += bytes(batch_id) + _u32(count)
+    out += _u32(len(sources))
+    for source_round, round_seconds, count in sources:
+        _check_uint("source round", source_round, U32_MAX)
+        _check_uint("round_seconds", round_seconds, U32_MAX)
+        _check_uint("count", count, U32_MAX)
+        total -= count
+        out += _u32(source_round) + _u32(round_seconds) + _u32(count)
+    if total != 0:
+        raise CodecError("the sources' counts do not add up to the batches'", "bad_count")
     return bytes(out)
 
 
-def decode_manifest(payload: "Buffer") -> "tuple[int, int, bytes, list[tuple[bytes, int]]]":
-    """``(fingerprint, round_, release_id, [(batch_id, count), ...])`` of a manifest;
-    :class:`CodecError` if invalid."""
+def decode_manifest(
+    payload: "Buffer",
+) -> "tuple[int, int, bytes, list[tuple[bytes, int]], list[tuple[int, int, int]]]":
+    """``(fingerprint, round_, release_id, [(batch_id, count), ...], [(round,
+    round_seconds, count), ...])`` of a manifest; :class:`CodecError` if invalid."""
     _check_prefix(payload, KIND_MANIFEST)
     n = len(payload)
     if n < MANIFEST_HEADER_SIZE:
@@ -252,22 +282,40 @@ def decode_manifest(payload: "Buffer") -> "tuple[int, int, bytes, list[tuple[byt
             f"a manifest has a {MANIFEST_HEADER_SIZE}-byte header, got {n} bytes", "bad_length"
         )
     nbatches = _read_u32(payload, COUNT_OFFSET)
-    if n != MANIFEST_HEADER_SIZE + MANIFEST_ENTRY_SIZE * nbatches:
+    offset = MANIFEST_HEADER_SIZE + MANIFEST_ENTRY_SIZE * nbatches
+    if n < offset + 4:
         raise CodecError(
-            f"a manifest of {nbatches} batches is "
-            f"{MANIFEST_HEADER_SIZE + MANIFEST_ENTRY_SIZE * nbatches} bytes, got {n}",
+            f"a manifest of {nbatches} batches is at least {offset + 4} bytes, got {n}",
+            "bad_count",
+        )
+    nsources = _read_u32(payload, offset)
+    if n != offset + 4 + MANIFEST_SOURCE_SIZE * nsources:
+        raise CodecError(
+            f"a manifest of {nbatches} batches and {nsources} sources is "
+            f"{offset + 4 + MANIFEST_SOURCE_SIZE * nsources} bytes, got {n}",
             "bad_count",
         )
     entries = []
-    offset = MANIFEST_HEADER_SIZE
+    total = 0
+    at = MANIFEST_HEADER_SIZE
     for _ in range(nbatches):
-        entries.append(
-            (bytes(payload[offset : offset + BATCH_ID_SIZE]), _read_u32(payload, offset + 16))
-        )
-        offset += MANIFEST_ENTRY_SIZE
+        count = _read_u32(payload, at + 16)
+        entries.append((bytes(payload[at : at + BATCH_ID_SIZE]), count))
+        total += count
+        at += MANIFEST_ENTRY_SIZE
+    sources = []
+    at = offset + 4
+    for _ in range(nsources):
+        count = _read_u32(payload, at + 8)
+        sources.append((_read_u32(payload, at), _read_u32(payload, at + 4), count))
+        total -= count
+        at += MANIFEST_SOURCE_SIZE
+    if total != 0:
+        raise CodecError("the sources' counts do not add up to the batches'", "bad_count")
     return (
         _read_u32(payload, 2),
         _read_u32(payload, 6),
         bytes(payload[10 : 10 + BATCH_ID_SIZE]),
         entries,
+        sources,
     )

@@ -45,14 +45,24 @@ BATCH_CASES: list[tuple[int, int, bytes, list[int], list[int]]] = [
 ]
 
 
-# (fingerprint, round, release_id, [(batch_id, count), ...])
-MANIFEST_CASES: list[tuple[int, int, bytes, list[tuple[bytes, int]]]] = [
-    (_COCO.fingerprint_int, 0, bytes(16), []),
+# (fingerprint, round, release_id, [(batch_id, count), ...], [(round, round_seconds, count)])
+MANIFEST_CASES: list[
+    tuple[int, int, bytes, list[tuple[bytes, int]], list[tuple[int, int, int]]]
+] = [
+    (_COCO.fingerprint_int, 0, bytes(16), [], []),
     (
         _COLLISION.fingerprint_int,
         29401920,
         hashlib.sha256(b"coco-fleet/wire-vectors/v1/release").digest()[:16],
-        [(bytes(range(16)), 1000), (bytes(range(16, 32)), codec.U32_MAX)],
+        [(bytes(range(16)), 1000), (bytes(range(16, 32)), 1001)],
+        [(29401919, 60, 7), (29401920, 60, 1994)],  # 7 carried in from the round before
+    ),
+    (
+        _COCO.fingerprint_int,
+        7,
+        bytes(range(100, 116)),
+        [(bytes(range(32, 48)), codec.U32_MAX)],
+        [(codec.U32_MAX, 0, 5), (7, 1, codec.U32_MAX - 5)],  # 5 of an unknown round
     ),
 ]
 
@@ -73,16 +83,21 @@ SHARD_CASES: list[tuple[str, int, int, int]] = [
 
 def manifest_vectors() -> list[dict[str, Any]]:
     out = []
-    for fingerprint, round_, release_id, entries in MANIFEST_CASES:
+    for fingerprint, round_, release_id, entries, sources in MANIFEST_CASES:
         out.append(
             {
-                "hex": codec.encode_manifest(fingerprint, round_, release_id, entries).hex(),
+                "hex": codec.encode_manifest(
+                    fingerprint, round_, release_id, entries, sources
+                ).hex(),
                 "version": codec.VERSION,
                 "kind": codec.KIND_MANIFEST,
                 "fingerprint": fingerprint,
                 "round": round_,
                 "release_id": release_id.hex(),
                 "batches": [{"batch_id": b.hex(), "count": c} for b, c in entries],
+                "sources": [
+                    {"round": r, "round_seconds": length, "count": c} for r, length, c in sources
+                ],
             }
         )
     return out
@@ -137,7 +152,9 @@ def malformed_vectors() -> list[dict[str, str]]:
         ("manifest", manifest[: codec.MANIFEST_HEADER_SIZE - 1], "bad_length"),
         ("manifest", b"\x02" + manifest[1:], "bad_version"),
         ("manifest", manifest[:-1], "bad_count"),
-        ("manifest", manifest + b"\x00" * codec.MANIFEST_ENTRY_SIZE, "bad_count"),
+        ("manifest", manifest + b"\x00" * codec.MANIFEST_SOURCE_SIZE, "bad_count"),
+        ("manifest", manifest[:70], "bad_count"),  # cut before its sources
+        ("manifest", manifest[:-4] + (1995).to_bytes(4, "big"), "bad_count"),  # 2002 != 2001
         ("batch", manifest, "bad_kind"),
     ]
     return [

@@ -38,7 +38,11 @@ def sample_ledger(rounds: int = 6) -> PrivacyLedger:
     ledger.record(321)  # an old per-batch record
     for r in range(rounds):
         ledger.record_manifest(
-            round=r, shard="g0s0", release_id=bid(r), batches=[(bid(100 + r), 500 + r)]
+            round=r,
+            shard="g0s0",
+            release_id=bid(r),
+            batches=[(bid(100 + r), 500 + r)],
+            sources=[(r, 60)] if r % 2 else None,  # rows with and without sources
         )
         ledger.record_batch(round=r, shard="g0s1", batch_id=bid(200 + r), size=400 + r)
     ledger.compact(1)

@@ -164,39 +164,87 @@ def test_a_release_cut_into_slices_is_one_participation() -> None:
     assert level.epsilon_total < per_batch / 2
 
 
+L = 60  # round_seconds of the sources below
+
+
 def test_a_round_costs_its_smallest_release_over_shards_and_early_releases() -> None:
     ledger = PrivacyLedger(SPEC, delta=DELTA)
-    ledger.record_manifest(round=1, shard="g0s0", release_id=bid(1), batches=[(bid(11), 900)])
-    ledger.record_manifest(round=1, shard="g0s1", release_id=bid(2), batches=[(bid(12), 700)])
+
+    def release(round_: int, shard: str, i: int, size: int) -> None:
+        ledger.record_manifest(
+            round=round_,
+            shard=shard,
+            release_id=bid(i),
+            batches=[(bid(10 + i), size)],
+            sources=[(round_, L)],
+        )
+
+    release(1, "g0s0", 1, 900)
+    release(1, "g0s1", 2, 700)
     # an early release and the rest of the round, same shard
-    ledger.record_manifest(round=1, shard="g0s1", release_id=bid(3), batches=[(bid(13), 400)])
-    ledger.record_manifest(round=2, shard="g0s0", release_id=bid(4), batches=[(bid(14), 1000)])
+    release(1, "g0s1", 3, 400)
+    release(2, "g0s0", 4, 1000)
     assert ledger.rounds() == {400: 1, 1000: 1}
     assert ledger.smallest == 400
     assert ledger.latest == 1000
     assert ledger.releases == 4
     assert ledger.compute(ledger.snapshot()).epsilon_total == total({400: 1, 1000: 1})
+    # a manifest that does not say which rounds its reports were sent in is its own
+    # participation, whatever round it bears
+    ledger.record_manifest(round=2, shard="g0s1", release_id=bid(5), batches=[(bid(15), 800)])
+    assert ledger.rounds() == {400: 1, 800: 1, 1000: 1}
+
+
+def test_a_carried_report_charges_the_round_it_was_sent_in() -> None:
+    """Carry and an early release: X's report of round 0 was carried into round 1 and left
+    in round 1's early release with A and B; X's own round-1 report left later with C. Both
+    releases bear round 1, but X is in both: two participations (round 0 at 3 reports,
+    round 1 at its smallest release of 2), not one."""
+    ledger = PrivacyLedger(SPEC, delta=DELTA)
+    ledger.record_manifest(
+        round=1, shard="", release_id=bid(1), batches=[(bid(11), 3)], sources=[(0, L), (1, L)]
+    )
+    ledger.record_manifest(
+        round=1, shard="", release_id=bid(2), batches=[(bid(12), 2)], sources=[(1, L)]
+    )
+    assert ledger.rounds() == {2: 1, 3: 1}
+    # the same round numbers counted in another round length are other rounds
+    ledger.record_manifest(
+        round=1, shard="", release_id=bid(3), batches=[(bid(13), 5)], sources=[(1, 2 * L)]
+    )
+    assert ledger.rounds() == {2: 1, 3: 1, 5: 1}
+    # reports of an unknown round: the release is a participation of its own
+    ledger.record_manifest(
+        round=2,
+        shard="",
+        release_id=bid(4),
+        batches=[(bid(14), 7)],
+        sources=[(2, L), (2**32 - 1, 0)],
+    )
+    assert ledger.rounds() == {2: 1, 3: 1, 5: 1, 7: 2}
 
 
 def test_records_are_idempotent_and_a_late_manifest_replaces_the_batch_record() -> None:
     ledger = PrivacyLedger(SPEC, delta=DELTA)
-    # batches arrive first, with no manifest: grouped by (shard, round) at the smallest batch
+    # batches arrive first, with no manifest: a participation each (nothing tells which
+    # rounds their reports were sent in)
     assert ledger.record_batch(round=5, shard="", batch_id=bid(1), size=1000) == "recorded"
     assert ledger.record_batch(round=5, shard="", batch_id=bid(2), size=999) == "recorded"
-    assert ledger.rounds() == {999: 1}
+    assert ledger.rounds() == {999: 1, 1000: 1}
     generation = ledger.generation
     assert ledger.record_batch(round=5, shard="", batch_id=bid(1), size=1000) == "duplicate"
     assert ledger.generation == generation
-    # the manifest arrives: the release's true size replaces the batch-derived record
+    # the manifest arrives: the release and its rounds replace the batch records
     batches = [(bid(1), 1000), (bid(2), 999)]
-    assert ledger.record_manifest(round=5, shard="", release_id=bid(9), batches=batches) == (
-        "recorded"
-    )
+    sources = [(5, L)]
+    assert ledger.record_manifest(
+        round=5, shard="", release_id=bid(9), batches=batches, sources=sources
+    ) == ("recorded")
     assert ledger.rounds() == {1999: 1}
     generation = ledger.generation
-    assert ledger.record_manifest(round=5, shard="", release_id=bid(9), batches=batches) == (
-        "duplicate"
-    )
+    assert ledger.record_manifest(
+        round=5, shard="", release_id=bid(9), batches=batches, sources=sources
+    ) == ("duplicate")
     assert ledger.record_batch(round=5, shard="", batch_id=bid(2), size=999) == "duplicate"
     assert ledger.generation == generation
     assert ledger.rounds() == {1999: 1}
@@ -213,11 +261,13 @@ def test_a_manifest_accounts_for_batches_never_applied_here() -> None:
 
 def test_batches_of_a_partly_listed_round_keep_their_own_record() -> None:
     ledger = PrivacyLedger(SPEC, delta=DELTA)
-    ledger.record_manifest(round=3, shard="", release_id=bid(1), batches=[(bid(11), 800)])
+    ledger.record_manifest(
+        round=3, shard="", release_id=bid(1), batches=[(bid(11), 800)], sources=[(3, L)]
+    )
     ledger.record_batch(round=3, shard="", batch_id=bid(11), size=800)
     # a batch of the same round that no manifest lists (another release): its own record
     ledger.record_batch(round=3, shard="", batch_id=bid(12), size=300)
-    assert ledger.rounds() == {300: 1}
+    assert ledger.rounds() == {300: 1, 800: 1}
     assert ledger.releases == 2
 
 

@@ -25,7 +25,11 @@ from fractions import Fraction
 import pytest
 
 from aggregator.accountant import BlanketPair, blanket_delta, epsilon_total_counts
+from aggregator.accountant.history import epsilon_total_rounds
 from aggregator.privacy_ledger import PrivacyLedger
+from broker.core import Admitted, BatchMaker, CoreConfig, Effect, Released, ShufflerCore
+from broker.effects import is_manifest
+from edge.codec import decode_batch, decode_manifest
 from edge.spec import MechanismSpec
 
 View = tuple[tuple[int, ...], ...]
@@ -140,9 +144,19 @@ def test_a_round_of_two_shards_costs_the_target_release_at_most_the_smallest() -
     # and the ledger takes the round's smallest release
     ledger = PrivacyLedger(MechanismSpec(mechanism="collision", d=3, s=1, epsilon=1.0), delta=0.1)
     ledger.record_manifest(
-        round=0, shard="g0s0", release_id=bytes(16), batches=[(b"a" * 16, 2), (b"b" * 16, 1)]
+        round=0,
+        shard="g0s0",
+        release_id=bytes(16),
+        batches=[(b"a" * 16, 2), (b"b" * 16, 1)],
+        sources=[(0, 60)],
     )
-    ledger.record_manifest(round=0, shard="g0s1", release_id=b"\x01" * 16, batches=[(b"c" * 16, 2)])
+    ledger.record_manifest(
+        round=0,
+        shard="g0s1",
+        release_id=b"\x01" * 16,
+        batches=[(b"c" * 16, 2)],
+        sources=[(0, 60)],
+    )
     assert ledger.rounds() == {2: 1}
 
 
@@ -187,3 +201,167 @@ def test_the_ledger_epsilon_total_covers_two_rounds_of_sliced_releases(delta: fl
         {BlanketPair(n=2, exp_epsilon0=float(p), s=1, t=k): 4}, delta=delta
     )
     assert per_batch > ledger_total
+
+
+Release = tuple[int, list[tuple[bytes, list[int]]], tuple[object, ...]]
+"""A release of the real core: its round, its batches ``(batch_id, seeds)``, its manifest."""
+
+
+def _run_shuffler(
+    config: CoreConfig, script: Sequence[tuple[float, str, int, int, int]]
+) -> tuple[list[Release], list[str]]:
+    """Drive the real shuffler core (broker/core.py) through ``script`` as the service does
+    (``("report", token, round, seed)``: accepted, applied piece by piece and released
+    early when due; ``("tick", ...)``: its effects applied in order) and return every
+    release and every rejection reason."""
+    ids = itertools.count(1)
+    maker = BatchMaker(
+        shuffle=list.reverse,  # any permutation: only who is in which release matters here
+        new_batch_id=lambda: next(ids).to_bytes(16, "big"),
+        seal=lambda batch: batch,
+        seal_manifest=lambda manifest: manifest,
+    )
+    core = ShufflerCore(config)
+    releases: list[Release] = []
+    rejected: list[str] = []
+
+    def apply(effect: Effect) -> None:
+        core.apply(effect)
+        if isinstance(effect, Released):
+            batches: list[tuple[bytes, list[int]]] = []
+            manifest: tuple[object, ...] = ()
+            for message in effect.messages:
+                if is_manifest(message):
+                    manifest = tuple(decode_manifest(message))
+                    continue
+                _, round_, batch_id, seeds, _ = decode_batch(message)
+                assert round_ == effect.round
+                batches.append((batch_id, seeds))
+            releases.append((effect.round, batches, manifest))
+
+    for now, kind, token, round_, seed in script:
+        if kind == "tick":
+            for effect in core.tick(now, maker):
+                apply(effect)
+            continue
+        admitted = core.accept(now, token, (config.fingerprint, round_, seed, 0))
+        if not isinstance(admitted, Admitted):
+            rejected.append(admitted)
+            continue
+        for piece in core.pieces(admitted):
+            apply(piece)
+            early = core.release_early(piece.round, maker)
+            if early is not None:
+                apply(early)
+    return releases, rejected
+
+
+_X, _A, _B, _C = 1, 2, 3, 4  # device tokens
+_CARRY_SCRIPTS: dict[str, tuple[dict[str, float | int], list[tuple[float, str, int, int, int]]]] = {
+    # round 0 holds X alone and is carried into round 1; round 1's pool (X's round-0 report,
+    # A, B) reaches release_size and leaves early; X's round-1 report and C leave at its end
+    "early release after a carry": (
+        {"release_size": 3},
+        [
+            (5.0, "report", _X, 0, 100),
+            (12.0, "tick", 0, 0, 0),
+            (13.0, "report", _A, 1, 200),
+            (13.5, "report", _B, 1, 300),
+            (15.0, "report", _X, 1, 101),
+            (16.0, "report", _C, 1, 400),
+            (21.0, "tick", 0, 0, 0),
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(_CARRY_SCRIPTS))
+def test_a_carried_report_and_a_fresh_one_in_two_releases_of_one_round(scenario: str) -> None:
+    """The ``carry`` policy (the default) moves a small pool into the next round's pool, and
+    the batch bears that round's number. A round whose pool leaves in more than one release
+    (``release_size``) can then hold a device's carried report in one release and its fresh
+    report in another: two releases labelled with one round, while no release bears the
+    round the carried report was sent in. The manifests list the rounds the reports were
+    sent in, and the ledger charges each of them: its epsilon_total must cover the device's
+    exact epsilon over both releases (3-ary randomised response, which attains the blanket
+    bound of s = 1, t = 3; every dataset of the others, every neighbouring pair of the
+    device's inputs)."""
+    spec = MechanismSpec(mechanism="collision", d=3, s=1, t=3, epsilon=math.log(2))
+    overrides, script = _CARRY_SCRIPTS[scenario]
+    config = CoreConfig(
+        fingerprint=spec.fingerprint_int,
+        t=spec.t,
+        round_seconds=10,
+        min_batch=2,
+        max_batch=4,
+        max_skew=0.0,
+        round_policy="carry",
+        **overrides,  # type: ignore[arg-type]
+    )
+    releases, rejected = _run_shuffler(config, script)
+    assert rejected == []
+    ledger = PrivacyLedger(spec, delta=0.01)
+    with_x = []  # (size, seeds of X) of each release holding a report of X
+    for round_, batches, manifest in releases:
+        _fp, _round, release_id, entries, sources = manifest
+        assert isinstance(release_id, bytes)
+        assert entries == [(batch_id, len(seeds)) for batch_id, seeds in batches]
+        outcome = ledger.record_manifest(
+            round=round_,
+            shard="",
+            release_id=release_id,
+            batches=[(batch_id, len(seeds)) for batch_id, seeds in batches],
+            sources=[(r, length) for r, length, _count in sources],  # type: ignore[attr-defined]
+        )
+        assert outcome == "recorded"
+        seeds = [seed for _, batch_seeds in batches for seed in batch_seeds]
+        if {100, 101} & set(seeds):
+            with_x.append((len(seeds), sorted({100, 101} & set(seeds))))
+    # what the shuffler did: X is in two releases, and both bear round 1
+    assert [round_ for round_, _, _ in releases] == [1, 1]
+    assert [seeds for _, seeds in with_x] == [[100], [101]]
+    # the manifests say the first release holds a report of round 0 and two of round 1
+    assert [manifest[4] for _, _, manifest in releases] == [[(0, 10, 1), (1, 10, 2)], [(1, 10, 2)]]
+    assert ledger.rounds() == {2: 1, 3: 1}  # rounds 0 (at 3 reports) and 1 (at 2)
+    others = [size - 1 for size, _ in with_x]  # the other devices beside X in each release
+    k, p = 3, Fraction(spec.exp_epsilon)
+    for delta in (0.05, 0.01):
+        ledger_total = epsilon_total_rounds(spec, ledger.rounds(), delta=delta)
+        worst = 0.0
+        for first in itertools.combinations_with_replacement(range(k), others[0]):
+            for second in itertools.combinations_with_replacement(range(k), others[1]):
+                for x, x_prime in itertools.permutations(range(k), 2):
+                    one = release_law([krr(k, p, x), *(krr(k, p, o) for o in first)], 1)
+                    one_p = release_law([krr(k, p, x_prime), *(krr(k, p, o) for o in first)], 1)
+                    two = release_law([krr(k, p, x), *(krr(k, p, o) for o in second)], 1)
+                    two_p = release_law([krr(k, p, x_prime), *(krr(k, p, o) for o in second)], 1)
+                    view, view_p = product(one, two), product(one_p, two_p)
+                    worst = max(worst, exact_epsilon(view, view_p, delta))
+        assert worst <= ledger_total, (scenario, delta, ledger.rounds(), worst, ledger_total)
+
+
+def test_a_late_report_of_a_released_round_is_refused() -> None:
+    """The other way a round could leave in two releases: a report of a round whose pool
+    has left. A released round is closed (broker/core.py), so it is ``round_too_old``."""
+    spec = MechanismSpec(mechanism="collision", d=3, s=1, t=3, epsilon=math.log(2))
+    config = CoreConfig(
+        fingerprint=spec.fingerprint_int,
+        t=spec.t,
+        round_seconds=10,
+        min_batch=2,
+        max_batch=4,
+        max_skew=0.0,
+        late_seconds=5.0,
+    )
+    releases, rejected = _run_shuffler(
+        config,
+        [
+            (13.0, "report", _A, 1, 200),
+            (14.0, "report", _X, 1, 100),
+            (21.0, "tick", 0, 0, 0),
+            (22.0, "report", _B, 1, 101),  # within late_seconds, but round 1 has left
+            (24.0, "tick", 0, 0, 0),
+        ],
+    )
+    assert [round_ for round_, _, _ in releases] == [1]
+    assert rejected == ["round_too_old"]

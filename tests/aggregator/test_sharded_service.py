@@ -91,6 +91,7 @@ def test_a_sharded_deployment_end_to_end(mosquitto: Broker, tmp_path: Path) -> N
             round_,
             release.to_bytes(16, "big"),
             [(b.to_bytes(16, "big"), c) for b, c in entries],
+            [(round_, 60, sum(c for _, c in entries))],
         )
         return signer.seal_manifest(body)
 

@@ -114,6 +114,7 @@ def test_total_target_rows_are_what_the_ledger_reports() -> None:
                 shard=f"g0s{shard}",
                 release_id=next(serial).to_bytes(16, "big"),
                 batches=[(next(serial).to_bytes(16, "big"), size)],
+                sources=[(r, 60)],
             )
     level = ledger.compute(ledger.snapshot())
     assert level.epsilon_total == row.epsilon_total

@@ -79,7 +79,11 @@ def bid(n: int) -> bytes:
 
 def manifest(label: str, round_: int, release: int, entries: list[tuple[int, int]]) -> bytes:
     body = encode_manifest(
-        SPEC.fingerprint_int, round_, bid(10_000 + release), [(bid(b), c) for b, c in entries]
+        SPEC.fingerprint_int,
+        round_,
+        bid(10_000 + release),
+        [(bid(b), c) for b, c in entries],
+        [(round_, 60, sum(c for _, c in entries))],
     )
     return SIGNERS[label].seal_manifest(body)
 
@@ -210,7 +214,9 @@ def test_an_unsharded_deployment_has_one_key_and_manifests_on_its_own_topic() ->
     assert agg.keys.labels == ()
     assert agg.handle(signer.seal(raw(5, 1)), now=NOW) == "applied"
     assert agg.shards == {}
-    body = encode_manifest(SPEC.fingerprint_int, ROUND, bid(1), [(bid(1), 5), (bid(2), 6)])
+    body = encode_manifest(
+        SPEC.fingerprint_int, ROUND, bid(1), [(bid(1), 5), (bid(2), 6)], [(ROUND, 60, 11)]
+    )
     assert agg.manifest(signer.seal_manifest(body), now=NOW) == "accepted"
     assert agg.manifest(signer.seal_manifest(body), now=NOW, shard="g0s0") == "unknown_shard"
     assert [loss.reports for loss in agg.reconcile(NOW + GRACE)] == [6]
@@ -277,10 +283,17 @@ def test_missing_reports_are_exactly_the_batches_that_never_came(
 def test_the_ledger_accounts_every_release_applied_here_or_not() -> None:
     """Issue 19 item 6 at the aggregator: a release known from its manifest only, a batch
     refused for its round (wrong_shard) and applied batches all go into the privacy ledger;
-    a round is one participation at its smallest release."""
+    a batch without its manifest is a participation of its own, a manifest charges the
+    rounds its reports were sent in."""
     agg = core()
     assert agg.handle(OLD["g0s0"].seal(raw(9, 1)), now=NOW, shard="g0s0") == "applied"
     assert agg.handle(OLD["g0s1"].seal(raw(12, 2)), now=NOW, shard="g0s1") == "applied"
+    assert agg.ledger.rounds() == {9: 1, 12: 1}  # no manifest yet: a participation each
+    # their manifests: both releases hold reports of round ROUND only, one participation
+    assert agg.manifest(manifest("g0s0", ROUND, 1, [(1, 9)]), now=NOW, shard="g0s0") == ("accepted")
+    assert agg.manifest(manifest("g0s1", ROUND, 2, [(2, 12)]), now=NOW, shard="g0s1") == (
+        "accepted"
+    )
     assert agg.ledger.rounds() == {9: 1}  # round ROUND: one participation, at 9
     # a release whose batches never came here (lost at the broker): its manifest counts
     entries = [(77, 5), (78, 6)]

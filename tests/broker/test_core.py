@@ -526,8 +526,9 @@ def test_each_release_has_one_manifest_after_its_batches() -> None:
     h.commit(h.core.tick(T0 + L + 2, with_manifest))
     outbox = h.core.outbox()
     assert len(outbox) == 4  # three slices, then the manifest
-    fingerprint, round_, release_id, entries = decode_manifest(outbox[-1][:-64])
+    fingerprint, round_, release_id, entries, sources = decode_manifest(outbox[-1][:-64])
     assert (fingerprint, round_) == (FP, r)
+    assert sources == [(r, L, 15)]  # every report was sent in the release's round
     assert entries == [(batch_id_of(m), len(decode_batch(m)[3])) for m in outbox[:3]]
     assert release_id not in {batch_id_of(m) for m in outbox[:3]}
     assert h.core.outbox_reports == 15  # the manifest holds no report

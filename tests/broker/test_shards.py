@@ -221,7 +221,7 @@ def test_a_shard_takes_only_its_devices_and_signs_with_its_label(
         for r in registries.values()
     )
     assert wrong_total == 6
-    for label, (_fp, _round, _release, entries) in collected.manifests(keys):
+    for label, (_fp, _round, _release, entries, _sources) in collected.manifests(keys):
         assert sum(count for _, count in entries) == released[label]
 
 

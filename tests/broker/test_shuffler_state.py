@@ -281,13 +281,14 @@ def test_a_signed_manifest_follows_each_release(mosquitto: Broker) -> None:
     topics = [topic for topic, _ in arrivals]
     assert topics == [batches_topic("testdep")] * 3 + [manifests_topic("testdep")]
     batches = [decode_batch(bytes(verifier.open(payload))) for _, payload in arrivals[:3]]
-    fingerprint, round_, _release, entries = decode_manifest(
+    fingerprint, round_, _release, entries, sources = decode_manifest(
         bytes(verifier.open_manifest(arrivals[3][1]))
     )
     assert fingerprint == batches[0][0]
     assert round_ == batches[0][1]
     assert entries == [(b[2], len(b[3])) for b in batches]
     assert sum(count for _, count in entries) == 23
+    assert sum(count for _, _, count in sources) == 23
 
 
 def test_the_hold_ends_once_per_subscription(mosquitto: Broker) -> None:

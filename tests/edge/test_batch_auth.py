@@ -8,7 +8,7 @@ from edge import codec
 from edge.batch_auth import SIGNATURE_SIZE, BatchAuthError, BatchSigner, BatchVerifier
 
 BATCH = codec.encode_batch(7, 100, bytes(range(16)), [1, 2, 3], [0, 1, 2])
-MANIFEST = codec.encode_manifest(7, 100, bytes(16), [(bytes(range(16)), 3)])
+MANIFEST = codec.encode_manifest(7, 100, bytes(16), [(bytes(range(16)), 3)], [(100, 60, 3)])
 
 
 def _reason(verifier: BatchVerifier, message: bytes, *, manifest: bool = False) -> str | None:

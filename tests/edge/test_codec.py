@@ -50,11 +50,17 @@ def packed_batch(
 
 
 def packed_manifest(
-    fingerprint: int, round_: int, release_id: bytes, entries: list[tuple[bytes, int]]
+    fingerprint: int,
+    round_: int,
+    release_id: bytes,
+    entries: list[tuple[bytes, int]],
+    sources: list[tuple[int, int, int]],
 ) -> bytes:
     """Independent construction of a manifest with the struct module."""
     header = struct.pack(">BBII16sI", 1, 3, fingerprint, round_, release_id, len(entries))
-    return header + b"".join(struct.pack(">16sI", b, c) for b, c in entries)
+    batches = b"".join(struct.pack(">16sI", b, c) for b, c in entries)
+    rounds = b"".join(struct.pack(">III", r, length, c) for r, length, c in sources)
+    return header + batches + struct.pack(">I", len(sources)) + rounds
 
 
 def reason_of(decode: Decoder, payload: bytes) -> str | None:
@@ -125,20 +131,45 @@ def test_batch_vectors(vector: dict[str, Any]) -> None:
 def test_manifest_vectors(vector: dict[str, Any]) -> None:
     payload = bytes.fromhex(vector["hex"])
     entries = [(bytes.fromhex(b["batch_id"]), b["count"]) for b in vector["batches"]]
+    sources = [(s["round"], s["round_seconds"], s["count"]) for s in vector["sources"]]
     release_id = bytes.fromhex(vector["release_id"])
-    fields = (vector["fingerprint"], vector["round"], release_id, entries)
+    fields = (vector["fingerprint"], vector["round"], release_id, entries, sources)
     assert payload == packed_manifest(*fields)
     assert codec.encode_manifest(*fields) == payload
     assert codec.decode_manifest(payload) == fields
 
 
-@given(U32, U32, BATCH_ID, st.lists(st.tuples(BATCH_ID, U32), max_size=20))
+@given(
+    U32,
+    U32,
+    BATCH_ID,
+    st.lists(st.tuples(BATCH_ID, U16), max_size=20),
+    st.tuples(U32, U32),
+)
 def test_manifest_round_trip(
-    fingerprint: int, round_: int, release_id: bytes, entries: list[tuple[bytes, int]]
+    fingerprint: int,
+    round_: int,
+    release_id: bytes,
+    entries: list[tuple[bytes, int]],
+    source: tuple[int, int],
 ) -> None:
-    payload = codec.encode_manifest(fingerprint, round_, release_id, entries)
-    assert payload == packed_manifest(fingerprint, round_, release_id, entries)
-    assert codec.decode_manifest(payload) == (fingerprint, round_, release_id, entries)
+    total = sum(count for _, count in entries)
+    # the same reports, attributed to one or two source rounds
+    source_round, length = source
+    sources = [(source_round, length, total // 3), (round_, length, total - total // 3)]
+    payload = codec.encode_manifest(fingerprint, round_, release_id, entries, sources)
+    assert payload == packed_manifest(fingerprint, round_, release_id, entries, sources)
+    assert codec.decode_manifest(payload) == (fingerprint, round_, release_id, entries, sources)
+
+
+def test_manifest_sources_must_add_up_to_the_batches() -> None:
+    entries = [(bytes(16), 10)]
+    with pytest.raises(codec.CodecError) as caught:
+        codec.encode_manifest(1, 2, bytes(16), entries, [(2, 60, 9)])
+    assert caught.value.reason == "bad_count"
+    good = codec.encode_manifest(1, 2, bytes(16), entries, [(1, 60, 3), (2, 60, 7)])
+    bad = good[:-4] + (8).to_bytes(4, "big")
+    assert reason_of(codec.decode_manifest, bad) == "bad_count"
 
 
 @given(payload=st.binary(max_size=120))
@@ -152,12 +183,14 @@ def test_random_bytes_decode_as_manifest_or_raise_codec_error(payload: bytes) ->
 
 def test_encode_manifest_rejects_bad_fields() -> None:
     cases: list[tuple[Any, ...]] = [
-        (2**32, 0, bytes(16), []),
-        (0, -1, bytes(16), []),
-        (0, 0, bytes(15), []),
-        (0, 0, bytes(16), [(bytes(15), 1)]),
-        (0, 0, bytes(16), [(bytes(16), 2**32)]),
-        (0, 0, bytes(16), [(bytes(16), True)]),
+        (2**32, 0, bytes(16), [], []),
+        (0, -1, bytes(16), [], []),
+        (0, 0, bytes(15), [], []),
+        (0, 0, bytes(16), [(bytes(15), 1)], [(0, 1, 1)]),
+        (0, 0, bytes(16), [(bytes(16), 2**32)], [(0, 1, 2**32)]),
+        (0, 0, bytes(16), [(bytes(16), True)], [(0, 1, 1)]),
+        (0, 0, bytes(16), [(bytes(16), 1)], [(2**32, 1, 1)]),
+        (0, 0, bytes(16), [(bytes(16), 1)], [(0, -1, 1)]),
     ]
     for args in cases:
         with pytest.raises(codec.CodecError) as caught:

@@ -49,11 +49,14 @@ for v in VECTORS["batches"]:
     print(codec.encode_batch(v["fingerprint"], v["round"], bytes.fromhex(v["batch_id"]),
                              v["seeds"], v["zs"]).hex())
 for v in VECTORS["manifests"]:
-    fp, rnd, release_id, entries = codec.decode_manifest(bytes.fromhex(v["hex"]))
-    print(repr([fp, rnd, release_id.hex(), [[b.hex(), c] for b, c in entries]]))
+    fp, rnd, release_id, entries, sources = codec.decode_manifest(bytes.fromhex(v["hex"]))
+    print(repr([fp, rnd, release_id.hex(), [[b.hex(), c] for b, c in entries],
+                [list(s) for s in sources]]))
     print(codec.encode_manifest(v["fingerprint"], v["round"], bytes.fromhex(v["release_id"]),
                                 [(bytes.fromhex(b["batch_id"]), b["count"])
-                                 for b in v["batches"]]).hex())
+                                 for b in v["batches"]],
+                                [(s["round"], s["round_seconds"], s["count"])
+                                 for s in v["sources"]]).hex())
 DECODE = {"report": codec.decode_report, "batch": codec.decode_batch,
           "manifest": codec.decode_manifest}
 for v in VECTORS["malformed"]:
@@ -117,7 +120,8 @@ def test_wire_vectors_under_micropython(run_micropython: RunMicroPython) -> None
         want += ["True", v["hex"]]
     for v in VECTORS["manifests"]:
         entries = [[b["batch_id"], b["count"]] for b in v["batches"]]
-        want.append(repr([v["fingerprint"], v["round"], v["release_id"], entries]))
+        sources = [[s["round"], s["round_seconds"], s["count"]] for s in v["sources"]]
+        want.append(repr([v["fingerprint"], v["round"], v["release_id"], entries, sources]))
         want.append(v["hex"])
     want += [m["reason"] for m in VECTORS["malformed"]]
     want += [reason for _, reason in ENCODE_ERRORS + BATCH_ERRORS]
