@@ -76,7 +76,7 @@ from edge import LocalMechanism
 from edge.codec import encode_report
 from edge.mqtt_version import Negotiated
 from edge.rounds import round_start
-from edge.shards import ShardLayout
+from edge.shards import ShardLayout, ShardPlan
 from edge.topics import ingress_topic
 from sim.credentials import device_id
 from sim.fleet_config import (
@@ -88,6 +88,7 @@ from sim.fleet_config import (
     next_round,
 )
 from sim.fleet_connection import Connection, Done, Report
+from sim.fleet_layouts import watch_layouts
 from sim.fleet_metrics import PUBLISH_FAILURE_REASONS, FleetMetrics
 from sim.fleet_models import DeviceStreams, FleetModel, device_bits
 from sim.fleet_pool import Connections
@@ -166,7 +167,9 @@ class Fleet:
         self.ids = [device_id(i, config.prefix) for i in range(config.devices)]
         self.topics = [ingress_topic(config.deployment, dev) for dev in self.ids]
         """Every device's unsharded ingress topic (:meth:`topics_for` gives a round's)."""
-        self._shard_topics: dict[int, list[str]] = {}  # per layout generation
+        self._shard_topics: dict[tuple[int, int, int], list[str]] = {}  # per layout
+        self.plan = config.shards
+        """The shard layouts in force (followed while the fleet runs: :meth:`adopt`)."""
         self._on_report = on_report
         self._on_acked = on_acked
         self._mechanism = LocalMechanism.from_spec(config.spec)
@@ -225,16 +228,26 @@ class Fleet:
     def topics_for(self, round_: int) -> list[str] | None:
         """Every device's ingress topic in ``round_`` (its shard's, in a sharded deployment);
         ``None`` if no announced layout serves the round (the fleet then skips it)."""
-        plan = self.config.shards
+        plan = self.plan
         if plan is None:
             return self.topics
         layout = plan.layout_for_round(round_)
         if layout is None:
             return None
-        topics = self._shard_topics.get(layout.generation)
+        key = (layout.generation, layout.seed, layout.count)
+        topics = self._shard_topics.get(key)
         if topics is None:
-            topics = self._shard_topics[layout.generation] = self._layout_topics(layout)
+            topics = self._shard_topics[key] = self._layout_topics(layout)
         return topics
+
+    def adopt(self, plan: ShardPlan) -> None:
+        """Follow newly announced layouts (a reshard) from their first round on."""
+        if plan != self.plan:
+            logger.info(
+                "the deployment announces shard layouts %s",
+                [(layout.generation, layout.count, layout.from_round) for layout in plan.layouts],
+            )
+            self.plan = plan
 
     def _layout_topics(self, layout: ShardLayout) -> list[str]:
         deployment = self.config.deployment
@@ -267,8 +280,23 @@ class Fleet:
         self.stats = _Stats()
         sweeper = asyncio.create_task(self._sweep(), name="fleet-timeouts")
         pool = self.connections
+        watcher: asyncio.Task[None] | None = None
         try:
             await pool.negotiate()
+            if cfg.shards is not None and cfg.credentials_secret is None:
+                watcher = asyncio.create_task(
+                    watch_layouts(
+                        broker=cfg.broker,
+                        deployment=cfg.deployment,
+                        fingerprint=self.spec.fingerprint,
+                        version=lambda: pool.version,
+                        username=cfg.username,
+                        password=cfg.password,
+                        ca_file=cfg.ca_file,
+                        on_plan=self.adopt,
+                    ),
+                    name="fleet-layouts",
+                )
             conns = pool.make(self._lost)
             t0 = time.monotonic()
             await pool.connect_all(conns)
@@ -304,6 +332,10 @@ class Fleet:
                 index += 1
         finally:
             self.stats.connected_at_end = pool.connected
+            if watcher is not None:
+                watcher.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watcher
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper

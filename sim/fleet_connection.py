@@ -196,6 +196,9 @@ class Connection:
         self._on_lost = on_lost
         self._room = asyncio.Event()
         self._room.set()
+        self._closed = asyncio.Event()
+        """Set when the broker closes the connection (before a CONNACK too: gmqtt, told not
+        to reconnect by itself, then waits for a CONNACK that never comes)."""
 
     @property
     def in_flight(self) -> int:
@@ -209,19 +212,37 @@ class Connection:
         timeout: float,
         version: Negotiated = "5",
     ) -> str | None:
-        """``None`` once connected, else the failure reason (never raises for the broker)."""
+        """``None`` once connected, else the failure reason (never raises for the broker).
+
+        A broker that closes the connection before its CONNACK (a NATS node that cannot
+        load the session while its cluster elects a leader) fails the attempt at once
+        (``network``), instead of after ``timeout``."""
+        self._closed.clear()
+        attempt = asyncio.ensure_future(
+            self.client.connect(
+                host,
+                port,
+                ssl=tls,
+                keepalive=_KEEPALIVE,
+                version=MQTTv50 if version == "5" else MQTTv311,
+            )
+        )
+        closed = asyncio.ensure_future(self._closed.wait())
         try:
             async with asyncio.timeout(timeout):
-                await self.client.connect(
-                    host,
-                    port,
-                    ssl=tls,
-                    keepalive=_KEEPALIVE,
-                    version=MQTTv50 if version == "5" else MQTTv311,
-                )
+                await asyncio.wait({attempt, closed}, return_when=asyncio.FIRST_COMPLETED)
+            if not attempt.done():
+                raise ConnectionResetError("the broker closed the connection before its CONNACK")
+            attempt.result()
         except (OSError, TimeoutError, gmqtt.MQTTConnectError, ssl.CertificateError) as exc:
             await self._abandon()
             return connect_reason(exc)
+        finally:
+            closed.cancel()
+            if not attempt.done():
+                attempt.cancel()
+                with contextlib.suppress(BaseException):
+                    await attempt
         if not self.client.is_connected:  # closed again before this coroutine resumed
             await self._abandon()
             return "network"
@@ -233,6 +254,7 @@ class Connection:
         return None
 
     def _on_disconnect(self, *_args: Any) -> None:
+        self._closed.set()
         was = self.connected
         self.connected = False
         self._room.set()
