@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import socket
 import struct
 from collections.abc import Iterator
@@ -203,6 +204,8 @@ def test_gmqtt_mqtt5_without_its_reconnection_never_completes_connect(
     """As the shuffler and sim/fleet.py configure gmqtt (``reconnect_retries`` -2), the
     fallback cannot reconnect: gmqtt logs the CONNACK code and gives up, and connect() neither
     returns nor raises. A caller must bound it with a timeout and treat that as a refusal."""
+    # an in-process `coco fleet` earlier in the session sets the gmqtt logger to CRITICAL
+    caplog.set_level(logging.DEBUG, logger="gmqtt")
     client = GmqttAdapter(cluster.url(0), unique("gmqtt-v5-norc"), clean_session=True, mqtt5=True)
     future = asyncio.run_coroutine_threadsafe(client.start_connect(), client._runner.loop)
     wait_for(
