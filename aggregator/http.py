@@ -11,6 +11,12 @@ they never lag ``/metrics``). It is a stdlib ``ThreadingHTTPServer`` in a daemon
 the handler asks the event loop for a fresh snapshot (an immutable document the loop
 replaces; :mod:`aggregator.publishing`) and waits for it, so no lock is needed
 and a slow scraper never blocks the event loop.
+
+What it serves is a :class:`Source` (the registry and the callables behind ``/estimates``,
+``/ready`` and the recovery gate), which :meth:`MetricsServer.serve` replaces on the live
+socket: a server handed to an :class:`~aggregator.service.Aggregator` (``http=``) outlives
+it and goes on serving the stopped service's final state, and ``coco demo --serve`` keeps
+one server from its first report to Ctrl-C.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import logging
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -30,6 +37,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from aggregator.live_page import CONTENT_SECURITY_POLICY, PAGE
 from aggregator.metrics import ready_gauge
 from edge.errors import CocoError
+
+__all__ = ["MetricsServer", "Source"]
 
 logger = logging.getLogger("aggregator.metrics")
 
@@ -53,10 +62,11 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         headers: dict[str, str] = {}
-        recovered = self.server.recovered()
+        source = self.server.source  # read once: a switch of source never splits a request
+        recovered = source.recovered()
         try:
             if path == "/ready":
-                ready = self.server.ready()
+                ready = source.ready()
                 body = b"ready\n" if ready else b"not ready\n"
                 self._send(200 if ready else 503, body, "text/plain; charset=utf-8", {})
                 return
@@ -79,10 +89,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self.end_headers()
                 return
             elif path == "/metrics":
-                body = generate_latest(self.server.registry)
+                body = generate_latest(source.registry)
                 content_type = CONTENT_TYPE_LATEST
             elif path == "/estimates":
-                body = json.dumps(self.server.estimates()).encode()
+                body = json.dumps(source.estimates()).encode()
                 content_type = "application/json"
             else:
                 self.send_error(404, "try /, /metrics, /estimates or /ready")
@@ -106,22 +116,22 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("http: " + format, *args)
 
 
+@dataclass(frozen=True)
+class Source:
+    """What a :class:`MetricsServer` serves: a registry and three callables (module docs)."""
+
+    registry: CollectorRegistry
+    estimates: Callable[[], dict[str, Any]]
+    ready: Callable[[], bool] = lambda: True
+    recovered: Callable[[], bool] = lambda: True
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(
-        self,
-        address: tuple[str, int],
-        registry: CollectorRegistry,
-        estimates: Callable[[], dict[str, Any]],
-        ready: Callable[[], bool],
-        recovered: Callable[[], bool],
-    ) -> None:
+    def __init__(self, address: tuple[str, int], source: Source) -> None:
         super().__init__(address, _Handler)
-        self.registry = registry
-        self.estimates = estimates
-        self.ready = ready
-        self.recovered = recovered
+        self.source = source
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         if isinstance(sys.exc_info()[1], _GONE):
@@ -131,8 +141,9 @@ class _Server(ThreadingHTTPServer):
 
 class MetricsServer:
     """``/``, ``/metrics``, ``/estimates`` and ``/ready`` on ``host:port`` (``port=0`` picks
-    a free port). A port that cannot be bound is a one-line :class:`CocoError` naming it and
-    the option (``--metrics-port``)."""
+    a free port), from a :class:`Source` that :meth:`serve` may replace. A port that cannot
+    be bound is a one-line :class:`CocoError` naming it and ``option`` (the command's option
+    for it; ``--metrics-port`` by default)."""
 
     def __init__(
         self,
@@ -143,9 +154,10 @@ class MetricsServer:
         estimates: Callable[[], dict[str, Any]],
         ready: Callable[[], bool] = lambda: True,
         recovered: Callable[[], bool] = lambda: True,
+        option: str = "--metrics-port (COCO_METRICS_PORT)",
     ) -> None:
         try:
-            self._server = _Server((host, port), registry, estimates, ready, recovered)
+            self._server = _Server((host, port), Source(registry, estimates, ready, recovered))
         except OSError as exc:
             problem = (
                 "is in use"
@@ -153,12 +165,21 @@ class MetricsServer:
                 else f"cannot be bound ({exc.strerror})"
             )
             raise CocoError(
-                f"port {port} on {host} {problem}: choose another with --metrics-port "
-                "(COCO_METRICS_PORT)"
+                f"port {port} on {host} {problem}: choose another with {option}"
             ) from None
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="coco-aggregator-http", daemon=True
         )
+
+    def serve(self, source: Source) -> None:
+        """Serve ``source`` from the next request on, on the same socket: the port never
+        closes in between (``coco demo --serve`` hands the page from the running aggregator
+        to the run's final state this way)."""
+        self._server.source = source  # one reference: a request reads the old or the new
+
+    @property
+    def source(self) -> Source:
+        return self._server.source
 
     @property
     def port(self) -> int:

@@ -86,7 +86,7 @@ from aggregator.core import (
     check_resumable,
 )
 from aggregator.generations import Generations
-from aggregator.http import MetricsServer
+from aggregator.http import MetricsServer, Source
 from aggregator.keys import describe_anchor
 from aggregator.ledger_file import ledger_path_for, load_ledger
 from aggregator.metrics import UNACKED_REASONS, AggregatorMetrics
@@ -141,7 +141,16 @@ class Aggregator:
     re-entrant.
     """
 
-    def __init__(self, config: AggregatorConfig, *, registry: CollectorRegistry | None = None):
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        *,
+        registry: CollectorRegistry | None = None,
+        http: MetricsServer | None = None,
+    ):
+        """``http``: a started server that the service serves on while it is entered
+        instead of its own (``config.http_port`` is then ignored); it is not stopped on
+        leaving, but goes on serving the stopped service's final state."""
         assert config.min_batch is not None
         self.config = config
         self.spec = config.spec
@@ -191,6 +200,7 @@ class Aggregator:
         self._lock_fd: int | None = None
         self._run_start = Counters()
         self._http: MetricsServer | None = None
+        self._lent_http = http
 
     # -- what tests, the demo and dashboards read ----------------------------------------
 
@@ -269,6 +279,8 @@ class Aggregator:
 
     @property
     def http_port(self) -> int | None:
+        if self._lent_http is not None:
+            return self._lent_http.port
         return None if self._http is None else self._http.port
 
     def snapshot(self) -> dict[str, Any]:
@@ -305,7 +317,16 @@ class Aggregator:
             if path is not None and lock is not None:
                 self._lock_fd = lock_checkpoint(lock, path)
             self.publisher.bind_loop()
-            if self.config.http_port is not None:
+            if self._lent_http is not None:
+                self._lent_http.serve(
+                    Source(
+                        self.registry,
+                        self.snapshot,
+                        ready=lambda: self.ready,
+                        recovered=lambda: self.recovered,
+                    )
+                )
+            elif self.config.http_port is not None:
                 self._http = MetricsServer(
                     host=self.config.http_host,
                     port=self.config.http_port,
@@ -415,6 +436,8 @@ class Aggregator:
         finally:
             self._stop_http()
             self._release_lock()
+            if self._lent_http is not None and self.recovered:  # the final state, served on
+                self._lent_http.serve(Source(self.registry, self.snapshot, ready=lambda: False))
             self.recovered = False
             self._entered = self.publisher.entered = False
 

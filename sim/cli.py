@@ -318,7 +318,6 @@ def demo(
         format_table,
         page_url,
         run_pipeline,
-        serve_final_state,
     )
 
     try:
@@ -343,16 +342,16 @@ def demo(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     typer.echo(json.dumps(run.result, indent=1) if as_json else format_table(run.result))
-    if not serve:
+    server = run.server
+    if server is None:
         return
-    try:
-        server = serve_final_state(run)
-    except OSError as exc:
-        typer.echo(f"error: cannot serve the live page on 127.0.0.1: {exc}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(f"serving the final estimates at {page_url(server.port)} (Ctrl-C to stop)", err=True)
-    _wait_for_a_stop_signal()
-    server.stop()
+    try:  # the server that served the run serves its final state: the page never went away
+        typer.echo(
+            f"serving the final estimates at {page_url(server.port)} (Ctrl-C to stop)", err=True
+        )
+        _wait_for_a_stop_signal()
+    finally:
+        server.stop()
 
 
 def _wait_for_a_stop_signal() -> None:

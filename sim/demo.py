@@ -22,10 +22,13 @@
 4. **Rounds.** Round ``k`` of the readings is published in the ``k``-th wall-clock round
    of ``round_seconds`` (2 s) from the start; the shuffler releases each round whole, as
    one signed batch, when the round closes.
-5. **Live page.** With ``http_port`` set (``coco demo --serve``) the aggregator serves its
-   live page, ``/metrics`` and ``/estimates`` on 127.0.0.1 during the run (``0``: a free
-   port); the URL is printed and kept in the result, and :func:`serve_final_state` serves
-   the final state on the same port after the run. Without it nothing listens.
+5. **Live page.** With ``http_port`` set (``coco demo --serve``) one HTTP server on
+   127.0.0.1 (``0``: a free port) is bound before the broker starts and lives until the
+   caller stops it: the aggregator serves its live page, ``/metrics`` and ``/estimates``
+   on it during the run, then the same socket serves the run's final state
+   (:meth:`~aggregator.http.MetricsServer.serve` swaps what it serves, so no request is
+   ever refused in between). The URL is printed and kept in the result. Without it
+   nothing listens.
 6. **Accounting.** The demo waits until the shuffler has received every report, stops it
    (drain: without a state directory it releases the open round's pool), waits until the
    aggregator has applied every released report, then stops the aggregator.
@@ -60,7 +63,7 @@ from prometheus_client import CollectorRegistry
 
 from aggregator.config import AggregatorConfig
 from aggregator.estimators import AggregateState
-from aggregator.http import MetricsServer
+from aggregator.http import MetricsServer, Source
 from aggregator.service import Aggregator
 from broker.core import MAX_BATCH_LIMIT
 from broker.metrics import DROP_REASONS, REJECT_REASONS
@@ -85,7 +88,6 @@ __all__ = [
     "find_mosquitto",
     "run_demo",
     "run_pipeline",
-    "serve_final_state",
 ]
 
 DEFAULT_DEVICES = 2000
@@ -176,6 +178,8 @@ class DemoRun:
     """The aggregator's final ``/estimates`` document."""
     http_port: int | None = None
     """The port the aggregator served on during the run (``None``: it did not serve)."""
+    server: MetricsServer | None = None
+    """With ``http_port``: the run's HTTP server, still serving the final state; stop it."""
 
 
 # -- the broker -----------------------------------------------------------------------------
@@ -385,20 +389,54 @@ async def run_pipeline(config: DemoConfig, *, on_report: ReportSink | None = Non
     """Run the demo; ``on_report`` sees every report the fleet publishes.
 
     Broker: ``config.broker`` > a local Mosquitto > the embedded amqtt broker.
+
+    With ``config.http_port`` set, one HTTP server is bound before anything else and serves
+    the live page, ``/metrics`` and ``/estimates`` of the running aggregator, then, on the
+    same socket and without a pause, the run's final state: the returned run holds it
+    (:attr:`DemoRun.server`, started); the caller stops it. A run that fails stops it.
     """
+    server = None
+    if config.http_port is not None:  # a busy port fails here, before any work
+        server = MetricsServer(
+            host=HTTP_HOST,
+            port=config.http_port,
+            registry=CollectorRegistry(),
+            estimates=lambda: {"ready": False, "starting": True},
+            recovered=lambda: False,
+            option="--port",
+        )
+        server.start()
+    try:
+        run = await _run_on_a_broker(config, on_report, server)
+    except BaseException:
+        if server is not None:
+            server.stop()
+        raise
+    if server is not None:
+        final = run.estimates
+        server.serve(Source(run.aggregator_registry, lambda: final))
+        run.server = server
+    return run
+
+
+async def _run_on_a_broker(
+    config: DemoConfig, on_report: ReportSink | None, server: MetricsServer | None
+) -> DemoRun:
     if config.broker is not None:
-        return await _run(config, config.broker, "external", on_report)
+        return await _run(config, config.broker, "external", on_report, server=server)
     binary = None if config.embedded_broker else find_mosquitto()
     if binary is not None:
         with local_mosquitto(binary) as url:
-            return await _run(config, url, f"local mosquitto ({binary})", on_report)
+            return await _run(config, url, f"local mosquitto ({binary})", on_report, server=server)
     config, note = _embedded_config(config)
     if note is not None:
         _progress(config.progress, note)
     try:
         broker = EmbeddedBroker()
         async with broker:
-            run = await _run(config, broker.url, EMBEDDED_BROKER_KIND, on_report, mqtt5=False)
+            run = await _run(
+                config, broker.url, EMBEDDED_BROKER_KIND, on_report, mqtt5=False, server=server
+            )
     except EmbeddedBrokerError as exc:
         raise DemoError(
             f"no broker: mosquitto is not installed (apt-get install mosquitto), no --broker "
@@ -415,10 +453,16 @@ async def run_demo(config: DemoConfig) -> dict[str, Any]:
 
 
 def _services(
-    config: DemoConfig, url: str, spec: MechanismSpec, *, mqtt5: bool = True
+    config: DemoConfig,
+    url: str,
+    spec: MechanismSpec,
+    *,
+    mqtt5: bool = True,
+    server: MetricsServer | None = None,
 ) -> tuple[Shuffler, Aggregator, BatchSigner]:
     """The shuffler and the aggregator of a run, each with its own registry; without
-    ``mqtt5`` both speak MQTT 3.1.1 (the fleet's connections always do). The shuffler keeps
+    ``mqtt5`` both speak MQTT 3.1.1 (the fleet's connections always do). The aggregator
+    serves on ``server`` (the run's own, :func:`run_pipeline`). The shuffler keeps
     its state in memory (a demo has nothing to resume) and signs with a fresh key, whose
     public key the aggregator trusts (and the announcement carries)."""
     dep = config.deployment
@@ -456,11 +500,12 @@ def _services(
             min_batch=config.min_batch,
             round_seconds=config.round_seconds,
             http_host=HTTP_HOST,
-            http_port=config.http_port,
+            http_port=None,
             session_expiry=60,
             metrics_dims=spec.d,
         ),
         registry=CollectorRegistry(),
+        http=server,
     )
     return shuffler, aggregator, signer
 
@@ -488,11 +533,12 @@ async def _run(
     on_report: ReportSink | None,
     *,
     mqtt5: bool = True,
+    server: MetricsServer | None = None,
 ) -> DemoRun:
     spec = config.spec()
     dep = config.deployment
     _progress(config.progress, f"broker: {broker_kind} at {url}; deployment {dep}")
-    shuffler, aggregator, signer = _services(config, url, spec, mqtt5=mqtt5)
+    shuffler, aggregator, signer = _services(config, url, spec, mqtt5=mqtt5, server=server)
     shuffler_registry = shuffler.metrics.registry
     fleet = _Fleet(
         config=config,
@@ -610,31 +656,6 @@ def _announce_page(config: DemoConfig, aggregator: Aggregator) -> int | None:
 def page_url(port: int) -> str:
     """The live page of an aggregator serving on :data:`HTTP_HOST` at ``port``."""
     return f"http://{HTTP_HOST}:{port}/"
-
-
-def serve_final_state(run: DemoRun) -> MetricsServer:
-    """A started server of the live page, ``/metrics`` and ``/estimates`` over the run's
-    final state, on the port the run served on (so an open page goes on polling), or on a
-    free port when that one was taken meanwhile or the run did not serve. ``stop()`` it."""
-    port = run.http_port or 0
-    try:
-        server = MetricsServer(
-            host=HTTP_HOST,
-            port=port,
-            registry=run.aggregator_registry,
-            estimates=lambda: run.estimates,
-        )
-    except OSError:
-        if port == 0:
-            raise
-        server = MetricsServer(
-            host=HTTP_HOST,
-            port=0,
-            registry=run.aggregator_registry,
-            estimates=lambda: run.estimates,
-        )
-    server.start()
-    return server
 
 
 def _result(

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import signal
 import subprocess
 import sys
+import threading
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -17,7 +20,7 @@ from typer.testing import CliRunner
 from aggregator.live_page import CONTENT_SECURITY_POLICY
 from sim.cli import app
 from sim.sensors import CHANNELS, MORE_CHANNELS, SensorFleet, channel_table
-from tests.conftest import Broker
+from tests.conftest import Broker, free_port
 
 
 def test_readings_are_seeded_in_range_and_match_the_ground_truth() -> None:
@@ -171,3 +174,71 @@ def test_demo_serve_keeps_the_live_page_up_until_ctrl_c(mosquitto: Broker) -> No
     assert policy == CONTENT_SECURITY_POLICY
     assert stdout.rstrip().endswith(f"live page: {url}")  # the table's last line
     assert "aggregated 600" in stdout
+
+
+def _status(url: str) -> int | str:
+    """The HTTP status of ``GET url``, or the error when no answer came (a refusal)."""
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            response.read()
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        exc.close()
+        return exc.code
+    except OSError as exc:
+        return repr(exc)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_demo_serve_answers_every_request_from_the_run_to_ctrl_c(mosquitto: Broker) -> None:
+    """A client reads /estimates, / and /metrics every 50 ms from before the demo starts
+    until well after the final state is served: once the page first answered, every request
+    is answered 200, across the end of the run (one server for the whole command; there
+    used to be a second one after the run, and a window with the port closed)."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}/"
+    outcomes: list[tuple[bool, str, int | str]] = []  # (final state served, path, status)
+    final, done = threading.Event(), threading.Event()
+
+    def poll() -> None:
+        for path in itertools.cycle(("estimates", "", "metrics")):
+            if done.is_set():
+                return
+            outcomes.append((final.is_set(), path, _status(base + path)))
+            done.wait(0.05)
+
+    coco = str(Path(sys.executable).with_name("coco"))
+    command = [
+        coco, "demo", "--devices", "300", "--rounds", "2", "--min-batch", "100",
+        "--broker", mosquitto.url, "--timeout", "60", "--serve", "--port", str(port),
+    ]  # fmt: skip
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        assert proc.stderr is not None
+        progress = []
+        for line in proc.stderr:
+            progress.append(line)
+            if line.startswith("serving the final estimates at "):
+                break
+        assert progress, "no output"
+        assert progress[-1].startswith("serving the final"), "".join(progress)
+        final.set()
+        seen = len(outcomes)
+        while sum(1 for after, _, _ in outcomes[seen:] if after) < 30:  # 10 rounds of 3
+            assert proc.poll() is None, "".join(progress)
+            done.wait(0.05)
+        done.set()
+        poller.join(timeout=30)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    first = next(k for k, (_, _, status) in enumerate(outcomes) if status == 200)
+    answered = outcomes[first:]
+    assert [o for o in answered if o[2] != 200] == [], f"{len(answered)} requests"
+    assert any(not after for after, _, _ in answered)  # the run was read while it ran
+    assert sum(1 for after, _, _ in answered if after) >= 30
+    assert f"live page: {base}\n" in progress
