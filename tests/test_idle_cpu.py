@@ -1,0 +1,147 @@
+"""Idle services idle (issue 18): ``coco shuffler`` with no traffic, with its default state
+directory (the README's command) and with ``--state-dir``, and ``coco demo --serve`` once
+the run is over and it serves the final state. The aggregator's own test is in
+tests/aggregator/test_operability.py.
+
+Each measures the CPU time (user + system, ``/proc/<pid>/stat``) of the real process and
+of its children (the demo's accountant worker) over an idle window and bounds it as a share
+of that window: a CPU ratio, not a wall-clock assertion. A loaded machine slows a busy
+process down, it does not make an idle one busier.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.aggregator.test_operability import IDLE_SECONDS, IDLE_SHARE, ready
+from tests.aggregator.test_single_writer import COCO, ROOT, wait_for
+from tests.conftest import Broker, free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+DEP = "idle"
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of ``pid`` and its live descendants."""
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
+            todo += _children(current)
+        except OSError:  # gone meanwhile
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def idle_share(pid: int) -> tuple[float, float]:
+    """CPU seconds used over an idle window of :data:`IDLE_SECONDS`, and the window."""
+    before, start = tree_cpu_seconds(pid), time.monotonic()
+    time.sleep(IDLE_SECONDS)  # the window measured, not a wait for anything
+    used, elapsed = tree_cpu_seconds(pid) - before, time.monotonic() - start
+    print(f"idle: {used:.3f} s of CPU in {elapsed:.2f} s")
+    return used, elapsed
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "COCO_LOG_LEVEL": "info"}
+
+
+@contextmanager
+def process(args: list[str], cwd: Path) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        args, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=30)
+
+
+def coco(args: list[str], cwd: Path) -> str:
+    done = subprocess.run(
+        [*COCO, *args], cwd=cwd, env=env(), capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("state", ["default-state-dir", "state-dir"])
+def test_an_idle_shuffler_idles(mosquitto: Broker, tmp_path: Path, state: str) -> None:
+    """The README's commands: a batch key, the announcement, then the shuffler with its
+    default state directory (``coco-state/<deployment>/shuffler`` under the working
+    directory), or with ``--state-dir``."""
+    keys = tmp_path / "batch-key"
+    coco(["credentials", "--batch-key-dir", str(keys)], tmp_path)
+    coco(
+        [
+            "announce", "--deployment", DEP, "--mechanism", "coco", "--d", "6", "--s", "2",
+            "--epsilon", "1", "--min-batch", "100", "--delta", "1e-6", "--round-seconds", "10",
+            "--batch-public-key", str(keys / "public" / "signing.pub"),
+            "--broker", mosquitto.url,
+        ],
+        tmp_path,
+    )  # fmt: skip
+    port = free_port()
+    args = [*COCO, "shuffler", "--deployment", DEP, "--broker", mosquitto.url]
+    args += ["--signing-key", str(keys / "private" / "signing.key")]
+    args += ["--metrics-port", str(port)]
+    state_dir = tmp_path / "coco-state" / DEP / "shuffler"
+    if state == "state-dir":
+        state_dir = tmp_path / "elsewhere"
+        args += ["--state-dir", str(state_dir)]
+    with process(args, tmp_path) as proc:
+        wait_for(lambda: ready(port) == 200, proc, timeout=60)
+        assert (state_dir / "effects.log").exists()
+        used, elapsed = idle_share(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert used / elapsed < IDLE_SHARE, (used, elapsed)
+
+
+def test_demo_serving_its_final_state_idles(mosquitto: Broker, tmp_path: Path) -> None:
+    command = [
+        str(Path(sys.executable).with_name("coco")), "demo", "--devices", "300", "--rounds",
+        "2", "--min-batch", "100", "--broker", mosquitto.url, "--timeout", "60", "--serve",
+    ]  # fmt: skip
+    with process(command, tmp_path) as proc:
+        assert proc.stderr is not None
+        progress = []
+        for line in proc.stderr:
+            progress.append(line)
+            if line.startswith("serving the final estimates at "):
+                break
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/", progress[-1] if progress else "")
+        assert match is not None, "".join(progress)
+        assert ready(int(match.group(1))) == 200  # serving, the run over
+        used, elapsed = idle_share(proc.pid)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert used / elapsed < IDLE_SHARE, (used, elapsed)
