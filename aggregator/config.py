@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from aggregator.keys import anchor_of
+from aggregator.page_data import Channel, check_channels
 from edge import mqtt_url, topics
 from edge.batch_auth import BatchVerifier
 from edge.errors import CocoError
@@ -127,6 +128,11 @@ class AggregatorConfig:
     epsilon_target: float | None = None
     """Exported as ``coco_aggregator_epsilon_target`` for dashboards; ``None`` exports
     nothing (no target line is drawn). It changes nothing in the service's behaviour."""
+    channels: Sequence[Channel] | None = None
+    """The dimensions as sensor channels (name, unit, range; :mod:`aggregator.page_data`),
+    one per dimension, where the deployment encodes readings with
+    :class:`~edge.encoders.SensorEncoder`: ``/estimates`` and the live page then show each
+    channel's mean in its physical unit. ``None``: dimensions ``x0``, ``x1``, ..."""
     exported_dims: tuple[int, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -164,6 +170,12 @@ class AggregatorConfig:
         if len(dims) > MAX_METRICS_DIMS:
             raise ValueError(f"at most {MAX_METRICS_DIMS} metrics_dims, got {len(dims)}")
         object.__setattr__(self, "exported_dims", dims)
+        self._check_channels()
+
+    def _check_channels(self) -> None:
+        if self.channels is not None:
+            channels = check_channels(self.channels, d=self.spec.d, s=self.spec.s)
+            object.__setattr__(self, "channels", channels)
 
     def _check_batch_rules(self) -> None:
         if self.batch_public_key is None and self.shards is None:

@@ -112,22 +112,22 @@ svg text { font: 11px system-ui, sans-serif; fill: #57606a; }
 <div class="muted" id="shards-note">smallest batch by shard (sharded deployments): <span
  id="shards">-</span>; reports counted missing from the shufflers' manifests: <span
  data-field="manifests.reports_missing" data-value="null">-</span></div>
-<svg id="eps-chart" width="640" height="190" role="img"
- aria-label="epsilon per batch and epsilon_total over time"></svg>
-<div class="muted"><span class="key" style="background:#0969da"></span> epsilon_central of
- the latest batch &nbsp; <span class="key" style="background:#bc4c00"></span> epsilon_total
- &nbsp; (kept by this page since it was opened: <span id="points">0</span> points)</div>
+<svg id="eps-chart" width="640" height="200" role="img"
+ aria-label="epsilon of the smallest and the latest batch and epsilon_total over time"></svg>
+<div class="muted"><span class="key" style="background:#1a7f37"></span> epsilon_central of
+ the smallest batch (every report's guarantee) &nbsp; <span class="key"
+ style="background:#0969da"></span> of the latest batch &nbsp; <span class="key"
+ style="background:#bc4c00"></span> epsilon_total (composed over rounds) &nbsp; (<span
+ id="points">0</span> points <span id="points-source">kept by this page</span>)</div>
 
 <h2>Estimates with <span id="confidence">95%</span> intervals</h2>
 <div class="muted" id="dims-note"></div>
 <svg id="est-chart" width="640" height="40" role="img" aria-label="means with intervals"></svg>
 <table id="est-table">
-<thead><tr><th class="left">dim</th><th>mean</th><th>&plusmn; half-width</th>
-<th>frequency</th><th>&plusmn; half-width</th></tr></thead>
+<thead></thead>
 <tbody></tbody>
 </table>
-<p class="muted">Reads /estimates every __POLL__ s. Means of x_j are in [-1, 1]; frequency
-is the share of reports with x_j != 0.</p>
+<p class="muted" id="units-note">Reads /estimates every __POLL__ s.</p>
 
 <script>
 "use strict";
@@ -220,58 +220,129 @@ function label(parent, x, y, text, anchor) {
   t.textContent = text;
 }
 
-function drawEstimates(rows) {
+function drawEstimates(rows, channels) {
+  // rows: [j, [value, half-width, lo, hi]]; with channels, each row on its own range.
   const svg = document.getElementById("est-chart");
-  const W = 640, left = 46, right = 16, rowH = 16, top = 8;
+  const W = 640, left = channels ? 118 : 46, right = channels ? 96 : 16, rowH = 16, top = 8;
   const H = top + rows.length * rowH + 24;
   svg.setAttribute("height", H);
   svg.replaceChildren();
-  const xOf = (v) => left + (Math.max(-1, Math.min(1, v)) + 1) / 2 * (W - left - right);
-  for (const tick of [-1, -0.5, 0, 0.5, 1]) {
-    el("line", {x1: xOf(tick), x2: xOf(tick), y1: top - 4, y2: H - 20,
-      stroke: tick === 0 ? "#8c959f" : "#eaeef2"}, svg);
-    label(svg, xOf(tick), H - 6, String(tick));
+  const span = (j) => channels ? [channels[j].lo, channels[j].hi] : [-1, 1];
+  const xOf = (j, v) => {
+    const [a, b] = span(j);
+    return left + (Math.max(a, Math.min(b, v)) - a) / (b - a) * (W - left - right);
+  };
+  const ticks = channels ? [[0, "low"], [0.5, "mid-range"], [1, "high"]]
+    : [[0, "-1"], [0.25, "-0.5"], [0.5, "0"], [0.75, "0.5"], [1, "1"]];
+  for (const [f, text] of ticks) {
+    const x = left + f * (W - left - right);
+    el("line", {x1: x, x2: x, y1: top - 4, y2: H - 20,
+      stroke: f === 0.5 ? "#8c959f" : "#eaeef2"}, svg);
+    label(svg, x, H - 6, text);
   }
   rows.forEach(([j, m], i) => {
     const y = top + i * rowH + rowH / 2;
-    label(svg, left - 8, y + 4, "x" + j, "end");
+    label(svg, left - 8, y + 4, channels ? channels[j].name : "x" + j, "end");
     if (isNum(m[2]) && isNum(m[3])) {
-      el("line", {x1: xOf(m[2]), x2: xOf(m[3]), y1: y, y2: y, stroke: "#0969da",
+      el("line", {x1: xOf(j, m[2]), x2: xOf(j, m[3]), y1: y, y2: y, stroke: "#0969da",
         "stroke-width": 3, "stroke-linecap": "round", opacity: 0.45}, svg);
     }
-    if (isNum(m[0])) el("circle", {cx: xOf(m[0]), cy: y, r: 3.5, fill: "#0969da"}, svg);
+    if (isNum(m[0])) el("circle", {cx: xOf(j, m[0]), cy: y, r: 3.5, fill: "#0969da"}, svg);
+    if (channels) {
+      label(svg, W - right + 8, y + 4, fmt(m[0]) + " " + channels[j].unit, "start");
+    }
   });
 }
 
-function drawHistory() {
+function clock(t) {
+  // Unix seconds -> "HH:MM:SS UTC": the same on every machine.
+  return new Date(t * 1000).toISOString().slice(11, 19) + " UTC";
+}
+
+function drawHistory(points, source) {
+  // points: {t (Unix seconds), batches, smallest, latest, total}
   const svg = document.getElementById("eps-chart");
-  const W = 640, H = 190, left = 46, right = 16, top = 10, bottom = 28;
+  const W = 640, H = 200, left = 46, right = 16, top = 10, bottom = 38;
   svg.replaceChildren();
-  svg.dataset.points = JSON.stringify(history.map((p) => [p.batches, p.latest, p.total]));
-  document.getElementById("points").textContent = String(history.length);
-  const values = history.flatMap((p) => [p.latest, p.total]).filter(isNum);
+  svg.dataset.points = JSON.stringify(
+    points.map((p) => [p.batches, p.smallest, p.latest, p.total]));
+  svg.dataset.times = JSON.stringify(points.map((p) => p.t));
+  svg.dataset.source = source;
+  document.getElementById("points").textContent = String(points.length);
+  document.getElementById("points-source").textContent = source === "service"
+    ? "kept by the aggregator since it started" : "kept by this page since it was opened";
+  const values = points.flatMap((p) => [p.smallest, p.latest, p.total]).filter(isNum);
   if (!values.length) {
     label(svg, W / 2, H / 2, "no batch accounted yet");
     return;
   }
   const ymax = Math.max(...values) * 1.1;
-  const t0 = history[0].t, t1 = Math.max(history[history.length - 1].t, t0 + 1);
-  const xOf = (t) => left + (t - t0) / (t1 - t0) * (W - left - right);
+  const t0 = points[0].t, t1 = points[points.length - 1].t;
+  const single = t1 <= t0;
+  const xOf = (t) => single ? (left + W - right) / 2
+    : left + (t - t0) / (t1 - t0) * (W - left - right);
   const yOf = (v) => H - bottom - v / ymax * (H - top - bottom);
   for (let k = 0; k <= 4; k++) {
     const v = ymax * k / 4;
     el("line", {x1: left, x2: W - right, y1: yOf(v), y2: yOf(v), stroke: "#eaeef2"}, svg);
     label(svg, left - 6, yOf(v) + 4, fmt(Number(v.toPrecision(2))), "end");
   }
-  label(svg, left, H - 8, "0 s", "start");
-  label(svg, W - right, H - 8, fmt(Math.round((t1 - t0) / 1000)) + " s", "end");
-  for (const [key, color] of [["latest", "#0969da"], ["total", "#bc4c00"]]) {
-    const pts = history.filter((p) => isNum(p[key]));
+  const axis = el("g", {id: "eps-axis"}, svg);
+  if (single) {
+    label(axis, xOf(t0), H - 22, clock(t0));
+    label(axis, xOf(t0), H - 8, "one level so far (batches accounted " + points[0].batches + ")");
+  } else {
+    const mid = (t0 + t1) / 2;
+    label(axis, left, H - 22, clock(t0), "start");
+    label(axis, xOf(mid), H - 22, clock(mid));
+    label(axis, W - right, H - 22, clock(t1), "end");
+    label(axis, left, H - 8, "0 s", "start");
+    label(axis, xOf(mid), H - 8, "+" + fmt(Number((mid - t0).toPrecision(3))) + " s");
+    label(axis, W - right, H - 8, "+" + fmt(Number((t1 - t0).toPrecision(3))) + " s", "end");
+  }
+  // the smallest batch's last, on top; the latest dashed: they coincide while the latest
+  // batch is the smallest
+  for (const [key, color, dash] of [["total", "#bc4c00", "none"],
+      ["latest", "#0969da", "6 4"], ["smallest", "#1a7f37", "none"]]) {
+    const pts = points.filter((p) => isNum(p[key]));
     if (!pts.length) continue;
     el("polyline", {points: pts.map((p) => xOf(p.t) + "," + yOf(p[key])).join(" "),
-      fill: "none", stroke: color, "stroke-width": 2}, svg);
+      fill: "none", stroke: color, "stroke-width": 2, "stroke-dasharray": dash,
+      "data-series": key}, svg);
     for (const p of pts) el("circle", {cx: xOf(p.t), cy: yOf(p[key]), r: 2.5, fill: color}, svg);
   }
+}
+
+function serviceHistory(doc) {
+  // /estimates' privacy_history as points, or null when it has none.
+  const h = doc.privacy_history;
+  if (!h || !Array.isArray(h.columns) || !Array.isArray(h.points)) return null;
+  const at = (name) => h.columns.indexOf(name);
+  const c = [at("time"), at("batches_accounted"), at("smallest"), at("latest"),
+    at("epsilon_total")];
+  if (c.some((k) => k < 0)) return null;
+  return h.points.map((p) => ({t: p[c[0]], batches: p[c[1]], smallest: p[c[2]],
+    latest: p[c[3]], total: p[c[4]]}));
+}
+
+function channelsOf(doc, d) {
+  // The sensor channels of /estimates when they describe the d dimensions, else null.
+  const ch = doc.channels;
+  if (!Array.isArray(ch) || ch.length !== d) return null;
+  return ch.every((c) => c && typeof c.name === "string" && typeof c.unit === "string" &&
+    isNum(c.lo) && isNum(c.hi) && c.hi > c.lo) ? ch : null;
+}
+
+function header(columns) {
+  const head = document.querySelector("#est-table thead");
+  head.replaceChildren();
+  const tr = head.insertRow();
+  columns.forEach((text, k) => {
+    const th = document.createElement("th");
+    if (k === 0 || (columns.length === 6 && k === 1)) th.className = "left";
+    th.textContent = text;
+    tr.appendChild(th);
+  });
 }
 
 function render(doc) {
@@ -305,18 +376,41 @@ function render(doc) {
   document.getElementById("confidence").textContent = fmt(confidence * 100) + "%";
   const z = invNormal(0.5 + confidence / 2);
   const means = intervals(est, "mean", z), freqs = intervals(est, "freq", z);
+  const channels = channelsOf(doc, means.length);
   const shown = Math.min(means.length, MAX_ROWS);
   document.getElementById("dims-note").textContent = means.length > shown
     ? "the first " + shown + " of " + means.length + " dimensions" : "";
+  document.getElementById("units-note").textContent = channels
+    ? "Reads /estimates every " + POLL_MS / 1000 + " s. Each channel's fleet mean in its " +
+      "unit, with its interval (the mechanism's and the encoding's error); the chart " +
+      "places it on the channel's range."
+    : "Reads /estimates every " + POLL_MS / 1000 + " s. Means of x_j are in [-1, 1]; " +
+      "frequency is the share of reports with x_j != 0.";
   const body = document.querySelector("#est-table tbody");
-  if (body.rows.length !== shown) {
+  const mode = (channels ? "channels " : "dims ") + shown;
+  if (body.dataset.mode !== mode) {
+    body.dataset.mode = mode;
     body.replaceChildren();
+    header(channels
+      ? ["channel", "unit", "estimate", "\u00b1 half-width", "low", "high"]
+      : ["dim", "mean", "\u00b1 half-width", "frequency", "\u00b1 half-width"]);
+    const names = channels ? ["value", "value_halfwidth", "channel_lo", "channel_hi"]
+      : ["mean", "mean_halfwidth", "freq", "freq_halfwidth"];
     for (let j = 0; j < shown; j++) {
       const tr = body.insertRow();
       const head = tr.insertCell();
       head.className = "left";
-      head.textContent = "x" + j;
-      for (const name of ["mean", "mean_halfwidth", "freq", "freq_halfwidth"]) {
+      head.dataset.field = "label";
+      head.dataset.dim = String(j);
+      head.textContent = channels ? channels[j].name : "x" + j;
+      if (channels) {
+        const unit = tr.insertCell();
+        unit.className = "left";
+        unit.dataset.field = "unit";
+        unit.dataset.dim = String(j);
+        unit.textContent = channels[j].unit;
+      }
+      for (const name of names) {
         const td = tr.insertCell();
         td.className = "num";
         td.dataset.field = name;
@@ -327,22 +421,39 @@ function render(doc) {
   const rows = [];
   for (let j = 0; j < shown; j++) {
     const cells = body.rows[j].cells;
-    put(cells[1], means[j][0]);
-    put(cells[2], means[j][1]);
-    put(cells[3], freqs[j][0]);
-    put(cells[4], freqs[j][1]);
-    rows.push([j, means[j]]);
+    if (channels) {
+      const c = channels[j];
+      const ok = isNum(c.value_lo) && isNum(c.value_hi);
+      const row = [c.value, ok ? (c.value_hi - c.value_lo) / 2 : null,
+        ok ? c.value_lo : null, ok ? c.value_hi : null];
+      cells[0].textContent = c.name;
+      cells[1].textContent = c.unit;
+      put(cells[2], row[0]);
+      put(cells[3], row[1]);
+      put(cells[4], c.lo);
+      put(cells[5], c.hi);
+      rows.push([j, row]);
+    } else {
+      put(cells[1], means[j][0]);
+      put(cells[2], means[j][1]);
+      put(cells[3], freqs[j][0]);
+      put(cells[4], freqs[j][1]);
+      rows.push([j, means[j]]);
+    }
   }
-  drawEstimates(rows);
+  drawEstimates(rows, channels);
 
   const accounted = doc.batches_accounted;
   const last = history[history.length - 1];
   if (isNum(accounted) && accounted > 0 && (!last || last.batches !== accounted)) {
-    history.push({t: Date.now(), batches: accounted,
+    history.push({t: Date.now() / 1000, batches: accounted,
+      smallest: get(doc, "epsilon_central.smallest"),
       latest: get(doc, "epsilon_central.latest"), total: doc.epsilon_total});
     if (history.length > MAX_POINTS) history.shift();
   }
-  drawHistory();
+  const kept = serviceHistory(doc);
+  if (kept) drawHistory(kept, "service");
+  else drawHistory(history, "page");
 }
 
 async function poll() {
@@ -360,7 +471,7 @@ async function poll() {
     setTimeout(poll, POLL_MS);
   }
 }
-drawHistory();
+drawHistory(history, "page");
 poll();
 </script>
 </body>

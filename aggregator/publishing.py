@@ -11,7 +11,10 @@ PrivacyLedger`'s, recomputed after batches are applied in the accountant's own
 low-priority process (:mod:`aggregator.accountant_process`, the service's one use of the
 accountant); until it covers the newest batch the previous level is shown
 (``batches_accounted`` says how many it covers), and a request from another thread waits
-for it, up to :data:`REQUEST_WAIT`, off the loop.
+for it, up to :data:`REQUEST_WAIT`, off the loop. ``/estimates`` also carries the privacy
+levels shown so far with their times (``privacy_history``) and, where the configuration
+names the dimensions as sensor channels, each channel's mean in its unit (``channels``;
+both from :mod:`aggregator.page_data`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +36,7 @@ from aggregator.core import AggregatorCore
 from aggregator.estimators import AggregateState
 from aggregator.ledger_file import ledger_path_for, load_ledger
 from aggregator.metrics import AggregatorMetrics, epsilon_curve_grid
+from aggregator.page_data import PrivacyHistory, channel_estimates
 from aggregator.privacy_ledger import PrivacyLedger, PrivacyLevel
 from edge.errors import CocoError
 
@@ -86,6 +91,9 @@ class Publisher:
         self.status = status
         """Extra fields of the document (``subscribed``, ``ready``, trust), from the shell."""
         self.document: dict[str, Any] = {}
+        self.history = PrivacyHistory()
+        """The levels shown so far, with their times (:mod:`aggregator.page_data`)."""
+        self.clock: Callable[[], float] = time.time
         self.level = no_level()
         self.privacy_dirty = asyncio.Event()
         self.first_level = asyncio.Event()  # the privacy loop's first level is done
@@ -180,14 +188,38 @@ class Publisher:
         self.metrics.set_retention(
             retained_ids=len(core.memory), oldest_round=core.memory.oldest_round
         )
+        level_shown = level.to_dict()
+        self.history.record(
+            self.clock(),
+            batches=level.batches,
+            smallest=level.epsilon_central["smallest"],
+            latest=level.epsilon_central["latest"],
+            total=level.epsilon_total,
+        )
+        channels = self.config.channels
         self.document = {
             "deployment": self.config.deployment,
             "spec": core.spec.to_dict(),
             "n": core.state.n,
             "estimates": estimates.to_dict(),
             "epsilon_local": core.spec.epsilon,
-            **level.to_dict(),
+            **level_shown,
             "batch_size": {"smallest": smallest, "latest": latest},
+            "privacy_history": self.history.to_json(),
+            **(
+                {}
+                if channels is None
+                else {
+                    "channels": channel_estimates(
+                        channels,
+                        s=core.spec.s,
+                        n=core.state.n,
+                        mean=estimates.mean.tolist(),
+                        mean_se=estimates.mean_se.tolist(),
+                        confidence=self.config.confidence,
+                    )
+                }
+            ),
             "min_batch": core.rules.min_batch,
             "delta": self.config.delta,
             "last_batch_timestamp": core.last_batch_timestamp,

@@ -64,6 +64,7 @@ from prometheus_client import CollectorRegistry
 from aggregator.config import AggregatorConfig
 from aggregator.estimators import AggregateState
 from aggregator.http import MetricsServer, Source
+from aggregator.page_data import Channel
 from aggregator.service import Aggregator
 from broker.core import MAX_BATCH_LIMIT
 from broker.metrics import DROP_REASONS, REJECT_REASONS
@@ -75,7 +76,7 @@ from edge.codec import encode_report
 from edge.rounds import current_round, seconds_to_next_round
 from edge.topics import ingress_topic, spec_topic
 from sim.embedded_broker import EmbeddedBroker, EmbeddedBrokerError
-from sim.sensors import SensorFleet
+from sim.sensors import SensorFleet, channel_table
 from sim.synthetic import sparse_totals
 
 __all__ = [
@@ -503,11 +504,18 @@ def _services(
             http_port=None,
             session_expiry=60,
             metrics_dims=spec.d,
+            channels=sensor_channels(config.channels),
         ),
         registry=CollectorRegistry(),
         http=server,
     )
     return shuffler, aggregator, signer
+
+
+def sensor_channels(count: int) -> tuple[Channel, ...]:
+    """The live page's channels of the sensor model with ``count`` channels: names, units
+    and ranges (:func:`sim.sensors.channel_table`), nothing about any device."""
+    return tuple(Channel(ch.name, ch.unit, ch.lo, ch.hi) for ch in channel_table(count))
 
 
 def _status_line(fleet: _Fleet, shuffler: Shuffler, aggregator: Aggregator) -> str:

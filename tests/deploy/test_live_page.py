@@ -18,10 +18,12 @@ missing the test is skipped, except under ``CI=true``, where it fails.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import subprocess
 import urllib.request
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 from statistics import NormalDist
@@ -33,9 +35,11 @@ from prometheus_client import CollectorRegistry
 from aggregator.estimators import AggregateState
 from aggregator.http import MetricsServer
 from aggregator.live_page import CONTENT_SECURITY_POLICY, POLL_SECONDS
+from aggregator.page_data import Channel
 from aggregator.publishing import estimates_document
 from aggregator.service import Aggregator
 from edge.batch_auth import BatchSigner
+from sim.demo import sensor_channels
 from tests.aggregator.test_service import (
     DELTA,
     DEPLOYMENT,
@@ -305,8 +309,137 @@ def test_the_page_keeps_the_epsilon_history_while_open(tmp_path: Path) -> None:
     raw = parser.attributes.get("data-points")
     assert raw is not None
     expected = [
-        [doc["batches_accounted"], doc["epsilon_central"]["latest"], doc["epsilon_total"]]
+        [
+            doc["batches_accounted"],
+            doc["epsilon_central"]["smallest"],
+            doc["epsilon_central"]["latest"],
+            doc["epsilon_total"],
+        ]
         for doc in docs
     ]
     assert [row[0] for row in expected] == [1, 2, 3]
     assert json.loads(raw) == expected
+    assert parser.attributes.get("data-source") == "page"  # no privacy_history offline
+
+
+class _Texts(HTMLParser):
+    """The text of every element with an ``id`` and of every SVG ``text`` under one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[str] = []
+        self.texts: dict[str, list[str]] = {}
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        element_id = dict(attrs).get("id")
+        if element_id is not None and tag != "text":
+            self.ids.append(element_id)
+        self.tag = tag
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("svg", "g") and self.ids:
+            self.ids.pop()
+
+    def handle_data(self, data: str) -> None:
+        if getattr(self, "tag", None) == "text":
+            for element_id in self.ids:
+                self.texts.setdefault(element_id, []).append(data)
+
+
+def test_the_page_speaks_the_channels_units_and_keeps_the_service_history(
+    mosquitto: Broker, tmp_path: Path
+) -> None:
+    """With sensor channels configured (the demo's sensor model, 12 channels), the page
+    labels each dimension with its channel's name and unit and shows its mean in that
+    unit; the epsilon chart draws /estimates' privacy_history (smallest, latest and total
+    epsilon, one point per level) on a time axis of clock times."""
+    binary = chromium_binary()
+    channels = sensor_channels(SPEC.d)
+    seen: dict[str, Any] = {}
+
+    async def body(agg: Aggregator) -> None:
+        for k, (size, seed) in enumerate(((300, 1), (120, 2), (200, 3)), start=1):
+            await publish(mosquitto, batch(reports(size, seed), k))
+            await until(lambda k=k: agg.counters.batches == k)  # type: ignore[misc]
+            await until(lambda k=k: agg.privacy.batches == k)  # type: ignore[misc]
+        await until(lambda: agg.privacy_settled)
+        url = f"http://127.0.0.1:{agg.http_port}/"
+        seen["dom"] = await asyncio.to_thread(
+            chromium, binary, tmp_path / "profile", "--dump-dom", url
+        )
+        await asyncio.to_thread(
+            chromium,
+            binary,
+            tmp_path / "profile",
+            "--window-size=1000,1400",
+            f"--screenshot={tmp_path / 'live_page_channels.png'}",
+            url,
+        )
+        seen["doc"] = json.loads((await asyncio.to_thread(get, url + "estimates"))[0])
+
+    cfg = replace(config(mosquitto, None), channels=channels)
+    run(with_aggregator(cfg, body))
+    doc: dict[str, Any] = seen["doc"]
+    dom: str = seen["dom"]
+    assert "device" not in json.dumps(doc)
+
+    assert_channels_shown(dom, doc, channels)
+    assert_history_shown(dom, doc)
+
+
+def assert_channels_shown(dom: str, doc: dict[str, Any], channels: tuple[Channel, ...]) -> None:
+    """Names and units in the table, each mean in its unit, the chart labelled alike."""
+    assert [c["name"] for c in doc["channels"]] == [c.name for c in channels]
+    fields = page_fields(dom)
+    for j, ch in enumerate(channels):
+        assert fields[("label", j)][1] == ch.name
+        assert fields[("unit", j)][1] == ch.unit
+        value, lo, hi = (doc["channels"][j][k] for k in ("value", "value_lo", "value_hi"))
+        assert lo < value < hi
+        raw, text = fields[("value", j)]
+        assert number(raw) == value
+        assert_rendered(("value", j), raw, text)
+        raw, text = fields[("value_halfwidth", j)]
+        assert math.isclose(number(raw) or 0.0, (hi - lo) / 2, rel_tol=1e-12)
+        assert number(fields[("channel_lo", j)][0]) == ch.lo
+        assert number(fields[("channel_hi", j)][0]) == ch.hi
+    assert ("mean", 0) not in fields  # no ternary columns where the units are known
+    texts = _Texts()
+    texts.feed(dom)
+    labels = texts.texts["est-chart"]
+    assert "temperature" in labels
+    assert f"{fmt4(doc['channels'][0]['value'])} degC" in labels
+    assert "x0" not in labels
+
+
+def assert_history_shown(dom: str, doc: dict[str, Any]) -> None:
+    """The service's privacy history, three series, on a clock-time axis."""
+    history = doc["privacy_history"]
+    assert history["columns"] == [
+        "time", "batches_accounted", "smallest", "latest", "epsilon_total",
+    ]  # fmt: skip
+    points = history["points"]
+    assert [p[1] for p in points] == [1, 2, 3]  # one level per batch accounted
+    assert all(a[0] <= b[0] for a, b in itertools.pairwise(points))
+    assert points[-1][2:] == [
+        doc["epsilon_central"]["smallest"], doc["epsilon_central"]["latest"],
+        doc["epsilon_total"],
+    ]  # fmt: skip
+    assert points[1][2] > points[0][2]  # a 120-report batch: every report's guarantee weakened
+    chart = _Attributes("eps-chart")
+    chart.feed(dom)
+    assert chart.attributes.get("data-source") == "service"
+    assert json.loads(chart.attributes.get("data-points") or "null") == [p[1:] for p in points]
+    texts = _Texts()
+    texts.feed(dom)
+    axis = texts.texts["eps-axis"]
+    assert any(text.endswith(" UTC") for text in axis), axis
+    assert axis[-1].startswith("+")  # seconds since the first point
+    assert axis.count("0 s") != 2  # not the old "0 s ... 0 s"
+    for series in ("smallest", "latest", "total"):
+        assert f'data-series="{series}"' in dom
+
+
+def fmt4(value: float) -> str:
+    """The page's rendering of a non-integer: 4 significant digits, shortest form."""
+    return repr(float(f"{value:.4g}"))
