@@ -10,12 +10,17 @@ HTTP handler sends it with a Content-Security-Policy that lets the page load not
   guarantee every report has), and the reports the shufflers' manifests list that never
   came;
 * the certified central epsilon of the smallest and the latest batch, the generic bound
-  beside it, the composed ``epsilon_total``, and a time series of the latest batch's
-  epsilon and of ``epsilon_total`` that the page keeps while it is open (one point per
-  change of ``batches_accounted``; ``/estimates`` holds no history; the chart's
-  ``data-points`` holds them as JSON ``[batches_accounted, latest, total]``);
+  beside it, the composed ``epsilon_total``, and a time series of the smallest batch's
+  epsilon, the latest batch's and ``epsilon_total``: ``/estimates``' ``privacy_history``
+  (:mod:`aggregator.page_data`; ``data-source="service"`` on the chart), else the points
+  the page keeps while it is open, one per change of ``batches_accounted``
+  (``data-source="page"``). The chart's ``data-points`` holds them as JSON
+  ``[batches_accounted, smallest, latest, total]`` and ``data-times`` their Unix times; the
+  axis (``#eps-axis``) shows clock times in UTC and seconds since the first point;
 * each dimension's mean and frequency with its interval half-width, as a table and an SVG
-  chart of the intervals (the first :data:`MAX_ROWS` dimensions).
+  chart of the intervals (the first :data:`MAX_ROWS` dimensions); where ``/estimates`` has
+  ``channels`` (one per dimension), each channel's name, unit, mean in that unit with its
+  interval, and range instead, the chart placing each interval on its channel's range.
 
 Numbers are rendered deterministically for tests and people alike: every value sits in an
 element with ``data-field`` (and ``data-dim`` for a dimension) whose ``data-value`` is the

@@ -346,23 +346,24 @@ def demo(
     if server is None:
         return
     try:  # the server that served the run serves its final state: the page never went away
-        typer.echo(
-            f"serving the final estimates at {page_url(server.port)} (Ctrl-C to stop)", err=True
+        _wait_for_a_stop_signal(
+            f"serving the final estimates at {page_url(server.port)} (Ctrl-C to stop)"
         )
-        _wait_for_a_stop_signal()
     finally:
         server.stop()
 
 
-def _wait_for_a_stop_signal() -> None:
-    """Sleep until SIGINT (Ctrl-C) or SIGTERM, also where the shell started this process
-    with SIGINT ignored (in the background)."""
+def _wait_for_a_stop_signal(announce: str) -> None:
+    """Print ``announce`` (on stderr) and sleep until SIGINT (Ctrl-C) or SIGTERM, also where
+    the shell started this process with SIGINT ignored (in the background). The handlers are
+    in place before the line is printed: a signal sent on reading it stops cleanly."""
 
     def stop(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        typer.echo(announce, err=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

@@ -8,12 +8,14 @@ import asyncio
 import json
 import re
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from aggregator.service import Aggregator
+from sim.demo import sensor_channels
 from tests.aggregator.test_service import (
     ROOT,
     batch,
@@ -36,6 +38,7 @@ TYPES: dict[str, tuple[type, ...]] = {
     "number or null": (int, float, type(None)),
     "integer or null": (int, type(None)),
     "boolean": (bool,),
+    "array": (list,),
 }
 
 
@@ -55,7 +58,14 @@ def documented_table(heading: str) -> dict[str, list[str]]:
     return rows
 
 
-def test_a_live_document_has_exactly_the_documented_keys(mosquitto: Broker, tmp_path: Path) -> None:
+OPTIONAL = {"channels"}
+"""Keys only a configuration with sensor channels has."""
+
+
+@pytest.mark.parametrize("channels", [False, True], ids=["dimensions", "sensor-channels"])
+def test_a_live_document_has_exactly_the_documented_keys(
+    mosquitto: Broker, tmp_path: Path, channels: bool
+) -> None:
     fetched: dict[str, Any] = {}
 
     async def body(agg: Aggregator) -> None:
@@ -69,11 +79,20 @@ def test_a_live_document_has_exactly_the_documented_keys(mosquitto: Broker, tmp_
 
         fetched.update(await asyncio.to_thread(get))
 
-    run(with_aggregator(config(mosquitto, tmp_path), body))
+    cfg = config(mosquitto, tmp_path)
+    if channels:
+        cfg = replace(cfg, channels=sensor_channels(cfg.spec.d))
+    run(with_aggregator(cfg, body))
     documented = documented_table("The `/estimates` document")
-    assert set(fetched) == set(documented)
+    assert set(fetched) == set(documented) - (set() if channels else OPTIONAL)
+    if channels:
+        assert [c["name"] for c in fetched["channels"]][:2] == ["temperature", "humidity"]
+        assert all(c["value_lo"] < c["value"] < c["value_hi"] for c in fetched["channels"])
+    history = fetched["privacy_history"]
+    assert [p[1] for p in history["points"]][-1] == fetched["batches_accounted"]
     for key, (kind, _meaning) in documented.items():
-        assert isinstance(fetched[key], TYPES[kind]), (key, fetched[key])
+        if key in fetched:
+            assert isinstance(fetched[key], TYPES[kind]), (key, fetched[key])
     # two batches without a manifest: a participation each, since nothing tells which
     # rounds their reports were sent in (aggregator/privacy_ledger.py)
     assert fetched["counters"]["batches"] == 2

@@ -170,6 +170,16 @@ def test_demo_serve_keeps_the_live_page_up_until_ctrl_c(mosquitto: Broker) -> No
     assert doc["n"] == doc["counters"]["reports"] == 600
     # one participation per round (aggregator/privacy_ledger.py), at most one per batch
     assert 1 <= doc["batches_accounted"] <= doc["counters"]["batches"]
+    # the page's units: the sensor model's channels, and the privacy level over time
+    assert [(c["name"], c["unit"]) for c in doc["channels"]] == [
+        (c.name, c.unit) for c in CHANNELS[:6]
+    ]
+    points = doc["privacy_history"]["points"]
+    assert points[-1][1:] == [
+        doc["batches_accounted"], doc["epsilon_central"]["smallest"],
+        doc["epsilon_central"]["latest"], doc["epsilon_total"],
+    ]  # fmt: skip
+    assert "device" not in json.dumps(doc)
     assert page.startswith(b"<!doctype html>")
     assert policy == CONTENT_SECURITY_POLICY
     assert stdout.rstrip().endswith(f"live page: {url}")  # the table's last line
