@@ -15,7 +15,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -34,6 +34,9 @@ from edge.cli_options import (
     resolve_password,
 )
 from edge.shards import ShardPlan
+
+if TYPE_CHECKING:
+    from aggregator.page_data import Channel
 
 __all__ = ["PrivacyMechanism", "aggregator_app", "privacy_app", "privacy_rows"]
 
@@ -74,6 +77,15 @@ def aggregator_run(
     metrics_dims: Annotated[
         int, typer.Option(envvar="COCO_METRICS_DIMS", help="Dimensions exported as metrics.")
     ] = 16,
+    channels: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="COCO_CHANNELS",
+            help="JSON list of {name, unit, lo, hi}, one per dimension, where devices encode "
+            "sensor readings on [lo, hi] (SensorEncoder): /estimates and the live page then "
+            "show each channel's mean in its unit.",
+        ),
+    ] = None,
     announcement_timeout: Annotated[
         float, typer.Option(help="Seconds to wait for the retained announcement.")
     ] = 10.0,
@@ -205,6 +217,7 @@ def aggregator_run(
             checkpoint_interval=checkpoint_interval,
             publish_interval=publish_interval,
             metrics_dims=metrics_dims,
+            channels=None if channels is None else read_channels(channels),
             http_host=metrics_host,
             http_port=metrics_port,
             min_batch=min_batch,
@@ -242,6 +255,16 @@ def aggregator_run(
     except (CocoError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+def read_channels(path: Path) -> tuple[Channel, ...]:
+    """``--channels FILE``; :class:`CocoError` (one line) naming the file and the problem."""
+    from aggregator.page_data import channels_from_json  # noqa: PLC0415 (numpy: not for --help)
+
+    try:
+        return channels_from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError is one
+        raise CocoError(f"--channels {path}: {exc}") from None
 
 
 def read_public_key_option(value: str) -> str:

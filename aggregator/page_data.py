@@ -48,6 +48,7 @@ __all__ = [
     "Channel",
     "PrivacyHistory",
     "channel_estimates",
+    "channels_from_json",
     "check_channels",
 ]
 
@@ -101,6 +102,25 @@ def check_channels(channels: Sequence[Channel], *, d: int, s: int) -> tuple[Chan
     if not 1 <= s <= d:
         raise ValueError(f"s must be in [1, d={d}], got {s}")
     return out
+
+
+def channels_from_json(data: object) -> tuple[Channel, ...]:
+    """Channels from JSON (``coco aggregator run --channels FILE``): a list of objects with
+    exactly ``name``, ``unit``, ``lo`` and ``hi``; :class:`ValueError` naming the first
+    problem."""
+    if not isinstance(data, list) or not data:
+        raise ValueError("channels must be a non-empty JSON list of {name, unit, lo, hi}")
+    if len(data) > MAX_CHANNELS:
+        raise ValueError(f"at most {MAX_CHANNELS} channels, got {len(data)}")
+    out = []
+    for j, item in enumerate(data):
+        if not isinstance(item, dict) or set(item) != {"name", "unit", "lo", "hi"}:
+            raise ValueError(f"channel {j}: need exactly the keys name, unit, lo, hi")
+        lo, hi = item["lo"], item["hi"]
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (lo, hi)):
+            raise ValueError(f"channel {j}: lo and hi must be numbers")
+        out.append(Channel(item["name"], item["unit"], float(lo), float(hi)))
+    return tuple(out)
 
 
 def _number(value: float) -> float | None:

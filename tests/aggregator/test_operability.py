@@ -18,7 +18,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from aggregator.http import MetricsServer
-from tests.aggregator.test_service import SIGNER
+from tests.aggregator.test_service import SIGNER, SPEC
 from tests.aggregator.test_single_writer import (
     COCO,
     ROOT,
@@ -173,3 +173,35 @@ def test_scrapers_that_hang_up_leave_no_traceback_and_snapshot_finds_estimates(
         f"error: http://127.0.0.1:{port}/metrics is not an aggregator's /estimates document; "
         "give --url http://host:port/estimates"
     ]
+
+
+def test_channels_name_the_dimensions_or_are_refused_in_one_line(
+    mosquitto: Broker, tmp_path: Path
+) -> None:
+    """``--channels FILE``: /estimates carries each channel's mean in its unit; a bad file
+    is one line naming it."""
+    bad = tmp_path / "bad.json"
+    bad.write_text('[{"name": "t", "unit": "C", "lo": 1, "hi": 0}]')
+    done = subprocess.run(
+        coco_run(mosquitto, tmp_path, *KEY, "--channels", str(bad)),
+        check=False, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert error_lines(done.stderr) == [
+        f"error: --channels {bad}: channel t: range [1.0, 0.0] is empty"
+    ]
+    good = tmp_path / "channels.json"
+    names = [f"ch{j}" for j in range(SPEC.d)]
+    good.write_text(json.dumps([{"name": n, "unit": "V", "lo": 0, "hi": 5} for n in names]))
+    port = free_port()
+    args = coco_run(mosquitto, tmp_path, *KEY, "--metrics-port", str(port), "--channels")
+    with service([*args, str(good)]) as proc:
+        wait_for(lambda: ready(port) == 200, proc)
+        url = f"http://127.0.0.1:{port}/estimates"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            doc = json.loads(response.read())
+        rc, err = stop(proc)
+    assert rc == 0, err
+    assert [c["name"] for c in doc["channels"]] == names
+    assert {c["unit"] for c in doc["channels"]} == {"V"}
+    assert all(c["value"] is None for c in doc["channels"])  # no report yet

@@ -14,6 +14,7 @@ from aggregator.page_data import (
     Channel,
     PrivacyHistory,
     channel_estimates,
+    channels_from_json,
     check_channels,
 )
 from edge.encoders import SensorEncoder
@@ -97,3 +98,19 @@ def test_the_history_is_bounded_and_spans_the_whole_run() -> None:
     assert times == sorted(times)
     assert len(history.points) > MAX_POINTS // 2
     assert len(json.dumps(history.to_json())) < 20_000  # bounded /estimates
+
+
+def test_channels_from_json() -> None:
+    data = [c.to_json() for c in sensor_channels(3)]
+    assert channels_from_json(json.loads(json.dumps(data))) == sensor_channels(3)
+    for bad, message in [
+        ({}, "non-empty JSON list"),
+        ([], "non-empty JSON list"),
+        ([{"name": "t", "unit": "C", "lo": 0}], "channel 0: need exactly the keys"),
+        ([{"name": "t", "unit": "C", "lo": 0, "hi": 1, "device": "x"}], "exactly the keys"),
+        ([{"name": "t", "unit": "C", "lo": "0", "hi": 1}], "lo and hi must be numbers"),
+        ([{"name": "t", "unit": "C", "lo": True, "hi": 1}], "lo and hi must be numbers"),
+        ([{"name": "t", "unit": "C", "lo": 2, "hi": 1}], "is empty"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            channels_from_json(bad)
