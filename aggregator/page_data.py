@@ -24,7 +24,8 @@ the smallest batch (the guarantee every report has) and of the latest, and
 points: when full, every other point between the first and the newest is dropped, so the
 history always spans the whole run at a coarser step. ``/estimates`` carries it as
 ``privacy_history`` (about 60 bytes a point); it starts with the service (it is not in the
-checkpoint).
+checkpoint). A point's time is when the data its level covers arrived (the accountant's
+computation can trail it), and a level with an epsilon not known is not a point.
 """
 
 from __future__ import annotations
@@ -163,33 +164,59 @@ def channel_estimates(
 
 @dataclass
 class PrivacyHistory:
-    """The privacy level over time (module docs); :meth:`to_json` for ``/estimates``."""
+    """The privacy level over time (module docs); :meth:`to_json` for ``/estimates``.
+
+    A point's time is when the data it covers arrived, not when its level was computed
+    (the accountant can trail by seconds): :meth:`ledger_changed` notes when the privacy
+    ledger reached each generation, and a level of generation ``g`` takes the time of the
+    newest change at or before ``g`` (the time it is recorded when none is known: a ledger
+    restored from a checkpoint)."""
 
     limit: int = MAX_POINTS
-    points: list[tuple[float, int, float | None, float | None, float | None]] = field(
-        default_factory=list
-    )
+    points: list[tuple[float, int, float, float, float]] = field(default_factory=list)
+    changes: list[tuple[int, float]] = field(default_factory=list)
+    """``(ledger generation, time reached)`` not yet covered by a recorded level."""
 
     def __post_init__(self) -> None:
         if self.limit < 3:
             raise ValueError(f"a history needs room for 3 points, got {self.limit}")
 
+    def ledger_changed(self, generation: int, now: float) -> None:
+        """The ledger reached ``generation`` at ``now`` (a batch or a release recorded)."""
+        if self.changes and self.changes[-1][0] >= generation:
+            return
+        self.changes.append((generation, now))
+        if len(self.changes) > self.limit:  # an accountant far behind: keep the newest
+            del self.changes[0]
+
+    def _time_of(self, generation: int, now: float) -> float:
+        covered = [c for c in self.changes if c[0] <= generation]
+        if not covered:
+            return now
+        self.changes = self.changes[len(covered) - 1 :]  # older ones are covered for good
+        return covered[-1][1]
+
     def record(
         self,
         now: float,
         *,
+        generation: int = 0,
         batches: int,
         smallest: float | None,
         latest: float | None,
         total: float | None,
     ) -> bool:
-        """Add the level shown at ``now`` if it is a new one (another ``batches_accounted``
-        or other numbers); whether it was added. No point before the first batch."""
-        if batches <= 0:
+        """Add the level of ledger ``generation`` shown at ``now`` if it is a new one
+        (another ``batches_accounted`` or other numbers); whether it was added. No point
+        before the first batch, nor for a level with an epsilon not known (its batch sizes
+        changed since it was computed: the next level has them)."""
+        if batches <= 0 or smallest is None or latest is None or total is None:
             return False
-        point = (now, batches, smallest, latest, total)
+        point = (self._time_of(generation, now), batches, smallest, latest, total)
         if self.points and self.points[-1][1:] == point[1:]:
             return False
+        if self.points and point[0] < self.points[-1][0]:  # never back in time
+            point = (self.points[-1][0], *point[1:])
         self.points.append(point)
         if len(self.points) > self.limit:  # thin: the first, every other one, the newest
             self.points = [*self.points[:-1:2], self.points[-1]]

@@ -115,6 +115,7 @@ class Publisher:
         level is out of date."""
         self.settled.clear()
         self.privacy_dirty.set()
+        self.history.ledger_changed(self.core.ledger.generation, self.clock())
 
     def refresh(self) -> None:
         """Bring the estimates, gauges and ``/estimates`` up to date, from any thread.
@@ -191,6 +192,7 @@ class Publisher:
         level_shown = level.to_dict()
         self.history.record(
             self.clock(),
+            generation=level.generation,
             batches=level.batches,
             smallest=level.epsilon_central["smallest"],
             latest=level.epsilon_central["latest"],

@@ -114,3 +114,20 @@ def test_channels_from_json() -> None:
     ]:
         with pytest.raises(ValueError, match=message):
             channels_from_json(bad)
+
+
+def test_a_point_is_timed_when_its_data_came_not_when_it_was_computed() -> None:
+    history = PrivacyHistory()
+    history.ledger_changed(1, 10.0)  # batch of round 1 applied at t = 10
+    history.ledger_changed(2, 12.0)
+    history.ledger_changed(3, 14.0)
+    # the accountant caught up at t = 30 with the level of generation 2, then of 3
+    assert history.record(30.0, generation=2, batches=2, smallest=0.5, latest=0.5, total=0.7)
+    assert history.record(31.0, generation=3, batches=3, smallest=0.5, latest=0.6, total=0.9)
+    assert [p[0] for p in history.points] == [12.0, 14.0]
+    # a level whose sizes changed since it was computed is not a point
+    assert not history.record(32.0, generation=3, batches=3, smallest=None, latest=0.6, total=1)
+    # a restored ledger's level, with no change seen: the time it is shown
+    restored = PrivacyHistory()
+    assert restored.record(5.0, generation=7, batches=4, smallest=0.4, latest=0.4, total=0.8)
+    assert restored.points[0][0] == 5.0
