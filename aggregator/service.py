@@ -135,9 +135,10 @@ def _is_power_of_two(n: int) -> bool:
 class Aggregator:
     """Async context manager around the service; ``await run()`` until cancelled.
 
-    Entering takes the checkpoint's lock, starts the HTTP endpoint, recovers the
-    checkpoint (if any) and settles the pinned key; leaving writes the final checkpoints,
-    logs the shutdown counts, stops the endpoint and releases the lock. Reusable, not
+    Entering takes the checkpoint's lock, starts the HTTP endpoint (or serves on the one
+    it was handed, ``http``), recovers the checkpoint (if any) and settles the pinned key;
+    leaving writes the final checkpoints, logs the shutdown counts, stops its own endpoint
+    (a handed one serves the final state on) and releases the lock. Reusable, not
     re-entrant.
     """
 
