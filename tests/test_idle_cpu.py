@@ -91,30 +91,37 @@ def coco(args: list[str], cwd: Path) -> str:
     return done.stdout
 
 
-@pytest.mark.parametrize("state", ["default-state-dir", "state-dir"])
-def test_an_idle_shuffler_idles(mosquitto: Broker, tmp_path: Path, state: str) -> None:
+@pytest.mark.parametrize("layout", ["default-state-dir", "state-dir", "shard"])
+def test_an_idle_shuffler_idles(mosquitto: Broker, tmp_path: Path, layout: str) -> None:
     """The README's commands: a batch key, the announcement, then the shuffler with its
     default state directory (``coco-state/<deployment>/shuffler`` under the working
-    directory), or with ``--state-dir``."""
-    keys = tmp_path / "batch-key"
-    coco(["credentials", "--batch-key-dir", str(keys)], tmp_path)
-    coco(
-        [
-            "announce", "--deployment", DEP, "--mechanism", "coco", "--d", "6", "--s", "2",
-            "--epsilon", "1", "--min-batch", "100", "--delta", "1e-6", "--round-seconds", "10",
-            "--batch-public-key", str(keys / "public" / "signing.pub"),
-            "--broker", mosquitto.url,
-        ],
-        tmp_path,
-    )  # fmt: skip
+    directory), or with ``--state-dir``; or one shard of a sharded deployment (its lease
+    renewed while it idles; docs/operations.md, "Sharded shufflers")."""
+    keys = [tmp_path / "batch-key", tmp_path / "batch-key-1"]
+    for directory in keys:
+        coco(["credentials", "--batch-key-dir", str(directory)], tmp_path)
+    announce = [
+        "announce", "--deployment", DEP, "--mechanism", "coco", "--d", "6", "--s", "2",
+        "--epsilon", "1", "--min-batch", "100", "--delta", "1e-6", "--round-seconds", "10",
+        "--broker", mosquitto.url,
+    ]  # fmt: skip
+    if layout == "shard":
+        for directory in keys:
+            announce += ["--shard-key", str(directory / "public" / "signing.pub")]
+    else:
+        announce += ["--batch-public-key", str(keys[0] / "public" / "signing.pub")]
+    coco(announce, tmp_path)
     port = free_port()
     args = [*COCO, "shuffler", "--deployment", DEP, "--broker", mosquitto.url]
-    args += ["--signing-key", str(keys / "private" / "signing.key")]
+    args += ["--signing-key", str(keys[0] / "private" / "signing.key")]
     args += ["--metrics-port", str(port)]
     state_dir = tmp_path / "coco-state" / DEP / "shuffler"
-    if state == "state-dir":
+    if layout == "state-dir":
         state_dir = tmp_path / "elsewhere"
         args += ["--state-dir", str(state_dir)]
+    elif layout == "shard":
+        state_dir = tmp_path / "coco-state" / DEP / "shuffler-g0s0"
+        args += ["--shard", "g0s0"]
     with process(args, tmp_path) as proc:
         wait_for(lambda: ready(port) == 200, proc, timeout=60)
         assert (state_dir / "effects.log").exists()
