@@ -443,3 +443,34 @@ def assert_history_shown(dom: str, doc: dict[str, Any]) -> None:
 def fmt4(value: float) -> str:
     """The page's rendering of a non-integer: 4 significant digits, shortest form."""
     return repr(float(f"{value:.4g}"))
+
+
+def test_one_level_is_one_point_at_its_time(tmp_path: Path) -> None:
+    """A document whose privacy_history has a single point (a run of one round): the axis
+    shows that point's clock time, not a span of "0 s ... 0 s"."""
+    binary = chromium_binary()
+    state = AggregateState(SPEC)
+    state.add(*reports(300, 1))
+    doc = estimates_document(state, delta=DELTA, batch_sizes={300: 1}, latest_batch=300)
+    eps = doc["epsilon_central"]["smallest"]
+    when = 1_795_000_000.0  # 2026-11-18 11:06:40 UTC
+    doc["privacy_history"] = {
+        "columns": ["time", "batches_accounted", "smallest", "latest", "epsilon_total"],
+        "points": [[when, 1, eps, eps, doc["epsilon_total"]]],
+    }
+    server = MetricsServer(
+        host="127.0.0.1", port=0, registry=CollectorRegistry(), estimates=lambda: doc
+    )
+    server.start()
+    try:
+        url = f"http://127.0.0.1:{server.port}/"
+        dom = chromium(binary, tmp_path / "profile", "--dump-dom", url)
+    finally:
+        server.stop()
+    texts = _Texts()
+    texts.feed(dom)
+    assert texts.texts["eps-axis"] == ["11:06:40 UTC", "one level so far (batches accounted 1)"]
+    chart = _Attributes("eps-chart")
+    chart.feed(dom)
+    assert chart.attributes.get("data-source") == "service"
+    assert json.loads(chart.attributes.get("data-times") or "null") == [when]
