@@ -6,6 +6,7 @@ import itertools
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -252,3 +253,17 @@ def test_demo_serve_answers_every_request_from_the_run_to_ctrl_c(mosquitto: Brok
     assert any(not after for after, _, _ in answered)  # the run was read while it ran
     assert sum(1 for after, _, _ in answered if after) >= 30
     assert f"live page: {base}\n" in progress
+
+
+def test_demo_serve_on_a_busy_port_is_one_line_naming_it_before_any_work() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(
+            app, ["demo", "--devices", "300", "--min-batch", "100", "--serve", "--port", str(port)]
+        )
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        f"error: port {port} on 127.0.0.1 is in use: choose another with --port"
+    ]
