@@ -102,7 +102,7 @@ from scipy import special, stats
 
 from aggregator.accountant._checks import check_delta, check_n, check_real
 from aggregator.accountant.search import gaussian_guess, search_epsilon
-from edge.spec import MechanismSpec
+from edge.spec import MechanismSpec, log_upper
 
 __all__ = [
     "BlanketPair",
@@ -158,8 +158,9 @@ class BlanketPair:
 
     @property
     def epsilon0(self) -> float:
-        """``ln p``."""
-        return math.log(self.exp_epsilon0)
+        """``ln p``, rounded up (:func:`edge.spec.log_upper`): the bound is 0 from here on,
+        and composition never goes above its multiples, so it must not be below ``ln p``."""
+        return log_upper(self.exp_epsilon0)
 
     @property
     def omega(self) -> float:
