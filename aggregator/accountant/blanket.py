@@ -282,7 +282,7 @@ class _Engine:
             outside = np.asarray(stats.binom.cdf(self.lo0 - 1.0, m0, self.q0)) + np.asarray(
                 stats.binom.sf(self.hi0, m0, self.q0)
             )
-            skipped += float(np.dot(self.pk, outside)) * (1.0 + self.rel)
+            skipped += _dot(self.pk, outside) * (1.0 + self.rel)
         self.skipped = p * skipped * (1.0 + self.rel) * (1.0 + 4 * _UNIT_ROUNDOFF)
         # Rounding of tau (module docstring): 2 eta S_(k-1) per unit of probability.
         self.eta = 64.0 * _UNIT_ROUNDOFF * (ks + self.hi0 + 2.0)
@@ -316,7 +316,7 @@ class _Engine:
             value = np.maximum(head + lin, 0.0)
             err = 3.0 * self.rel * (head + np.abs(lin))
             err += 2.0 * self.eta * _slope_before(kk, ks, head, s_k)
-            inside = float(np.dot(self.pk, value + err))
+            inside = _dot(self.pk, value + err)
         else:
             inside = self._grouped(tau0=tau0, tau1=tau1, ks=ks, m0=m0, lo0=lo0, hi0=hi0)
         total = (coef / n) * inside + self.skipped
@@ -372,7 +372,15 @@ class _Engine:
         err += np.where(
             empty, 0.0, 2.0 * self.eta[which] * _slope_before(k, kk, head, s_k) * run_prob
         )
-        return float(np.dot(self.pk[which], value + err))
+        return _dot(self.pk[which], value + err)
+
+
+def _dot(a: FloatArray, b: FloatArray) -> float:
+    """``sum a_i b_i`` with the products rounded once and the sum exactly rounded
+    (``math.fsum``): within the budget, and the same in every process, whatever BLAS and
+    its thread count would make of ``np.dot`` (its partial sums differed in the last bits
+    between the accountant's single-threaded process and the rest)."""
+    return math.fsum(np.multiply(a, b).tolist())
 
 
 def _special_rel_err(  # noqa: PLR0917 (private helper)
