@@ -248,3 +248,12 @@ def test_overflow_sized_counts_survive_the_ledger_file_or_are_refused(tmp_path: 
     again = ledger_file.load_ledger(path, spec=SPEC, delta=DELTA)
     assert again is not None
     assert again.rounds() == led.rounds() == {U32: 1, 2 * U32: 1, 2**45: 1}
+
+
+def test_a_signed_manifest_listing_no_batch_is_charged_and_counted_not_a_crash() -> None:
+    """Refused by reconciliation (it lists nothing), yet a trusted shuffler sent it: one
+    extra participation at min_batch."""
+    agg = core()
+    assert agg.manifest(_sealed([], []), now=NOW, shard="g0s0") == "manifest_mismatch"
+    assert agg.counters.manifests_rejected == {"manifest_mismatch": 1}
+    assert agg.ledger.rounds() == {agg.rules.min_batch: 1}
