@@ -299,9 +299,7 @@ class AggregatorCore:
             self._check_round(shard, round_, size, now)
         except RejectedError as rejected:
             if rejected.reason in ACCOUNTED_REFUSALS:  # released all the same: accounted
-                self.ledger.record_batch(
-                    round=round_, shard=shard or "", batch_id=batch_id, size=size
-                )
+                self._account_batch(round_, shard, batch_id, size)
                 self._touch()
             raise
         if batch_id in self.memory:
@@ -349,9 +347,7 @@ class AggregatorCore:
         )
         self.latest_batch = size
         self.last_batch_timestamp = now
-        self.ledger.record_batch(
-            round=batch.round, shard=batch.shard or "", batch_id=batch.batch_id, size=size
-        )
+        self._account_batch(batch.round, batch.shard, batch.batch_id, size)
         if batch.shard is not None:
             self.shards.setdefault(batch.shard, ShardStats()).add(size)
         agrees = self.reconciler.batch(
@@ -395,6 +391,8 @@ class AggregatorCore:
                 known=self.memory.__contains__,
             )
             if outcome == "manifest_mismatch":
+                # verified (signed), so released: charged all the same, pessimistically
+                self._charge_unplaced()
                 raise RejectedError(outcome)
             if outcome == "accepted":
                 self._account_release(shard, round_, release_id, entries, sources)
@@ -416,15 +414,41 @@ class AggregatorCore:
         entries: list[tuple[bytes, int]],
         sources: list[tuple[int, int, int]],
     ) -> None:
-        """A verified release goes into the privacy ledger, applied here or not."""
-        if entries and all(count >= 1 for _, count in entries):
-            self.ledger.record_manifest(
+        """A verified release goes into the privacy ledger, applied here or not. One the
+        ledger cannot place (it contradicts a record, or a field is out of its range: an
+        empty release, a zero count, an unknown round with a length) is charged as an
+        extra participation at the smallest size a release can have, and counted
+        (``ledger_conflict``): its claimed counts are not to be trusted."""
+        try:
+            outcome = self.ledger.record_manifest(
                 round=round_,
                 shard=shard or "",
                 release_id=release_id,
                 batches=entries,
                 sources=[(r, length) for r, length, count in sources if count > 0],
             )
+        except ValueError:
+            outcome = "mismatch"
+        if outcome == "mismatch":
+            self._charge_unplaced()
+            self._count_conflict()
+
+    def _account_batch(self, round_: int, shard: str | None, batch_id: bytes, size: int) -> None:
+        """A verified batch goes into the privacy ledger; one that contradicts a record is
+        charged as an extra participation at its own (real) size, and counted."""
+        outcome = self.ledger.record_batch(
+            round=round_, shard=shard or "", batch_id=batch_id, size=size
+        )
+        if outcome == "mismatch":
+            self.ledger.record_extra(size=size)
+            self._count_conflict()
+
+    def _charge_unplaced(self) -> None:
+        self.ledger.record_extra(size=self.rules.min_batch)
+
+    def _count_conflict(self) -> None:
+        rejects = self.counters.manifests_rejected
+        rejects["ledger_conflict"] = rejects.get("ledger_conflict", 0) + 1
 
     def compact_ledger(self) -> None:
         """Fold the ledger's rounds older than ``ledger_lag_rounds`` behind the newest

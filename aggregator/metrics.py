@@ -83,12 +83,17 @@ MANIFEST_REJECT_REASONS = (
     "stale_round",
     "future_round",
     "manifest_mismatch",
+    "ledger_conflict",
 )
 """Every ``reason`` label of ``coco_aggregator_manifests_rejected_total``: the batch checks
 that apply to a manifest (signature under its shard's key with the manifest domain, wire
 format, spec, round), and ``manifest_mismatch`` (it disagrees with a batch received: same
 ``batch_id`` with another count, round or shard; lists a batch twice, or one another
-manifest lists, or a count below ``min_batch``). A rejected manifest changes nothing."""
+manifest lists, or a count below ``min_batch``). A rejected manifest changes nothing but
+the privacy ledger: a ``manifest_mismatch`` was signed by a trusted shuffler, so it is
+charged as an extra participation at ``min_batch``. ``ledger_conflict``: a verified
+release or batch the privacy ledger could not place (it contradicts a record, or a field
+is out of range); it is charged the same way (a batch at its own size)."""
 RECONCILED = (
     ("manifests", "manifests", "Release manifests accepted."),
     (

@@ -31,8 +31,10 @@ an unsharded deployment. Both ``record_*`` methods are idempotent and return a
 changed), ``"covered"`` (a batch its manifest already accounts for), ``"mismatch"`` (it
 contradicts what is recorded: nothing changed; count it), ``"late"`` (a round whose detail
 was compacted: accounted as an extra participation, the pessimistic reading). Invalid
-arguments raise ``ValueError``. ``generation`` grows by one with every change;
-``PrivacyLevel.batches`` is the number of participations a level composed.
+arguments raise ``ValueError``; :meth:`PrivacyLedger.record_extra` charges what the caller
+could not record (a ``"mismatch"``, a ``ValueError``) as an extra participation.
+``generation`` grows by one with every change; ``PrivacyLevel.batches`` is the number of
+participations a level composed.
 
 The old per-batch calls (:meth:`PrivacyLedger.record`, :meth:`PrivacyLedger.restore`,
 ``ledger.sizes``) still work, with their old meaning (each batch one participation), until
@@ -116,6 +118,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from aggregator.accountant import amplify_spec
+from aggregator.accountant.blanket import MAX_N
 from aggregator.accountant.history import SIGNIFICANT_BITS, accounting_size, epsilon_total_rounds
 from edge.spec import MechanismSpec
 
@@ -134,6 +137,9 @@ __all__ = [
 ID_BYTES: Final = 16
 """Length of a release id and of a batch id (docs/protocol.md)."""
 MAX_ROUND: Final = 0xFFFFFFFF
+
+_MAX_TOTAL: Final = 2**62
+"""Largest size of an extra participation (the ledger's file keeps sizes below 2^63)."""
 
 Outcome = Literal["recorded", "duplicate", "covered", "mismatch", "late"]
 """What a ``record_*`` call did (module docstring)."""
@@ -261,9 +267,13 @@ def _check_round(value: int) -> int:
     return value
 
 
-def _check_size(name: str, value: int) -> int:
+def _check_size(name: str, value: int, *, high: int = MAX_ROUND) -> int:
+    """A count or size: at least 1, and at most the wire's u32 field (the ledger's file
+    keeps what the ledger accepts, and a count above it cannot come from a shuffler)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if value > high:
+        raise ValueError(f"{name} must be at most {high}, got {value}")
     return value
 
 
@@ -401,6 +411,15 @@ class PrivacyLedger:
         self.generation += 1
         return "recorded"
 
+    def record_extra(self, *, size: int) -> Outcome:
+        """A release the ledger cannot place (one that contradicts what is recorded, or
+        whose fields it refuses): one extra participation of its own at ``size``, kept
+        with the late records. Pessimistic: whatever else charges its reports, a further
+        participation never lowers ``epsilon_total``."""
+        self._history.late[_check_size("size", size, high=_MAX_TOTAL)] += 1
+        self.generation += 1
+        return "late"
+
     def compact(self, through_round: int) -> int:
         """Fold every round ``<= through_round`` into the history of accounting sizes
         (module docstring, "Compaction"); returns the number of participations folded. A
@@ -516,10 +535,12 @@ class PrivacyLedger:
     # -- the numbers ------------------------------------------------------------------------
 
     def per_release(self, n: int) -> tuple[float, float]:
-        """``(blanket, generic)`` central epsilon of one release of ``n`` (cached)."""
+        """``(blanket, generic)`` central epsilon of one release of ``n`` (cached); above
+        :data:`~aggregator.accountant.blanket.MAX_N` reports, that of ``MAX_N`` (the
+        largest the bound is validated for; fewer reports: pessimistic)."""
         cached = self._per_release.get(n)
         if cached is None:
-            record = amplify_spec(self.spec, n=n, delta=self.delta)
+            record = amplify_spec(self.spec, n=min(n, MAX_N), delta=self.delta)
             cached = (record.epsilon_central, record.epsilon_central_generic)
             self._per_release[n] = cached
         return cached

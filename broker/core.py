@@ -571,15 +571,24 @@ class ShufflerCore:
         return applied
 
     def _renumber(self, old: int, new: int) -> None:
-        """Round numbers of ``old``-second rounds to ``new``-second ones: each round goes to
-        the new round holding its start. Two old rounds in one new round merge: their
-        tokens are united, and the older pool is carried into the newer."""
+        """Round numbers of ``old``-second rounds to ``new``-second ones. An old round's
+        duplicate tokens go to every new round its interval of time overlaps (that is not
+        closed): a device that reported in it is refused in each of them, so no sequence of
+        lengths (10 -> 20 -> 10) lets it report twice in one round; the price is at most
+        one refused report per device and change. An old round's pool goes to the new
+        round holding its start; two old pools in one new round merge, the older carried
+        into the newer."""
         seen: dict[int, list[np.ndarray]] = {}
         for round_, tokens in self._seen.items():
-            seen.setdefault(round_ * old // new, []).append(tokens.tokens())
-        self._seen = {}
-        for round_, parts in seen.items():
-            self._tokens(round_).add(distinct(np.concatenate(parts)))
+            first = round_ * old // new
+            last = ((round_ + 1) * old - 1) // new
+            first = max(first, self._closed // new)  # new rounds ending by then are closed
+            for target in range(first, last + 1):
+                seen.setdefault(target, []).append(tokens.tokens())
+        self._seen = {
+            round_: TokenSet.of(parts[0] if len(parts) == 1 else distinct(np.concatenate(parts)))
+            for round_, parts in seen.items()
+        }
         pools, self._pools = self._pools, {}
         for round_ in sorted(pools):
             pool = pools[round_]

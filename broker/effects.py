@@ -130,7 +130,8 @@ class Acked:
 class Configured:
     """From here on, round numbers are in units of ``round_seconds`` and reports are of the
     spec ``fingerprint``. A change of ``round_seconds`` renumbers the open rounds' tokens
-    and pools (:meth:`ShufflerCore.reconfigure`)."""
+    (to every new round an old one overlaps) and pools (to the new round holding an old
+    one's start): :meth:`ShufflerCore.reconfigure`."""
 
     round_seconds: int
     fingerprint: int

@@ -113,6 +113,15 @@ class TokenSet:
         self._small = 0
         self.count = 0
 
+    @classmethod
+    def of(cls, tokens: Tokens) -> TokenSet:
+        """A set of ``tokens`` (sorted, distinct), which it keeps as its base without a
+        copy: sets made of one array share it (a set never writes its arrays in place)."""
+        made = cls()
+        made._base = tokens
+        made.count = int(tokens.size)
+        return made
+
     def contains(self, queries: Tokens) -> npt.NDArray[np.bool_]:
         """Which of ``queries`` (sorted) are in the set."""
         hit = np.zeros(queries.size, dtype=np.bool_)

@@ -32,6 +32,16 @@ def exp_eps_weight(epsilon: float) -> int:
         return int(scaled.to_integral_value(rounding=ROUND_FLOOR))
 
 
+def log_upper(x: float) -> float:
+    """An upper bound on ``ln x`` (``x >= 1``), for a privacy level derived from a ratio:
+    ``math.log`` is within one ulp of the exact value (glibc and every libm CPython is
+    built on document better), so two steps up are above it; ``ln 1 = 0`` exactly."""
+    if x == 1.0:
+        return 0.0
+    value = math.log(x)
+    return math.nextafter(math.nextafter(value, math.inf), math.inf)
+
+
 @dataclass(frozen=True, kw_only=True)
 class MechanismSpec:
     """Parameters of one deployment's local randomiser.
@@ -123,8 +133,9 @@ class MechanismSpec:
 
     @property
     def epsilon_effective(self) -> float:
-        """``ln(E / U)``: the local privacy level the integer weights actually give."""
-        return math.log(self.exp_epsilon)
+        """``ln(E / U)``: the local privacy level the integer weights actually give,
+        rounded up (:func:`log_upper`; never above ``epsilon``, which bounds it exactly)."""
+        return min(log_upper(self.exp_epsilon), self.epsilon)
 
     @property
     def omega_weight(self) -> int:

@@ -60,8 +60,10 @@ Numerical certificate (every item is *added* to the result)
   absolute values of its terms is added (products of two values carry ``2 eps + eps^2``;
   the margin over that also covers the binary64 rounding of the combination). The class
   probabilities ``a, b, q0`` are computed in binary64 (a few ulps); their effect on the
-  binomial pmfs, about ``z sqrt(n) u`` relative at ``z`` standard deviations, is far inside
-  the same budget for every ``n`` below ``10^12``.
+  binomial values, at most ``|k - m q| dq / (q (1 - q))`` relative (about ``z sqrt(n) u``
+  at ``z`` standard deviations, more where ``1 - q`` is tiny), is computed for the
+  windows and added to that budget (:func:`_special_rel_err`). Boost's own error grows
+  like ``sqrt(n)`` (2e-11 at ``n = 2^30``): batches above :data:`MAX_N` are refused.
 * Rounding of ``tau``: ``f(tau) = E(N1 - tau)_+`` is convex and piecewise linear with
   kinks at the integers, slope ``-S_k`` on ``[k - 1, k]`` (``S_k = Pr[N1 >= k]``), and the
   group formula for ``k`` is its tangent ``g_k`` there. ``tau0`` is computed from
@@ -102,9 +104,10 @@ from scipy import special, stats
 
 from aggregator.accountant._checks import check_delta, check_n, check_real
 from aggregator.accountant.search import gaussian_guess, search_epsilon
-from edge.spec import MechanismSpec
+from edge.spec import MechanismSpec, log_upper
 
 __all__ = [
+    "MAX_N",
     "BlanketPair",
     "blanket_delta",
     "blanket_delta_curve",
@@ -121,6 +124,12 @@ _SPECIAL_REL_ERR: Final = 1e-10
 _UNIT_ROUNDOFF: Final = 2.0**-53
 _REL_SLACK: Final = 1e-9
 """Final relative slack for summation and the few-ulp arithmetic not budgeted elsewhere."""
+MAX_N: Final = 2**30
+"""Largest batch size the certificate is validated for: Boost's binomial values were checked
+against 40-digit arithmetic up to here (below ``2e-11`` relative, inside the ``1e-10``
+budget; their error grows like ``sqrt(n)``). A :class:`BlanketPair` of more reports is
+refused; the ledger composes a larger release as one of ``MAX_N`` reports, which is
+pessimistic (:func:`aggregator.accountant.history.accounting_size`)."""
 DEFAULT_TAIL: Final = 1e-20
 """Default mass of each side of a truncation window (``p`` times it is added back)."""
 
@@ -144,6 +153,12 @@ class BlanketPair:
 
     def __post_init__(self) -> None:
         check_n(self.n)
+        if self.n > MAX_N:
+            raise ValueError(
+                f"n={self.n} is above {MAX_N}, the largest batch the certified bound is "
+                "validated for (its binomial values' error budget); account a larger batch "
+                f"as one of {MAX_N} reports (pessimistic)"
+            )
         p = check_real("exp_epsilon0", self.exp_epsilon0)
         if p < 1.0:
             raise ValueError(f"exp_epsilon0 must be >= 1, got {p}")
@@ -158,8 +173,9 @@ class BlanketPair:
 
     @property
     def epsilon0(self) -> float:
-        """``ln p``."""
-        return math.log(self.exp_epsilon0)
+        """``ln p``, rounded up (:func:`edge.spec.log_upper`): the bound is 0 from here on,
+        and composition never goes above its multiples, so it must not be below ``ln p``."""
+        return log_upper(self.exp_epsilon0)
 
     @property
     def omega(self) -> float:
@@ -242,10 +258,6 @@ class _Engine:
         k_hi = min(n, n - int(stats.binom.ppf(tail, n, 1.0 - q1)) + 1)
         ks = np.arange(k_lo, k_hi + 1, dtype=np.float64)
         self.k = ks
-        self.pk = np.asarray(stats.binom.pmf(ks, n, q1)) * (1.0 + _SPECIAL_REL_ERR)
-        # K = 0 contributes exactly 0, so nothing is skipped below a window starting at 1.
-        skipped = float(stats.binom.cdf(k_lo - 1, n, q1)) if k_lo > 1 else 0.0
-        skipped += float(stats.binom.sf(k_hi, n, q1))
         m0 = n - ks
         self.m0 = m0
         if self.q0 > 0.0:
@@ -254,14 +266,24 @@ class _Engine:
             sd = np.sqrt(mean * (1.0 - self.q0))
             self.lo0 = np.maximum(0.0, np.floor(mean - z * sd - 1.0))
             self.hi0 = np.minimum(m0, np.ceil(mean + z * sd + z * z))
-            outside = np.asarray(stats.binom.cdf(self.lo0 - 1.0, m0, self.q0)) + np.asarray(
-                stats.binom.sf(self.hi0, m0, self.q0)
-            )
-            skipped += float(np.dot(self.pk, outside)) * (1.0 + _SPECIAL_REL_ERR)
         else:
             self.lo0 = np.zeros_like(ks)
             self.hi0 = np.zeros_like(ks)
-        self.skipped = p * skipped * (1.0 + _SPECIAL_REL_ERR) * (1.0 + 4 * _UNIT_ROUNDOFF)
+        self.rel = (
+            _SPECIAL_REL_ERR  # (P = Q: nothing is computed)
+            if self.trivial
+            else _special_rel_err(n, q1, ks, self.q0, m0, self.lo0, self.hi0)
+        )
+        self.pk = np.asarray(stats.binom.pmf(ks, n, q1)) * (1.0 + self.rel)
+        # K = 0 contributes exactly 0, so nothing is skipped below a window starting at 1.
+        skipped = float(stats.binom.cdf(k_lo - 1, n, q1)) if k_lo > 1 else 0.0
+        skipped += float(stats.binom.sf(k_hi, n, q1))
+        if self.q0 > 0.0:
+            outside = np.asarray(stats.binom.cdf(self.lo0 - 1.0, m0, self.q0)) + np.asarray(
+                stats.binom.sf(self.hi0, m0, self.q0)
+            )
+            skipped += _dot(self.pk, outside) * (1.0 + self.rel)
+        self.skipped = p * skipped * (1.0 + self.rel) * (1.0 + 4 * _UNIT_ROUNDOFF)
         # Rounding of tau (module docstring): 2 eta S_(k-1) per unit of probability.
         self.eta = 64.0 * _UNIT_ROUNDOFF * (ks + self.hi0 + 2.0)
 
@@ -292,9 +314,9 @@ class _Engine:
             s_k = np.asarray(stats.binom.sf(kk - 1.0, ks, 0.5))
             lin = (0.5 * ks - tau0) * s_k
             value = np.maximum(head + lin, 0.0)
-            err = 3.0 * _SPECIAL_REL_ERR * (head + np.abs(lin))
+            err = 3.0 * self.rel * (head + np.abs(lin))
             err += 2.0 * self.eta * _slope_before(kk, ks, head, s_k)
-            inside = float(np.dot(self.pk, value + err))
+            inside = _dot(self.pk, value + err)
         else:
             inside = self._grouped(tau0=tau0, tau1=tau1, ks=ks, m0=m0, lo0=lo0, hi0=hi0)
         total = (coef / n) * inside + self.skipped
@@ -343,14 +365,57 @@ class _Engine:
         lin = (0.5 * kk - t0) * s_k
         value = prob * (head + lin) - tau1 * s_k * mass
         value = np.where(empty, 0.0, np.maximum(value, 0.0))
-        err = 3.0 * _SPECIAL_REL_ERR * (prob_mag * (head + np.abs(lin)) + tau1 * s_k * mass_mag)
+        err = 3.0 * self.rel * (prob_mag * (head + np.abs(lin)) + tau1 * s_k * mass_mag)
         # rounding of tau: 2 eta S_(k-1) per unit of the run's probability (an upper bound
         # on it: |prob| plus its own error budget)
-        run_prob = np.abs(prob) + 3.0 * _SPECIAL_REL_ERR * prob_mag
+        run_prob = np.abs(prob) + 3.0 * self.rel * prob_mag
         err += np.where(
             empty, 0.0, 2.0 * self.eta[which] * _slope_before(k, kk, head, s_k) * run_prob
         )
-        return float(np.dot(self.pk[which], value + err))
+        return _dot(self.pk[which], value + err)
+
+
+def _dot(a: FloatArray, b: FloatArray) -> float:
+    """``sum a_i b_i`` with the products rounded once and the sum exactly rounded
+    (``math.fsum``): within the budget, and the same in every process, whatever BLAS and
+    its thread count would make of ``np.dot`` (its partial sums differed in the last bits
+    between the accountant's single-threaded process and the rest)."""
+    return math.fsum(np.multiply(a, b).tolist())
+
+
+def _special_rel_err(  # noqa: PLR0917 (private helper)
+    n: int,
+    q1: float,
+    ks: FloatArray,
+    q0: float,
+    m0: FloatArray,
+    lo0: FloatArray,
+    hi0: FloatArray,
+) -> float:
+    """Relative error budget of one binomial pmf / cdf / sf value of the engine: Boost's
+    own (:data:`_SPECIAL_REL_ERR`, checked up to :data:`MAX_N`) plus the effect of the
+    binary64 class probabilities. ``q`` off by ``dq`` moves ``log b(k; m, q)`` by at most
+    ``|k - m q| dq / (q (1 - q))`` (its derivative in ``q``; a tail's log moves less than
+    its boundary's); ``q1 = 2a`` is within ``8 u q1`` of its exact value, ``q0 = b / (1 -
+    q1)`` within ``8 u q0 / (1 - q1)`` (``1 - q1`` cancels), and Boost forms ``1 - q``
+    with one more absolute ``u``. ``|k - m q|`` is at most the window's extent around the
+    mean. Where that is far from negligible (``1 - q1`` tiny: ``t = 2s`` at eps0 near
+    zero) the budget grows with it; beyond ``1e-3`` the first-order argument is refused."""
+    u = _UNIT_ROUNDOFF
+    rel = _SPECIAL_REL_ERR
+    if 0.0 < q1 < 1.0:
+        reach = float(np.max(np.abs(np.concatenate(([ks[0]], [ks[-1]])) - n * q1)))
+        rel += (reach + 1.0) * (8.0 * u * q1 + u) / (q1 * (1.0 - q1))
+    if 0.0 < q0 < 1.0:
+        mean = m0 * q0
+        reach = float(np.max(np.maximum(mean - lo0, hi0 - mean)))
+        rel += (reach + 2.0) * (8.0 * u * q0 / (1.0 - q1) + u) / (q0 * (1.0 - q0))
+    if not rel <= 1e-3:
+        raise ValueError(
+            f"the binomial values' error budget ({rel:.3g} relative) is too large to certify "
+            f"n={n} at these class probabilities (q1={q1!r}, q0={q0!r})"
+        )
+    return rel * (1.0 + 1e-6)
 
 
 def _slope_before(k: FloatArray, ks: FloatArray, head: FloatArray, s_k: FloatArray) -> FloatArray:

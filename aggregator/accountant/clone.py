@@ -269,7 +269,7 @@ class _StrongerClonePair:
         )
         bracket += _ROOT_REL_ERR * (1.0 + w) * (2.0 * t0 + b_k) * (1.0 + _SPECIAL_REL_ERR)
         weight = alpha * em1 * (math.exp(epsilon) + 1.0) * (1.0 + _SPECIAL_REL_ERR)
-        inside = weight * float(np.dot(self.b_prev, bracket))
+        inside = weight * math.fsum(np.multiply(self.b_prev, bracket).tolist())  # (BLAS-free)
         total = (inside + self.skipped) * (1.0 + _REL_SLACK)
         return min(total, 1.0)
 

@@ -45,7 +45,7 @@ The composed PLD is computed here (dp_accounting's float64 FFT power understates
 by ~0.5% at ``delta = 1e-12``): repeated squaring and products of the per-batch arrays with
 real FFTs in ``numpy.longdouble`` (64-bit significand on x86-64, ``u = 2^-64``), each array
 carrying a bound ``e`` on the 1-norm of its error. For one convolution of computed ``a``
-and ``b`` of length sum ``< N`` (a power-of-two-friendly FFT size, no wrap-around), the
+and ``b`` of length sum ``< N`` (``N`` the least power of two above it, no wrap-around), the
 standard error model of the FFT (Higham, *Accuracy and Stability of Numerical Algorithms*,
 Thm. 24.2: relative 2-norm error ``rho = log2(N) (mu + gamma_4 (sqrt 2 + mu))`` per
 transform, twiddle factors accurate to ``mu ~ u``) gives
@@ -69,8 +69,9 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Final
 
 import numpy as np
@@ -305,7 +306,10 @@ def blanket_pld(
     upper = np.minimum.accumulate(np.asarray(deltas))  # the true curve is non-increasing
     positive = np.asarray(grid, dtype=np.int64)
     eps = positive[1:] * h
-    lower = -np.expm1(-eps) + np.exp(-eps) * upper[1:]  # at -eps_j
+    # at -eps_j: 1 - e^-eps + e^-eps delta(eps), rounded up (a few ulps of 1, the size of
+    # every term; a curve above the true one only makes the PLD pessimistic)
+    lower = -np.expm1(-eps) + np.exp(-eps) * upper[1:]
+    lower = np.minimum(1.0, lower + 4.0 * np.finfo(np.float64).eps)
     all_indices = [*(-positive[1:][::-1]).tolist(), *positive.tolist()]
     all_deltas = [*np.minimum(1.0, lower[::-1]).tolist(), *upper.tolist()]
     probs, error = _connect_the_dots(all_indices, all_deltas, h)
@@ -313,9 +317,9 @@ def blanket_pld(
 
 
 def _fft_size(n: int) -> int:
-    from scipy import fft  # noqa: PLC0415 (scipy is imported by the blanket bound anyway)
-
-    return int(fft.next_fast_len(n, real=True))
+    """The least power of two ``>= n``: the error model (Higham, Thm. 24.2) is that of a
+    radix-2 FFT of ``log2 N`` stages; mixed-radix sizes (3, 5, 7 factors) are outside it."""
+    return 1 << max(0, n - 1).bit_length()
 
 
 def _convolve(a: ComposedPLD, b: ComposedPLD, cut: float) -> ComposedPLD:
@@ -421,8 +425,16 @@ def epsilon_total_counts(counts: Mapping[BlanketPair, int], *, delta: float) -> 
         single = math.inf
     convolutions = sum(2 * count.bit_length() for count in counts.values()) + len(counts)
     cut = max(_CUT, _CUT_FRACTION * delta / convolutions)
-    basic = sum(pair.epsilon0 * count for pair, count in counts.items())
+    basic = _sum_upper(Fraction(pair.epsilon0) * count for pair, count in counts.items())
     return min(compose(parts, cut=cut).epsilon_for_delta(delta), basic, single)
+
+
+def _sum_upper(terms: Iterable[Fraction]) -> float:
+    """The exact sum of ``terms`` rounded up to a float (basic composition is reported as
+    an upper bound: a sum rounded to nearest may be an ulp below it)."""
+    exact = sum(terms, Fraction(0))
+    value = float(exact)
+    return math.nextafter(value, math.inf) if Fraction(value) < exact else value
 
 
 def epsilon_total(pair: BlanketPair, *, rounds: int, delta: float) -> float:

@@ -24,7 +24,9 @@ reports is a post-processing of the shuffle of ``n' <= n`` of them (add the othe
 so a pair that dominates the release of ``n'`` dominates the release of ``n``. It keeps
 the number of distinct privacy loss distributions at 16 per doubling of the release size:
 releases differ in size from round to round, and one distribution per distinct size grew
-without bound.
+without bound. A release above :data:`~aggregator.accountant.blanket.MAX_N` reports (the
+largest the certified bound is validated for) is composed as one of ``MAX_N``, pessimistic
+by the same argument.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from collections.abc import Mapping
 from typing import Final
 
 from aggregator.accountant._checks import check_delta
-from aggregator.accountant.blanket import BlanketPair, blanket_pair_for_spec
+from aggregator.accountant.blanket import MAX_N, BlanketPair, blanket_pair_for_spec
 from aggregator.accountant.composition import epsilon_total_counts
 from edge.spec import MechanismSpec
 
@@ -46,13 +48,13 @@ SIGNIFICANT_BITS: Final = 5
 def accounting_size(n: int) -> int:
     """``n`` rounded down to :data:`SIGNIFICANT_BITS` significant binary digits (module
     docstring, "Accounting sizes"): ``n`` itself below ``2**SIGNIFICANT_BITS``, else at
-    least ``n * 15/16``."""
+    least ``n * 15/16``; at most ``MAX_N``."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"a release size must be an integer, got {n!r}")
     if n < 1:
         raise ValueError(f"a release holds at least one report, got {n}")
     shift = max(0, n.bit_length() - SIGNIFICANT_BITS)
-    return (n >> shift) << shift
+    return min((n >> shift) << shift, MAX_N)
 
 
 def epsilon_total_rounds(spec: MechanismSpec, rounds: Mapping[int, int], *, delta: float) -> float:

@@ -207,7 +207,7 @@ def test_inverse_and_upper_end_of_bracket(n: int) -> None:
 
 def test_delta_non_increasing_in_epsilon_and_zero_at_epsilon0() -> None:
     pair = BlanketPair(n=2_000, exp_epsilon0=math.exp(2.0), s=4, t=30)
-    grid = np.linspace(0.0, 2.0, 41)
+    grid = np.linspace(0.0, pair.epsilon0, 41)  # (ln p rounded up: maybe above 2)
     values = [blanket_delta(pair, epsilon=float(e)) for e in grid]
     # non-increasing above the certificate's absolute floor (~1e-13 here); never above 1
     floor = 384 * 2.0**-53 * pair.exp_epsilon0**2

@@ -158,10 +158,12 @@ def test_manifests_reconcile_against_batches() -> None:
     )
     # a batch no manifest of its (shard, round) lists
     apply("g0s0", 4, 5)
-    # g0s1: its manifest first, then a batch that disagrees with it: the manifest goes
+    # g0s1: its manifest first, then a batch that disagrees with it: the manifest goes, and
+    # the privacy ledger charges the batch on its own (ledger_conflict)
     assert agg.manifest(manifest("g0s1", ROUND, 4, [(6, 8)]), now=NOW, shard="g0s1") == "accepted"
     apply("g0s1", 9, 6)
     assert agg.counters.manifests_rejected == {
+        "ledger_conflict": 1,
         "manifest_mismatch": 2,
         "bad_signature": 1,
         "unknown_shard": 1,

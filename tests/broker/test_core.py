@@ -148,8 +148,10 @@ class Harness:
         if outbox:
             self.commit([Acked(batch_id_of(outbox[0]))])
 
-    def restart(self, *, compact: bool) -> None:
-        """Crash and restart: a new core replays the log (or its compaction)."""
+    def restart(self, *, compact: bool, bounded: bool = True) -> None:
+        """Crash and restart: a new core replays the log (or its compaction). ``bounded``:
+        check the snapshot is not much larger than the log (not after a change to shorter
+        rounds, which copies an old round's tokens to each new round it overlaps)."""
         data = b"".join(self.log)
         result = scan(data, FILE_HEADER_SIZE, SALT)
         assert result.problem is None
@@ -162,7 +164,8 @@ class Harness:
         if compact:
             snapshot = [file_header(SALT)[0]] + [encode_effect(e, SALT) for e in fresh.snapshot()]
             # one bulk record per round and pool: never much more than the log it replaces
-            assert sum(map(len, snapshot)) <= len(data) + 8 * len(fresh.pool_sizes()) + 64
+            if bounded:
+                assert sum(map(len, snapshot)) <= len(data) + 8 * len(fresh.pool_sizes()) + 64
             self.log = snapshot
             again = ShufflerCore(self.cfg)
             for effect in scan(b"".join(self.log), FILE_HEADER_SIZE, SALT).effects:
@@ -536,3 +539,102 @@ def test_each_release_has_one_manifest_after_its_batches() -> None:
         h.commit([Acked(batch_id_of(message))])
     assert h.core.outbox_reports == 0
     assert h.core.outbox() == []
+
+
+def test_a_device_s_token_survives_round_seconds_10_20_10() -> None:
+    """round_seconds 10 -> 20 -> 10 between runs: a device that reported in the second
+    10-second round of a 20-second one (an odd round) is still refused in that round once
+    the length is back to 10. The 20-second round unites both halves' tokens; going back,
+    they must reach every 10-second round the 20-second one covers, not only the one that
+    holds its start (which gave the device a second report in the round)."""
+    h = Harness(config(min_batch=3))
+    r = int(T0 // L)  # T0 is a multiple of 20: round r + 1 is the second half of T0 // 20
+    now = T0 + L + 1
+    for device in range(2):
+        assert h.send(now, device, r + 1, 1) is None
+    longer = restarted(h, round_seconds=20)
+    longer.reported = set(h.reported)
+    assert longer.send(now, 0, int(now // 20), 2) == "duplicate_in_round"
+    back = restarted(longer, round_seconds=L)
+    back.reported = set(h.reported)
+    for device in range(2):
+        assert back.send(now, device, r + 1, 3) == "duplicate_in_round"
+    assert back.send(now, 7, r + 1, 3) is None  # another device is welcome
+    back.restart(compact=True)  # the tokens survive a replay and a compaction
+    assert back.send(now, 1, r + 1, 4) == "duplicate_in_round"
+    back.tick(T0 + 2 * L + 3)
+    back.conserved()
+
+
+@pytest.mark.parametrize(
+    "lengths", [(10, 20, 10), (10, 30, 10), (10, 15, 10), (10, 4, 10), (10, 20, 5, 10)]
+)
+def test_one_report_per_device_and_round_across_round_seconds_changes(
+    lengths: tuple[int, ...],
+) -> None:
+    """Every device reports once in every round a length allows at one instant, before
+    and after each change of round_seconds; whatever the sequence, a device is never
+    admitted twice for an interval of time it already reported in: after each restart,
+    each device is refused in every current round that overlaps a round it reported in."""
+    h = Harness(config(round_seconds=lengths[0], min_batch=3, max_skew=2.0))
+    now = T0 + 51.0  # in an odd 10-second round, the second half of a 20-second one
+    spans: dict[int, list[tuple[float, float]]] = {}  # device -> intervals reported in
+    for step, length in enumerate(lengths):
+        if step:
+            again = restarted(h, round_seconds=length)
+            again.reported = set()  # (rounds are numbered anew: checked by intervals)
+            h = again
+        for device in range(6):
+            round_ = int(now // length)
+            start, end = round_ * length, (round_ + 1) * length
+            outcome = h.send(now + 0.5 * step, device, round_, step)
+            if any(a < end and start < b for a, b in spans.get(device, [])):
+                assert outcome == "duplicate_in_round", (lengths, step, device)
+            elif outcome is None:
+                spans.setdefault(device, []).append((start, end))
+        now += 0.5
+    h.conserved()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from([4, 5, 10, 15, 20, 30]),  # round_seconds of this run
+            st.lists(  # (device, seconds after the previous report, round offset)
+                st.tuples(st.integers(0, 5), st.floats(0.0, 6.0), st.integers(-1, 1)),
+                max_size=8,
+            ),
+            st.booleans(),  # compact the log before the next run
+        ),
+        min_size=2,
+        max_size=5,
+    )
+)
+def test_no_device_reports_twice_in_a_round_whatever_the_lengths(
+    steps: list[tuple[int, list[tuple[int, float, int]], bool]],
+) -> None:
+    """Random runs of random round lengths, restarts (with or without compaction) between
+    them, reports of random devices at increasing times: a device is never admitted twice
+    for one round of one length ``(round, round_seconds)``, whatever lengths came in
+    between (10 -> 20 -> 10 readmitted it), never twice in a batch (the harness checks
+    every batch), and every admitted report is released once or counted as dropped."""
+    h = Harness(config(round_seconds=steps[0][0], min_batch=2, max_batch=20, max_skew=2.0))
+    now = T0 + 1.0
+    admitted: set[tuple[int, int, int]] = set()  # (device, round, round_seconds)
+    serial = itertools.count()
+    for index, (length, sends, compact) in enumerate(steps):
+        if index:
+            h = restarted(h, round_seconds=length)
+        h.reported = set()  # (the harness's check is per round number: this one is keyed)
+        for device, wait, offset in sends:
+            now += wait
+            round_ = int(now // length) + offset
+            if h.send(now, device, round_, next(serial)) is None:
+                key = (device, round_, length)
+                assert key not in admitted, "a second report of a device in a round"
+                admitted.add(key)
+            h.tick(now)
+        if compact:
+            h.restart(compact=True, bounded=False)
+    h.conserved()
