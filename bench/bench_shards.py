@@ -25,7 +25,10 @@ descendants) from just before the fleet starts to the end of the case, for the s
 (summed over the K processes), the 3 broker nodes, the aggregator, the subscribers and the
 fleet; per CPU-second rates divide the reports the fleet had acknowledged by those seconds.
 The window includes each shuffler's idle time between rounds and until the last round is
-released (``--max-skew`` 5 s after it ends), which an operator pays too. Completeness:
+released (``--max-skew`` 5 s after it ends), which an operator pays too; so, with every
+process started and before the fleet, each case first measures the idle CPU rate of the
+consumers and of the brokers over 5 s, and the second table gives the CPU per report less
+that rate times the case's wall time (the marginal cost of a report). Completeness:
 acknowledged == aggregated (each acknowledged ``(seed, z)`` once in the subscribers' copy,
 for ``mqtt``). The cases of one repeat run one after the other in a shuffled order, so each
 ratio K/1 is taken within a repeat; tables give min / median / max over the repeats.
@@ -72,6 +75,7 @@ CONNECTIONS = 12
 SPREAD_FRACTION = 0.5  # of a round, over which its reports are spread
 MAX_SKEW = 5.0
 IDLE_SECONDS = 60.0  # after the fleet: no progress for this long ends a case
+IDLE_PROBE = 5.0  # seconds of CPU measured with everything started and no fleet yet
 READY_TIMEOUT = 120.0
 
 
@@ -154,6 +158,8 @@ class CaseResult:
     aggregator_cpu: float
     subscriber_cpu: float
     fleet_cpu: float
+    idle_consumer_cpu_per_s: float = 0.0  # the consumers' CPU per wall second before the fleet
+    idle_broker_cpu_per_s: float = 0.0
     shuffler_rss_mib: list[float] = field(default_factory=list)
     broker_rss_mib: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -162,6 +168,11 @@ class CaseResult:
     def consumer_cpu(self) -> float:
         """The consuming side: the shufflers, or the plain subscribers."""
         return self.subscriber_cpu if self.case == "mqtt" else self.shuffler_cpu
+
+    def net_us_per_report(self, cpu: float, idle_per_s: float) -> float:
+        """CPU microseconds per report, less the idle rate over the case's wall time."""
+        busy = cpu - idle_per_s * self.wall_seconds
+        return 1e6 * busy / self.acked if self.acked else 0.0
 
     def per_cpu(self, seconds: float) -> float:
         return self.acked / seconds if seconds > 0 else 0.0
@@ -359,7 +370,10 @@ class Case:
         else:
             self.start_pipeline(keys)
         acked_log = self.work / "acked.log"
+        idle0, t_idle = self.cpu(), time.monotonic()
+        time.sleep(IDLE_PROBE)
         cpu0, t0 = self.cpu(), time.monotonic()
+        idle = {k: (cpu0[k] - idle0[k]) / (t0 - t_idle) for k in cpu0}
         summary, fleet_cpu = self.run_fleet(acked_log)
         acked_pairs = read_acked(acked_log) if acked_log.exists() else collections.Counter()
         acked = sum(acked_pairs.values())
@@ -390,6 +404,8 @@ class Case:
             aggregator_cpu=cpu1["aggregator"] - cpu0["aggregator"],
             subscriber_cpu=cpu1["subscriber"] - cpu0["subscriber"],
             fleet_cpu=fleet_cpu,
+            idle_consumer_cpu_per_s=idle["subscriber" if self.case == "mqtt" else "shuffler"],
+            idle_broker_cpu_per_s=idle["broker"],
             shuffler_rss_mib=[tree_rss(pid_of(p)) / 2**20 for p, _ in self.shufflers],
             broker_rss_mib=[tree_rss(pid) / 2**20 for pid in self.node_pids()],
             notes=notes,
@@ -427,6 +443,29 @@ def spread(values: Sequence[float], fmt: str = "{:,.0f}") -> str:
     return " / ".join(fmt.format(v) for v in picks)
 
 
+def net_table(by_case: dict[str, list[CaseResult]], cases: Sequence[str]) -> list[str]:
+    """The idle CPU rates, and the CPU per report less them."""
+    lines = [
+        "",
+        "| case | consumers' idle CPU s per s | consumers' net CPU us per report "
+        "| brokers' idle CPU s per s | brokers' net CPU us per report |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for case in cases:
+        runs = by_case.get(case, [])
+        if not runs:
+            continue
+        name = "plain MQTT subscribers" if case == "mqtt" else case
+        consumer = [r.net_us_per_report(r.consumer_cpu, r.idle_consumer_cpu_per_s) for r in runs]
+        broker = [r.net_us_per_report(r.broker_cpu, r.idle_broker_cpu_per_s) for r in runs]
+        lines.append(
+            f"| {name} | {spread([r.idle_consumer_cpu_per_s for r in runs], '{:.3f}')} "
+            f"| {spread(consumer)} | {spread([r.idle_broker_cpu_per_s for r in runs], '{:.3f}')} "
+            f"| {spread(broker)} |"
+        )
+    return lines
+
+
 def tables(results: Sequence[CaseResult], shard_counts: Sequence[int]) -> str:
     cases = ["mqtt"] + [f"shards {k}" for k in shard_counts]
     by_case: dict[str, list[CaseResult]] = collections.defaultdict(list)
@@ -454,6 +493,7 @@ def tables(results: Sequence[CaseResult], shard_counts: Sequence[int]) -> str:
             f"| {spread([r.fleet_cpu for r in runs], '{:.1f}')} "
             f"| {spread([r.wall_seconds for r in runs], '{:.1f}')} |"
         )
+    lines += net_table(by_case, cases)
     ratio_lines = [
         "",
         "| ratio, within each repeat | reports per shuffler CPU-s | per broker CPU-s |",
@@ -542,7 +582,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     f"  repeat {repeat + 1} {result.case}: acked {result.acked}, consumed "
                     f"{result.consumed}, consumer CPU {result.consumer_cpu:.2f} s, broker CPU "
                     f"{result.broker_cpu:.2f} s, aggregator CPU {result.aggregator_cpu:.2f} s, "
-                    f"wall {result.wall_seconds:.1f} s {result.notes}",
+                    f"wall {result.wall_seconds:.1f} s, idle CPU per s: consumers "
+                    f"{result.idle_consumer_cpu_per_s:.3f}, brokers "
+                    f"{result.idle_broker_cpu_per_s:.3f} {result.notes}",
                     flush=True,
                 )
     print(tables(results, shard_counts))
