@@ -1,8 +1,8 @@
 """Sharded shufflers on a 3-node NATS cluster: reports per CPU-second at K = 1, 2, 3 shards,
 against plain MQTT subscribers on the same traffic.
 
-Run: ``.venv/bin/python bench/bench_shards.py [--devices 3000] [--rounds 3]
-[--round-seconds 10] [--repeats 3] [--shards 1 2 3] [--quick] [--json PATH]``.
+Run: ``.venv/bin/python bench/bench_shards.py [--devices 3000] [--rounds 2]
+[--round-seconds 8] [--repeats 3] [--shards 1 2 3] [--quick] [--json PATH]``.
 
 Every case runs on a fresh 3-node NATS cluster (``tests.clusters.NatsCluster``: JetStream,
 MQTT streams and consumers on 3 replicas) and only through the ``coco`` command line, in
@@ -542,8 +542,8 @@ def tables(results: Sequence[CaseResult], shard_counts: Sequence[int]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
     parser.add_argument("--devices", type=int, default=3000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--round-seconds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--round-seconds", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--shards", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--no-mqtt", action="store_true", help="skip the plain-MQTT baseline")
