@@ -22,8 +22,9 @@ separate processes, as an operator runs it (docs/operations.md, "Sharded shuffle
 
 CPU is user + system seconds read from ``/proc/<pid>/stat`` (each process and its
 descendants) from just before the fleet starts to the end of the case, for the shufflers
-(summed over the K processes), the 3 broker nodes, the aggregator, the subscribers and the
-fleet; per CPU-second rates divide the reports the fleet had acknowledged by those seconds.
+(summed over the K processes), the 3 broker nodes, the aggregator and the subscribers (the
+fleet's from ``getrusage(RUSAGE_CHILDREN)`` once it is reaped); per CPU-second rates divide
+the reports the fleet had acknowledged by those seconds.
 The window includes each shuffler's idle time between rounds and until the last round is
 released (``--max-skew`` 5 s after it ends), which an operator pays too; so, with every
 process started and before the fleet, each case first measures the idle CPU rate of the
@@ -45,6 +46,7 @@ import multiprocessing.synchronize
 import os
 import platform
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -318,14 +320,13 @@ class Case:
         cmd += ["--mode", "multiplexed", "--connections", str(CONNECTIONS)]
         cmd += ["--model", "keyvalue", "--json", "--no-progress"]
         fleet = Process("fleet", cmd, self.work, capture=True)
+        # the fleet is the only child reaped meanwhile: its CPU is the children's usage added
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         fleet.start()
         assert fleet.proc is not None
-        fleet_cpu = 0.0
-        # the fleet's own CPU, read while it runs (its /proc entry goes when it is reaped)
-        while fleet.proc.poll() is None:
-            fleet_cpu = max(fleet_cpu, tree_cpu([fleet.proc.pid]))
-            time.sleep(0.2)
-        stdout, _ = fleet.proc.communicate(timeout=60)
+        stdout, _ = fleet.proc.communicate(timeout=600)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        fleet_cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
         if fleet.proc.returncode not in (0, 3):
             raise RuntimeError(f"coco fleet exited {fleet.proc.returncode}\n{fleet.output()}")
         return dict(json.loads(stdout)), fleet_cpu
