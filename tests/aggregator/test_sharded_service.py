@@ -109,7 +109,8 @@ def test_a_sharded_deployment_end_to_end(mosquitto: Broker, tmp_path: Path) -> N
                 (batches_topic(DEPLOYMENT, "g0s1"), sealed(3, old[1], 4)),
                 # g0s0's release listed batch 1 and batch 5, which never comes
                 (manifests_topic(DEPLOYMENT, "g0s0"), manifest(old[0], 1, [(1, size[0]), (5, 70)])),
-                # g0s1's manifest says batch 2 had another count: rejected, changes nothing
+                # g0s1's manifest says batch 2 had another count: rejected (manifest_mismatch);
+                # a signed release the ledger cannot place is charged at min_batch
                 (manifests_topic(DEPLOYMENT, "g0s1"), manifest(old[1], 2, [(2, size[1] + 1)])),
                 (
                     manifests_topic(DEPLOYMENT, "g0s1"),
@@ -135,9 +136,11 @@ def test_a_sharded_deployment_end_to_end(mosquitto: Broker, tmp_path: Path) -> N
                 "latest": size[3],
             },
         }
-        # the guarantee every report has: the smallest release of the round, as its
-        # manifest gives it (g0s0 shuffled 70 + size[0] reports, whatever came here)
-        assert document["batch_size"]["smallest"] == size[0] + 70
+        # the guarantee every report has: the smallest release of the round. g0s0's manifest
+        # gives 70 + size[0] (whatever came here), but g0s1's rejected one is charged as a
+        # release of min_batch reports: nothing may be assumed of its size
+        assert size[0] + 70 > MIN_BATCH
+        assert document["batch_size"]["smallest"] == MIN_BATCH
         assert document["counters"]["rejected"] == {"bad_signature": 1}
         assert document["counters"]["manifests_rejected"] == {"manifest_mismatch": 1}
         losses = document["manifests"]["recent_losses"]
