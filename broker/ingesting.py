@@ -86,7 +86,12 @@ class IngestMixin(ShellState):
         self._group = GroupCommit(client, self._flush_log, self._fail, self._pause)
         ack_after_handling(client, self._on_message, self._group)
         client.on_message = self._on_unacknowledged_message
+        self._session_present = False
+        client.on_connect = self._on_connack
         return client
+
+    def _on_connack(self, _client: object, flags: object, _rc: object, _props: object) -> None:
+        self._session_present = bool(flags)
 
     def _flush_log(self) -> None:
         """Settle and write what this read offered; raises if the state failed before (then
@@ -196,7 +201,7 @@ class IngestMixin(ShellState):
             )
             if not codes or codes[0] >= 0x80:
                 raise IngestError(f"subscription to {self._ingress} refused {codes!r}")
-            logger.info("subscribed to %s", self._ingress)
+            self._subscribed()
             self._subscribed_at = time.monotonic()
             self._connected.set()
             self.metrics.connected.set(1)
@@ -229,6 +234,35 @@ class IngestMixin(ShellState):
             self.metrics.ready.set(0)
             if not acks.lost.is_set() and not self._consumption_done.is_set():
                 await self._disconnect_gmqtt(client)
+
+    def _subscribed(self) -> None:
+        logger.info("subscribed to %s", self._ingress)
+        self._note_session(self._session_present)
+
+    def _note_session(self, present: bool) -> None:
+        """The CONNACK said whether the broker kept this shuffler's session. Without one it
+        queued nothing for it: reports published to the ingress topic while no session
+        existed were acknowledged to their devices and dropped, and nothing downstream can
+        count them. That is expected at a first start before any device sends; it is a loss
+        after an earlier session (the broker lost it) or once a shard's first round began
+        (a shard started late: docs/operations.md, "Sharded shufflers")."""
+        if present:
+            self._had_session = True
+            return
+        self.metrics.sessions_new.inc()
+        layout = self._layout
+        late = layout is not None and time.time() >= layout.from_round * self.config.round_seconds
+        if self._had_session or late:
+            logger.warning(
+                "the broker held no session for %s (%s): reports published to %s while there "
+                "was none were not queued for this shuffler and are lost uncounted",
+                self.config.ingest_client_id,
+                "its shard's first round had begun" if late else "it lost the session",
+                self._ingress,
+            )
+        else:
+            logger.info("a new session on the broker (first start)")
+        self._had_session = True
 
     async def _disconnect_gmqtt(self, client: gmqtt.Client) -> None:
         if self._group is not None:

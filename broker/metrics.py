@@ -182,6 +182,14 @@ class ShufflerMetrics:
             "Writes to the log that failed for lack of space (each one retried later).",
             registry=registry,
         )
+        self.sessions_new = Counter(
+            "coco_shuffler_sessions_new",
+            "Ingest connections for which the broker held no session (its CONNACK's session "
+            "present flag unset): the first start, or the broker lost the session. Reports "
+            "published while no session existed were not queued for the shuffler and are lost "
+            "uncounted; more than one per state directory means the broker lost a session.",
+            registry=registry,
+        )
         self.reconnects = Counter(
             "coco_shuffler_reconnects",
             "Connection attempts after a lost or failed connection.",

@@ -64,6 +64,8 @@ class ShellState:
     _consumption_done: asyncio.Event
     _closing: asyncio.Event
     _subscribed_at: float | None
+    _had_session: bool
+    _session_present: bool
     _late_offers: int
     _last_late: float
     _backlog_drained: float | None

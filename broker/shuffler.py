@@ -183,6 +183,8 @@ class Shuffler(ShardMixin, IngestMixin, PublishMixin):
         self._consumption_done = asyncio.Event()
         self._closing = asyncio.Event()
         self._subscribed_at: float | None = None
+        self._had_session = False  # a session of this process's on the broker
+        self._session_present = False  # the last CONNACK's flag
         self._late_offers = 0
         self._last_late = 0.0
         self._backlog_drained: float | None = None

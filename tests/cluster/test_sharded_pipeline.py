@@ -33,6 +33,7 @@ key of its shard. After each run, exactly:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import random
@@ -73,6 +74,11 @@ MAX_BATCH = 900
 SHARDS = 3
 MAX_SKEW = 35
 TIMEOUT = 90.0
+RESHARD_LEAD = 5
+"""Rounds between the reshard's announcement and the new layout's first round: time for
+two shufflers to start and subscribe on a loaded machine."""
+RESHARD_ROUNDS = RESHARD_LEAD + 3
+"""The reshard case's fleet rounds: the old layout's and at least one of the new one's."""
 SEED = int(os.environ.get("FAULT_SEED", str(random.SystemRandom().randrange(2**32))))
 
 
@@ -259,9 +265,9 @@ class Stack:
         self.aggregator.start()
         wait_for("the aggregator", self.aggregator_ready, TIMEOUT)
 
-    def fleet(self, acked_log: Path, seed: int) -> Process:
+    def fleet(self, acked_log: Path, seed: int, rounds: int = ROUNDS) -> Process:
         args = ["fleet", "--deployment", DEP, "--broker", self.broker]
-        args += ["--devices", str(DEVICES), "--rounds", str(ROUNDS), "--seed", str(seed)]
+        args += ["--devices", str(DEVICES), "--rounds", str(rounds), "--seed", str(seed)]
         args += ["--round-spread", str(SPREAD_SECONDS), "--acked-log", str(acked_log)]
         args += ["--json", "--no-progress", "--mode", "multiplexed", "--connections", "12"]
         return Process("fleet", args, self.workdir, capture=True)
@@ -296,9 +302,9 @@ def running_stack(workdir: Path) -> Iterator[Stack]:
 # -- running and reconciling ----------------------------------------------------------------
 
 
-def run_fleet(stack: Stack, rng: random.Random) -> tuple[Process, Path]:
+def run_fleet(stack: Stack, rng: random.Random, rounds: int = ROUNDS) -> tuple[Process, Path]:
     acked_log = stack.workdir / "acked.log"
-    fleet = stack.fleet(acked_log, seed=rng.randrange(2**31))
+    fleet = stack.fleet(acked_log, seed=rng.randrange(2**31), rounds=rounds)
     fleet.start()
     wait_for(
         "the fleet's first PUBACK",
@@ -435,8 +441,25 @@ def test_kill_a_broker_node_a_shard_and_the_aggregator(tmp_path: Path) -> None:
 def test_a_second_shuffler_on_an_owned_shard_and_a_reshard(tmp_path: Path) -> None:
     rng = rng_for("reshard")
     with running_stack(tmp_path) as stack:
-        fleet, acked_log = run_fleet(stack, rng)
+        fleet, acked_log = run_fleet(stack, rng, rounds=RESHARD_ROUNDS)
         time.sleep(rng.uniform(0.0, ROUND_SECONDS))
+        # a reshard to 2 shards, RESHARD_LEAD rounds ahead: the new shards' shufflers must
+        # be subscribed before their first round (docs/scaling.md, "Adding shards")
+        new = [stack.make_shard(1, i) for i in range(2)]
+        first_new = int(time.time() // ROUND_SECONDS) + RESHARD_LEAD
+        announced = stack.announce(new, "--reshard", "--shards-from-round", str(first_new))
+        assert announced["shards"][1]["from_round"] == first_new
+        print(f"reshard: 2 shards from round {first_new}")
+        assert stack.recorder is not None
+        stack.recorder.trust({s.label: stack.public(s) for s in new})
+        for shard in new:
+            shard.process.start()
+        for shard in new:
+            wait_for(
+                f"shuffler {shard.label}", functools.partial(stack.shuffler_ready, shard), TIMEOUT
+            )
+        late = time.time() - first_new * ROUND_SECONDS
+        assert late < 0, f"the new shards were ready {late:.1f} s into their first round"
         # a second process on an owned shard, with its own state directory: refused
         owned = stack.shards[label(0, rng.randrange(SHARDS))]
         intruder = Process(
@@ -449,15 +472,6 @@ def test_a_second_shuffler_on_an_owned_shard_and_a_reshard(tmp_path: Path) -> No
         intruder.start()
         assert intruder.wait(TIMEOUT) != 0
         assert "held by another shuffler" in intruder.output(), intruder.output()[-2000:]
-        # a reshard to 2 shards, a few rounds ahead
-        new = [stack.make_shard(1, i) for i in range(2)]
-        announced = stack.announce(new, "--reshard")
-        first_new = announced["shards"][1]["from_round"]
-        print(f"reshard: 2 shards from round {first_new}")
-        assert stack.recorder is not None
-        stack.recorder.trust({s.label: stack.public(s) for s in new})
-        for shard in new:
-            stack.start_shuffler(shard)
         done = stack.coco(
             "aggregator", "trust", "--checkpoint", str(stack.checkpoint), "--accept-announced"
         )
