@@ -36,7 +36,7 @@ from edge.codec import decode_batch
 from edge.rounds import current_round
 from edge.topics import batches_topic, ingress_topic
 from sim.demo import DemoConfig, DemoRun, run_pipeline
-from tests import asyncutil
+from tests import asyncutil, waiting
 from tests.asyncutil import value
 from tests.conftest import Broker
 
@@ -48,8 +48,14 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 45.0) -> T:
     return asyncutil.run(coro, timeout)
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
-    await asyncutil.wait_until(predicate, timeout)
+async def wait_until(
+    predicate: Callable[[], bool],
+    timeout: float = 15.0,
+    *,
+    progress: waiting.Progress | None = None,
+    what: str = "",
+) -> None:
+    await asyncutil.wait_until(predicate, timeout, progress=progress, what=what)
 
 
 async def pipeline_with_batches(

@@ -39,7 +39,7 @@ from edge.codec import decode_batch
 from edge.ledger import BudgetLedger
 from edge.publisher import DevicePublisher, PublisherConfig
 from edge.topics import batches_topic
-from tests import asyncutil
+from tests import asyncutil, waiting
 from tests.asyncutil import value
 from tests.conftest import Broker
 
@@ -55,8 +55,14 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 75.0) -> T:
     return asyncutil.run(coro, timeout)
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    await asyncutil.wait_until(predicate, timeout)
+async def wait_until(
+    predicate: Callable[[], bool],
+    timeout: float = 20.0,
+    *,
+    progress: waiting.Progress | None = None,
+    what: str = "",
+) -> None:
+    await asyncutil.wait_until(predicate, timeout, progress=progress, what=what)
 
 
 class Fleet:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +119,20 @@ def test_a_bad_scale_is_refused(raw: str, monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("COCO_TEST_TIMEOUT_SCALE", raw)
     with pytest.raises(ValueError, match="COCO_TEST_TIMEOUT_SCALE"):
         waiting._scale()
+
+
+def test_cpu_seconds_grows_while_a_process_computes() -> None:
+    start = waiting.cpu_seconds(os.getpid())
+    assert start is not None
+    # burn CPU until the tick counter moves (it must: ticks are 10 ms at most)
+    while waiting.cpu_seconds(os.getpid()) == start:
+        sum(range(10_000))
+    assert waiting.cpu_seconds(None) is None
+    assert waiting.cpu_seconds(2**22 + 1) is None  # above pid_max's default: no such process
+
+
+def test_file_size_follows_a_file(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    assert waiting.file_size(log) is None
+    log.write_text("one line\n")
+    assert waiting.file_size(log) == 9

@@ -21,9 +21,21 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["CEILING", "SCALE", "STALL", "StalledError", "scaled", "until", "wait_until"]
+__all__ = [
+    "CEILING",
+    "SCALE",
+    "STALL",
+    "Progress",
+    "StalledError",
+    "cpu_seconds",
+    "file_size",
+    "scaled",
+    "until",
+    "wait_until",
+]
 
 
 def _scale() -> float:
@@ -45,6 +57,28 @@ CEILING = 400.0  # seconds a wait may take in all (before scaling); pytest-timeo
 def scaled(seconds: float) -> float:
     """``seconds`` multiplied by ``COCO_TEST_TIMEOUT_SCALE``."""
     return seconds * SCALE
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """CPU time (user + system, in clock ticks' seconds) process ``pid`` has used so far:
+    the progress of a process that computes (the accountant's worker, a service at work);
+    ``None`` for no process or one that is gone."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # after the command: state is field 3, utime 14 and stime 15 (proc(5))
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def file_size(path: Path) -> int | None:
+    """The size of ``path`` (a log, a store): the progress of whatever writes it."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
 
 
 class StalledError(AssertionError):

@@ -37,6 +37,7 @@ from aggregator.service import Aggregator
 from edge import LocalMechanism, MechanismSpec
 from edge.batch_auth import BatchSigner
 from edge.topics import batches_topic
+from tests import waiting
 from tests.conftest import MOSQUITTO, Broker, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -111,12 +112,17 @@ async def publish(broker: Broker, *payloads: bytes) -> None:
             await client.publish(batches_topic(DEPLOYMENT), payload, qos=1)
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Poll ``predicate`` with a generous deadline: the suite runs on a loaded 2-core box,
-    where the accountant's low-priority process can wait for a CPU for many seconds."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
+async def until(
+    predicate: Callable[[], bool],
+    timeout: float = 30.0,
+    *,
+    progress: waiting.Progress | None = None,
+    what: str = "",
+) -> None:
+    """tests/waiting.py's wait, ``timeout`` its stall window: the suite runs on a loaded
+    2-core box, where the accountant's low-priority process can wait for a CPU for many
+    seconds."""
+    await waiting.until(predicate, progress=progress, stall=timeout, what=what)
 
 
 async def with_aggregator(

@@ -35,6 +35,7 @@ from edge.codec import decode_batch, encode_report
 from edge.rounds import current_round
 from edge.spec import MechanismSpec
 from edge.topics import batches_topic, ingress_topic
+from tests import waiting
 from tests.conftest import Broker
 
 pytestmark = pytest.mark.integration
@@ -79,12 +80,15 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return 0.0 if sample is None else sample
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
+async def wait_until(
+    predicate: Callable[[], bool],
+    timeout: float = 15.0,
+    *,
+    progress: waiting.Progress | None = None,
+    what: str = "",
+) -> None:
+    """tests/waiting.py's wait: fails when ``progress`` stood still for ``timeout`` s."""
+    await waiting.until(predicate, progress=progress, stall=timeout, what=what)
 
 
 async def round_start() -> int:
