@@ -34,6 +34,7 @@ from tests.aggregator.test_service import (
     assert_same_estimates,
     batch,
     config,
+    moving,
     offline,
     reports,
     until,
@@ -122,7 +123,7 @@ def test_auto_falls_back_to_3_1_1_on_nats_with_its_lease(
                     batches_topic(DEPLOYMENT),
                     *(batch(r, 500 + i) for i, r in enumerate(rs)),
                 )
-                await until(lambda: agg.counters.batches == 3, 30)
+                await until(lambda: agg.counters.batches == 3, 30, progress=moving(agg))
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -165,7 +166,8 @@ def test_a_takeover_over_3_1_1_is_told_by_the_lease(mosquitto: Broker, tmp_path:
             first_task = asyncio.create_task(first.run())
             await until(first.subscribed.is_set)
             await publish_311(mosquitto.url, batches_topic(DEPLOYMENT), batch(rs[0], 1))
-            await until(lambda: first.counters.batches == 1)  # its lease came back
+            # its lease came back
+            await until(lambda: first.counters.batches == 1, progress=moving(first))
             async with second:
                 second_task = asyncio.create_task(second.run())
                 done, _ = await asyncio.wait({first_task}, timeout=30)
