@@ -4,6 +4,7 @@ replaced when it dies, and gone when its parent is killed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from aggregator import accountant_process
 from aggregator.metrics import epsilon_curve
 from aggregator.privacy_ledger import LedgerSnapshot, PrivacyLedger
 from edge.spec import MechanismSpec
+from tests import waiting
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = MechanismSpec(mechanism="coco", d=8, s=2, epsilon=1.0)
@@ -47,11 +49,9 @@ def gone(pid: int) -> bool:
 
 
 def wait_until_gone(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if gone(pid):
-            return True
-        time.sleep(0.05)
+    """Whether ``pid`` is gone within ``timeout`` s (scaled, tests/waiting.py)."""
+    with contextlib.suppress(waiting.StalledError):
+        waiting.wait_until(lambda: gone(pid), stall=timeout, interval=0.05)
     return gone(pid)
 
 

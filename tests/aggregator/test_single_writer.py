@@ -27,6 +27,7 @@ from aggregator.session import SESSION_TAKEN_OVER, session_taken_over
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner
 from edge.topics import spec_topic
+from tests import waiting
 from tests.aggregator.test_service import (
     DELTA,
     DEPLOYMENT,
@@ -68,13 +69,20 @@ def env() -> dict[str, str]:
 def wait_for(
     predicate: Any, proc: subprocess.Popen[str] | None = None, timeout: float = 30
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
+    """Until ``predicate``; fails when ``proc`` exits, or when its CPU time stands still for
+    ``timeout`` s (tests/waiting.py)."""
+
+    def holds() -> bool:
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"the service exited: {proc.communicate()[1]}")
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
+        return bool(predicate())
+
+    waiting.wait_until(
+        holds,
+        progress=None if proc is None else lambda: waiting.cpu_seconds(proc.pid),
+        stall=timeout,
+        interval=0.05,
+    )
 
 
 @contextmanager
