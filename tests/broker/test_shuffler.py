@@ -35,7 +35,7 @@ from edge.codec import decode_batch, encode_report
 from edge.rounds import current_round
 from edge.spec import MechanismSpec
 from edge.topics import batches_topic, ingress_topic
-from tests import waiting
+from tests import asyncutil, waiting
 from tests.conftest import Broker
 
 pytestmark = pytest.mark.integration
@@ -48,13 +48,9 @@ T = TypeVar("T")
 
 
 def run(coro: Coroutine[Any, Any, T], timeout: float = 40.0) -> T:
-    """Drive a coroutine from a sync test, with a hard timeout so nothing hangs."""
-
-    async def bounded() -> T:
-        async with asyncio.timeout(timeout):
-            return await coro
-
-    return asyncio.run(bounded())
+    """Drive a coroutine from a sync test, with a guard so nothing hangs (tests/asyncutil.py:
+    the waits inside fail first, when their progress stops)."""
+    return asyncutil.run(coro, timeout)
 
 
 def config(broker: Broker, **overrides: Any) -> ShufflerConfig:
@@ -134,13 +130,12 @@ async def batches(broker: Broker) -> AsyncIterator[Batches]:
 async def running(cfg: ShufflerConfig, registry: CollectorRegistry) -> AsyncIterator[Shuffler]:
     async with Shuffler(cfg, registry=registry) as shuffler:
         task = asyncio.create_task(shuffler.run())
-        async with asyncio.timeout(10):
-            await shuffler.connected.wait()
+        await waiting.until(shuffler.connected.is_set, stall=10, what="the shuffler connected")
         try:
             yield shuffler
         finally:
             shuffler.stop()
-            async with asyncio.timeout(20):
+            async with asyncio.timeout(waiting.scaled(20)):
                 await task
 
 
@@ -244,19 +239,37 @@ def test_permutation_is_uniform(mosquitto: Broker) -> None:
 
     ``release_size`` 4 releases each pool of 4 at once (the latency cap), so one round
     gives many batches."""
-    registry = CollectorRegistry()
     n_batches = 480
+    hour = 3600  # round_seconds: publishing all reports in one round, even on a slow machine
 
-    async def scenario() -> list[tuple[int, ...]]:
-        cfg = config(mosquitto, min_batch=4, max_batch=8, release_size=4, round_seconds=60)
+    async def scenario() -> list[tuple[int, ...]] | None:
+        """The batches' seeds; ``None`` if the round ended while the reports were on their
+        way (some then arrive too late for it, and the groups of 4 no longer line up)."""
+        registry = CollectorRegistry()
+        cfg = config(mosquitto, min_batch=4, max_batch=8, release_size=4, round_seconds=hour)
         async with batches(mosquitto) as sink, running(cfg, registry) as shuffler:
-            r = current_round(60)
+            r = current_round(hour)
             await publish(mosquitto, [(f"d{i}", report(r, i % 4)) for i in range(4 * n_batches)])
-            await wait_until(lambda: len(sink.messages) == n_batches, timeout=20)
+
+            def received() -> float:
+                return value(registry, "coco_shuffler_reports_received_total")
+
+            await wait_until(lambda: received() == 4 * n_batches, 20, progress=received)
+            if value(registry, "coco_shuffler_reports_accepted_total") < 4 * n_batches:
+                return None
+            await wait_until(
+                lambda: len(sink.messages) == n_batches,
+                20,
+                progress=lambda: len(sink.messages),
+                what=f"{n_batches} batches",
+            )
             verifier = BatchVerifier(shuffler.public_key_hex, DEP)
             return [tuple(seeds) for *_, seeds, _ in sink.opened(verifier)]
 
     orders = run(scenario(), timeout=60)
+    if orders is None:  # the hour turned while it ran: once more, in a round just begun
+        orders = run(scenario(), timeout=60)
+    assert orders is not None
     assert all(sorted(order) == [0, 1, 2, 3] for order in orders)
     counts = Counter(orders)
     cells = list(itertools.permutations(range(4)))
