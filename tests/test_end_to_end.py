@@ -244,7 +244,9 @@ def test_a_device_built_from_the_protocol_document(mosquitto: Broker, tmp_path: 
                         "-q", "1", "-t", ingress_topic(dep, device), "-f", str(path),
                     )  # fmt: skip
                     assert await asyncio.wait_for(proc.wait(), 10) == 0
-                await wait_until(lambda: aggregator.state.n >= min_batch)
+                await wait_until(
+                    lambda: aggregator.state.n >= min_batch, progress=lambda: aggregator.state.n
+                )
                 shuffler.stop()
                 await asyncio.wait_for(shuf_task, 15)
             finally:

@@ -306,14 +306,20 @@ def test_aggregator_restart_mid_stream(mosquitto: Broker, tmp_path: Path) -> Non
                         )
                         for _ in range(3):
                             await fleet.publish_round()
-                        await wait_until(lambda: first.counters.batches >= 3)
+                        await wait_until(
+                            lambda: first.counters.batches >= 3,
+                            progress=lambda: first.counters.batches,
+                        )
                         await stop_task(agg_task)  # graceful: checkpoint, then PUBACKs
                     assert checkpoint.exists()
                     stopped_at = first.counters.batches
                     # batches released while the service is down wait in its session
                     for _ in range(3, 6):
                         await fleet.publish_round()
-                    await wait_until(lambda: recorder.reports >= fleet.acked - MIN_BATCH)
+                    await wait_until(
+                        lambda: recorder.reports >= fleet.acked - MIN_BATCH,
+                        progress=lambda: recorder.reports,
+                    )
                     async with second:
                         assert second.counters.batches == stopped_at  # resumed from disk
                         agg_task = asyncio.create_task(second.run())
@@ -323,8 +329,12 @@ def test_aggregator_restart_mid_stream(mosquitto: Broker, tmp_path: Path) -> Non
                         shuffler.stop()
                         await asyncio.wait_for(shuf_task, 20)
                         released = int(value(shuffler_reg, "coco_shuffler_reports_released_total"))
-                        await wait_until(lambda: second.state.n >= released)
-                        await wait_until(lambda: recorder.reports >= released)
+                        await wait_until(
+                            lambda: second.state.n >= released, progress=lambda: second.state.n
+                        )
+                        await wait_until(
+                            lambda: recorder.reports >= released, progress=lambda: recorder.reports
+                        )
                         await asyncio.sleep(0.3)  # a duplicate would show up by now
                         await stop_task(agg_task)
         finally:
@@ -362,7 +372,10 @@ def test_broker_restart_mid_stream(mosquitto_persistent: Broker, tmp_path: Path)
                     )
                     for _ in range(3):
                         await fleet.publish_round()
-                    await wait_until(lambda: aggregator.counters.batches >= 3)
+                    await wait_until(
+                        lambda: aggregator.counters.batches >= 3,
+                        progress=lambda: aggregator.counters.batches,
+                    )
                     # restart the broker while a round is being published
                     publishing = asyncio.create_task(fleet.publish_round())
                     await asyncio.sleep(0.05)
@@ -377,8 +390,12 @@ def test_broker_restart_mid_stream(mosquitto_persistent: Broker, tmp_path: Path)
                     shuffler.stop()
                     await asyncio.wait_for(shuf_task, 20)
                     released = int(value(shuffler_reg, "coco_shuffler_reports_released_total"))
-                    await wait_until(lambda: aggregator.state.n >= released)
-                    await wait_until(lambda: recorder.reports >= released)
+                    await wait_until(
+                        lambda: aggregator.state.n >= released, progress=lambda: aggregator.state.n
+                    )
+                    await wait_until(
+                        lambda: recorder.reports >= released, progress=lambda: recorder.reports
+                    )
                     await asyncio.sleep(0.3)
                     await stop_task(agg_task)
         finally:

@@ -77,7 +77,11 @@ def test_rounds_of_a_thousand_arrive_as_batches_of_a_thousand(mosquitto: Broker)
             summary = await fleet.run()
             assert summary["reports_published"] == DEVICES * ROUNDS
             # every round closes (L + skew after its end) and is applied
-            await wait_until(lambda: aggregator.state.n == DEVICES * ROUNDS, 30)
+            await wait_until(
+                lambda: aggregator.state.n == DEVICES * ROUNDS,
+                30,
+                progress=lambda: aggregator.state.n,
+            )
             shuffler.stop()
             for task in tasks:
                 task.cancel()

@@ -304,7 +304,7 @@ def test_a_reshard_from_one_to_two_shards_loses_and_doubles_nothing(
             def accounted() -> int:
                 return sum(len(b[1][3]) for b in collected.batches(keys)) + held()
 
-            await wait_until(lambda: accounted() == sent, 30)
+            await wait_until(lambda: accounted() == sent, 30, progress=accounted)
             await asyncio.sleep(1.0)  # anything released twice would show by now
             pooled = held()
             for label, task in tasks.items():

@@ -193,7 +193,7 @@ def test_rejects_by_reason_releases_whole_signed_rounds_and_conserves(
             ]
             await publish(mosquitto, good[:10] + bad + good[10:])
             await publish(mosquitto, [("bad-8", report(r, 1))], retain=True)
-            await wait_until(lambda: sink.count() == 23)
+            await wait_until(lambda: sink.count() == 23, progress=sink.count)
             assert len(sink.messages) == 1  # the whole round, as one batch
             for message in sink.messages:
                 assert message.properties is None or not getattr(
@@ -293,9 +293,14 @@ def test_round_policy(mosquitto: Broker, policy: str) -> None:
             await publish(mosquitto, [(d, report(r, 10 + k)) for k, d in enumerate("abc")])
             r2 = await round_start()
             await publish(mosquitto, [(d, report(r2, 20 + k)) for k, d in enumerate("ade")])
-            await wait_until(lambda: value(registry, "coco_shuffler_reports_accepted_total") == 6)
+            await wait_until(
+                lambda: value(registry, "coco_shuffler_reports_accepted_total") == 6,
+                progress=lambda: value(registry, "coco_shuffler_reports_accepted_total"),
+            )
             if policy == "carry":
-                await wait_until(lambda: len(sink.messages) == 1)
+                await wait_until(
+                    lambda: len(sink.messages) == 1, progress=lambda: len(sink.messages)
+                )
                 [(_, round_, _, seeds, _)] = sink.opened(
                     BatchVerifier(shuffler.public_key_hex, DEP)
                 )
@@ -342,7 +347,7 @@ def test_memory_only_stop_releases_full_pools_and_counts_the_rest(
                     )
                 )
                 assert not sink.messages
-            await wait_until(lambda: len(sink.messages) == 1)
+            await wait_until(lambda: len(sink.messages) == 1, progress=lambda: len(sink.messages))
             check_conservation(registry, shuffler)
             return sink
 
@@ -369,12 +374,14 @@ def test_restart_keeps_pools_and_duplicate_state(mosquitto: Broker, tmp_path: Pa
             first = [(f"k{i}", report(r, i)) for i in range(4)]
             async with running(cfg, registry) as shuffler:
                 await publish(mosquitto, first)
-                await wait_until(lambda: shuffler.buffered == 4)
+                await wait_until(lambda: shuffler.buffered == 4, progress=lambda: shuffler.buffered)
             async with running(cfg, CollectorRegistry()) as again:
                 assert again.buffered == 4
                 await publish(mosquitto, [*first[:2], ("k9", report(r, 9))])  # 2 replays
-                await wait_until(lambda: again.buffered == 5)
-                await wait_until(lambda: len(sink.messages) == 1)
+                await wait_until(lambda: again.buffered == 5, progress=lambda: again.buffered)
+                await wait_until(
+                    lambda: len(sink.messages) == 1, progress=lambda: len(sink.messages)
+                )
                 verifier = BatchVerifier(again.public_key_hex, DEP)
                 assert sorted(sink.opened(verifier)[0][3]) == [0, 1, 2, 3, 9]
             assert (
@@ -397,7 +404,7 @@ def test_reports_published_while_down_are_queued_by_the_session(
         r = current_round(60)
         await publish(mosquitto, [(f"q{i}", report(r, i)) for i in range(6)])
         async with running(cfg, CollectorRegistry()) as again:
-            await wait_until(lambda: again.buffered == 6)
+            await wait_until(lambda: again.buffered == 6, progress=lambda: again.buffered)
 
     run(scenario())
 
@@ -455,7 +462,7 @@ def test_oversized_messages_never_reach_the_shuffler(mosquitto: Broker) -> None:
             await publish(mosquitto, [(f"h{i}", report(r, i)) for i in range(5)])
             await publish(mosquitto, [("attacker", b"\x01" * 1_000_000)] * 3)
             await publish(mosquitto, [(f"h{i + 5}", report(r, i + 5)) for i in range(5)])
-            await wait_until(lambda: shuffler.buffered == 10)
+            await wait_until(lambda: shuffler.buffered == 10, progress=lambda: shuffler.buffered)
 
     run(scenario())
     assert value(registry, "coco_shuffler_reports_received_total") == 10
@@ -472,7 +479,7 @@ def test_qos_0_reports_are_accepted_too(mosquitto: Broker) -> None:
                 for i in range(5):
                     await client.publish(f"{prefix}q0-{i}", report(r, i), qos=0)
                 await client.publish(f"{prefix}q0-bad", b"\x01\x01short", qos=0)
-            await wait_until(lambda: shuffler.buffered == 5)
+            await wait_until(lambda: shuffler.buffered == 5, progress=lambda: shuffler.buffered)
             await wait_until(
                 lambda: (
                     value(registry, "coco_shuffler_reports_rejected_total", reason="bad_length")
@@ -491,7 +498,7 @@ def test_reconnects_after_broker_restart(mosquitto: Broker) -> None:
         async with running(cfg, registry) as shuffler:
             r = current_round(60)
             await publish(mosquitto, [(f"p{i}", report(r, i)) for i in range(4)])
-            await wait_until(lambda: shuffler.buffered == 4)
+            await wait_until(lambda: shuffler.buffered == 4, progress=lambda: shuffler.buffered)
             await asyncio.to_thread(mosquitto.restart)
             await wait_until(
                 lambda: (
@@ -501,7 +508,7 @@ def test_reconnects_after_broker_restart(mosquitto: Broker) -> None:
             )
             assert shuffler.buffered == 4  # kept across the reconnect
             await publish(mosquitto, [(f"q{i}", report(r, 10 + i)) for i in range(5)])
-            await wait_until(lambda: shuffler.buffered == 9)
+            await wait_until(lambda: shuffler.buffered == 9, progress=lambda: shuffler.buffered)
             check_conservation(registry, shuffler)
 
     run(scenario())
@@ -515,7 +522,7 @@ def test_mqtt311_ingest(mosquitto: Broker) -> None:
         async with running(cfg, registry) as shuffler:
             r = current_round(60)
             await publish(mosquitto, [(f"v{i}", report(r, i)) for i in range(3)])
-            await wait_until(lambda: shuffler.buffered == 3)
+            await wait_until(lambda: shuffler.buffered == 3, progress=lambda: shuffler.buffered)
 
     run(scenario())
 
@@ -547,7 +554,10 @@ def test_qos_0_reports_are_handled_like_qos_1(mosquitto: Broker) -> None:
                 await client.publish(prefix + "a", report(r, 2), qos=0)  # duplicate
                 await client.publish(prefix + "b", report(r, 3)[:5], qos=0)  # bad length
                 await client.publish(prefix + "c", report(r, 4), qos=1)  # barrier
-            await wait_until(lambda: value(registry, "coco_shuffler_reports_received_total") == 4)
+            await wait_until(
+                lambda: value(registry, "coco_shuffler_reports_received_total") == 4,
+                progress=lambda: value(registry, "coco_shuffler_reports_received_total"),
+            )
             assert value(registry, "coco_shuffler_reports_accepted_total") == 2
             for reason in ("duplicate_in_round", "bad_length"):
                 assert value(registry, "coco_shuffler_reports_rejected_total", reason=reason) == 1

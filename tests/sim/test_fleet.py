@@ -183,7 +183,9 @@ def test_every_device_reports_on_its_own_topic_and_the_truth_matches(mosquitto: 
     async def scenario() -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         async with subscriber(mosquitto, cfg.deployment) as received:
             summary = await fleet.run()
-            await wait_until(lambda: len(received) >= n * rounds, 30)
+            await wait_until(
+                lambda: len(received) >= n * rounds, 30, progress=lambda: len(received)
+            )
             await asyncio.sleep(0.2)  # nothing more may arrive
         return list(received), summary
 
@@ -255,7 +257,9 @@ def test_private_estimates_are_within_k_standard_errors_of_the_truth(
     async def scenario() -> list[tuple[str, bytes]]:
         async with subscriber(mosquitto, cfg.deployment) as received:
             await fleet.run()
-            await wait_until(lambda: len(received) >= n * rounds, 60)
+            await wait_until(
+                lambda: len(received) >= n * rounds, 60, progress=lambda: len(received)
+            )
         return list(received)
 
     received = run(scenario(), 120)
@@ -440,7 +444,7 @@ def test_five_thousand_own_connections_in_one_process(tmp_path: Path) -> None:
         async def scenario() -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
             async with subscriber(broker, cfg.deployment) as received:
                 summary = await fleet.run()
-                await wait_until(lambda: len(received) >= n, 60)
+                await wait_until(lambda: len(received) >= n, 60, progress=lambda: len(received))
             return list(received), summary
 
         received, summary = run(scenario(), 150)
