@@ -74,7 +74,7 @@ async def pipeline_with_batches(
                 payloads.append(message.payload)
 
     listener = asyncio.create_task(listen())
-    await asyncio.wait_for(ready.wait(), 10)
+    await waiting.until(ready.is_set, stall=10, what="ready")
     try:
         outcome = await run_pipeline(config, on_report=lambda *report: reports.append(report))
         await asyncio.sleep(0.2)  # the last batch reaches the listener too

@@ -295,7 +295,7 @@ def test_aggregator_restart_mid_stream(mosquitto: Broker, tmp_path: Path) -> Non
         first = Aggregator(aggregator_config(mosquitto, dep, checkpoint))
         second = Aggregator(aggregator_config(mosquitto, dep, checkpoint))
         try:
-            await asyncio.wait_for(recorder.subscribed.wait(), 10)
+            await waiting.until(recorder.subscribed.is_set, stall=10, what="recorder.subscribed")
             with fleet_of(mosquitto, dep, tmp_path) as fleet:
                 async with shuffler:
                     shuf_task = asyncio.create_task(shuffler.run())
@@ -362,7 +362,7 @@ def test_broker_restart_mid_stream(mosquitto_persistent: Broker, tmp_path: Path)
         shuffler = Shuffler(shuffler_config(broker, dep, reconnect=3.0), registry=shuffler_reg)
         aggregator = Aggregator(aggregator_config(broker, dep, checkpoint, reconnect=8.0))
         try:
-            await asyncio.wait_for(recorder.subscribed.wait(), 10)
+            await waiting.until(recorder.subscribed.is_set, stall=10, what="recorder.subscribed")
             with fleet_of(broker, dep, tmp_path) as fleet:
                 async with shuffler, aggregator:
                     shuf_task = asyncio.create_task(shuffler.run())
