@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -184,8 +185,12 @@ def test_a_session_taken_over_stops_the_service_and_no_batch_counts_twice(
             errors = error_lines(err)
             assert len(errors) == 1
             assert "took over this aggregator's MQTT session (agg-shared;" in errors[0]
-            # the takeover closed the connection before the PUBACK; the lease told why
-            assert "left 1 batches unacknowledged {'connection_lost': 1}" in err
+            # the takeover closed the connection before the PUBACK; the lease told why, before
+            # the connection ended (taken_over) or after it (connection_lost): on a loaded
+            # machine either comes first
+            assert re.search(
+                r"left 1 batches unacknowledged \{'(connection_lost|taken_over)': 1\}", err
+            ), err
             assert "no final checkpoint" in err
             started(second, second_port)
             # the newcomer holds the session alone: the batch the first one left, then a
