@@ -13,7 +13,6 @@ import logging
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from aggregator.session import mqtt_connection as connection_of
 from edge.announce import encode_announcement
 from edge.errors import CocoError
 from edge.topics import batches_topic, spec_topic
+from tests import waiting
 from tests.aggregator.test_service import (
     DELTA,
     DEPLOYMENT,
@@ -60,16 +60,25 @@ class Nats:
         )
         self.log = (workdir / "nats.log").open("wb")
         self.proc = subprocess.Popen([NATS, "-c", str(conf)], stdout=self.log, stderr=self.log)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        proc = self.proc
+
+        def listening() -> bool:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
+                    return True
             except OSError:
-                if self.proc.poll() is not None:
+                if proc.poll() is not None:
                     raise RuntimeError("nats-server exited") from None
-                time.sleep(0.05)
-        raise RuntimeError("nats-server did not listen within 20 s")
+                return False
+
+        # its progress: the CPU time it spends starting (tests/waiting.py)
+        waiting.wait_until(
+            listening,
+            progress=lambda: waiting.cpu_seconds(proc.pid),
+            stall=20,
+            what="nats-server listening",
+            interval=0.05,
+        )
 
     def stop(self) -> None:
         self.proc.terminate()

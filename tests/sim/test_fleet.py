@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -49,6 +48,7 @@ from sim.fleet_truth import (
     read_document,
     write_merged,
 )
+from tests import waiting
 from tests.asyncutil import run, value, wait_until
 from tests.conftest import MOSQUITTO, Broker, free_port
 
@@ -537,12 +537,21 @@ def test_cli_reads_the_announcement_and_stops_gracefully_on_sigint(
         env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])},
     )
     try:
-        deadline = time.monotonic() + 60
         published = 0.0
-        while published < 100 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
+
+        def hundred() -> bool:
+            nonlocal published
             with contextlib.suppress(OSError):
                 published = _metric(port, "coco_fleet_reports_published_total")
+            return published >= 100 or proc.poll() is not None
+
+        waiting.wait_until(
+            hundred,
+            progress=lambda: (published, waiting.cpu_seconds(proc.pid)),
+            stall=60,
+            what="the fleet publishing",
+            interval=0.2,
+        )
         assert published >= 100, "the fleet published nothing"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
