@@ -776,11 +776,12 @@ def test_a_report_replayed_after_its_round_was_released_is_refused_across_a_rest
                     await wait_until(
                         lambda: p.released()[genuine] == 1, TIMEOUT, progress=p.progress
                     )
-                    # The second round published and every report of it handled.
+                    # The second round published and every report of it handled (the third
+                    # may have begun: on a loaded machine the polls can miss the gap)
                     await rounds_completed(p, 2)
                     await wait_until(
                         lambda: (
-                            p.shuffled("coco_shuffler_reports_accepted_total") == 2 * HONEST + 1
+                            p.shuffled("coco_shuffler_reports_accepted_total") >= 2 * HONEST + 1
                         ),
                         TIMEOUT,
                         progress=p.progress,
@@ -827,16 +828,22 @@ def test_a_report_replayed_after_the_shuffler_is_killed_is_a_duplicate(
                     round_ = current_round(ROUND_SECONDS)
                     message = report_now(*genuine, round_=round_)
                     assert await device.publish(topic, message) in ACCEPTED
-                    # Quiet (the first round and the attacker's report handled, the next
-                    # round not begun) and the round not yet released: crash now.
+                    # The first round and the attacker's report handled (the next round may
+                    # have begun: on a loaded machine the polls can miss the gap), the
+                    # round not yet released (it stays open MAX_SKEW after its end): crash.
                     await wait_until(
-                        lambda: p.shuffled(accepted) == HONEST + 1, TIMEOUT, progress=p.progress
+                        lambda: p.shuffled(accepted) >= HONEST + 1, TIMEOUT, progress=p.progress
                     )
                     assert p.released()[genuine] == 0
                     p.kill_shuffler_process()
                     process = await p.start_shuffler_process()
                     recovered = process.metric("coco_shuffler_recovered_reports")
-                    assert recovered == HONEST + 1  # the pool, from the state directory
+                    # the pools, from the state directory: the first round's and the
+                    # attacker's report (less the first round if it was released: the
+                    # attacker's round may be the next one), and what of the next had come in
+                    released = p.killed_totals[("coco_shuffler_reports_released_total", ())]
+                    assert released in (0, HONEST)
+                    assert recovered >= HONEST + 1 - released
                     assert await device.publish(topic, message) in ACCEPTED
                     other = report_now(5252, 0, round_=round_)
                     assert await device.publish(topic, other) in ACCEPTED
