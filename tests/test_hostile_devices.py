@@ -365,7 +365,8 @@ class Pipeline:
     def progress(self) -> tuple[object, ...]:
         """What moves while the pipeline works (tests/waiting.py): reports acknowledged,
         batches seen, the shuffler's and the aggregator's counters, the fleet's rounds and
-        connections, the accountant's CPU time."""
+        connections, the accountant's CPU time (a `coco shuffler` process's work shows in its
+        counters)."""
         try:
             counters: tuple[object, ...] = (
                 *(
@@ -384,7 +385,6 @@ class Pipeline:
             counters,
             None if self.aggregator is None else self.aggregator.state.n,
             None if fleet is None else (fleet.stats.rounds_completed, fleet.connected),
-            None if self.process is None else waiting.cpu_seconds(self.process.proc.pid),
             waiting.cpu_seconds(accountant_process.worker_pid()),
         )
 

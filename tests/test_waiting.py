@@ -122,11 +122,17 @@ def test_a_bad_scale_is_refused(raw: str, monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_cpu_seconds_grows_while_a_process_computes() -> None:
-    start = waiting.cpu_seconds(os.getpid())
+    start = waiting.cpu_seconds(os.getpid(), grain=0)
     assert start is not None
     # burn CPU until the tick counter moves (it must: ticks are 10 ms at most)
-    while waiting.cpu_seconds(os.getpid()) == start:
+    while waiting.cpu_seconds(os.getpid(), grain=0) == start:
         sum(range(10_000))
+    coarse = waiting.cpu_seconds(os.getpid(), grain=0.5)
+    assert coarse is not None
+    assert coarse % 0.5 == 0
+    exact = waiting.cpu_seconds(os.getpid(), grain=0)
+    assert exact is not None
+    assert coarse <= exact
     assert waiting.cpu_seconds(None) is None
     assert waiting.cpu_seconds(2**22 + 1) is None  # above pid_max's default: no such process
 

@@ -17,6 +17,7 @@ a test.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import time
 from collections.abc import Callable
@@ -51,7 +52,9 @@ def _scale() -> float:
 
 SCALE = _scale()
 STALL = 30.0  # seconds without progress before a wait fails (before scaling)
-CEILING = 400.0  # seconds a wait may take in all (before scaling); pytest-timeout is 600
+CEILING = 180.0
+"""Seconds a wait may take in all (before scaling), however its progress moves: below the
+suites' pytest-timeout (180-600 s), so that a wait reports what it waited for."""
 
 
 def scaled(seconds: float) -> float:
@@ -59,10 +62,12 @@ def scaled(seconds: float) -> float:
     return seconds * SCALE
 
 
-def cpu_seconds(pid: int | None) -> float | None:
-    """CPU time (user + system, in clock ticks' seconds) process ``pid`` has used so far:
-    the progress of a process that computes (the accountant's worker, a service at work);
-    ``None`` for no process or one that is gone."""
+def cpu_seconds(pid: int | None, grain: float = 0.5) -> float | None:
+    """CPU time (user + system) process ``pid`` has used so far, in whole ``grain`` s: the
+    progress of a process that computes (the accountant's worker, a service at work). The
+    grain keeps a process that merely idles (a few ms a second) from counting as progress
+    for ever; ``grain=0`` gives the exact time. ``None`` for no process or one that is
+    gone."""
     if pid is None:
         return None
     try:
@@ -70,7 +75,8 @@ def cpu_seconds(pid: int | None) -> float | None:
     except (OSError, IndexError):
         return None
     # after the command: state is field 3, utime 14 and stime 15 (proc(5))
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return math.floor(seconds / grain) * grain if grain > 0 else seconds
 
 
 def file_size(path: Path) -> int | None:
