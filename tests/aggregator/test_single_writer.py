@@ -5,6 +5,7 @@ session is taken over stops instead of fighting for it; the trusted batch key co
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import os
@@ -187,10 +188,13 @@ def test_a_session_taken_over_stops_the_service_and_no_batch_counts_twice(
             assert "took over this aggregator's MQTT session (agg-shared;" in errors[0]
             # the takeover closed the connection before the PUBACK; the lease told why, before
             # the connection ended (taken_over) or after it (connection_lost): on a loaded
-            # machine either comes first
-            assert re.search(
-                r"left 1 batches unacknowledged \{'(connection_lost|taken_over)': 1\}", err
-            ), err
+            # machine either comes first, and the first one's reconnection may have taken the
+            # session back once, the batch redelivered to it and left again
+            left = re.search(r"left (\d+) batches unacknowledged (\{[^}]*\})", err)
+            assert left is not None, err
+            by_reason = ast.literal_eval(left[2])
+            assert set(by_reason) <= {"connection_lost", "taken_over"}, err
+            assert sum(by_reason.values()) == int(left[1]) in (1, 2), err
             assert "no final checkpoint" in err
             started(second, second_port)
             # the newcomer holds the session alone: the batch the first one left, then a
