@@ -1,23 +1,27 @@
 """Helpers for tests that drive the async services from synchronous pytest tests
-(pytest-asyncio is not used): bounded ``asyncio.run``, polling, metric reads."""
+(pytest-asyncio is not used): bounded ``asyncio.run``, polling, metric reads. Waits are
+tests/waiting.py's: they fail when progress stops, not when a clock runs out."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
+from tests import waiting
+
 T = TypeVar("T")
 
 
 def run(coro: Coroutine[Any, Any, T], timeout: float) -> T:
-    """``asyncio.run(coro)`` that fails instead of hanging after ``timeout`` seconds."""
+    """``asyncio.run(coro)`` that fails instead of hanging. ``timeout`` is a guard against a
+    hang, not a wait: it is at least tests/waiting.py's ceiling and scaled like it (the
+    waits inside ``coro`` fail first, when their progress stops)."""
 
     async def bounded() -> T:
-        async with asyncio.timeout(timeout):
+        async with asyncio.timeout(waiting.scaled(max(timeout, waiting.CEILING))):
             return await coro
 
     return asyncio.run(bounded())
@@ -29,10 +33,14 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return 0.0 if sample is None else sample
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float) -> None:
-    """Poll ``predicate`` every 20 ms until it holds; AssertionError after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.02)
+async def wait_until(
+    predicate: Callable[[], object],
+    timeout: float | None = None,
+    *,
+    progress: waiting.Progress | None = None,
+    what: str = "",
+) -> None:
+    """Poll ``predicate`` every 20 ms until it holds; :class:`waiting.StalledError` when
+    ``progress()`` stood still for ``timeout`` s (from the start without a ``progress``);
+    see :func:`waiting.until`."""
+    await waiting.until(predicate, progress=progress, stall=timeout, what=what)

@@ -47,6 +47,7 @@ from typing import Any
 
 import pytest
 
+from tests import waiting as waits
 from tests.ports import free_port
 
 NATS_SERVER = (
@@ -317,7 +318,10 @@ class NatsCluster:
         server's retained-message consumer (``$MQTT_rmsgs_<server>``) stayed "not current"
         (lag 2) for minutes in about half of the restarts here, so ``/healthz`` never turned
         ok; later releases made ``/healthz`` repair such assets (nats-server#4116)."""
-        deadline = time.monotonic() + (self.ready_timeout if timeout is None else timeout)
+        # a stall window: what is still pending must change within it (tests/waiting.py)
+        stall = waits.scaled(self.ready_timeout if timeout is None else timeout)
+        started = moved = time.monotonic()
+        last: dict[str, str] | None = None
         while True:
             waiting: dict[str, str] = {}
             for node in self.nodes:
@@ -340,7 +344,10 @@ class NatsCluster:
                         waiting[node.name] = f"not caught up: {behind}"
             if not waiting:
                 return
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if waiting != last:
+                last, moved = waiting, now
+            if now - moved > stall or now - started > waits.scaled(waits.CEILING):
                 raise ClusterError(f"NATS cluster not ready: {waiting}\n{self.logs()}")
             time.sleep(0.1)
 

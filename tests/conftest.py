@@ -8,12 +8,12 @@ import getpass
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests import waiting
 from tests.clusters import nats_cluster
 from tests.ports import free_port
 
@@ -45,16 +45,25 @@ class Broker:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        proc = self.proc
+
+        def listening() -> bool:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
+                    return True
             except OSError:
-                if self.proc.poll() is not None:
+                if proc.poll() is not None:
                     raise RuntimeError(f"mosquitto exited: {self.log.read_text()}") from None
-                time.sleep(0.05)
-        raise RuntimeError("mosquitto did not start listening within 10 s")
+                return False
+
+        # its progress: the CPU time it spends starting (tests/waiting.py)
+        waiting.wait_until(
+            listening,
+            progress=lambda: waiting.cpu_seconds(proc.pid),
+            stall=10,
+            what=f"mosquitto listening on {self.port}",
+            interval=0.05,
+        )
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

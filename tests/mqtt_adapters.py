@@ -29,6 +29,7 @@ from gmqtt.mqtt.constants import MQTTv50, MQTTv311  # type: ignore[import-untype
 from paho.mqtt.enums import CallbackAPIVersion
 
 from edge.mqtt_url import parse_broker_url
+from tests import waiting
 
 T = TypeVar("T")
 TIMEOUT = 60.0  # generous: the machine is shared and a cluster may be electing leaders
@@ -42,12 +43,15 @@ class Received:
     dup: bool | None  # None where the library does not say
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = TIMEOUT, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(0.02)
+def wait_for(
+    predicate: Callable[[], object],
+    timeout: float = TIMEOUT,
+    what: str = "",
+    *,
+    progress: waiting.Progress | None = None,
+) -> None:
+    """:func:`tests.waiting.wait_until` with ``timeout`` as its stall window."""
+    waiting.wait_until(predicate, progress=progress, stall=timeout, what=what)
 
 
 class Adapter(Protocol):

@@ -10,7 +10,6 @@ epsilon_central equals ``coco privacy``'s; and a device written from docs/protoc
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
 import struct
@@ -18,7 +17,6 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiomqtt
 import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
@@ -34,9 +32,9 @@ from edge import LocalMechanism, MechanismSpec
 from edge.batch_auth import SIGNATURE_SIZE, BatchSigner
 from edge.codec import decode_batch
 from edge.rounds import current_round
-from edge.topics import batches_topic, ingress_topic
+from edge.topics import ingress_topic
 from sim.demo import DemoConfig, DemoRun, run_pipeline
-from tests import asyncutil
+from tests import asyncutil, pipeline, waiting
 from tests.asyncutil import value
 from tests.conftest import Broker
 
@@ -48,35 +46,30 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 45.0) -> T:
     return asyncutil.run(coro, timeout)
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
-    await asyncutil.wait_until(predicate, timeout)
+async def wait_until(
+    predicate: Callable[[], bool],
+    timeout: float = 15.0,
+    *,
+    progress: waiting.Progress | None = None,
+    what: str = "",
+) -> None:
+    await asyncutil.wait_until(predicate, timeout, progress=progress, what=what)
 
 
 async def pipeline_with_batches(
     broker: Broker, config: DemoConfig, reports: list[tuple[str, int, int, int]]
 ) -> tuple[DemoRun, list[bytes]]:
     """Run the demo pipeline while a separate client records every batch payload."""
-    payloads: list[bytes] = []
-    ready = asyncio.Event()
-
-    async def listen() -> None:
-        async with aiomqtt.Client("127.0.0.1", broker.port, timeout=10) as client:
-            await client.subscribe(batches_topic(config.deployment), qos=1)
-            ready.set()
-            async for message in client.messages:
-                assert isinstance(message.payload, bytes)
-                payloads.append(message.payload)
-
-    listener = asyncio.create_task(listen())
-    await asyncio.wait_for(ready.wait(), 10)
-    try:
+    async with pipeline.recording(broker.port, config.deployment) as recorder:
         outcome = await run_pipeline(config, on_report=lambda *report: reports.append(report))
-        await asyncio.sleep(0.2)  # the last batch reaches the listener too
-    finally:
-        listener.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await listener
-    return outcome, payloads
+        released = int(value(outcome.shuffler_registry, "coco_shuffler_batches_released_total"))
+        # the last batch reaches the recorder too
+        await wait_until(
+            lambda: len(recorder.payloads) >= released,
+            progress=lambda: len(recorder.payloads),
+            what=f"{released} batches recorded",
+        )
+    return outcome, recorder.payloads
 
 
 def test_devices_to_aggregator(mosquitto: Broker, caplog: pytest.LogCaptureFixture) -> None:
@@ -225,29 +218,16 @@ def test_a_device_built_from_the_protocol_document(mosquitto: Broker, tmp_path: 
                 min_batch=min_batch,
             ),
         )
-        async with aggregator, shuffler:
-            agg_task = asyncio.create_task(aggregator.run())
-            shuf_task = asyncio.create_task(shuffler.run())
-            try:
-                await wait_until(
-                    lambda: aggregator.subscribed.is_set() and shuffler.connected.is_set()
-                )
-                for device, path in files:
-                    proc = await asyncio.create_subprocess_exec(
-                        MOSQUITTO_PUB, "-h", "127.0.0.1", "-p", str(mosquitto.port),
-                        "-q", "1", "-t", ingress_topic(dep, device), "-f", str(path),
-                    )  # fmt: skip
-                    assert await asyncio.wait_for(proc.wait(), 10) == 0
-                await wait_until(lambda: aggregator.state.n >= min_batch)
-                shuffler.stop()
-                await asyncio.wait_for(shuf_task, 15)
-            finally:
-                shuffler.stop()
-                agg_task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await agg_task
-                with contextlib.suppress(asyncio.CancelledError):
-                    await shuf_task
+        async with pipeline.services(shuffler, aggregator):
+            for device, path in files:
+                proc = await asyncio.create_subprocess_exec(
+                    MOSQUITTO_PUB, "-h", "127.0.0.1", "-p", str(mosquitto.port),
+                    "-q", "1", "-t", ingress_topic(dep, device), "-f", str(path),
+                )  # fmt: skip
+                assert await asyncio.wait_for(proc.wait(), waiting.scaled(10)) == 0
+            await wait_until(
+                lambda: aggregator.state.n >= min_batch, progress=lambda: aggregator.state.n
+            )
         return aggregator, shuffler_reg
 
     aggregator, shuffler_reg = run(scenario())

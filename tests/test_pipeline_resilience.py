@@ -39,7 +39,7 @@ from edge.codec import decode_batch
 from edge.ledger import BudgetLedger
 from edge.publisher import DevicePublisher, PublisherConfig
 from edge.topics import batches_topic
-from tests import asyncutil
+from tests import asyncutil, waiting
 from tests.asyncutil import value
 from tests.conftest import Broker
 
@@ -55,8 +55,14 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 75.0) -> T:
     return asyncutil.run(coro, timeout)
 
 
-async def wait_until(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    await asyncutil.wait_until(predicate, timeout)
+async def wait_until(
+    predicate: Callable[[], bool],
+    timeout: float = 20.0,
+    *,
+    progress: waiting.Progress | None = None,
+    what: str = "",
+) -> None:
+    await asyncutil.wait_until(predicate, timeout, progress=progress, what=what)
 
 
 class Fleet:
@@ -289,7 +295,7 @@ def test_aggregator_restart_mid_stream(mosquitto: Broker, tmp_path: Path) -> Non
         first = Aggregator(aggregator_config(mosquitto, dep, checkpoint))
         second = Aggregator(aggregator_config(mosquitto, dep, checkpoint))
         try:
-            await asyncio.wait_for(recorder.subscribed.wait(), 10)
+            await waiting.until(recorder.subscribed.is_set, stall=10, what="recorder.subscribed")
             with fleet_of(mosquitto, dep, tmp_path) as fleet:
                 async with shuffler:
                     shuf_task = asyncio.create_task(shuffler.run())
@@ -300,14 +306,20 @@ def test_aggregator_restart_mid_stream(mosquitto: Broker, tmp_path: Path) -> Non
                         )
                         for _ in range(3):
                             await fleet.publish_round()
-                        await wait_until(lambda: first.counters.batches >= 3)
+                        await wait_until(
+                            lambda: first.counters.batches >= 3,
+                            progress=lambda: first.counters.batches,
+                        )
                         await stop_task(agg_task)  # graceful: checkpoint, then PUBACKs
                     assert checkpoint.exists()
                     stopped_at = first.counters.batches
                     # batches released while the service is down wait in its session
                     for _ in range(3, 6):
                         await fleet.publish_round()
-                    await wait_until(lambda: recorder.reports >= fleet.acked - MIN_BATCH)
+                    await wait_until(
+                        lambda: recorder.reports >= fleet.acked - MIN_BATCH,
+                        progress=lambda: recorder.reports,
+                    )
                     async with second:
                         assert second.counters.batches == stopped_at  # resumed from disk
                         agg_task = asyncio.create_task(second.run())
@@ -317,8 +329,12 @@ def test_aggregator_restart_mid_stream(mosquitto: Broker, tmp_path: Path) -> Non
                         shuffler.stop()
                         await asyncio.wait_for(shuf_task, 20)
                         released = int(value(shuffler_reg, "coco_shuffler_reports_released_total"))
-                        await wait_until(lambda: second.state.n >= released)
-                        await wait_until(lambda: recorder.reports >= released)
+                        await wait_until(
+                            lambda: second.state.n >= released, progress=lambda: second.state.n
+                        )
+                        await wait_until(
+                            lambda: recorder.reports >= released, progress=lambda: recorder.reports
+                        )
                         await asyncio.sleep(0.3)  # a duplicate would show up by now
                         await stop_task(agg_task)
         finally:
@@ -346,7 +362,7 @@ def test_broker_restart_mid_stream(mosquitto_persistent: Broker, tmp_path: Path)
         shuffler = Shuffler(shuffler_config(broker, dep, reconnect=3.0), registry=shuffler_reg)
         aggregator = Aggregator(aggregator_config(broker, dep, checkpoint, reconnect=8.0))
         try:
-            await asyncio.wait_for(recorder.subscribed.wait(), 10)
+            await waiting.until(recorder.subscribed.is_set, stall=10, what="recorder.subscribed")
             with fleet_of(broker, dep, tmp_path) as fleet:
                 async with shuffler, aggregator:
                     shuf_task = asyncio.create_task(shuffler.run())
@@ -356,7 +372,10 @@ def test_broker_restart_mid_stream(mosquitto_persistent: Broker, tmp_path: Path)
                     )
                     for _ in range(3):
                         await fleet.publish_round()
-                    await wait_until(lambda: aggregator.counters.batches >= 3)
+                    await wait_until(
+                        lambda: aggregator.counters.batches >= 3,
+                        progress=lambda: aggregator.counters.batches,
+                    )
                     # restart the broker while a round is being published
                     publishing = asyncio.create_task(fleet.publish_round())
                     await asyncio.sleep(0.05)
@@ -371,8 +390,12 @@ def test_broker_restart_mid_stream(mosquitto_persistent: Broker, tmp_path: Path)
                     shuffler.stop()
                     await asyncio.wait_for(shuf_task, 20)
                     released = int(value(shuffler_reg, "coco_shuffler_reports_released_total"))
-                    await wait_until(lambda: aggregator.state.n >= released)
-                    await wait_until(lambda: recorder.reports >= released)
+                    await wait_until(
+                        lambda: aggregator.state.n >= released, progress=lambda: aggregator.state.n
+                    )
+                    await wait_until(
+                        lambda: recorder.reports >= released, progress=lambda: recorder.reports
+                    )
                     await asyncio.sleep(0.3)
                     await stop_task(agg_task)
         finally:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from tests import waiting
 from tests.conftest import Broker, free_port
 from tests.service_http import estimates
 
@@ -109,11 +110,19 @@ def run_once(broker: Broker, workdir: Path, ports: dict[str, int]) -> dict[str, 
             if argv[len(COCO)] == "fleet":
                 fleet = json.loads(done.stdout)
         sent = fleet["reports_published"]
-        deadline = time.monotonic() + 60  # the last round closes after its end and the skew
-        while (estimates(ports["aggregator"]) or {}).get("n") != sent:
-            assert time.monotonic() < deadline, estimates(ports["aggregator"])
+
+        def applied() -> object:
             assert all(s.poll() is None for s in services)
-            time.sleep(0.5)
+            return (estimates(ports["aggregator"]) or {}).get("n")
+
+        # the last round closes after its end and the skew; the aggregator's n is the progress
+        waiting.wait_until(
+            lambda: applied() == sent,
+            progress=applied,
+            stall=60,
+            what=f"the aggregator applied {sent}",
+            interval=0.5,
+        )
         document = estimates(ports["aggregator"])
         assert document is not None
         duplicates = shuffler_metric(

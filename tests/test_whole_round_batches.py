@@ -4,8 +4,6 @@ the one of n = 1,000, not of the floor."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -16,6 +14,7 @@ from broker.shuffler import Shuffler, ShufflerConfig
 from edge.batch_auth import BatchSigner
 from edge.spec import MechanismSpec
 from sim.fleet import Fleet, FleetConfig
+from tests import pipeline
 from tests.asyncutil import run, value, wait_until
 from tests.conftest import Broker
 
@@ -69,19 +68,15 @@ def test_rounds_of_a_thousand_arrive_as_batches_of_a_thousand(mosquitto: Broker)
                 seed=3,
             )
         )
-        async with aggregator, shuffler:
-            tasks = [asyncio.create_task(aggregator.run()), asyncio.create_task(shuffler.run())]
-            await wait_until(
-                lambda: aggregator.subscribed.is_set() and shuffler.connected.is_set(), 15
-            )
+        async with pipeline.services(shuffler, aggregator):
             summary = await fleet.run()
             assert summary["reports_published"] == DEVICES * ROUNDS
             # every round closes (L + skew after its end) and is applied
-            await wait_until(lambda: aggregator.state.n == DEVICES * ROUNDS, 30)
-            shuffler.stop()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await wait_until(
+                lambda: aggregator.state.n == DEVICES * ROUNDS,
+                30,
+                progress=lambda: aggregator.state.n,
+            )
         return aggregator
 
     aggregator = run(scenario(), 90)

@@ -4,11 +4,11 @@ replaced when it dies, and gone when its parent is killed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from aggregator import accountant_process
 from aggregator.metrics import epsilon_curve
 from aggregator.privacy_ledger import LedgerSnapshot, PrivacyLedger
 from edge.spec import MechanismSpec
+from tests import waiting
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = MechanismSpec(mechanism="coco", d=8, s=2, epsilon=1.0)
@@ -47,11 +48,9 @@ def gone(pid: int) -> bool:
 
 
 def wait_until_gone(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if gone(pid):
-            return True
-        time.sleep(0.05)
+    """Whether ``pid`` is gone within ``timeout`` s (scaled, tests/waiting.py)."""
+    with contextlib.suppress(waiting.StalledError):
+        waiting.wait_until(lambda: gone(pid), stall=timeout, interval=0.05)
     return gone(pid)
 
 
@@ -177,9 +176,13 @@ def test_level_now_never_waits_past_its_limit_and_keeps_what_it_started() -> Non
             await busy
 
     asyncio.run(scenario())
-    deadline = time.monotonic() + LIVENESS
-    while accountant_process.last_level(snapshot) is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    with contextlib.suppress(waiting.StalledError):  # the worker's CPU time is its progress
+        waiting.wait_until(
+            lambda: accountant_process.last_level(snapshot) is not None,
+            progress=lambda: waiting.cpu_seconds(accountant_process.worker_pid()),
+            stall=LIVENESS,
+            interval=0.05,
+        )
     level = accountant_process.last_level(snapshot)
     assert level is not None
     assert level == ledger.compute(snapshot)

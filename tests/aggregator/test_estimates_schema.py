@@ -20,6 +20,7 @@ from tests.aggregator.test_service import (
     ROOT,
     batch,
     config,
+    moving,
     publish,
     reports,
     run,
@@ -70,7 +71,7 @@ def test_a_live_document_has_exactly_the_documented_keys(
 
     async def body(agg: Aggregator) -> None:
         await publish(mosquitto, batch(reports(80, 1), 1), batch(reports(60, 2), 2))
-        await until(lambda: agg.counters.batches == 2 and agg.privacy_settled)
+        await until(lambda: agg.counters.batches == 2 and agg.privacy_settled, progress=moving(agg))
         url = f"http://127.0.0.1:{agg.http_port}/estimates"
 
         def get() -> Any:

@@ -13,7 +13,6 @@ import logging
 import shutil
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from aggregator.session import mqtt_connection as connection_of
 from edge.announce import encode_announcement
 from edge.errors import CocoError
 from edge.topics import batches_topic, spec_topic
+from tests import waiting
 from tests.aggregator.test_service import (
     DELTA,
     DEPLOYMENT,
@@ -34,6 +34,7 @@ from tests.aggregator.test_service import (
     assert_same_estimates,
     batch,
     config,
+    moving,
     offline,
     reports,
     until,
@@ -59,16 +60,25 @@ class Nats:
         )
         self.log = (workdir / "nats.log").open("wb")
         self.proc = subprocess.Popen([NATS, "-c", str(conf)], stdout=self.log, stderr=self.log)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+        proc = self.proc
+
+        def listening() -> bool:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
+                    return True
             except OSError:
-                if self.proc.poll() is not None:
+                if proc.poll() is not None:
                     raise RuntimeError("nats-server exited") from None
-                time.sleep(0.05)
-        raise RuntimeError("nats-server did not listen within 20 s")
+                return False
+
+        # its progress: the CPU time it spends starting (tests/waiting.py)
+        waiting.wait_until(
+            listening,
+            progress=lambda: waiting.cpu_seconds(proc.pid),
+            stall=20,
+            what="nats-server listening",
+            interval=0.05,
+        )
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -122,7 +132,7 @@ def test_auto_falls_back_to_3_1_1_on_nats_with_its_lease(
                     batches_topic(DEPLOYMENT),
                     *(batch(r, 500 + i) for i, r in enumerate(rs)),
                 )
-                await until(lambda: agg.counters.batches == 3, 30)
+                await until(lambda: agg.counters.batches == 3, 30, progress=moving(agg))
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -165,7 +175,8 @@ def test_a_takeover_over_3_1_1_is_told_by_the_lease(mosquitto: Broker, tmp_path:
             first_task = asyncio.create_task(first.run())
             await until(first.subscribed.is_set)
             await publish_311(mosquitto.url, batches_topic(DEPLOYMENT), batch(rs[0], 1))
-            await until(lambda: first.counters.batches == 1)  # its lease came back
+            # its lease came back
+            await until(lambda: first.counters.batches == 1, progress=moving(first))
             async with second:
                 second_task = asyncio.create_task(second.run())
                 done, _ = await asyncio.wait({first_task}, timeout=30)

@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
+from aggregator import accountant_process
 from aggregator.accountant import amplify_spec
 from aggregator.batch_codec import encode_batch_arrays
 from aggregator.checkpoint import CheckpointError
@@ -37,6 +38,7 @@ from aggregator.service import Aggregator
 from edge import LocalMechanism, MechanismSpec
 from edge.batch_auth import BatchSigner
 from edge.topics import batches_topic
+from tests import waiting
 from tests.conftest import MOSQUITTO, Broker, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -111,24 +113,54 @@ async def publish(broker: Broker, *payloads: bytes) -> None:
             await client.publish(batches_topic(DEPLOYMENT), payload, qos=1)
 
 
-async def until(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    """Poll ``predicate`` with a generous deadline: the suite runs on a loaded 2-core box,
-    where the accountant's low-priority process can wait for a CPU for many seconds."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.02)
+async def until(
+    predicate: Callable[[], bool],
+    timeout: float = 30.0,
+    *,
+    progress: waiting.Progress | None = None,
+    what: str = "",
+) -> None:
+    """tests/waiting.py's wait, ``timeout`` its stall window: the suite runs on a loaded
+    2-core box, where the accountant's low-priority process can wait for a CPU for many
+    seconds."""
+    await waiting.until(predicate, progress=progress, stall=timeout, what=what)
+
+
+def moving(agg: Aggregator) -> waiting.Progress:
+    """What moves while ``agg`` works (tests/waiting.py): its counters and connections, the
+    privacy ledger's generations, the accountant's CPU time."""
+
+    def progress() -> tuple[object, ...]:
+        c = agg.counters
+        return (
+            c.batches,
+            c.duplicates,
+            sum(c.rejected.values()),
+            agg.connections,
+            agg.subscribed.is_set(),
+            agg.core.ledger.generation,
+            agg.publisher.level.generation,
+            waiting.cpu_seconds(accountant_process.worker_pid()),
+        )
+
+    return progress
 
 
 async def with_aggregator(
     cfg: AggregatorConfig,
     body: Callable[[Aggregator], Awaitable[None]],
     registry: CollectorRegistry | None = None,
+    entered: Callable[[Aggregator], None] | None = None,
 ) -> Aggregator:
-    """Run the service around ``body(aggregator)``, then shut it down cleanly."""
+    """Run the service around ``body(aggregator)``, then shut it down cleanly. ``entered``
+    sees the service recovered and not yet running (what its session queued may be applied
+    as soon as it runs)."""
     async with Aggregator(cfg, registry=registry) as agg:
+        if entered is not None:
+            entered(agg)
         task = asyncio.create_task(agg.run())
         try:
-            await asyncio.wait_for(agg.subscribed.wait(), 10)
+            await until(agg.subscribed.is_set, 10, what="the aggregator subscribed")
             await body(agg)
         finally:
             task.cancel()
@@ -205,9 +237,12 @@ def test_estimates_metrics_rejections_and_endpoint(mosquitto: Broker) -> None:
 
     async def body(agg: Aggregator) -> None:
         await publish(mosquitto, *payloads)
-        await until(lambda: agg.counters.batches == 3 and agg.counters.duplicates == 1)
-        await until(lambda: sum(agg.counters.rejected.values()) == 10)
-        await until(lambda: agg.privacy_settled, 90)  # accounted off the event loop
+        await until(
+            lambda: agg.counters.batches == 3 and agg.counters.duplicates == 1, progress=moving(agg)
+        )
+        await until(lambda: sum(agg.counters.rejected.values()) == 10, progress=moving(agg))
+        # accounted off the event loop
+        await until(lambda: agg.privacy_settled, 90, progress=moving(agg))
         url = f"http://127.0.0.1:{agg.http_port}"
 
         def get(path: str) -> bytes:
@@ -267,8 +302,10 @@ def test_shutdown_tells_what_this_run_applied_and_rejected(
 
     async def body(agg: Aggregator) -> None:
         await publish(mosquitto, *with_hostile_batches(r1, r2, r3))
-        await until(lambda: agg.counters.batches == 3 and agg.counters.duplicates == 1)
-        await until(lambda: sum(agg.counters.rejected.values()) == 10)
+        await until(
+            lambda: agg.counters.batches == 3 and agg.counters.duplicates == 1, progress=moving(agg)
+        )
+        await until(lambda: sum(agg.counters.rejected.values()) == 10, progress=moving(agg))
 
     run(with_aggregator(config(mosquitto, tmp_path), body))
     summary = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopping")]
@@ -300,7 +337,7 @@ def test_checkpoint_restart_counts_each_batch_once(mosquitto: Broker, tmp_path: 
 
     async def first(agg: Aggregator) -> None:
         await publish(mosquitto, batch(rs[0], 100), batch(rs[1], 101))
-        await until(lambda: agg.counters.batches == 2)
+        await until(lambda: agg.counters.batches == 2, progress=moving(agg))
 
     run(with_aggregator(config(mosquitto, tmp_path), first))
     saved = json.loads((tmp_path / "ckpt.json").read_text())
@@ -317,15 +354,28 @@ def test_checkpoint_restart_counts_each_batch_once(mosquitto: Broker, tmp_path: 
     # Published while the service is down: queued in its persistent session.
     run(publish(mosquitto, batch(rs[2], 102), batch(rs[0], 100)))
 
+    resumed: list[int] = []
+
     async def second(agg: Aggregator) -> None:
-        assert agg.state.n == 210  # resumed
-        await until(lambda: agg.counters.batches == 3 and agg.counters.duplicates >= 1)
+        await until(
+            lambda: agg.counters.batches == 3 and agg.counters.duplicates >= 1, progress=moving(agg)
+        )
         await publish(mosquitto, batch(rs[3], 103), batch(rs[1], 101))
-        await until(lambda: agg.counters.batches == 4 and agg.counters.duplicates >= 2)
-        await until(lambda: agg.privacy_settled, 90)  # the restored history included
+        await until(
+            lambda: agg.counters.batches == 4 and agg.counters.duplicates >= 2, progress=moving(agg)
+        )
+        # the restored history included
+        await until(lambda: agg.privacy_settled, 90, progress=moving(agg))
 
     registry = CollectorRegistry()
-    agg = run(with_aggregator(config(mosquitto, tmp_path), second, registry))
+    agg = run(
+        with_aggregator(
+            config(mosquitto, tmp_path), second, registry, lambda a: resumed.append(a.state.n)
+        )
+    )
+    # resumed from the checkpoint before the queued batches came in (they may come in as
+    # soon as it subscribes, before the body runs)
+    assert resumed == [210]
     assert_same_estimates(agg, offline(*rs[:4]))
     assert registry.get_sample_value("coco_aggregator_batches_total") == 4
     assert registry.get_sample_value("coco_aggregator_reports_total") == agg.state.n
@@ -353,15 +403,15 @@ def test_a_restart_behind_a_backlog_keeps_its_lease(mosquitto: Broker, tmp_path:
 
     async def first(agg: Aggregator) -> None:  # applies a batch: its claim came back
         await publish(mosquitto, batch(rs[0], 200))
-        await until(lambda: agg.counters.batches == 1)
+        await until(lambda: agg.counters.batches == 1, progress=moving(agg))
 
     run(with_aggregator(config(mosquitto, tmp_path), first))
     run(publish(mosquitto, *(batch(rs[i], 200 + i) for i in range(1, 31))))
 
     async def body(agg: Aggregator) -> None:
-        await until(lambda: agg.counters.batches == 31, 20)
+        await until(lambda: agg.counters.batches == 31, 20, progress=moving(agg))
         await publish(mosquitto, batch(rs[31], 231))  # behind both claims
-        await until(lambda: agg.counters.batches == 32)
+        await until(lambda: agg.counters.batches == 32, progress=moving(agg))
         assert agg.subscribed.is_set()
 
     agg = run(with_aggregator(config(mosquitto, tmp_path, lease_timeout=0.5), body))
@@ -375,7 +425,7 @@ def test_a_stop_before_the_lease_claim_came_back_stops(mosquitto: Broker) -> Non
     async def scenario() -> None:
         async with Aggregator(config(mosquitto, None)) as agg:
             task = asyncio.create_task(agg.run())
-            await asyncio.wait_for(agg.subscribed.wait(), 10)
+            await until(agg.subscribed.is_set, 10, what="the aggregator subscribed")
             task.cancel()
             done, _ = await asyncio.wait({task}, timeout=20)
             assert done == {task}
@@ -431,7 +481,7 @@ def test_crash_between_apply_and_checkpoint(mosquitto: Broker, tmp_path: Path) -
 
     async def first(agg: Aggregator) -> None:
         await publish(mosquitto, batch(rs[0], 200))
-        await until(lambda: agg.counters.batches == 1)
+        await until(lambda: agg.counters.batches == 1, progress=moving(agg))
 
     run(with_aggregator(cfg, first))
 
@@ -461,9 +511,26 @@ def test_crash_between_apply_and_checkpoint(mosquitto: Broker, tmp_path: Path) -
                 except OSError:
                     return -1
 
-            async with asyncio.timeout(20):
-                while await asyncio.to_thread(read) != n:
+            applied = -1
+
+            def seen() -> bool:
+                return applied == n
+
+            async def poll() -> None:
+                nonlocal applied
+                while applied != n:
+                    applied = await asyncio.to_thread(read)
                     await asyncio.sleep(0.05)
+
+            poller = asyncio.create_task(poll())
+            # the child's progress: the reports it applied, its CPU time
+            await until(
+                seen,
+                20,
+                progress=lambda: (applied, waiting.cpu_seconds(child.pid)),
+                what=f"{n} applied",
+            )
+            await poller
 
         run(until_child_applied(150))
         run(publish(mosquitto, batch(rs[1], 201), batch(rs[2], 202)))
@@ -475,9 +542,9 @@ def test_crash_between_apply_and_checkpoint(mosquitto: Broker, tmp_path: Path) -
     assert saved["state"]["n"] == 150  # the crash lost the in-memory state
 
     async def second(agg: Aggregator) -> None:
-        await until(lambda: agg.counters.batches == 3)
+        await until(lambda: agg.counters.batches == 3, progress=moving(agg))
         await publish(mosquitto, batch(rs[3], 203))
-        await until(lambda: agg.counters.batches == 4)
+        await until(lambda: agg.counters.batches == 4, progress=moving(agg))
         await asyncio.sleep(0.3)  # a late double delivery would show up here
 
     agg = run(with_aggregator(cfg, second))
@@ -490,11 +557,15 @@ def test_broker_restart_reconnects(mosquitto: Broker) -> None:
 
     async def body(agg: Aggregator) -> None:
         await publish(mosquitto, batch(rs[0], 300))
-        await until(lambda: agg.counters.batches == 1)
+        await until(lambda: agg.counters.batches == 1, progress=moving(agg))
         await asyncio.to_thread(mosquitto.restart)
-        await until(lambda: agg.connections >= 2 and agg.subscribed.is_set(), timeout=20)
+        await until(
+            lambda: agg.connections >= 2 and agg.subscribed.is_set(),
+            timeout=20,
+            progress=moving(agg),
+        )
         await publish(mosquitto, batch(rs[1], 301))
-        await until(lambda: agg.counters.batches == 2)
+        await until(lambda: agg.counters.batches == 2, progress=moving(agg))
 
     agg = run(with_aggregator(config(mosquitto, None), body))
     assert_same_estimates(agg, offline(*rs))
@@ -545,7 +616,7 @@ def test_a_broker_that_drops_the_lease_claim_delays_batches_only_until_lease_tim
 
         async def body(agg: Aggregator) -> None:
             await publish(broker, batch(rep, 1))
-            await until(lambda: agg.counters.batches == 1)
+            await until(lambda: agg.counters.batches == 1, progress=moving(agg))
 
         agg = run(with_aggregator(config(broker, None, lease_timeout=0.5), body))
     finally:

@@ -5,9 +5,11 @@ session is taken over stops instead of fighting for it; the trusted batch key co
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +29,7 @@ from aggregator.session import SESSION_TAKEN_OVER, session_taken_over
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner
 from edge.topics import spec_topic
+from tests import waiting
 from tests.aggregator.test_service import (
     DELTA,
     DEPLOYMENT,
@@ -68,13 +71,20 @@ def env() -> dict[str, str]:
 def wait_for(
     predicate: Any, proc: subprocess.Popen[str] | None = None, timeout: float = 30
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
+    """Until ``predicate``; fails when ``proc`` exits, or when its CPU time stands still for
+    ``timeout`` s (tests/waiting.py)."""
+
+    def holds() -> bool:
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"the service exited: {proc.communicate()[1]}")
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
+        return bool(predicate())
+
+    waiting.wait_until(
+        holds,
+        progress=None if proc is None else lambda: waiting.cpu_seconds(proc.pid),
+        stall=timeout,
+        interval=0.05,
+    )
 
 
 @contextmanager
@@ -176,8 +186,15 @@ def test_a_session_taken_over_stops_the_service_and_no_batch_counts_twice(
             errors = error_lines(err)
             assert len(errors) == 1
             assert "took over this aggregator's MQTT session (agg-shared;" in errors[0]
-            # the takeover closed the connection before the PUBACK; the lease told why
-            assert "left 1 batches unacknowledged {'connection_lost': 1}" in err
+            # the takeover closed the connection before the PUBACK; the lease told why, before
+            # the connection ended (taken_over) or after it (connection_lost): on a loaded
+            # machine either comes first, and the first one's reconnection may have taken the
+            # session back once, the batch redelivered to it and left again
+            left = re.search(r"left (\d+) batches unacknowledged (\{[^}]*\})", err)
+            assert left is not None, err
+            by_reason = ast.literal_eval(left[2])
+            assert set(by_reason) <= {"connection_lost", "taken_over"}, err
+            assert sum(by_reason.values()) == int(left[1]) in (1, 2), err
             assert "no final checkpoint" in err
             started(second, second_port)
             # the newcomer holds the session alone: the batch the first one left, then a

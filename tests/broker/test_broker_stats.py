@@ -15,6 +15,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from prometheus_client import CollectorRegistry
 
 from broker.broker_stats import MosquittoSysStats, parse_sys_value
+from tests import waiting
 from tests.asyncutil import run
 from tests.conftest import MOSQUITTO, Broker, free_port
 
@@ -71,13 +72,17 @@ def overflow_an_offline_session(broker: Broker, messages: int) -> int:
 async def wait_for_sample(
     registry: CollectorRegistry, name: str, holds: Callable[[float], bool]
 ) -> None:
-    """Poll until the sample ``name`` exists and ``holds``."""
-    async with asyncio.timeout(60):
-        while True:
-            value = registry.get_sample_value(name)
-            if value is not None and holds(value):
-                return
-            await asyncio.sleep(0.05)
+    """Poll until the sample ``name`` exists and ``holds``; fails when it stood still for
+    60 s (tests/waiting.py)."""
+
+    def sample() -> float | None:
+        return registry.get_sample_value(name)
+
+    def done() -> bool:
+        value = sample()
+        return value is not None and holds(value)
+
+    await waiting.until(done, progress=sample, stall=60, what=name, interval=0.05)
 
 
 def test_parse_sys_value() -> None:

@@ -34,6 +34,7 @@ from edge.topics import (
     shard_lease_topic,
     spec_topic,
 )
+from tests import waiting
 from tests.broker.test_shuffler import run, value, wait_until
 from tests.conftest import Broker
 
@@ -303,7 +304,7 @@ def test_a_reshard_from_one_to_two_shards_loses_and_doubles_nothing(
             def accounted() -> int:
                 return sum(len(b[1][3]) for b in collected.batches(keys)) + held()
 
-            await wait_until(lambda: accounted() == sent, 30)
+            await wait_until(lambda: accounted() == sent, 30, progress=accounted)
             await asyncio.sleep(1.0)  # anything released twice would show by now
             pooled = held()
             for label, task in tasks.items():
@@ -394,11 +395,18 @@ def test_coco_shuffler_shard_refuses_an_owned_shard_and_a_wrong_key_then_retires
         *("--state-dir", str(tmp_path / "a"), "--signing-key", str(tmp_path / "keys/g0s0.key")),
     )
     try:
-        deadline = time.monotonic() + 60
-        while not (tmp_path / "a" / "effects.log").exists() or not lease_held(mosquitto):
+
+        def owning() -> bool:
             assert owner.poll() is None, owner.communicate()[0]
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+            return (tmp_path / "a" / "effects.log").exists() and lease_held(mosquitto)
+
+        waiting.wait_until(
+            owning,
+            progress=lambda: waiting.cpu_seconds(owner.pid),  # starting up is CPU work
+            stall=60,
+            what="the first shuffler owns the shard",
+            interval=0.1,
+        )
         second = coco_shuffler(
             *common,
             *("--state-dir", str(tmp_path / "b")),

@@ -52,7 +52,7 @@ def test_readiness_only_once_recovered_and_subscribed(mosquitto: Broker, tmp_pat
     async def scenario() -> None:
         async with running(cfg, CollectorRegistry()) as first:
             await publish(mosquitto, [(f"r{i}", report(current_round(60), i)) for i in range(7)])
-            await wait_until(lambda: first.buffered == 7)
+            await wait_until(lambda: first.buffered == 7, progress=lambda: first.buffered)
         shuffler = Shuffler(cfg, registry=registry)
         # before recovery: not ready, and the pool gauges are not zeros
         assert await asyncio.to_thread(ready, port) == 503
@@ -63,7 +63,10 @@ def test_readiness_only_once_recovered_and_subscribed(mosquitto: Broker, tmp_pat
             assert value(registry, "coco_shuffler_buffer_reports") == 7  # recovered
             assert await asyncio.to_thread(ready, port) == 503  # not subscribed yet
             task = asyncio.create_task(shuffler.run())
-            await wait_until(lambda: value(registry, "coco_shuffler_ready") == 1)
+            await wait_until(
+                lambda: value(registry, "coco_shuffler_ready") == 1,
+                progress=lambda: value(registry, "coco_shuffler_ready"),
+            )
             assert await asyncio.to_thread(ready, port) == 200
             shuffler.stop()
             await task
@@ -125,20 +128,27 @@ def test_a_full_disk_pauses_acknowledgements_and_loses_or_doubles_nothing(
         round_ = current_round(60)
         async with running(cfg, registry) as shuffler:
             await publish(mosquitto, [(f"a{i}", report(round_, i)) for i in range(50)])
-            await wait_until(lambda: accepted() == 50)
+            await wait_until(lambda: accepted() == 50, progress=accepted)
             filler = fill(small_fs)
             publisher = asyncio.create_task(
                 publish(mosquitto, [(f"b{i}", report(round_, 100 + i)) for i in range(400)])
             )
-            await wait_until(lambda: value(registry, "coco_shuffler_log_paused") == 1, 30)
+            await wait_until(
+                lambda: value(registry, "coco_shuffler_log_paused") == 1,
+                30,
+                progress=lambda: value(registry, "coco_shuffler_log_paused"),
+            )
             assert value(registry, "coco_shuffler_ready") == 0
             assert shuffler.failure is None  # paused, not stopped
             await asyncio.sleep(1.0)
             assert value(registry, "coco_shuffler_log_paused") == 1  # still retrying
             filler.unlink()
             await publisher
-            await wait_until(lambda: accepted() == 450, 30)
-            await wait_until(lambda: value(registry, "coco_shuffler_ready") == 1)
+            await wait_until(lambda: accepted() == 450, 30, progress=accepted)
+            await wait_until(
+                lambda: value(registry, "coco_shuffler_ready") == 1,
+                progress=lambda: value(registry, "coco_shuffler_ready"),
+            )
             await asyncio.sleep(0.5)  # anything delivered twice would be counted by now
             assert accepted() == 450
             assert shuffler.buffered == 450
@@ -201,7 +211,7 @@ def test_auto_speaks_mqtt_311_to_a_broker_without_5_and_keeps_its_session(
         reports = [(f"n{i}", report(round_, i)) for i in range(6)]
         await publish(nats, reports)  # the shuffler is away: its session keeps them
         async with running(cfg, registry) as again:
-            await wait_until(lambda: again.buffered == 6, 30)
+            await wait_until(lambda: again.buffered == 6, 30, progress=lambda: again.buffered)
             await publish(nats, reports[:2])  # replays
             await wait_until(
                 lambda: (
@@ -237,15 +247,25 @@ def test_a_new_round_seconds_between_runs_keeps_accepting(
         async with running(config(mosquitto, state_dir=state, round_seconds=2), registry) as s:
             round_ = current_round(2)
             await publish(mosquitto, [(f"o{i}", report(round_, i)) for i in range(5)])
-            await wait_until(lambda: value(registry, "coco_shuffler_reports_released_total") == 5)
+            await wait_until(
+                lambda: value(registry, "coco_shuffler_reports_released_total") == 5,
+                progress=lambda: value(registry, "coco_shuffler_reports_released_total"),
+            )
             assert s.core.closed >= (round_ + 1) * 2
         again = CollectorRegistry()
         async with running(config(mosquitto, state_dir=state, round_seconds=5), again) as s:
             round_ = current_round(5)
             await publish(mosquitto, [(f"p{i}", report(round_, 10 + i)) for i in range(5)])
-            await wait_until(lambda: value(again, "coco_shuffler_reports_accepted_total") == 5)
+            await wait_until(
+                lambda: value(again, "coco_shuffler_reports_accepted_total") == 5,
+                progress=lambda: value(again, "coco_shuffler_reports_accepted_total"),
+            )
             assert value(again, "coco_shuffler_reports_rejected_total", reason="round_too_old") == 0
-            await wait_until(lambda: value(again, "coco_shuffler_reports_released_total") == 5, 30)
+            await wait_until(
+                lambda: value(again, "coco_shuffler_reports_released_total") == 5,
+                30,
+                progress=lambda: value(again, "coco_shuffler_reports_released_total"),
+            )
 
     run(scenario(), 90)
     assert any("renumbered" in r.getMessage() for r in caplog.records)
@@ -274,7 +294,7 @@ def test_a_signed_manifest_follows_each_release(mosquitto: Broker) -> None:
             async with running(cfg, CollectorRegistry()):
                 round_ = current_round(2)
                 await publish(mosquitto, [(f"m{i}", report(round_, i)) for i in range(23)])
-                await wait_until(lambda: len(arrivals) == 4, 30)
+                await wait_until(lambda: len(arrivals) == 4, 30, progress=lambda: len(arrivals))
             task.cancel()
 
     run(scenario(), 60)

@@ -45,6 +45,7 @@ from edge.spec import MechanismSpec
 from edge.topics import batches_topic, ingress_filter, ingress_topic, lease_topic, spec_topic
 from sim.cli import app
 from sim.credentials import SERVICE_ACCOUNTS, device_id, device_password, service_password
+from tests import waiting
 from tests.asyncutil import run, value, wait_until
 from tests.conftest import MOSQUITTO, Broker, free_port
 
@@ -301,7 +302,7 @@ async def shuffler(stack: Stack, registry: CollectorRegistry) -> AsyncIterator[S
     )
     async with Shuffler(config, registry=registry) as bridge:
         task = asyncio.create_task(bridge.run())
-        await asyncio.wait_for(bridge.connected.wait(), TIMEOUT)
+        await waiting.until(bridge.connected.is_set, stall=TIMEOUT, what="bridge.connected")
         try:
             yield bridge
         finally:

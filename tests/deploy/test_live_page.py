@@ -46,6 +46,7 @@ from tests.aggregator.test_service import (
     SPEC,
     batch,
     config,
+    moving,
     publish,
     raw_batch,
     reports,
@@ -229,9 +230,12 @@ def test_the_page_shows_what_estimates_holds(mosquitto: Broker, tmp_path: Path) 
 
     async def body(agg: Aggregator) -> None:
         await publish(mosquitto, *payloads)
-        await until(lambda: agg.counters.batches == 3 and agg.counters.duplicates == 1)
-        await until(lambda: sum(agg.counters.rejected.values()) == 2)
-        await until(lambda: agg.privacy_settled)  # accounted off the event loop
+        await until(
+            lambda: agg.counters.batches == 3 and agg.counters.duplicates == 1, progress=moving(agg)
+        )
+        await until(lambda: sum(agg.counters.rejected.values()) == 2, progress=moving(agg))
+        # accounted off the event loop
+        await until(lambda: agg.privacy_settled, progress=moving(agg))
         url = f"http://127.0.0.1:{agg.http_port}/"
         before, _ = await asyncio.to_thread(get, url + "estimates")
         seen["html"], seen["headers"] = await asyncio.to_thread(get, url)

@@ -7,7 +7,6 @@ import contextlib
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from edge.mqtt_version import (
     negotiate,
     probe,
 )
+from tests import waiting
 from tests.conftest import Broker, free_port
 
 
@@ -76,13 +76,20 @@ def _nats_mqtt(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
     proc = subprocess.Popen(
         [NATS_SERVER, "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+
+    def listening() -> bool:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-            return proc, port
-        time.sleep(0.05)
-    proc.kill()
-    pytest.fail("nats-server did not open its MQTT listener")
+            return True
+        return False
+
+    try:  # its progress: the CPU time it spends starting (tests/waiting.py)
+        waiting.wait_until(
+            listening, progress=lambda: waiting.cpu_seconds(proc.pid), stall=30, interval=0.05
+        )
+    except waiting.StalledError:
+        proc.kill()
+        pytest.fail("nats-server did not open its MQTT listener")
+    return proc, port
 
 
 NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"

@@ -79,6 +79,7 @@ from edge.spec import MechanismSpec
 from edge.topics import batches_topic
 from sim.credentials import SERVICE_ACCOUNTS, service_password
 from sim.fleet_cli import EXIT_NOT_SENT
+from tests import waiting
 from tests.conftest import MOSQUITTO, Broker, free_port
 from tests.deploy.test_acl import PLUGIN, adapted_config
 
@@ -182,12 +183,15 @@ def estimates(port: int) -> dict[str, Any] | None:
     return None if text is None else dict(json.loads(text))
 
 
-def wait_for(what: str, predicate: Callable[[], bool], timeout: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
+def wait_for(
+    what: str,
+    predicate: Callable[[], bool],
+    timeout: float = TIMEOUT,
+    *,
+    progress: waiting.Progress | None = None,
+) -> None:
+    """tests/waiting.py's wait, ``timeout`` its stall window."""
+    waiting.wait_until(predicate, progress=progress, stall=timeout, what=what, interval=0.1)
 
 
 # -- the recorder ---------------------------------------------------------------------------

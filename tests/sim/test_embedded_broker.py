@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import resource
 import socket
 import threading
 import time
@@ -115,9 +116,24 @@ def test_mqtt5_clients_cannot_use_the_embedded_broker() -> None:
     asyncio.run(asyncio.wait_for(main(), 25))
 
 
-@pytest.mark.timeout(90)
+def cpu_seconds() -> float:
+    """CPU time of this process (all its threads) and of its children waited for."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+README_DEMO_CPU = 8.0
+"""The README's measured CPU time of `scripts/demo`'s pipeline step on the embedded broker,
+1,000 devices x 3 rounds (8-9 s; its wall-clock time is bench/bench_demo.py's to measure)."""
+
+
+@pytest.mark.timeout(300)
 def test_demo_cli_on_the_embedded_broker_accounts_for_every_report() -> None:
-    start = time.monotonic()
+    """400 reports through the embedded broker, all accounted for. Its cost is checked in
+    CPU time, which a loaded machine does not stretch: less than the README's whole
+    3,000-report demo step (a service that spins while idle, as the checkpoint loop once
+    did, burns more than that while the rounds pass)."""
+    start = cpu_seconds()
     result = CliRunner().invoke(
         app,
         [
@@ -145,7 +161,7 @@ def test_demo_cli_on_the_embedded_broker_accounts_for_every_report() -> None:
     assert doc["reports_unaccounted"] == 0
     assert doc["reports_aggregated"] == 400  # a healthy run loses nothing
     assert "note" not in doc  # --devices given: no automatic reduction
-    assert time.monotonic() - start < 60
+    assert cpu_seconds() - start < README_DEMO_CPU
 
 
 @pytest.mark.timeout(90)

@@ -16,7 +16,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -49,6 +48,7 @@ from sim.fleet_truth import (
     read_document,
     write_merged,
 )
+from tests import waiting
 from tests.asyncutil import run, value, wait_until
 from tests.conftest import MOSQUITTO, Broker, free_port
 
@@ -183,7 +183,9 @@ def test_every_device_reports_on_its_own_topic_and_the_truth_matches(mosquitto: 
     async def scenario() -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
         async with subscriber(mosquitto, cfg.deployment) as received:
             summary = await fleet.run()
-            await wait_until(lambda: len(received) >= n * rounds, 30)
+            await wait_until(
+                lambda: len(received) >= n * rounds, 30, progress=lambda: len(received)
+            )
             await asyncio.sleep(0.2)  # nothing more may arrive
         return list(received), summary
 
@@ -255,7 +257,9 @@ def test_private_estimates_are_within_k_standard_errors_of_the_truth(
     async def scenario() -> list[tuple[str, bytes]]:
         async with subscriber(mosquitto, cfg.deployment) as received:
             await fleet.run()
-            await wait_until(lambda: len(received) >= n * rounds, 60)
+            await wait_until(
+                lambda: len(received) >= n * rounds, 60, progress=lambda: len(received)
+            )
         return list(received)
 
     received = run(scenario(), 120)
@@ -440,7 +444,7 @@ def test_five_thousand_own_connections_in_one_process(tmp_path: Path) -> None:
         async def scenario() -> tuple[list[tuple[str, bytes]], dict[str, Any]]:
             async with subscriber(broker, cfg.deployment) as received:
                 summary = await fleet.run()
-                await wait_until(lambda: len(received) >= n, 60)
+                await wait_until(lambda: len(received) >= n, 60, progress=lambda: len(received))
             return list(received), summary
 
         received, summary = run(scenario(), 150)
@@ -533,12 +537,21 @@ def test_cli_reads_the_announcement_and_stops_gracefully_on_sigint(
         env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])},
     )
     try:
-        deadline = time.monotonic() + 60
         published = 0.0
-        while published < 100 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
+
+        def hundred() -> bool:
+            nonlocal published
             with contextlib.suppress(OSError):
                 published = _metric(port, "coco_fleet_reports_published_total")
+            return published >= 100 or proc.poll() is not None
+
+        waiting.wait_until(
+            hundred,
+            progress=lambda: (published, waiting.cpu_seconds(proc.pid)),
+            stall=60,
+            what="the fleet publishing",
+            interval=0.2,
+        )
         assert published >= 100, "the fleet published nothing"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)

@@ -33,6 +33,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from edge.codec import decode_report
 from edge.spec import MechanismSpec
 from sim.fleet_cli import EXIT_NOT_SENT
+from tests import waiting
 from tests.conftest import Broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -107,11 +108,20 @@ class Lines:
 
 
 def wait_for(what: str, condition: Callable[[], bool], proc: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + WAIT
-    while not condition():
+    """Until ``condition``; fails when the fleet exits, or when its CPU time stands still
+    for ``WAIT`` s (tests/waiting.py)."""
+
+    def holds() -> bool:
         assert proc.poll() is None, f"the fleet exited while waiting for {what}"
-        assert time.monotonic() < deadline, f"not reached within {WAIT} s: {what}"
-        time.sleep(0.05)
+        return condition()
+
+    waiting.wait_until(
+        holds,
+        progress=lambda: waiting.cpu_seconds(proc.pid),
+        stall=WAIT,
+        what=what,
+        interval=0.05,
+    )
 
 
 @dataclass
