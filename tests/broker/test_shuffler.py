@@ -405,10 +405,14 @@ def test_reports_published_while_down_are_queued_by_the_session(
             pass  # the first run creates the persistent session
         r = current_round(60)
         await publish(mosquitto, [(f"q{i}", report(r, i)) for i in range(6)])
-        async with running(cfg, CollectorRegistry()) as again:
+        again_registry = CollectorRegistry()
+        async with running(cfg, again_registry) as again:
             await wait_until(lambda: again.buffered == 6, progress=lambda: again.buffered)
+        # the broker kept the session: its CONNACK said so
+        assert value(again_registry, "coco_shuffler_sessions_new_total") == 0
 
     run(scenario())
+    assert value(registry, "coco_shuffler_sessions_new_total") == 1  # the first run's
 
 
 def test_second_shuffler_on_the_same_state_refuses(mosquitto: Broker, tmp_path: Path) -> None:
@@ -492,7 +496,12 @@ def test_qos_0_reports_are_accepted_too(mosquitto: Broker) -> None:
     run(scenario())
 
 
-def test_reconnects_after_broker_restart(mosquitto: Broker) -> None:
+def test_reconnects_after_broker_restart(
+    mosquitto: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The test broker has no persistence: its restart loses the shuffler's session, which
+    the shuffler counts and warns of (what was published meanwhile is lost uncounted)."""
+    caplog.set_level(logging.INFO, logger="broker.shuffler")
     registry = CollectorRegistry()
     cfg = config(mosquitto, min_batch=3, round_seconds=60)
 
@@ -509,6 +518,10 @@ def test_reconnects_after_broker_restart(mosquitto: Broker) -> None:
                 )
             )
             assert shuffler.buffered == 4  # kept across the reconnect
+            assert value(registry, "coco_shuffler_sessions_new_total") == 2
+            lost = [r for r in caplog.records if "held no session" in r.getMessage()]
+            assert [r.levelno for r in lost] == [logging.WARNING], lost
+            assert "it lost the session" in lost[0].getMessage()
             await publish(mosquitto, [(f"q{i}", report(r, 10 + i)) for i in range(5)])
             await wait_until(lambda: shuffler.buffered == 9, progress=lambda: shuffler.buffered)
             check_conservation(registry, shuffler)
