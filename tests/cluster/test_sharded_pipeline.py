@@ -444,7 +444,8 @@ def test_a_second_shuffler_on_an_owned_shard_and_a_reshard(tmp_path: Path) -> No
         fleet, acked_log = run_fleet(stack, rng, rounds=RESHARD_ROUNDS)
         time.sleep(rng.uniform(0.0, ROUND_SECONDS))
         # a reshard to 2 shards, RESHARD_LEAD rounds ahead: the new shards' shufflers must
-        # be subscribed before their first round (docs/scaling.md, "Adding shards")
+        # be subscribed, and the aggregator trust their keys, before their first round
+        # (docs/operations.md, "Sharded shufflers")
         new = [stack.make_shard(1, i) for i in range(2)]
         first_new = int(time.time() // ROUND_SECONDS) + RESHARD_LEAD
         announced = stack.announce(new, "--reshard", "--shards-from-round", str(first_new))
@@ -452,15 +453,7 @@ def test_a_second_shuffler_on_an_owned_shard_and_a_reshard(tmp_path: Path) -> No
         print(f"reshard: 2 shards from round {first_new}")
         assert stack.recorder is not None
         stack.recorder.trust({s.label: stack.public(s) for s in new})
-        for shard in new:
-            shard.process.start()
-        for shard in new:
-            wait_for(
-                f"shuffler {shard.label}", functools.partial(stack.shuffler_ready, shard), TIMEOUT
-            )
-        late = time.time() - first_new * ROUND_SECONDS
-        assert late < 0, f"the new shards were ready {late:.1f} s into their first round"
-        # a second process on an owned shard, with its own state directory: refused
+        # meanwhile a second process on a shard still owned, with its own state directory
         owned = stack.shards[label(0, rng.randrange(SHARDS))]
         intruder = Process(
             "intruder",
@@ -469,13 +462,21 @@ def test_a_second_shuffler_on_an_owned_shard_and_a_reshard(tmp_path: Path) -> No
             ),
             stack.workdir,
         )
+        for shard in new:
+            shard.process.start()
         intruder.start()
-        assert intruder.wait(TIMEOUT) != 0
-        assert "held by another shuffler" in intruder.output(), intruder.output()[-2000:]
+        for shard in new:
+            wait_for(
+                f"shuffler {shard.label}", functools.partial(stack.shuffler_ready, shard), TIMEOUT
+            )
         done = stack.coco(
             "aggregator", "trust", "--checkpoint", str(stack.checkpoint), "--accept-announced"
         )
         assert done.returncode == 0, done.stderr
+        late = time.time() - first_new * ROUND_SECONDS
+        assert late < 0, f"the new shards were ready and trusted {late:.1f} s into their round"
+        assert intruder.wait(TIMEOUT) != 0
+        assert "held by another shuffler" in intruder.output(), intruder.output()[-2000:]
         summary = finish_fleet(fleet)
         acked = read_acked(acked_log)
         old = [s for s in stack.shards.values() if s.label.startswith("g0")]
