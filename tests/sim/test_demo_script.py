@@ -64,7 +64,7 @@ def test_the_pipeline_step_on_the_embedded_broker_accounts_for_every_report() ->
     )
     assert accounted == doc["reports_sent"]
     assert doc["reports_unaccounted"] == 0
-    assert doc["reports_rejected"] == 0
+    assert doc["reports_rejected"] == 0, doc["reports_rejected_by_reason"]
     assert doc["batches"] >= 1
     assert doc["epsilon_central"] is not None
     assert doc["epsilon_central"] <= doc["epsilon_central_generic"]
