@@ -372,10 +372,11 @@ def print_collisions(released: Counter[Report]) -> None:
             print(f"(seed, z) = ({seed}, {z}) drawn by {len(where)} devices, rounds {where}")
 
 
-def settle(stack: Stack, acked: Counter[Report], shards: list[Shard]) -> None:
+def settle(stack: Stack, acked: Counter[Report], shards: list[Shard]) -> str:
     """Until every acknowledged report is released, the shards' outboxes are empty and the
     aggregator has applied what the recorder saw, unchanged for a while; then stop the
-    shards' shufflers gracefully."""
+    shards' shufflers gracefully. Returns whether it settled, for :func:`reconcile`'s
+    messages (a pipeline that did not settle fails there, with what is missing)."""
     recorder = stack.recorder
     assert recorder is not None
     history: list[tuple[int, int, int]] = []
@@ -391,8 +392,12 @@ def settle(stack: Stack, acked: Counter[Report], shards: list[Shard]) -> None:
         history.append(state)
         return state == (0, 0, 0) and len(history) >= 20 and set(history[-20:]) == {state}
 
-    with contextlib.suppress(AssertionError):
+    try:
         wait_for("the pipeline to settle", done, 180)
+        settled = "settled"
+    except AssertionError:
+        last = history[-1] if history else None
+        settled = f"not settled (reports missing, in outboxes, recorded - applied: {last})"
     for shard in shards:
         samples = metrics(shard.port) or {}
         lost = {
@@ -406,9 +411,53 @@ def settle(stack: Stack, acked: Counter[Report], shards: list[Shard]) -> None:
         print(f"{shard.label}: rejected or dropped {lost}")
         if shard.process.alive():
             assert shard.process.stop() == 0, shard.process.output()[-3000:]
+    return settled
 
 
-def reconcile(stack: Stack, acked: Counter[Report], summary: dict[str, Any]) -> None:
+NATS_TROUBLE = ("new stream leader", "took too long", "timeout for request", "slow consumer")
+"""NATS log lines of a loaded or re-electing cluster (stream leaders are elected once at
+start; consumer leaders at every new subscription, so those are not listed)."""
+
+
+def unapplied(stack: Stack, applied: set[bytes], settled: str) -> str:
+    """Why the aggregator lacks batches the recorder verified: each such batch, what the
+    aggregator counted (rejections by reason, batches left unacknowledged, manifests'
+    batches that never came), its log's warnings, and the cluster's trouble."""
+    recorder = stack.recorder
+    assert recorder is not None
+    checkpoint = load_checkpoint(stack.checkpoint)
+    listed = recorder.listed()
+    lines = [f"the pipeline {settled}"]
+    for batch_id in sorted(set(recorder.batches) - applied)[:10]:
+        shard, round_, seeds, _zs = recorder.batches[batch_id]
+        manifest = "listed in a manifest" if batch_id in listed else "in no manifest"
+        lines.append(
+            f"not applied: batch {batch_id.hex()} of {shard}, round {round_}, "
+            f"{len(seeds)} reports, {manifest}"
+        )
+    unrecorded = sorted(applied - set(recorder.batches))
+    lines += [f"applied, not recorded: {batch_id.hex()}" for batch_id in unrecorded[:10]]
+    counters = checkpoint.counters
+    lines.append(
+        f"aggregator: rejected {counters.rejected}, unacknowledged {counters.unacknowledged}, "
+        f"manifests rejected {counters.manifests_rejected}, reconciliation "
+        f"{(checkpoint.reconciliation or {}).get('counts')}"
+    )
+    lines += [
+        line
+        for line in stack.aggregator.output().splitlines()
+        if " WARNING " in line or " ERROR " in line
+    ][-10:]
+    trouble = [
+        f"{node.name}: {line}"
+        for node in stack.cluster.nodes
+        for line in node.log_text().splitlines()
+        if any(word in line for word in NATS_TROUBLE)
+    ]
+    return "\n".join(lines + trouble[-20:])
+
+
+def reconcile(stack: Stack, acked: Counter[Report], summary: dict[str, Any], settled: str) -> None:
     recorder = stack.recorder
     assert recorder is not None
     assert not recorder.problems, recorder.problems[:3]
@@ -429,7 +478,7 @@ def reconcile(stack: Stack, acked: Counter[Report], summary: dict[str, Any]) -> 
     checkpoint = load_checkpoint(stack.checkpoint)
     offline = recorder.offline()
     applied = {batch_id for ids in checkpoint.batch_rounds.values() for batch_id in ids}
-    assert applied == set(recorder.batches)
+    assert applied == set(recorder.batches), unapplied(stack, applied, settled)
     assert checkpoint.state.n == offline.n == recorder.count
     assert np.array_equal(checkpoint.state.sum_u, offline.sum_u)
     assert np.array_equal(checkpoint.state.sum_v, offline.sum_v)
@@ -483,10 +532,10 @@ def test_kill_a_broker_node_a_shard_and_the_aggregator(tmp_path: Path) -> None:
         summary = finish_fleet(fleet)
         wait_for("every node", lambda: len(stack.cluster.running()) == 3, TIMEOUT)
         acked = read_acked(acked_log)
-        settle(stack, acked, list(stack.shards.values()))
+        settled = settle(stack, acked, list(stack.shards.values()))
         counters = aggregator_counters(stack)
         assert stack.aggregator.stop() == 0, stack.aggregator.output()[-3000:]
-        reconcile(stack, acked, summary)
+        reconcile(stack, acked, summary, settled)
         assert not any(value for name, value in counters.items() if "reports_missing" in name), (
             counters
         )
@@ -538,10 +587,10 @@ def test_a_second_shuffler_on_an_owned_shard_and_a_reshard(tmp_path: Path) -> No
         for shard in old:
             assert shard.process.wait(TIMEOUT * 2) == 0, shard.process.output()[-3000:]
             assert "retir" in shard.process.output()
-        settle(stack, acked, new)
+        settled = settle(stack, acked, new)
         counters = aggregator_counters(stack)
         assert stack.aggregator.stop() == 0, stack.aggregator.output()[-3000:]
-        reconcile(stack, acked, summary)
+        reconcile(stack, acked, summary, settled)
         recorder = stack.recorder
         assert recorder is not None
         rounds: dict[str, set[int]] = {"g0": set(), "g1": set()}
