@@ -8,7 +8,7 @@ the system broker) and measures, one case at a time:
 * ``raw``: bench_pipeline's raw-socket publisher (its own process, one connection, the same
   16-byte reports on per-device ingress topics), ``devices x rounds`` messages, rate from its
   first write to its last PUBACK (QoS 1) or last write (QoS 0): the denominator;
-* ``fleet own``: :class:`sim.fleet.Fleet`, one MQTT connection per device, ``--rounds``
+* ``fleet own``: :class:`sim.fleet.run.Fleet`, one MQTT connection per device, ``--rounds``
   wall-clock rounds of ``--round-seconds``; ``publish_rate_per_s`` (reports acknowledged /
   time inside rounds, including the per-round sensor model, encoding and randomisation, not
   the wait for the next round) and ``connect_rate_per_s``;
@@ -40,8 +40,8 @@ import bench_pipeline as bp
 from edge.codec import encode_report
 from edge.spec import MechanismSpec
 from sim.credentials import device_id
-from sim.fleet import Fleet, FleetConfig, ensure_fd_limit
-from sim.fleet_connection import Connection, Report
+from sim.fleet.connection import Connection, Report
+from sim.fleet.run import Fleet, FleetConfig, ensure_fd_limit
 
 SPEC = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
 MULTIPLEXED_CONNECTIONS = 4

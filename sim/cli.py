@@ -54,7 +54,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "needed).",
     ),
     "fleet": (
-        "sim.fleet_cli",
+        "sim.fleet.cli",
         "fleet",
         "Simulate a fleet of devices publishing privatised reports (simulation only: no "
         "budget ledger; a real device runs `coco device`).",

@@ -4,7 +4,7 @@ devices report: every row of issue 9's table, over a real Mosquitto and the real
 Each test runs a broker, the shuffler (durable state directory, signed batches; in this
 process, or as ``coco shuffler``), the aggregator (verifying, ``min_batch`` enforced, from a
 checkpoint), a recorder of the batch topic and a
-:class:`~sim.fleet.Fleet` of :data:`HONEST` devices (one MQTT connection each, 2 s wall-clock
+:class:`~sim.fleet.run.Fleet` of :data:`HONEST` devices (one MQTT connection each, 2 s wall-clock
 rounds), makes its attack alongside and then checks, exactly:
 
 * every honest report the broker acknowledged (``Fleet(on_acked=...)``: its ``(round, seed,
@@ -83,7 +83,7 @@ from edge.spec import MechanismSpec
 from edge.topics import batches_topic, ingress_topic
 from sim.cli import app
 from sim.credentials import SERVICE_ACCOUNTS, device_id, device_password, service_password
-from sim.fleet import Fleet, FleetConfig
+from sim.fleet.run import Fleet, FleetConfig
 from tests import pipeline as scaffolding
 from tests import waiting
 from tests.asyncutil import run, value, wait_until

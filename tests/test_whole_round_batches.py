@@ -13,7 +13,7 @@ from aggregator.service import Aggregator
 from broker.shuffler import Shuffler, ShufflerConfig
 from edge.batch_auth import BatchSigner
 from edge.spec import MechanismSpec
-from sim.fleet import Fleet, FleetConfig
+from sim.fleet.run import Fleet, FleetConfig
 from tests import pipeline
 from tests.asyncutil import run, value, wait_until
 from tests.conftest import Broker

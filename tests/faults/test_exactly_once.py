@@ -78,7 +78,7 @@ from edge.codec import decode_batch
 from edge.spec import MechanismSpec
 from edge.topics import batches_topic
 from sim.credentials import SERVICE_ACCOUNTS, service_password
-from sim.fleet_cli import EXIT_NOT_SENT
+from sim.fleet.cli import EXIT_NOT_SENT
 from tests import waiting
 from tests.conftest import MOSQUITTO, Broker, free_port
 from tests.deploy.test_acl import PLUGIN, adapted_config

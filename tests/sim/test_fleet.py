@@ -36,12 +36,12 @@ from edge.spec import MechanismSpec
 from edge.topics import spec_topic
 from sim.cli import app
 from sim.credentials import device_id, mosquitto_password_file
-from sim.fleet import Fleet, FleetConfig, ensure_fd_limit, next_round
-from sim.fleet_cli import EXIT_NOT_SENT
-from sim.fleet_connection import backoff_delay
-from sim.fleet_metrics import CONNECT_FAILURE_REASONS, PUBLISH_FAILURE_REASONS
-from sim.fleet_models import FleetModel
-from sim.fleet_truth import (
+from sim.fleet.cli import EXIT_NOT_SENT
+from sim.fleet.connection import backoff_delay
+from sim.fleet.metrics import CONNECT_FAILURE_REASONS, PUBLISH_FAILURE_REASONS
+from sim.fleet.models import FleetModel
+from sim.fleet.run import Fleet, FleetConfig, ensure_fd_limit, next_round
+from sim.fleet.truth import (
     GroundTruth,
     GroundTruthFileError,
     merge_documents,
@@ -474,7 +474,7 @@ def test_fd_limit_too_low_is_a_clear_error() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY:
         pytest.skip("no hard limit")
-    from sim.fleet import FleetError  # noqa: PLC0415
+    from sim.fleet.run import FleetError  # noqa: PLC0415
 
     with pytest.raises(FleetError, match="hard limit RLIMIT_NOFILE"):
         ensure_fd_limit(hard + 1)

@@ -13,7 +13,7 @@ import math
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from sim.fleet_truth import GroundTruth
+from sim.fleet.truth import GroundTruth
 
 __all__ = [
     "CONNECT_FAILURE_REASONS",

@@ -13,7 +13,7 @@ the file's (``coco fleet --ground-truth`` runs it at the end of every run), afte
 :func:`check_compatible` made sure that the file is one of the same seed, spec, model and
 round length; any other file is refused with a one-line error. A round in both with other
 counts is refused too: a device's report in a round is the same whichever run sends it
-(:class:`sim.fleet_models.DeviceStreams`), and a shuffler keeps the first one, so two runs'
+(:class:`sim.fleet.models.DeviceStreams`), and a shuffler keeps the first one, so two runs'
 counts of one round cannot be added.
 """
 

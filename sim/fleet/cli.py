@@ -1,5 +1,5 @@
 """``coco fleet``: the command (options, signals, progress, summary); the work is
-:class:`sim.fleet.Fleet`."""
+:class:`sim.fleet.run.Fleet`."""
 
 from __future__ import annotations
 
@@ -29,13 +29,13 @@ from edge.cli_options import (
 )
 from edge.mqtt_version import check_mqtt_version
 from sim.credentials import DEFAULT_PREFIX, device_id, device_password, read_secret
-from sim.fleet_metrics import DEFAULT_METRICS_DIMS
+from sim.fleet.metrics import DEFAULT_METRICS_DIMS
 
 if TYPE_CHECKING:  # imported when the command runs, not for --help (gmqtt, numpy)
     from prometheus_client import CollectorRegistry
 
     from edge.shards import ShardPlan
-    from sim.fleet import Fleet, FleetConfig
+    from sim.fleet.run import Fleet, FleetConfig
 
 logger = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ def _file_spec(
 
 def _write_truth(path: Path, fleet: Fleet) -> None:
     """Add the run's ground truth to ``path`` (a one-line error, exit 1, if it cannot)."""
-    from sim.fleet_truth import write_merged  # noqa: PLC0415
+    from sim.fleet.truth import write_merged  # noqa: PLC0415
 
     try:
         write_merged(path, fleet.ground_truth())
@@ -189,7 +189,7 @@ def _write_truth(path: Path, fleet: Fleet) -> None:
 
 def _check_truth_file(path: Path, config: FleetConfig) -> None:
     """Refuse a ``--ground-truth`` file this run could not add its rounds to."""
-    from sim.fleet_truth import GroundTruth, check_compatible, read_document  # noqa: PLC0415
+    from sim.fleet.truth import GroundTruth, check_compatible, read_document  # noqa: PLC0415
 
     header = GroundTruth(d=config.spec.d).to_dict(
         spec=config.spec, seed=config.seed, model=config.model, round_seconds=config.round_seconds
@@ -211,7 +211,7 @@ def _announced_spec(
     import aiomqtt  # noqa: PLC0415 (not for --help)
 
     from broker.cli import read_announcement  # noqa: PLC0415 (the shuffler's: not for --help)
-    from sim.fleet import FleetError  # noqa: PLC0415
+    from sim.fleet.run import FleetError  # noqa: PLC0415
 
     try:
         announcement = asyncio.run(
@@ -264,7 +264,7 @@ def _serve_metrics(port: int, host: str, registry: CollectorRegistry) -> Any:
     :class:`FleetError` that names the port and the option."""
     from prometheus_client import start_http_server  # noqa: PLC0415 (not for --help)
 
-    from sim.fleet import FleetError  # noqa: PLC0415
+    from sim.fleet.run import FleetError  # noqa: PLC0415
 
     try:
         server, _ = start_http_server(port, addr=host, registry=registry)
@@ -406,7 +406,7 @@ def fleet(
     import aiomqtt  # noqa: PLC0415 (not for --help: the MQTT clients and numpy)
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from sim.fleet import Fleet, FleetConfig  # noqa: PLC0415
+    from sim.fleet.run import Fleet, FleetConfig  # noqa: PLC0415
 
     # gmqtt logs per connection (thousands of lines when a broker restarts, some naming a
     # client id, i.e. a device): DEBUG only. The fleet logs one line per round instead.

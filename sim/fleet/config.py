@@ -1,6 +1,6 @@
 """``coco fleet``'s configuration (:class:`FleetConfig`, checked when built), the choice of
 the next wall-clock round (:func:`next_round`) and the file-descriptor limit
-(:func:`ensure_fd_limit`); :mod:`sim.fleet` runs the fleet."""
+(:func:`ensure_fd_limit`); :mod:`sim.fleet.run` runs the fleet."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from edge.shards import ShardPlan
 from edge.spec import MechanismSpec
 from edge.topics import check_name
 from sim.credentials import DEFAULT_PREFIX, device_id
-from sim.fleet_metrics import DEFAULT_METRICS_DIMS
-from sim.fleet_models import ModelName
+from sim.fleet.metrics import DEFAULT_METRICS_DIMS
+from sim.fleet.models import ModelName
 
 __all__ = [
     "FDS_RESERVED",

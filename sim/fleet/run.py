@@ -1,6 +1,6 @@
 """``coco fleet``: N simulated devices publishing privatised reports to an MQTT broker.
 
-Each round, every device takes its vector of the model (:mod:`sim.fleet_models`),
+Each round, every device takes its vector of the model (:mod:`sim.fleet.models`),
 randomises it with the spec's mechanism on the device path
 (:meth:`~edge.LocalMechanism.randomise_keys`, its own generator's bits) and publishes the
 16-byte report on its own ingress topic ``coco/v1/<deployment>/ingress/<device-id>`` (in a
@@ -42,7 +42,7 @@ or when it is written to the socket (QoS 0). At most ``window`` QoS 1 reports ar
 unacknowledged per connection (and fewer if the broker's MQTT 5 receive maximum says so).
 
 Failures never crash the fleet: a refused or failed connection and an unpublished report
-are counted by reason (:mod:`sim.fleet_metrics`). A connection that closes, or fails for a
+are counted by reason (:mod:`sim.fleet.metrics`). A connection that closes, or fails for a
 reason time may fix, is tried again as a device would, with exponential backoff and jitter
 (``reconnect_min_delay`` to ``reconnect_max_delay``, docs/protocol.md section 12); its
 unacknowledged report, and one whose time came meanwhile, wait for it until their round
@@ -51,7 +51,7 @@ fix (credentials, authorisation, TLS) is tried again before the next round. At m
 line per round says what was not sent and what the connections did (counts only).
 
 Reproducibility: device ``i``'s data and report in wall-clock round ``r`` depend on
-``(seed, i, r)`` only (:class:`sim.fleet_models.DeviceStreams`): the same seed gives the same
+``(seed, i, r)`` only (:class:`sim.fleet.models.DeviceStreams`): the same seed gives the same
 reports in a round whatever the mode, the ramp-up or the failures, and new reports in new
 rounds, so a rerun with the same seed is new data for the aggregator, never a replay.
 
@@ -79,7 +79,7 @@ from edge.rounds import round_start
 from edge.shards import ShardLayout, ShardPlan
 from edge.topics import ingress_topic
 from sim.credentials import device_id
-from sim.fleet_config import (
+from sim.fleet.config import (
     FDS_RESERVED,
     FleetConfig,
     FleetError,
@@ -87,12 +87,12 @@ from sim.fleet_config import (
     ensure_fd_limit,
     next_round,
 )
-from sim.fleet_connection import Connection, Done, Report
-from sim.fleet_layouts import watch_layouts
-from sim.fleet_metrics import PUBLISH_FAILURE_REASONS, FleetMetrics
-from sim.fleet_models import DeviceStreams, FleetModel, device_bits
-from sim.fleet_pool import Connections
-from sim.fleet_truth import GroundTruth
+from sim.fleet.connection import Connection, Done, Report
+from sim.fleet.layouts import watch_layouts
+from sim.fleet.metrics import PUBLISH_FAILURE_REASONS, FleetMetrics
+from sim.fleet.models import DeviceStreams, FleetModel, device_bits
+from sim.fleet.pool import Connections
+from sim.fleet.truth import GroundTruth
 
 __all__ = [
     "Fleet",
@@ -135,7 +135,7 @@ class Fleet:
     """A simulated fleet: ``await fleet.run()`` publishes every round; :meth:`stop` ends it
     early (the current round's outstanding PUBACKs get ``drain_timeout`` seconds).
 
-    ``registry`` receives the metrics (:class:`~sim.fleet_metrics.FleetMetrics`);
+    ``registry`` receives the metrics (:class:`~sim.fleet.metrics.FleetMetrics`);
     ``on_report`` sees every report's topic and payload before it is published;
     ``on_acked`` gets ``(round, seed, z)`` of every report the broker acknowledged (QoS 1)
     or that was sent (QoS 0), the device's promise that a pipeline must keep.

@@ -4,7 +4,7 @@ device would (docs/protocol.md, section 12): after ``reconnect_min_delay * 2^k``
 most ``reconnect_max_delay``, with jitter, on the next node of a broker list each time. A
 report whose connection is down waits for it until :attr:`Connections.deadline` (its round's
 end) and is then sent again, the same bytes; after that it is failed
-(:meth:`sim.fleet_connection.Report.fail`). Counts only: no device id is logged.
+(:meth:`sim.fleet.connection.Report.fail`). Counts only: no device id is logged.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from typing import Any
 from edge.mqtt_url import parse_broker_urls
 from edge.mqtt_version import Negotiated, negotiate
 from sim.credentials import device_password
-from sim.fleet_config import FleetConfig
-from sim.fleet_connection import (
+from sim.fleet.config import FleetConfig
+from sim.fleet.connection import (
     PERMANENT_CONNECT_FAILURES,
     Connection,
     Report,
     backoff_delay,
 )
-from sim.fleet_metrics import CONNECT_FAILURE_REASONS, FleetMetrics
+from sim.fleet.metrics import CONNECT_FAILURE_REASONS, FleetMetrics
 
 __all__ = ["CONNECT_CONCURRENCY", "Connections"]
 

@@ -2,7 +2,7 @@
 window of unacknowledged ones, resolve each on its PUBACK, close.
 
 A connection carries one device's reports (``connections`` mode) or many devices' (a shared
-connection in ``multiplexed`` mode); :class:`sim.fleet.Fleet` decides which, reconnects it
+connection in ``multiplexed`` mode); :class:`sim.fleet.run.Fleet` decides which, reconnects it
 after a loss (exponential backoff with jitter, :func:`backoff_delay`) and counts the
 outcomes. A report keeps its bytes from its first transmission to its outcome: after a lost
 connection it is sent again unchanged (docs/protocol.md, section 12), never randomised
@@ -56,7 +56,7 @@ class _AtDebug(logging.Filter):
 _CLIENT_LOG = logging.getLogger(f"{__name__}.gmqtt")
 _CLIENT_LOG.addFilter(_AtDebug())
 
-_GMQTT_NO_AUTO_RECONNECT = -2  # the fleet reconnects by itself (sim.fleet)
+_GMQTT_NO_AUTO_RECONNECT = -2  # the fleet reconnects by itself (sim.fleet.pool)
 _KEEPALIVE = 60
 
 Done = Callable[[str | None], None]
