@@ -5,7 +5,7 @@ Channels
 --------
 Where the dimensions are sensor channels encoded with
 :class:`~edge.encoders.SensorEncoder` (min-max normalised to ``[lo, hi]``, ``s`` channels
-kept per report; the simulated sensor model of :mod:`sim.sensors` is one), a
+kept per report; the simulated sensor model of :mod:`sim.models.sensors` is one), a
 :class:`Channel` per dimension names it and gives its unit and range, and
 :func:`channel_estimates` turns the estimated means of the ternary vectors into each
 channel's fleet mean in physical units, with its interval (the encoder's

@@ -1,6 +1,6 @@
 """Throughput and accuracy of coco-fleet's CoCo/Collision against pure-ldp's local hashing.
 
-One run measures, on the same synthetic s-sparse ternary data (``sim.synthetic``):
+One run measures, on the same synthetic s-sparse ternary data (``sim.models.synthetic``):
 
 * coco-fleet CoCo and Collision: vectorised randomise (``randomise_sparse``) and
   aggregate+estimate (``AggregateState.add`` + ``estimate``) of ``n`` reports;
@@ -52,7 +52,7 @@ if str(_ROOT) not in sys.path:  # run as a script from a checkout without `pip i
 
 from aggregator.estimators import AggregateState  # noqa: E402
 from edge import CoCo, Collision, LocalMechanism  # noqa: E402
-from sim.synthetic import random_sparse, sparse_totals  # noqa: E402
+from sim.models.synthetic import random_sparse, sparse_totals  # noqa: E402
 
 F64 = NDArray[np.float64]
 WARMUP_N = 2_000

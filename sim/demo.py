@@ -13,7 +13,7 @@
    :class:`~aggregator.service.Aggregator` run in-process as asyncio tasks, each with its own
    ``CollectorRegistry``; the spec announcement is published retained (and cleared at the
    end).
-3. **Fleet.** :class:`~sim.sensors.SensorFleet` readings are encoded with
+3. **Fleet.** :class:`~sim.models.sensors.SensorFleet` readings are encoded with
    :class:`~edge.encoders.SensorEncoder`, randomised with the batch path
    (:meth:`~edge.LocalMechanism.randomise_sparse`) and each device's 16-byte report is
    published on its own ingress topic, multiplexed over a few MQTT connections (QoS 1). The
@@ -76,8 +76,8 @@ from edge.codec import encode_report
 from edge.rounds import current_round, seconds_to_next_round
 from edge.topics import ingress_topic, spec_topic
 from sim.embedded_broker import EmbeddedBroker, EmbeddedBrokerError
-from sim.sensors import SensorFleet, channel_table
-from sim.synthetic import sparse_totals
+from sim.models.sensors import SensorFleet, channel_table
+from sim.models.synthetic import sparse_totals
 
 __all__ = [
     "DEFAULT_DEVICES",
@@ -519,7 +519,7 @@ def _services(
 
 def sensor_channels(count: int) -> tuple[Channel, ...]:
     """The live page's channels of the sensor model with ``count`` channels: names, units
-    and ranges (:func:`sim.sensors.channel_table`), nothing about any device."""
+    and ranges (:func:`sim.models.sensors.channel_table`), nothing about any device."""
     return tuple(Channel(ch.name, ch.unit, ch.lo, ch.hi) for ch in channel_table(count))
 
 

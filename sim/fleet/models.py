@@ -4,10 +4,10 @@ device encodes them (the stdlib device path of :mod:`edge.encoders`), one genera
 A :class:`FleetModel` turns a round into each device's ``s``-sparse ternary vector (keys and
 signs). Its mechanism dimension must equal the spec's ``d``:
 
-* ``sensors``: ``d`` channels (5..8) of :class:`~sim.sensors.SensorFleet` (drift, daily
+* ``sensors``: ``d`` channels (5..8) of :class:`~sim.models.sensors.SensorFleet` (drift, daily
   cycle, noise, a few stuck and a few out-of-range channels), encoded by
   :class:`~edge.encoders.SensorEncoder` with ``clip=True``;
-* ``keyvalue``: ``d - s`` features of :class:`~sim.keyvalue.KeyValueModel`, padded to ``s``
+* ``keyvalue``: ``d - s`` features of :class:`~sim.models.keyvalue.KeyValueModel`, padded to ``s``
   keys by :class:`~edge.encoders.KeyValueEncoder` (``d = features + s``).
 
 Randomness (STYLE.md): ``SeedSequence(seed).spawn(2)`` gives the model's parameters
@@ -33,8 +33,8 @@ import numpy as np
 
 from edge.encoders import KeyValueEncoder, SensorEncoder
 from edge.spec import MechanismSpec
-from sim.keyvalue import KeyValueModel
-from sim.sensors import CHANNELS, SensorFleet
+from sim.models.keyvalue import KeyValueModel
+from sim.models.sensors import CHANNELS, SensorFleet
 
 __all__ = ["MODELS", "DeviceStreams", "FleetModel", "ModelName", "device_bits", "seed_children"]
 
@@ -175,7 +175,7 @@ class FleetModel:
 
         Sensors: the readings of round ``round_`` at its hour of the (UTC) day, so the
         daily cycle is the real one and the drift restarts every day
-        (:meth:`~sim.sensors.SensorFleet.readings`); each device's encoder bits from its data
+        (:meth:`~sim.models.sensors.SensorFleet.readings`); each device's encoder bits from its data
         lane. Key-value: each device's pairs and encoder bits from its data lane.
         """
         if len(streams.data) != self.n_devices:

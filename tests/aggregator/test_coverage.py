@@ -29,9 +29,9 @@ import pytest
 
 from aggregator.estimators import AggregateState
 from edge import LocalMechanism, MechanismSpec
-from sim.sensors import SensorFleet
+from sim.models.sensors import SensorFleet
+from sim.models.synthetic import sparse_totals
 from sim.simulate import Z95, simulate_sensors
-from sim.synthetic import sparse_totals
 
 CHECKS = 30
 FAMILY_ERROR = 1e-3

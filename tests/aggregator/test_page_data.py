@@ -19,7 +19,7 @@ from aggregator.page_data import (
 )
 from edge.encoders import SensorEncoder
 from sim.demo import sensor_channels
-from sim.sensors import channel_table
+from sim.models.sensors import channel_table
 
 
 def test_channel_estimates_are_the_encoders_decoding() -> None:

@@ -25,7 +25,7 @@ from aggregator.accountant import (
 from edge import MechanismSpec
 from edge.cli_options import apply_deprecated_env
 from sim.cli import app
-from sim.sensors import SensorFleet
+from sim.models.sensors import SensorFleet
 
 runner = CliRunner()
 

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from aggregator.live_page import CONTENT_SECURITY_POLICY
 from sim.cli import app
-from sim.sensors import CHANNELS, MORE_CHANNELS, SensorFleet, channel_table
+from sim.models.sensors import CHANNELS, MORE_CHANNELS, SensorFleet, channel_table
 from tests.conftest import Broker, free_port
 
 
