@@ -39,7 +39,7 @@ import bench_pipeline as bp
 
 from edge.codec import encode_report
 from edge.spec import MechanismSpec
-from sim.credentials import device_id
+from sim.credentials.accounts import device_id
 from sim.fleet.connection import Connection, Report
 from sim.fleet.run import Fleet, FleetConfig, ensure_fd_limit
 

@@ -46,7 +46,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "Publish the retained spec announcement of a deployment (or print it).",
     ),
     "credentials": (
-        "sim.credentials_cli",
+        "sim.credentials.cli",
         "credentials",
         "Derive the MQTT credentials of a deployment from its secret and write the broker's "
         "dynamic-security configuration and/or password file (Mosquitto 2, PBKDF2-SHA512) "

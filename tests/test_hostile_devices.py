@@ -82,7 +82,7 @@ from edge.rounds import current_round
 from edge.spec import MechanismSpec
 from edge.topics import batches_topic, ingress_topic
 from sim.cli import app
-from sim.credentials import SERVICE_ACCOUNTS, device_id, device_password, service_password
+from sim.credentials.accounts import SERVICE_ACCOUNTS, device_id, device_password, service_password
 from sim.fleet.run import Fleet, FleetConfig
 from tests import pipeline as scaffolding
 from tests import waiting

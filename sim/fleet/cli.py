@@ -28,7 +28,7 @@ from edge.cli_options import (
     SpecFileOption,
 )
 from edge.mqtt_version import check_mqtt_version
-from sim.credentials import DEFAULT_PREFIX, device_id, device_password, read_secret
+from sim.credentials.accounts import DEFAULT_PREFIX, device_id, device_password, read_secret
 from sim.fleet.metrics import DEFAULT_METRICS_DIMS
 
 if TYPE_CHECKING:  # imported when the command runs, not for --help (gmqtt, numpy)

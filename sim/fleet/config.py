@@ -17,7 +17,7 @@ from edge.rounds import check_round_seconds, current_round, round_start
 from edge.shards import ShardPlan
 from edge.spec import MechanismSpec
 from edge.topics import check_name
-from sim.credentials import DEFAULT_PREFIX, device_id
+from sim.credentials.accounts import DEFAULT_PREFIX, device_id
 from sim.fleet.metrics import DEFAULT_METRICS_DIMS
 from sim.fleet.models import ModelName
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from edge.mqtt_url import parse_broker_urls
 from edge.mqtt_version import Negotiated, negotiate
-from sim.credentials import device_password
+from sim.credentials.accounts import device_password
 from sim.fleet.config import FleetConfig
 from sim.fleet.connection import (
     PERMANENT_CONNECT_FAILURES,

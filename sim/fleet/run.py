@@ -29,7 +29,7 @@ before the first connection, :func:`edge.mqtt_version.negotiate`), or as configu
 * ``connections`` (default): one MQTT connection per device, client id = device id
   (what a broker that binds client ids to accounts expects) and, with a credentials
   secret, user name = device id and password =
-  :func:`sim.credentials.device_password` (what a broker ACL with ``%u`` expects). Needs
+  :func:`sim.credentials.accounts.device_password` (what a broker ACL with ``%u`` expects). Needs
   one file descriptor per device: the soft ``RLIMIT_NOFILE`` is raised to the hard limit
   when needed (:func:`ensure_fd_limit`).
 * ``multiplexed``: ``connections`` shared connections (one identity, e.g. a gateway), device
@@ -78,7 +78,7 @@ from edge.mqtt_version import Negotiated
 from edge.rounds import round_start
 from edge.shards import ShardLayout, ShardPlan
 from edge.topics import ingress_topic
-from sim.credentials import device_id
+from sim.credentials.accounts import device_id
 from sim.fleet.config import (
     FDS_RESERVED,
     FleetConfig,

@@ -44,7 +44,7 @@ from edge.rounds import current_round
 from edge.spec import MechanismSpec
 from edge.topics import batches_topic, ingress_filter, ingress_topic, lease_topic, spec_topic
 from sim.cli import app
-from sim.credentials import SERVICE_ACCOUNTS, device_id, device_password, service_password
+from sim.credentials.accounts import SERVICE_ACCOUNTS, device_id, device_password, service_password
 from tests import waiting
 from tests.asyncutil import run, value, wait_until
 from tests.conftest import MOSQUITTO, Broker, free_port

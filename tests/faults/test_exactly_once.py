@@ -77,7 +77,7 @@ from edge.batch_auth import public_key_hex as key_hex
 from edge.codec import decode_batch
 from edge.spec import MechanismSpec
 from edge.topics import batches_topic
-from sim.credentials import SERVICE_ACCOUNTS, service_password
+from sim.credentials.accounts import SERVICE_ACCOUNTS, service_password
 from sim.fleet.cli import EXIT_NOT_SENT
 from tests import waiting
 from tests.conftest import MOSQUITTO, Broker, free_port

@@ -35,7 +35,8 @@ from edge.codec import decode_report
 from edge.spec import MechanismSpec
 from edge.topics import spec_topic
 from sim.cli import app
-from sim.credentials import device_id, mosquitto_password_file
+from sim.credentials.accounts import device_id
+from sim.credentials.mosquitto import mosquitto_password_file
 from sim.fleet.cli import EXIT_NOT_SENT
 from sim.fleet.connection import backoff_delay
 from sim.fleet.metrics import CONNECT_FAILURE_REASONS, PUBLISH_FAILURE_REASONS
@@ -371,7 +372,7 @@ def test_merging_ground_truth_documents(tmp_path: Path) -> None:
 
 def _auth_broker(tmp_path: Path, secret: bytes, n: int) -> Broker:
     passwords = tmp_path / "passwords"
-    from sim.credentials import device_password  # noqa: PLC0415
+    from sim.credentials.accounts import device_password  # noqa: PLC0415
 
     accounts = [(device_id(i), device_password(secret, device_id(i))) for i in range(n)]
     accounts.append(("gateway", "gateway-password"))

@@ -16,19 +16,21 @@ import typer
 
 from edge import CocoError
 from edge.batch_auth import load_or_create_signing_key, public_key_hex
-from sim.credentials import (
+from sim.credentials.accounts import (
     DEFAULT_PREFIX,
-    MOSQUITTO_DEFAULT_ITERATIONS,
     SERVICE_ACCOUNTS,
     create_secret,
     device_id,
     device_password,
-    dynsec_config,
-    dynsec_config_text,
-    mosquitto_password_file,
     read_secret,
     service_password,
     write_private_file,
+)
+from sim.credentials.mosquitto import (
+    MOSQUITTO_DEFAULT_ITERATIONS,
+    dynsec_config,
+    dynsec_config_text,
+    mosquitto_password_file,
 )
 
 
