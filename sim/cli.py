@@ -312,7 +312,7 @@ def demo(
     import asyncio  # noqa: PLC0415 (the demo's imports are heavy: not for --help)
 
     from edge import CocoError  # noqa: PLC0415
-    from sim.demo import (  # noqa: PLC0415
+    from sim.demo.pipeline import (  # noqa: PLC0415
         DemoConfig,
         DemoError,
         format_table,

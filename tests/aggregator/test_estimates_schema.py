@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from aggregator.service import Aggregator
-from sim.demo import sensor_channels
+from sim.demo.pipeline import sensor_channels
 from tests.aggregator.test_service import (
     ROOT,
     batch,

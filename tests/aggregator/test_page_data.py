@@ -18,7 +18,7 @@ from aggregator.page_data import (
     check_channels,
 )
 from edge.encoders import SensorEncoder
-from sim.demo import sensor_channels
+from sim.demo.pipeline import sensor_channels
 from sim.models.sensors import channel_table
 
 

@@ -39,7 +39,7 @@ from aggregator.page_data import Channel
 from aggregator.publishing import estimates_document
 from aggregator.service import Aggregator
 from edge.batch_auth import BatchSigner
-from sim.demo import sensor_channels
+from sim.demo.pipeline import sensor_channels
 from tests.aggregator.test_service import (
     DELTA,
     DEPLOYMENT,

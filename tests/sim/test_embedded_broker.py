@@ -1,4 +1,4 @@
-"""The embedded amqtt broker (``sim.embedded_broker``) and ``coco demo --embedded-broker``.
+"""The embedded amqtt broker (``sim.demo.embedded_broker``) and ``coco demo --embedded-broker``.
 
 No external process: these run wherever the Python dependencies are installed.
 """
@@ -20,10 +20,15 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from typer.testing import CliRunner
 
-from sim import demo
 from sim.cli import app
-from sim.demo import EMBEDDED_BROKER_KIND, EMBEDDED_DEFAULT_DEVICES, DemoConfig, run_pipeline
-from sim.embedded_broker import EmbeddedBroker
+from sim.demo import pipeline as demo
+from sim.demo.embedded_broker import EmbeddedBroker
+from sim.demo.pipeline import (
+    EMBEDDED_BROKER_KIND,
+    EMBEDDED_DEFAULT_DEVICES,
+    DemoConfig,
+    run_pipeline,
+)
 
 
 def _port_is_closed(port: int) -> bool:

@@ -4,7 +4,7 @@
    broker URL, a local Mosquitto (``/usr/sbin/mosquitto`` or ``mosquitto`` on ``PATH``) is
    started on a free port from a temporary config (listener on 127.0.0.1, anonymous, no
    persistence, a large queue). Without that binary (or with ``embedded_broker=True``) the
-   pure-Python :class:`~sim.embedded_broker.EmbeddedBroker` (amqtt) runs instead: MQTT 3.1.1
+   pure-Python :class:`~sim.demo.embedded_broker.EmbeddedBroker` (amqtt) runs instead: MQTT 3.1.1
    only and about 1.5k messages/s, so the shuffler and the aggregator connect with MQTT
    3.1.1 (their ``mqtt_version`` option) and, unless the fleet
    size was given, the fleet shrinks to :data:`EMBEDDED_DEFAULT_DEVICES`. With a URL, that
@@ -75,7 +75,7 @@ from edge.batch_auth import BatchSigner
 from edge.codec import encode_report
 from edge.rounds import current_round, seconds_to_next_round
 from edge.topics import ingress_topic, spec_topic
-from sim.embedded_broker import EmbeddedBroker, EmbeddedBrokerError
+from sim.demo.embedded_broker import EmbeddedBroker, EmbeddedBrokerError
 from sim.models.sensors import SensorFleet, channel_table
 from sim.models.synthetic import sparse_totals
 

@@ -1,0 +1,1 @@
+"""``coco demo``: the whole pipeline on one machine, devices -> shuffler -> aggregator."""
