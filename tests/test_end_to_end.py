@@ -33,7 +33,8 @@ from edge.batch_auth import SIGNATURE_SIZE, BatchSigner
 from edge.codec import decode_batch
 from edge.rounds import current_round
 from edge.topics import ingress_topic
-from sim.demo.pipeline import DemoConfig, DemoRun, run_pipeline
+from sim.demo.config import DemoConfig, DemoRun
+from sim.demo.pipeline import run_pipeline
 from tests import asyncutil, pipeline, waiting
 from tests.asyncutil import value
 from tests.conftest import Broker

@@ -1,395 +1,68 @@
-"""``coco demo``: the whole pipeline on one machine, devices -> shuffler -> aggregator.
+"""``coco demo``'s run: devices -> shuffler -> aggregator on one machine, on the broker
+:mod:`sim.demo.brokers` chooses (:func:`run_pipeline`).
 
-1. **Broker.** ``--broker URL`` > a local Mosquitto > the embedded amqtt broker. With no
-   broker URL, a local Mosquitto (``/usr/sbin/mosquitto`` or ``mosquitto`` on ``PATH``) is
-   started on a free port from a temporary config (listener on 127.0.0.1, anonymous, no
-   persistence, a large queue). Without that binary (or with ``embedded_broker=True``) the
-   pure-Python :class:`~sim.demo.embedded_broker.EmbeddedBroker` (amqtt) runs instead: MQTT 3.1.1
-   only and about 1.5k messages/s, so the shuffler and the aggregator connect with MQTT
-   3.1.1 (their ``mqtt_version`` option) and, unless the fleet
-   size was given, the fleet shrinks to :data:`EMBEDDED_DEFAULT_DEVICES`. With a URL, that
-   broker is used; every run has its own deployment name, so runs never interfere.
-2. **Services.** A :class:`~broker.shuffler.Shuffler` and an
-   :class:`~aggregator.service.Aggregator` run in-process as asyncio tasks, each with its own
-   ``CollectorRegistry``; the spec announcement is published retained (and cleared at the
-   end).
-3. **Fleet.** :class:`~sim.models.sensors.SensorFleet` readings are encoded with
-   :class:`~edge.encoders.SensorEncoder`, randomised with the batch path
-   (:meth:`~edge.LocalMechanism.randomise_sparse`) and each device's 16-byte report is
-   published on its own ingress topic, multiplexed over a few MQTT connections (QoS 1). The
-   publishers keep at most ``window`` reports in flight between them and the shuffler, so
-   the broker's per-client queue (Mosquitto's ``max_queued_messages``) never overflows.
-4. **Rounds.** Round ``k`` of the readings is published in the ``k``-th wall-clock round
-   of ``round_seconds`` (2 s) from the start; the shuffler releases each round whole, as
-   one signed batch, when the round closes.
-5. **Live page.** With ``http_port`` set (``coco demo --serve``) one HTTP server on
-   127.0.0.1 (``0``: a free port) is bound before the broker starts and lives until the
-   caller stops it: the aggregator serves its live page, ``/metrics`` and ``/estimates``
-   on it during the run, then the same socket serves the run's final state
-   (:meth:`~aggregator.http.MetricsServer.serve` swaps what it serves, so no request is
-   ever refused in between). The URL is printed and kept in the result. Without it
-   nothing listens.
-6. **Accounting.** The demo waits until the shuffler has received every report, stops it
-   (drain: without a state directory it releases the open round's pool), waits until the
-   aggregator has applied every released report, then stops the aggregator.
-   ``reports_sent = reports_aggregated + reports_rejected + reports_dropped +
-   reports_unaccounted`` where the last term (reports lost at the broker or after a
-   timeout) is 0 in a healthy run.
+A :class:`~broker.shuffler.Shuffler` and an :class:`~aggregator.service.Aggregator` run
+in-process as asyncio tasks, each with its own ``CollectorRegistry``; the spec announcement is
+published retained (and cleared at the end). The fleet (:mod:`sim.demo.publisher`) publishes
+round ``k`` of its readings in the ``k``-th wall-clock round of ``round_seconds`` (2 s) from
+the start; the shuffler releases each round whole, as one signed batch, when the round
+closes. The run then waits until the shuffler has received every report, stops it (drain:
+without a state directory it releases the open round's pool), waits until the aggregator has
+applied every released report, then stops the aggregator, and accounts for every report
+(:mod:`sim.demo.report`).
 
-The simulated devices' ids appear only in ingress topics; nothing here logs or prints them.
+With ``http_port`` set (``coco demo --serve``) one HTTP server on 127.0.0.1 (``0``: a free
+port) is bound before the broker starts and lives until the caller stops it: the aggregator
+serves its live page, ``/metrics`` and ``/estimates`` on it during the run, then the same
+socket serves the run's final state (:meth:`~aggregator.http.MetricsServer.serve` swaps what
+it serves, so no request is ever refused in between).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import secrets
-import shutil
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, Literal
 
 import aiomqtt
 import numpy as np
-from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
 from aggregator.config import AggregatorConfig
-from aggregator.estimators import AggregateState
 from aggregator.http import MetricsServer, Source
 from aggregator.page_data import Channel
 from aggregator.service import Aggregator
 from broker.core import MAX_BATCH_LIMIT
-from broker.metrics import DROP_REASONS, REJECT_REASONS
-from broker.shuffler import Shuffler, ShufflerConfig, parse_broker_url
-from edge import CocoError, LocalMechanism, MechanismSpec
+from broker.shuffler import Shuffler, ShufflerConfig
+from edge import MechanismSpec
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner
-from edge.codec import encode_report
-from edge.rounds import current_round, seconds_to_next_round
-from edge.topics import ingress_topic, spec_topic
-from sim.demo.embedded_broker import EmbeddedBroker, EmbeddedBrokerError
+from edge.topics import spec_topic
+from sim.demo.brokers import a_broker
+from sim.demo.config import (
+    HTTP_HOST,
+    DemoConfig,
+    DemoError,
+    DemoRun,
+    ReportSink,
+    page_url,
+    progress,
+)
+from sim.demo.publisher import DemoFleet, connections
+from sim.demo.report import metric_value, result_document
 from sim.models.sensors import SensorFleet, channel_table
-from sim.models.synthetic import sparse_totals
 
-__all__ = [
-    "DEFAULT_DEVICES",
-    "EMBEDDED_BROKER_KIND",
-    "EMBEDDED_DEFAULT_DEVICES",
-    "DemoConfig",
-    "DemoError",
-    "DemoRun",
-    "find_mosquitto",
-    "run_demo",
-    "run_pipeline",
-]
-
-DEFAULT_DEVICES = 2000
-EMBEDDED_DEFAULT_DEVICES = 1000
-"""Fleet size on the embedded broker when none was given: 3 rounds take a few seconds."""
-EMBEDDED_BROKER_KIND = "embedded amqtt (MQTT 3.1.1, fallback for small fleets)"
-HTTP_HOST = "127.0.0.1"
-"""Where the demo's aggregator serves its page (``http_port``): this machine only."""
-
-ReportSink = Callable[[str, int, int, int], None]
-"""Called with ``(device_id, round, seed, z)`` for every report before it is published."""
-
-
-class DemoError(CocoError):
-    """The demo cannot run (no broker binary, broker unreachable, services failed)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class DemoConfig:
-    """Parameters of one demo run.
-
-    Rounds are wall-clock rounds of ``round_seconds`` (:mod:`edge.rounds`): the fleet
-    publishes round ``k`` of its readings in the ``k``-th round from its start, and the
-    shuffler releases each round whole, as one batch, when it closes (the last one at the
-    drain). ``release_size`` (unset by default) would cap a pool's size before its round
-    ends.
-    """
-
-    devices: int = DEFAULT_DEVICES
-    rounds: int = 3
-    mechanism: Literal["coco", "collision"] = "coco"
-    epsilon: float = 1.0
-    channels: int = 6
-    s: int = 2
-    min_batch: int = 500
-    delta: float = 1e-6
-    seed: int = 1
-    broker: str | None = None
-    embedded_broker: bool = False
-    """Use the embedded amqtt broker even when Mosquitto is installed (ignored with ``broker``)."""
-    auto_devices: bool = False
-    """``devices`` was not chosen by the user: the embedded broker may reduce it."""
-    connections: int = 4
-    window: int = 500
-    round_seconds: int = 2
-    flush_interval: float = 0.2
-    release_size: int | None = None
-    timeout: float = 60.0
-    http_port: int | None = None
-    """Serve the aggregator's live page, ``/metrics`` and ``/estimates`` on 127.0.0.1 at this
-    port during the run (``0``: a free one); ``None``: no HTTP server."""
-    progress: bool = True
-    deployment: str = field(default_factory=lambda: f"demo-{secrets.token_hex(4)}")
-
-    def __post_init__(self) -> None:
-        if self.devices < 2 or self.rounds < 1:
-            raise ValueError(
-                f"need devices >= 2 and rounds >= 1, got {self.devices}, {self.rounds}"
-            )
-        if not 2 <= self.min_batch <= self.devices:
-            raise ValueError(
-                f"min_batch must be in [2, devices={self.devices}], got {self.min_batch}"
-            )
-        if self.connections < 1 or self.window < 1:
-            raise ValueError("connections and window must be >= 1")
-        if not self.timeout > 0:
-            raise ValueError(f"timeout must be > 0, got {self.timeout}")
-        if self.http_port is not None and not 0 <= self.http_port <= 65535:
-            raise ValueError(f"http_port must be in [0, 65535], got {self.http_port}")
-        if self.broker is not None:
-            parse_broker_url(self.broker)
-
-    def spec(self) -> MechanismSpec:
-        return MechanismSpec(
-            mechanism=self.mechanism, d=self.channels, s=self.s, epsilon=self.epsilon
-        )
-
-
-@dataclass
-class DemoRun:
-    """What a run leaves behind: the result document and the live objects (for tests)."""
-
-    result: dict[str, Any]
-    state: AggregateState
-    shuffler_registry: CollectorRegistry
-    aggregator_registry: CollectorRegistry
-    estimates: dict[str, Any] = field(default_factory=dict)
-    """The aggregator's final ``/estimates`` document."""
-    http_port: int | None = None
-    """The port the aggregator served on during the run (``None``: it did not serve)."""
-    server: MetricsServer | None = None
-    """With ``http_port``: the run's HTTP server, still serving the final state; stop it."""
-
-
-# -- the broker -----------------------------------------------------------------------------
-
-
-def find_mosquitto() -> str | None:
-    """Path of a Mosquitto binary, or ``None``."""
-    if Path("/usr/sbin/mosquitto").exists():
-        return "/usr/sbin/mosquitto"
-    return shutil.which("mosquitto")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextlib.contextmanager
-def local_mosquitto(binary: str) -> Iterator[str]:
-    """A throw-away Mosquitto on 127.0.0.1 at a free port; yields its ``mqtt://`` URL."""
-    with tempfile.TemporaryDirectory(prefix="coco-demo-") as tmp:
-        port = _free_port()
-        conf = Path(tmp) / "mosquitto.conf"
-        log = Path(tmp) / "mosquitto.log"
-        conf.write_text(
-            f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-            f"max_queued_messages 1000000\nlog_dest file {log}\n"
-        )
-        proc = subprocess.Popen(
-            [binary, "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        try:
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                        break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        text = log.read_text() if log.exists() else ""
-                        raise DemoError(f"mosquitto did not start: {text.strip()}") from None
-                    time.sleep(0.05)
-            yield f"mqtt://127.0.0.1:{port}"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-# -- helpers --------------------------------------------------------------------------------
-
-
-def _value(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    sample = registry.get_sample_value(name, labels)
-    return 0.0 if sample is None else sample
-
-
-def _progress(enabled: bool, line: str) -> None:
-    if enabled:
-        print(line, file=sys.stderr, flush=True)
-
-
-async def _wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.02)
-    return True
-
-
-@dataclass
-class _Fleet:
-    """The simulated devices' side: reports per round and what was sent."""
-
-    config: DemoConfig
-    spec: MechanismSpec
-    sensors: SensorFleet
-    ids: list[str]
-    sent: int = 0
-    total: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    truth_sum: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
-
-    def reports(
-        self, index: int, round_: int, rng: np.random.Generator
-    ) -> list[tuple[str, int, int, int]]:
-        """The ``index``-th round of readings, randomised, as reports of ``round_``."""
-        readings = self.sensors.readings(index)
-        keys, signs = self.sensors.encoder(self.config.s).encode_batch(readings, rng)
-        seeds, z = LocalMechanism.from_spec(self.spec).randomise_sparse(keys, signs, rng)
-        total, _ = sparse_totals(keys, signs, self.spec.d)
-        self.total = total if self.total.size == 0 else self.total + total
-        truth = readings.sum(axis=0)
-        self.truth_sum = truth if self.truth_sum.size == 0 else self.truth_sum + truth
-        return [(self.ids[i], round_, int(seeds[i]), int(z[i])) for i in range(self.config.devices)]
-
-    async def publish_all(
-        self,
-        clients: list[aiomqtt.Client],
-        deployment: str,
-        rng: np.random.Generator,
-        *,
-        in_flight: Callable[[], int],
-        sink: ReportSink | None,
-    ) -> float:
-        """Publish every round's reports; returns the seconds it took."""
-
-        def sent_one() -> None:
-            self.sent += 1
-
-        start = time.monotonic()
-        length = self.config.round_seconds
-        for index in range(self.config.rounds):
-            if index:  # the next wall-clock round: one report per device per round
-                await asyncio.sleep(seconds_to_next_round(length) + 0.01)
-            reports = self.reports(index, current_round(length), rng)
-            if sink is not None:
-                for report in reports:
-                    sink(*report)
-            await _publish_round(
-                clients,
-                deployment,
-                self.spec.fingerprint_int,
-                reports,
-                in_flight=in_flight,
-                window=self.config.window,
-                on_sent=sent_one,
-            )
-        return time.monotonic() - start
-
-
-async def _publish_round(
-    clients: list[aiomqtt.Client],
-    deployment: str,
-    fingerprint: int,
-    reports: list[tuple[str, int, int, int]],
-    *,
-    in_flight: Callable[[], int],
-    window: int,
-    on_sent: Callable[[], None],
-) -> None:
-    """Each report on its device's ingress topic, spread over ``clients`` (QoS 1)."""
-
-    async def worker(k: int) -> None:
-        client = clients[k]
-        pending: set[asyncio.Task[None]] = set()
-        for device, round_, seed, z in reports[k :: len(clients)]:
-            while in_flight() >= window:  # backpressure: keep the broker queue short
-                await asyncio.sleep(0.005)
-            payload = encode_report(fingerprint, round_, seed, z)
-            task = asyncio.create_task(
-                client.publish(ingress_topic(deployment, device), payload, qos=1, timeout=30)
-            )
-            task.add_done_callback(lambda _t: on_sent())
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-            if len(pending) >= 100:
-                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-        if pending:
-            await asyncio.gather(*pending)
-
-    async with asyncio.TaskGroup() as tg:
-        for k in range(len(clients)):
-            tg.create_task(worker(k), name=f"demo-publisher-{k}")
-
-
-@contextlib.asynccontextmanager
-async def _connections(url: str, count: int) -> AsyncIterator[list[aiomqtt.Client]]:
-    host, port, _ = parse_broker_url(url)
-    async with contextlib.AsyncExitStack() as stack:
-        clients = [
-            aiomqtt.Client(host, port, timeout=30, max_inflight_messages=100) for _ in range(count)
-        ]
-        for client in clients:
-            client.pending_calls_threshold = 1_000  # many publishes in flight is the plan
-            await stack.enter_async_context(client)
-        yield clients
-
-
-# -- the run --------------------------------------------------------------------------------
-
-
-def _embedded_config(config: DemoConfig) -> tuple[DemoConfig, str | None]:
-    """The config for the embedded broker, and a note when the fleet was reduced."""
-    if not config.auto_devices or config.devices <= EMBEDDED_DEFAULT_DEVICES:
-        return config, None
-    devices = EMBEDDED_DEFAULT_DEVICES
-    reduced = replace(
-        config,
-        devices=devices,
-        min_batch=min(config.min_batch, devices),
-        release_size=None if config.release_size is None else min(config.release_size, devices),
-    )
-    note = (
-        f"fleet reduced from {config.devices} to {devices} devices for the embedded broker "
-        f"(about 1.5k messages/s); pass --devices to choose, or install mosquitto"
-    )
-    return reduced, note
+__all__ = ["run_demo", "run_pipeline", "sensor_channels"]
 
 
 async def run_pipeline(config: DemoConfig, *, on_report: ReportSink | None = None) -> DemoRun:
     """Run the demo; ``on_report`` sees every report the fleet publishes.
 
-    Broker: ``config.broker`` > a local Mosquitto > the embedded amqtt broker.
+    Broker: ``config.broker`` > a local Mosquitto > the embedded amqtt broker
+    (:func:`~sim.demo.brokers.a_broker`).
 
     With ``config.http_port`` set, one HTTP server is bound before anything else and serves
     the live page, ``/metrics`` and ``/estimates`` of the running aggregator, then, on the
@@ -408,43 +81,25 @@ async def run_pipeline(config: DemoConfig, *, on_report: ReportSink | None = Non
         )
         server.start()
     try:
-        run = await _run_on_a_broker(config, on_report, server)
+        async with a_broker(config) as broker:
+            run = await _run(
+                broker.config,
+                broker.url,
+                broker.kind,
+                on_report,
+                mqtt5=broker.mqtt5,
+                server=server,
+            )
     except BaseException:
         if server is not None:
             server.stop()
         raise
+    if broker.note is not None:
+        run.result["note"] = broker.note
     if server is not None:
         final = run.estimates
         server.serve(Source(run.aggregator_registry, lambda: final))
         run.server = server
-    return run
-
-
-async def _run_on_a_broker(
-    config: DemoConfig, on_report: ReportSink | None, server: MetricsServer | None
-) -> DemoRun:
-    if config.broker is not None:
-        return await _run(config, config.broker, "external", on_report, server=server)
-    binary = None if config.embedded_broker else find_mosquitto()
-    if binary is not None:
-        with local_mosquitto(binary) as url:
-            return await _run(config, url, f"local mosquitto ({binary})", on_report, server=server)
-    config, note = _embedded_config(config)
-    if note is not None:
-        _progress(config.progress, note)
-    try:
-        broker = EmbeddedBroker()
-        async with broker:
-            run = await _run(
-                config, broker.url, EMBEDDED_BROKER_KIND, on_report, mqtt5=False, server=server
-            )
-    except EmbeddedBrokerError as exc:
-        raise DemoError(
-            f"no broker: mosquitto is not installed (apt-get install mosquitto), no --broker "
-            f"mqtt://host:port was given and the embedded broker failed: {exc}"
-        ) from exc
-    if note is not None:
-        run.result["note"] = note
     return run
 
 
@@ -523,16 +178,16 @@ def sensor_channels(count: int) -> tuple[Channel, ...]:
     return tuple(Channel(ch.name, ch.unit, ch.lo, ch.hi) for ch in channel_table(count))
 
 
-def _status_line(fleet: _Fleet, shuffler: Shuffler, aggregator: Aggregator) -> str:
+def _status_line(fleet: DemoFleet, shuffler: Shuffler, aggregator: Aggregator) -> str:
     """One progress line: sent, shuffler counters, aggregated n and the epsilon_central."""
     registry = shuffler.metrics.registry
     eps = aggregator.snapshot().get("epsilon_central", {})
     small, latest = eps.get("smallest"), eps.get("latest")
     return (
         f"sent {fleet.sent}/{fleet.config.devices * fleet.config.rounds}  shuffler: received "
-        f"{int(_value(registry, 'coco_shuffler_reports_received_total'))}, buffered "
+        f"{int(metric_value(registry, 'coco_shuffler_reports_received_total'))}, buffered "
         f"{shuffler.buffered}, batches "
-        f"{int(_value(registry, 'coco_shuffler_batches_released_total'))}  "
+        f"{int(metric_value(registry, 'coco_shuffler_batches_released_total'))}  "
         f"aggregator: n={aggregator.state.n}, epsilon_central (certified) "
         f"smallest batch={'-' if small is None else f'{small:.4g}'} "
         f"latest batch={'-' if latest is None else f'{latest:.4g}'}"
@@ -550,10 +205,10 @@ async def _run(
 ) -> DemoRun:
     spec = config.spec()
     dep = config.deployment
-    _progress(config.progress, f"broker: {broker_kind} at {url}; deployment {dep}")
+    progress(config.progress, f"broker: {broker_kind} at {url}; deployment {dep}")
     shuffler, aggregator, signer = _services(config, url, spec, mqtt5=mqtt5, server=server)
     shuffler_registry = shuffler.metrics.registry
-    fleet = _Fleet(
+    fleet = DemoFleet(
         config=config,
         spec=spec,
         sensors=SensorFleet(n_devices=config.devices, channels=config.channels, seed=config.seed),
@@ -562,7 +217,7 @@ async def _run(
     rng = np.random.default_rng(np.random.SeedSequence(config.seed).spawn(3)[2])
 
     def received() -> int:
-        return int(_value(shuffler_registry, "coco_shuffler_reports_received_total"))
+        return int(metric_value(shuffler_registry, "coco_shuffler_reports_received_total"))
 
     def status() -> str:
         return _status_line(fleet, shuffler, aggregator)
@@ -570,7 +225,7 @@ async def _run(
     async def reporter() -> None:
         while True:
             await asyncio.sleep(1.0)
-            _progress(config.progress, status())
+            progress(config.progress, status())
 
     start = time.monotonic()
     publish_seconds, unaccounted_wait = 0.0, False
@@ -579,7 +234,7 @@ async def _run(
             asyncio.timeout(config.timeout),
             aggregator,
             shuffler,
-            _connections(url, config.connections) as clients,
+            connections(url, config.connections) as clients,
         ):
             http_port = _announce_page(config, aggregator)
             agg_task = asyncio.create_task(aggregator.run(), name="demo-aggregator")
@@ -607,7 +262,9 @@ async def _run(
                     unaccounted_wait = True
                 shuffler.stop()
                 await asyncio.wait_for(shuf_task, 20)
-                released = int(_value(shuffler_registry, "coco_shuffler_reports_released_total"))
+                released = int(
+                    metric_value(shuffler_registry, "coco_shuffler_reports_released_total")
+                )
                 if not await _all_applied(config, aggregator, released):
                     unaccounted_wait = True
                 await clients[0].publish(spec_topic(dep), b"", qos=1, retain=True)  # clear
@@ -623,8 +280,8 @@ async def _run(
         raise DemoError(f"the demo did not finish within {config.timeout:g} s") from None
     except aiomqtt.MqttError as exc:
         raise DemoError(f"cannot use the broker at {url}: {exc}") from exc
-    _progress(config.progress, status())
-    result = _result(
+    progress(config.progress, status())
+    result = result_document(
         config=config,
         spec=spec,
         fleet=fleet,
@@ -662,143 +319,14 @@ def _announce_page(config: DemoConfig, aggregator: Aggregator) -> int | None:
     """The port of the aggregator's live page (printed), or ``None`` when it does not serve."""
     port = aggregator.http_port
     if port is not None:
-        _progress(config.progress, f"live page: {page_url(port)}")
+        progress(config.progress, f"live page: {page_url(port)}")
     return port
 
 
-def page_url(port: int) -> str:
-    """The live page of an aggregator serving on :data:`HTTP_HOST` at ``port``."""
-    return f"http://{HTTP_HOST}:{port}/"
-
-
-def _result(
-    *,
-    config: DemoConfig,
-    spec: MechanismSpec,
-    fleet: _Fleet,
-    aggregator: Aggregator,
-    registry: CollectorRegistry,
-    broker_kind: str,
-    url: str,
-    publish_seconds: float,
-    http_port: int | None,
-) -> dict[str, Any]:
-    rejected = {
-        r: int(_value(registry, "coco_shuffler_reports_rejected_total", reason=r))
-        for r in REJECT_REASONS
-    }
-    dropped = {
-        r: int(_value(registry, "coco_shuffler_dropped_total", reason=r)) for r in DROP_REASONS
-    }
-    buffered = int(_value(registry, "coco_shuffler_buffer_reports")) + int(
-        _value(registry, "coco_shuffler_outbox_reports")
-    )
-    state = aggregator.state
-    n = state.n
-    agg_rejected_batches = sum(aggregator.counters.rejected.values())
-    accounted = n + sum(rejected.values()) + sum(dropped.values()) + buffered
-    est = state.estimate()
-    encoder = fleet.sensors.encoder(config.s)
-    sent = fleet.sent
-    xbar = fleet.total / max(sent, 1)
-    mse = float(np.sum((est.mean - xbar) ** 2)) if n else math.nan
-    mse_theory = spec.moments.mean_mse(spec.d, spec.s) / n if n else math.nan
-    value, se = encoder.decode_mean(est.mean, est.mean_se, n=n)
-    truth = fleet.truth_sum / max(sent, 1)
-    smallest = aggregator.smallest_batch
-    privacy = aggregator.ledger.compute(aggregator.ledger.snapshot())  # the one accountant call
-    channels = [
-        {
-            "name": ch.name,
-            "unit": ch.unit,
-            "estimate": None if not n else float(value[j]),
-            "ci95_halfwidth": None if not n else float(1.96 * se[j]),
-            "ground_truth": float(truth[j]),
-        }
-        for j, ch in enumerate(fleet.sensors.channel_specs)
-    ]
-    return {
-        "broker": f"{broker_kind} at {url}",
-        "deployment": config.deployment,
-        "mechanism": spec.mechanism,
-        "d": spec.d,
-        "s": spec.s,
-        "t": spec.t,
-        "devices": config.devices,
-        "rounds": config.rounds,
-        "faulty_devices": fleet.sensors.faulty_devices,
-        "min_batch": config.min_batch,
-        "reports_sent": sent,
-        "reports_aggregated": n,
-        "reports_rejected": sum(rejected.values()),
-        "reports_rejected_by_reason": {k: v for k, v in rejected.items() if v},
-        "reports_dropped": sum(dropped.values()),
-        "reports_dropped_by_reason": {k: v for k, v in dropped.items() if v},
-        "reports_buffered": buffered,
-        "reports_unaccounted": sent - accounted,
-        "batches": aggregator.counters.batches,
-        "batches_rejected": agg_rejected_batches,
-        "batch_size_smallest": smallest,
-        "n": n,
-        "epsilon_local": spec.epsilon,
-        "epsilon_local_effective": spec.epsilon_effective,
-        "epsilon_central": privacy.epsilon_central["smallest"],
-        "epsilon_central_generic": privacy.epsilon_central_generic["smallest"],
-        "epsilon_central_certified": True,
-        "epsilon_total": privacy.epsilon_total,
-        "epsilon_total_batches": privacy.batches,
-        "delta": config.delta,
-        "mse_mean": mse,
-        "mse_mean_theory": mse_theory,
-        "mse_mean_note": (
-            "sum over channels of squared errors of the ternary-vector means (estimate vs the "
-            "realised mean of the encoded vectors sent); theory = closed form / n"
-        ),
-        "channels": channels,
-        "ground_truth_note": "simulation only: the exact fleet mean of the readings",
-        "throughput_reports_per_s": sent / publish_seconds if publish_seconds > 0 else None,
-        **({} if http_port is None else {"url": page_url(http_port)}),
-    }
-
-
-def format_table(result: dict[str, Any]) -> str:
-    """The result as a table for people."""
-    lines = [
-        f"broker: {result['broker']}",
-        *([f"note: {result['note']}"] if result.get("note") else []),
-        f"{result['mechanism']} d={result['d']} s={result['s']} t={result['t']}: "
-        f"{result['devices']} devices x {result['rounds']} rounds "
-        f"({result['faulty_devices']} with a stuck channel)",
-        "",
-        f"{'channel':<12} {'unit':<6} {'estimate':>12} {'+- 1.96 SE':>11} "
-        f"{'truth (sim)':>12} {'error':>10}",
-    ]
-    for ch in result["channels"]:
-        est, half, truth = ch["estimate"], ch["ci95_halfwidth"], ch["ground_truth"]
-        if est is None:
-            lines.append(f"{ch['name']:<12} {ch['unit']:<6} {'n/a':>12}")
-            continue
-        lines.append(
-            f"{ch['name']:<12} {ch['unit']:<6} {est:>12.4g} {half:>11.3g} {truth:>12.4g} "
-            f"{est - truth:>10.3g}"
-        )
-    eps_c, eps_t = result["epsilon_central"], result["epsilon_total"]
-    lines += [
-        "",
-        f"reports: sent {result['reports_sent']}, aggregated {result['reports_aggregated']}, "
-        f"rejected {result['reports_rejected']}, dropped {result['reports_dropped']}"
-        f"{' ' + str(result['reports_dropped_by_reason']) if result['reports_dropped'] else ''}, "
-        f"buffered {result['reports_buffered']}, "
-        f"unaccounted {result['reports_unaccounted']}",
-        f"batches: {result['batches']} (smallest {result['batch_size_smallest']}, "
-        f"min_batch {result['min_batch']})",
-        f"MSE of the ternary means (sum over channels): {result['mse_mean']:.4g}  "
-        f"closed form {result['mse_mean_theory']:.4g}",
-        f"epsilon_local {result['epsilon_local']:g}  epsilon_central (certified, smallest "
-        f"batch) {'n/a' if eps_c is None else f'{eps_c:.4g}'}  delta {result['delta']:g}",
-        f"epsilon_total (a device in all {result['epsilon_total_batches']} rounds) "
-        f"{'n/a' if eps_t is None else f'{eps_t:.4g}'}",
-        f"throughput: {result['throughput_reports_per_s'] or 0:.0f} reports/s published",
-        *([f"live page: {result['url']}"] if result.get("url") else []),
-    ]
-    return "\n".join(lines)
+async def _wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True

@@ -429,13 +429,14 @@ def test_service_and_device_help_imports_no_heavy_module(command: tuple[str, ...
 
 
 def test_listed_help_is_each_lazy_command_own() -> None:
-    from sim.cli import DEMO_DEVICES, LAZY_COMMANDS, load_command  # noqa: PLC0415
-    from sim.demo import pipeline as demo  # noqa: PLC0415
+    from sim.cli import LAZY_COMMANDS, load_command  # noqa: PLC0415
+    from sim.demo import config as demo_config  # noqa: PLC0415
+    from sim.demo.cli import DEMO_DEVICES  # noqa: PLC0415
 
     for name, (_, _, listed) in LAZY_COMMANDS.items():
         command = load_command(name)
         assert command.get_short_help_str(limit=1000) == listed, name
-    assert DEMO_DEVICES == demo.DEFAULT_DEVICES
+    assert DEMO_DEVICES == demo_config.DEFAULT_DEVICES
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
     for name in LAZY_COMMANDS:

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sim.demo.pipeline import EMBEDDED_BROKER_KIND, EMBEDDED_DEFAULT_DEVICES
+from sim.demo.brokers import EMBEDDED_BROKER_KIND, EMBEDDED_DEFAULT_DEVICES
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "demo"
