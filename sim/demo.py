@@ -9,7 +9,7 @@
    3.1.1 (their ``mqtt_version`` option) and, unless the fleet
    size was given, the fleet shrinks to :data:`EMBEDDED_DEFAULT_DEVICES`. With a URL, that
    broker is used; every run has its own deployment name, so runs never interfere.
-2. **Services.** A :class:`~broker.shuffler.Shuffler` and an
+2. **Services.** A :class:`~broker.service.shuffler.Shuffler` and an
    :class:`~aggregator.service.Aggregator` run in-process as asyncio tasks, each with its own
    ``CollectorRegistry``; the spec announcement is published retained (and cleared at the
    end).
@@ -66,9 +66,9 @@ from aggregator.estimators import AggregateState
 from aggregator.http import MetricsServer, Source
 from aggregator.page_data import Channel
 from aggregator.service import Aggregator
-from broker.core import MAX_BATCH_LIMIT
-from broker.metrics import DROP_REASONS, REJECT_REASONS
-from broker.shuffler import Shuffler, ShufflerConfig, parse_broker_url
+from broker.core.machine import MAX_BATCH_LIMIT
+from broker.service.metrics import DROP_REASONS, REJECT_REASONS
+from broker.service.shuffler import Shuffler, ShufflerConfig, parse_broker_url
 from edge import CocoError, LocalMechanism, MechanismSpec
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner

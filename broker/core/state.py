@@ -7,7 +7,7 @@ sorted ``uint64`` arrays, pools in growable ``array.array`` columns, and every c
 touches many reports is one numpy call.
 
 Tokens are the first 8 bytes of a keyed BLAKE2b of the device id
-(:func:`broker.store.token_of`), so they are uniform 64-bit integers. Two devices share a
+(:func:`broker.store.wal.token_of`), so they are uniform 64-bit integers. Two devices share a
 token with probability about ``n / 2**64`` per report (``n`` the devices of the round):
 the second one's report would be refused as ``duplicate_in_round``. That costs accuracy
 for one report in about 10^13 at a million devices, and never privacy: a false duplicate
@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 if sys.byteorder != "little":  # pragma: no cover  # the packed columns are little-endian
-    raise ImportError("broker.state needs a little-endian machine")
+    raise ImportError("broker.core.state needs a little-endian machine")
 
 U64 = np.dtype("<u8")
 U32 = np.dtype("<u4")

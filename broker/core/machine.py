@@ -3,7 +3,7 @@
 Everything the shuffling bridge decides lives here, as pure code driven by explicit inputs
 (the time, a report's fields, a keyed token of its sender) and by injected randomness (a
 uniform shuffle, fresh batch ids, the batch signature). The MQTT transports and the durable
-log (:mod:`broker.shuffler`, :mod:`broker.store`) are thin shells around it.
+log (:mod:`broker.service.shuffler`, :mod:`broker.store`) are thin shells around it.
 
 Event sourcing
 --------------
@@ -81,7 +81,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from broker.effects import (
+from broker.core.effects import (
     Acked,
     Admitted,
     Carried,
@@ -99,8 +99,8 @@ from broker.effects import (
     batch_round_of,
     is_manifest,
 )
-from broker.rules import MAX_BATCH_LIMIT, BatchMaker, CoreConfig, RoundPolicy
-from broker.state import (
+from broker.core.rules import MAX_BATCH_LIMIT, BatchMaker, CoreConfig, RoundPolicy
+from broker.core.state import (
     U64,
     UNKNOWN_SOURCE,
     Pool,
