@@ -43,7 +43,7 @@ def krr(k: int, p: Fraction, x: int) -> list[Fraction]:
 
 
 def slice_sizes(n: int, slices: int) -> list[int]:
-    """The shuffler's cut (broker/core/machine.py): near-equal consecutive pieces."""
+    """The shuffler's cut (broker/core/release.py): near-equal consecutive pieces."""
     return [(j + 1) * n // slices - j * n // slices for j in range(slices)]
 
 
@@ -342,7 +342,7 @@ def test_a_carried_report_and_a_fresh_one_in_two_releases_of_one_round(scenario:
 
 def test_a_late_report_of_a_released_round_is_refused() -> None:
     """The other way a round could leave in two releases: a report of a round whose pool
-    has left. A released round is closed (broker/core/machine.py), so it is ``round_too_old``."""
+    has left. A released round is closed (broker/core/release.py), so it is ``round_too_old``."""
     spec = MechanismSpec(mechanism="collision", d=3, s=1, t=3, epsilon=math.log(2))
     config = CoreConfig(
         fingerprint=spec.fingerprint_int,
