@@ -14,7 +14,7 @@ the core's rule on every import):
 Loggers
 -------
 A logger's name is part of what an operator sees (every log line carries it) and filters
-on, so it is fixed rather than taken from ``__name__``: ``broker.shuffler`` for the whole
-shell (``broker.shuffler.mqtt`` for the ingest's MQTT library), ``broker.store``,
-``broker.repair``, ``broker.lease``, ``broker.broker_stats`` and ``broker.cli``.
+on, so it is fixed rather than taken from ``__name__``: "broker.shuffler" for the whole
+shell ("broker.shuffler.mqtt" for the ingest's MQTT library), "broker.store",
+"broker.repair", "broker.lease", "broker.broker_stats" and "broker.cli".
 """
