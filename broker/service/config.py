@@ -48,7 +48,7 @@ class ShufflerConfig:
     max_skew: float = 5.0
     late_seconds: float = 600.0
     """Reports of an ended round still accepted this long (queued while the shuffler was
-    down); their duplicate tokens are kept as long (:mod:`broker.core`, "Rounds")."""
+    down); their duplicate tokens are kept as long (:mod:`broker.core.admission`, "Rounds")."""
     max_batch: int = 10_000
     release_size: int | None = None
     round_policy: RoundPolicy = "carry"
