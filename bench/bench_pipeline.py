@@ -10,7 +10,7 @@ processes, one at a time:
   denominator of the ratios);
 * ``fleet`` publisher -> aiomqtt / paho-mqtt (loop thread) / gmqtt sinks that count and
   ``decode_report`` every message;
-* ``fleet`` publisher -> the real :class:`broker.shuffler.Shuffler` alone (its ingest rate,
+* ``fleet`` publisher -> the real :class:`broker.service.shuffler.Shuffler` alone (its ingest rate,
   the number the goal "ingest >= 0.6 of the raw Mosquitto rate in every repeat" is about);
 * ``fleet`` publisher -> the shuffler -> the real :class:`aggregator.service.Aggregator`
   (end to end; the shuffler's ingest is reported again, now sharing the 2 cores with the
@@ -54,7 +54,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from broker.shuffler import ShufflerConfig
+from broker.service.shuffler import ShufflerConfig
 from edge.codec import decode_report, encode_report
 from edge.rounds import current_round
 from edge.spec import MechanismSpec
@@ -259,7 +259,7 @@ async def _run_shuffler(
 ) -> None:
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from broker.shuffler import Shuffler  # noqa: PLC0415
+    from broker.service.shuffler import Shuffler  # noqa: PLC0415
 
     registry = CollectorRegistry()
     extra: dict[str, Any] = {} if mqtt == "default" else {"mqtt_version": mqtt}

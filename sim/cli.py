@@ -32,7 +32,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "Central privacy of shuffled batches (certified bounds); `calibrate` plans epsilon0.",
     ),
     "shuffler": (
-        "broker.cli",
+        "broker.service.cli",
         "shuffler",
         "Shuffle each round's ingress reports into signed batches of at least --min-batch.",
     ),
@@ -43,7 +43,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "round, after charging the device's privacy-budget ledger.",
     ),
     "announce": (
-        "broker.announce_cli",
+        "broker.service.announce_cli",
         "announce",
         "Publish the retained spec announcement of a deployment (or print it).",
     ),

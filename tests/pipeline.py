@@ -18,7 +18,7 @@ from typing import Any
 import aiomqtt
 
 from aggregator.service import Aggregator
-from broker.shuffler import Shuffler
+from broker.service.shuffler import Shuffler
 from edge.topics import batches_topic
 from tests import waiting
 

@@ -67,8 +67,8 @@ from aggregator.accountant import amplify_spec
 from aggregator.config import AggregatorConfig
 from aggregator.metrics import REJECT_REASONS as BATCH_REJECT_REASONS
 from aggregator.service import Aggregator
-from broker.metrics import DROP_REASONS, REJECT_REASONS
-from broker.shuffler import Shuffler, ShufflerConfig
+from broker.service.metrics import DROP_REASONS, REJECT_REASONS
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge.batch_auth import (
     SIGNATURE_SIZE,
     BatchAuthError,

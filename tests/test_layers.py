@@ -46,9 +46,9 @@ IO_LIBRARIES = (
 
 CORES: dict[str, tuple[str, ...]] = {
     # module (or package prefix) -> the shell modules or packages it must not import
-    "edge.device": ("edge.publisher", "edge.device_cli"),
-    "edge.codec": ("edge.publisher", "edge.device_cli"),
-    "broker.core": ("broker.shuffler", "broker.ingesting", "broker.publishing", "broker.cli"),
+    "edge.device": ("edge.publisher", "edge.publisher_link", "edge.device_cli"),
+    "edge.codec": ("edge.publisher", "edge.publisher_link", "edge.device_cli"),
+    "broker.core": ("broker.store", "broker.service"),
     "aggregator.core": ("aggregator.service", "aggregator.session", "aggregator.cli"),
     "aggregator.estimators": ("aggregator.service", "aggregator.cli"),
     "aggregator.accountant": ("aggregator.service", "aggregator.cli"),
@@ -126,8 +126,12 @@ def test_every_core_named_exists() -> None:
         ("broker/x.py", "def f():\n    import sim.cli\n", "broker imports sim.cli"),
         ("aggregator/x.py", "from broker.core import Core\n", "aggregator imports broker"),
         ("sim/x.py", "import tests.waiting\n", "sim imports tests"),
-        ("broker/core.py", "import asyncio\n", "the core broker.core imports asyncio"),
-        ("broker/core.py", "from . import shuffler\n", "imports broker.shuffler"),
+        ("broker/core/machine.py", "import asyncio\n", "the core broker.core imports asyncio"),
+        (
+            "broker/core/machine.py",
+            "from ..service import shuffler\n",
+            "imports broker.service.shuffler",
+        ),
         ("aggregator/accountant/y.py", "from ..service import x\n", "imports aggregator.service"),
     ],
 )

@@ -31,8 +31,8 @@ from prometheus_client import CollectorRegistry
 from aggregator.config import AggregatorConfig
 from aggregator.estimators import AggregateState
 from aggregator.service import Aggregator
-from broker.metrics import DROP_REASONS, REJECT_REASONS
-from broker.shuffler import Shuffler, ShufflerConfig
+from broker.service.metrics import DROP_REASONS, REJECT_REASONS
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge import MechanismSpec
 from edge.batch_auth import SIGNATURE_SIZE, BatchSigner
 from edge.codec import decode_batch

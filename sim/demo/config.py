@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from aggregator.estimators import AggregateState
 from aggregator.http import MetricsServer
-from broker.shuffler import parse_broker_url
+from broker.service.shuffler import parse_broker_url
 from edge import CocoError, MechanismSpec
 
 __all__ = [

@@ -1,7 +1,7 @@
 """``coco demo``'s run: devices -> shuffler -> aggregator on one machine, on the broker
 :mod:`sim.demo.brokers` chooses (:func:`run_pipeline`).
 
-A :class:`~broker.shuffler.Shuffler` and an :class:`~aggregator.service.Aggregator` run
+A :class:`~broker.service.shuffler.Shuffler` and an :class:`~aggregator.service.Aggregator` run
 in-process as asyncio tasks, each with its own ``CollectorRegistry``; the spec announcement is
 published retained (and cleared at the end). The fleet (:mod:`sim.demo.publisher`) publishes
 round ``k`` of its readings in the ``k``-th wall-clock round of ``round_seconds`` (2 s) from
@@ -35,8 +35,8 @@ from aggregator.config import AggregatorConfig
 from aggregator.http import MetricsServer, Source
 from aggregator.page_data import Channel
 from aggregator.service import Aggregator
-from broker.core import MAX_BATCH_LIMIT
-from broker.shuffler import Shuffler, ShufflerConfig
+from broker.core.machine import MAX_BATCH_LIMIT
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge import MechanismSpec
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner

@@ -19,7 +19,7 @@ import aiomqtt
 import numpy as np
 from numpy.typing import NDArray
 
-from broker.shuffler import parse_broker_url
+from broker.service.shuffler import parse_broker_url
 from edge import LocalMechanism, MechanismSpec
 from edge.codec import encode_report
 from edge.rounds import current_round, seconds_to_next_round

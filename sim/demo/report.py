@@ -15,7 +15,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from aggregator.service import Aggregator
-from broker.metrics import DROP_REASONS, REJECT_REASONS
+from broker.service.metrics import DROP_REASONS, REJECT_REASONS
 from edge import MechanismSpec
 from sim.demo.config import DemoConfig, page_url
 from sim.demo.publisher import DemoFleet

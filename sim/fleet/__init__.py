@@ -18,7 +18,7 @@ What each module owns:
 
 Imports: :mod:`edge` (the device side it simulates), :mod:`sim.credentials` (device names
 and passwords), :mod:`sim.models` (the data models) and, in the command only,
-:mod:`broker.cli` (reading the announcement as the shuffler does); never :mod:`aggregator`
+:mod:`broker.service.cli` (reading the announcement as the shuffler does); never :mod:`aggregator`
 and no other part of :mod:`sim`. This file imports nothing, so that ``coco fleet --help``
 loads only what :mod:`sim.fleet.cli` needs (numpy and gmqtt are imported when the command
 runs).

@@ -36,7 +36,7 @@ from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
 from aggregator.session import fetch_announcement
-from broker.shuffler import Shuffler, ShufflerConfig
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge import CocoError
 from edge.batch_auth import SIGNATURE_SIZE
 from edge.codec import decode_batch, encode_report

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from aggregator.estimators import AggregateState
 from aggregator.metrics import AggregatorMetrics
-from broker.metrics import ShufflerMetrics
+from broker.service.metrics import ShufflerMetrics
 from edge import MechanismSpec
 from sim.fleet.metrics import FleetMetrics
 

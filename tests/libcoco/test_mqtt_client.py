@@ -29,8 +29,8 @@ from prometheus_client import CollectorRegistry
 
 from aggregator.estimators import AggregateState
 from aggregator.service import Aggregator, AggregatorConfig
-from broker.metrics import REJECT_REASONS
-from broker.shuffler import Shuffler, ShufflerConfig
+from broker.service.metrics import REJECT_REASONS
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge import device
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner

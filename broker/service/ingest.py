@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import gmqtt  # type: ignore[import-untyped]
 
-from broker.store import LogFullError, StoreError
+from broker.store.wal import LogFullError, StoreError
 
 __all__ = [
     "MQTT_LOGGER",
@@ -59,7 +59,7 @@ class GroupCommit:
 
     gmqtt parses a whole socket read (up to 64 KiB: hundreds of reports) in one synchronous
     pass, calling the shuffler for each report. Each report's record is staged in the log
-    (:meth:`broker.store.EffectLog.stage`) and its PUBACK noted here; the first one schedules
+    (:meth:`broker.store.wal.EffectLog.stage`) and its PUBACK noted here; the first one schedules
     :meth:`flush` for right after the pass (``call_soon``), which writes the staged records
     (one ``write(2)``, one ``fsync`` with ``--fsync``) and only then every PUBACK of the read,
     in arrival order, in one write to the socket. So a PUBACK still never leaves before its

@@ -199,7 +199,7 @@ def _current(
     """The retained announcement (``None`` when there is none)."""
     import asyncio  # noqa: PLC0415
 
-    from broker.cli import read_announcement  # noqa: PLC0415 (MQTT client: not for --help)
+    from broker.service.cli import read_announcement  # noqa: PLC0415 (MQTT client: not for --help)
 
     try:
         return asyncio.run(

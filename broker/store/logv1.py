@@ -22,7 +22,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-from broker.effects import (
+from broker.core.effects import (
     Acked,
     Admitted,
     Carried,

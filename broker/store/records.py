@@ -16,7 +16,7 @@ a device could smuggle into a pooled report's bytes, fail its crc.
 
 A body is packed columns (one record holds every report of a socket read, a whole pool or a
 round's tokens), so replaying a log is a few numpy calls per record, not a Python object
-per report. Version-1 logs (no header) are still read (:mod:`broker.logv1`).
+per report. Version-1 logs (no header) are still read (:mod:`broker.store.logv1`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from broker.effects import (
+from broker.core.effects import (
     Acked,
     Admitted,
     Carried,

@@ -30,10 +30,10 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from broker.core import CoreConfig, ShufflerCore
-from broker.effects import Acked, Effect, Outboxed, Released, batch_id_of, is_manifest
-from broker.logv1 import V1Error, decode_v1
-from broker.records import (
+from broker.core.effects import Acked, Effect, Outboxed, Released, batch_id_of, is_manifest
+from broker.core.machine import CoreConfig, ShufflerCore
+from broker.store.logv1 import V1Error, decode_v1
+from broker.store.records import (
     ADMITTED,
     FILE_HEADER_SIZE,
     HEAD_SIZE,
@@ -42,11 +42,11 @@ from broker.records import (
     read_header,
     scan,
 )
-from broker.store import EffectLog, StateDir, looks_like_v1
+from broker.store.wal import EffectLog, StateDir, looks_like_v1
 
 __all__ = ["RepairReport", "repair"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("broker.repair")  # a fixed name: broker/__init__.py, "Loggers"
 _U32 = struct.Struct("<I")
 
 

@@ -13,8 +13,8 @@ import time
 import gmqtt  # type: ignore[import-untyped]
 from gmqtt.mqtt.constants import MQTTv50, MQTTv311  # type: ignore[import-untyped]
 
-from broker.config import INGEST_MAX_PACKET
-from broker.ingest import (
+from broker.service.config import INGEST_MAX_PACKET
+from broker.service.ingest import (
     MQTT_LOGGER,
     Acks,
     GroupCommit,
@@ -22,8 +22,8 @@ from broker.ingest import (
     SessionTakenOverError,
     ack_after_handling,
 )
-from broker.shell import ShellState
-from broker.store import token_of
+from broker.service.shell import ShellState
+from broker.store.wal import token_of
 from edge.codec import KIND_REPORT, REPORT_SIZE, VERSION, CodecError, decode_report
 from edge.mqtt_version import Negotiated, negotiate
 from edge.topics import MAX_NAME
@@ -53,7 +53,7 @@ logger = logging.getLogger("broker.shuffler")
 
 
 class IngestMixin(ShellState):
-    """The ingest part of :class:`broker.shuffler.Shuffler`."""
+    """The ingest part of :class:`broker.service.shuffler.Shuffler`."""
 
     # --- ingest (gmqtt) -----------------------------------------------------------------
 

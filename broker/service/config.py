@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.core import (
+from broker.core.machine import (
     CoreConfig,
     RoundPolicy,
 )
@@ -48,7 +48,7 @@ class ShufflerConfig:
     max_skew: float = 5.0
     late_seconds: float = 600.0
     """Reports of an ended round still accepted this long (queued while the shuffler was
-    down); their duplicate tokens are kept as long (:mod:`broker.core`, "Rounds")."""
+    down); their duplicate tokens are kept as long (:mod:`broker.core.admission`, "Rounds")."""
     max_batch: int = 10_000
     release_size: int | None = None
     round_policy: RoundPolicy = "carry"
@@ -70,7 +70,7 @@ class ShufflerConfig:
     signing_key: Path | None = None
     create_signing_key: bool = False
     """Create ``signing_key`` (default ``<state_dir>/signing.key``) if it does not exist;
-    otherwise a missing key is an error (broker/keys.py)."""
+    otherwise a missing key is an error (broker/service/keys.py)."""
     announced_public_key: str | None = None
     """The announcement's ``batch_public_key``: the shuffler refuses any other key."""
     signer: BatchSigner | None = field(default=None, repr=False)
@@ -79,12 +79,12 @@ class ShufflerConfig:
     announced layouts (:class:`edge.shards.ShardPlan`)."""
     plan: ShardPlan | None = None
     lease_ttl: float = 30.0
-    """The shard lease's time to live (broker/lease.py); renewed every third of it."""
+    """The shard lease's time to live (broker/service/lease.py); renewed every third of it."""
     lease_settle: float = 1.0
     """How long a lease claim waits before it reads the retained value back."""
     broker_stats: bool = False
     """Export Mosquitto's ``$SYS`` loss counters (``coco_mosquitto_*``,
-    :mod:`broker.broker_stats`) on the shuffler's registry, over a connection of its own;
+    :mod:`broker.service.broker_stats`) on the shuffler's registry, over a connection of its own;
     absent on a broker without ``$SYS`` (NATS)."""
     backlog_quiet: float = 2.0
     """After a (re)subscription, rounds that ended while the shuffler was away are held

@@ -7,11 +7,16 @@ sorted ``uint64`` arrays, pools in growable ``array.array`` columns, and every c
 touches many reports is one numpy call.
 
 Tokens are the first 8 bytes of a keyed BLAKE2b of the device id
-(:func:`broker.store.token_of`), so they are uniform 64-bit integers. Two devices share a
+(:func:`broker.store.wal.token_of`), so they are uniform 64-bit integers. Two devices share a
 token with probability about ``n / 2**64`` per report (``n`` the devices of the round):
 the second one's report would be refused as ``duplicate_in_round``. That costs accuracy
 for one report in about 10^13 at a million devices, and never privacy: a false duplicate
 only ever removes a report.
+
+:class:`CoreState` is the whole state of one core: the pools and tokens of its rounds, the
+reports offered and not yet settled (:class:`Pending`), the outbox of sealed batches, the
+time up to which rounds are closed. The parts of :class:`~broker.core.machine.ShufflerCore`
+(admission, release, the folding of effects) all work on it.
 """
 
 from __future__ import annotations
@@ -22,8 +27,12 @@ from array import array
 import numpy as np
 import numpy.typing as npt
 
+from broker.core.rules import CoreConfig
+
 __all__ = [
     "UNKNOWN_SOURCE",
+    "CoreState",
+    "Pending",
     "Pool",
     "TokenSet",
     "as_u16",
@@ -35,7 +44,7 @@ __all__ = [
 ]
 
 if sys.byteorder != "little":  # pragma: no cover  # the packed columns are little-endian
-    raise ImportError("broker.state needs a little-endian machine")
+    raise ImportError("broker.core.state needs a little-endian machine")
 
 U64 = np.dtype("<u8")
 U32 = np.dtype("<u4")
@@ -282,3 +291,76 @@ class Pool:
     def nbytes(self) -> int:
         columns = (self.tokens, self.seeds, self.zs, self.sources)
         return sum(c.itemsize * c.buffer_info()[1] for c in columns)
+
+
+class Pending:
+    """Reports offered since the last settle, for one round."""
+
+    __slots__ = ("seeds", "tokens", "zs")
+
+    def __init__(self) -> None:
+        self.tokens = array("Q")
+        self.seeds = array("I")
+        self.zs = array("H")
+
+
+class CoreState:
+    """The state of one shuffler core and its read-only views (module docstring): the
+    attributes the parts of :class:`~broker.core.machine.ShufflerCore` share."""
+
+    def __init__(self, config: CoreConfig) -> None:
+        self.config = config
+        self._pools: dict[int, Pool] = {}
+        self._seen: dict[int, TokenSet] = {}
+        self._pending: dict[int, Pending] = {}
+        self._pending_count = 0
+        self._outbox: dict[bytes, bytes] = {}  # batch_id -> sealed message, in release order
+        self._closed = 0
+        self._buffered = 0
+        self._outbox_reports = 0
+        self.end_round: int | None = None
+        """A sharded shuffler's first round of the next layout (its shard retires before
+        it): a small pool is never carried into it, but dropped (``small_round``)."""
+        self.late_offers = 0
+        """Offers of rounds already due (a backlog being delivered), ever: the shell
+        watches it to tell when a backlog has drained."""
+        # What the state was built under (Configured effects; a log without one was built
+        # under the current configuration).
+        self._units = config.round_seconds
+        self._fingerprint = config.fingerprint
+        self._configured = False
+        self._window_from = self._window_until = 0.0  # empty: computed on first use
+        self._highest = self._unended = self._lowest = 0
+
+    @property
+    def closed(self) -> int:
+        """Unix time up to which every round is closed."""
+        return self._closed
+
+    @property
+    def buffered(self) -> int:
+        """Accepted reports waiting in pools."""
+        return self._buffered
+
+    @property
+    def outbox_reports(self) -> int:
+        """Reports in released batches not yet acknowledged."""
+        return self._outbox_reports
+
+    @property
+    def state_config(self) -> tuple[int, int] | None:
+        """``(round_seconds, fingerprint)`` the state was recorded under, if recorded."""
+        return (self._units, self._fingerprint) if self._configured else None
+
+    def outbox(self) -> list[bytes]:
+        """Sealed batches waiting for their PUBACK, oldest first."""
+        return list(self._outbox.values())
+
+    def pool_sizes(self) -> dict[int, int]:
+        return {round_: pool.size() for round_, pool in self._pools.items()}
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the duplicate tokens and the pools' columns."""
+        return sum(s.nbytes() for s in self._seen.values()) + sum(
+            p.nbytes() for p in self._pools.values()
+        )

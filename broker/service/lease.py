@@ -47,7 +47,7 @@ from edge.topics import shard_lease_topic, spec_topic
 
 __all__ = ["Lease", "LeaseLostError", "LeaseRefusedError", "ShardControl"]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("broker.lease")  # a fixed name: broker/__init__.py, "Loggers"
 
 
 class LeaseRefusedError(CocoError):

@@ -1,8 +1,8 @@
 """The effects of the shuffler's core: immutable records of every change of its state.
 
-:meth:`broker.core.ShufflerCore.apply` folds them into the state; :mod:`broker.store`
+:meth:`broker.core.machine.ShufflerCore.apply` folds them into the state; :mod:`broker.store`
 writes them to the log (its record formats) and reads them back. Columns of reports are
-packed little-endian arrays: tokens u64, seeds u32, z u16 (:mod:`broker.state`).
+packed little-endian arrays: tokens u64, seeds u32, z u16 (:mod:`broker.core.state`).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class Pooled:
 @dataclass(frozen=True, slots=True)
 class Sourced:
     """The rounds the carried entries of the pool of ``round`` were sent in (snapshots:
-    packed u64 source keys, :func:`broker.state.source_key`, one per carried entry)."""
+    packed u64 source keys, :func:`broker.core.state.source_key`, one per carried entry)."""
 
     round: int
     keys: bytes

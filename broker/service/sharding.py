@@ -1,12 +1,12 @@
 """A sharded shuffler's shard: its lease, the announcement watched while it runs, and
-its retirement once a newer layout serves its devices (DESIGN D2, D5; broker/lease.py)."""
+its retirement once a newer layout serves its devices (DESIGN D2, D5; broker/service/lease.py)."""
 
 from __future__ import annotations
 
 import logging
 
-from broker.lease import LeaseLostError, ShardControl
-from broker.shell import ShellState
+from broker.service.lease import LeaseLostError, ShardControl
+from broker.service.shell import ShellState
 from edge.errors import SpecError
 from edge.shards import ShardPlan
 
@@ -14,7 +14,7 @@ logger = logging.getLogger("broker.shuffler")
 
 
 class ShardMixin(ShellState):
-    """The shard part of :class:`broker.shuffler.Shuffler`."""
+    """The shard part of :class:`broker.service.shuffler.Shuffler`."""
 
     # --- shards: lease, announcement, retirement --------------------------------------
 

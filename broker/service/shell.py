@@ -1,7 +1,7 @@
 """What the parts of the shuffler's shell share: the attributes of
-:class:`broker.shuffler.Shuffler` and the methods one part calls in another, declared once
-so that each part (:mod:`broker.ingesting`, :mod:`broker.publishing`,
-:mod:`broker.sharding`) type-checks on its own."""
+:class:`broker.service.shuffler.Shuffler` and the methods one part calls in another, declared once
+so that each part (:mod:`broker.service.ingesting`, :mod:`broker.service.publishing`,
+:mod:`broker.service.sharding`) type-checks on its own."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import random
 
 import aiomqtt
 
-from broker.config import ShufflerConfig
-from broker.core import BatchMaker, Effect, ShufflerCore
-from broker.ingest import GroupCommit
-from broker.lease import ShardControl
-from broker.metrics import ShufflerMetrics
-from broker.store import EffectLog, StateDir
+from broker.core.machine import BatchMaker, Effect, ShufflerCore
+from broker.service.config import ShufflerConfig
+from broker.service.ingest import GroupCommit
+from broker.service.lease import ShardControl
+from broker.service.metrics import ShufflerMetrics
+from broker.store.wal import EffectLog, StateDir
 from edge.batch_auth import BatchSigner
 from edge.mqtt_url import BrokerList
 from edge.mqtt_version import Negotiated

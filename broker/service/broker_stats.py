@@ -59,7 +59,7 @@ from prometheus_client.registry import Collector
 
 from edge.mqtt_url import parse_broker_url
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("broker.broker_stats")  # a fixed name: broker/__init__.py, "Loggers"
 
 
 @dataclass(frozen=True)

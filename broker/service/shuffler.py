@@ -7,13 +7,13 @@ Ed25519-sealed batches (:mod:`edge.batch_auth`) of at least ``min_batch`` report
 ``coco/v1/<dep>/batches`` (``batches/<shard>``), each release followed by its signed
 manifest on ``manifests`` (``manifests/<shard>``). It is a thin shell: every decision
 (rounds, pools, duplicates, release) is :mod:`broker.core`'s, every durable write
-:mod:`broker.store`'s; the ingest is :mod:`broker.ingesting`, the publishing
-:mod:`broker.publishing`, a shard's lease and retirement :mod:`broker.sharding`.
+:mod:`broker.store`'s; the ingest is :mod:`broker.service.ingesting`, the publishing
+:mod:`broker.service.publishing`, a shard's lease and retirement :mod:`broker.service.sharding`.
 Privacy rests on four properties:
 
 1. **No batch smaller than** ``min_batch`` (:mod:`broker.core`, invariant 1).
 2. **No sender identity leaves the process.** The device id (last topic level) is turned
-   at once into a keyed 8-byte token (:func:`broker.store.token_of`) under a secret key of
+   at once into a keyed 8-byte token (:func:`broker.store.wal.token_of`) under a secret key of
    the state directory, used only for the one-report-per-device-per-round rule; the id is
    never logged at any level, never a metric label, never persisted. A batch holds only
    ``seed | z`` records; publishes carry no properties.
@@ -34,7 +34,7 @@ The ingest connection (gmqtt) has a **persistent session** by default: client id
 off, session expiry ``session_expiry`` (MQTT 3.1.1: ``clean_session=0``). A report's PUBACK
 is sent to the broker only *after* its effect is written to the state directory's log
 (``_handle_report``, called synchronously from gmqtt's read loop, offers the report to the
-core; :class:`broker.ingest.GroupCommit` then settles the read's reports at once, writes
+core; :class:`broker.service.ingest.GroupCommit` then settles the read's reports at once, writes
 their record in one ``write(2)`` and only then sends their PUBACKs). A full disk pauses
 that (nothing acknowledged, the ingest disconnected, retried) instead of stopping.
 So a report the broker handed over is either in the log (and survives ``kill -9``) or not
@@ -78,9 +78,7 @@ from typing import Self
 import aiomqtt
 from prometheus_client import CollectorRegistry
 
-from broker.broker_stats import MosquittoSysStats
-from broker.config import INGEST_MAX_PACKET, ShufflerConfig, parse_broker_url
-from broker.core import (
+from broker.core.machine import (
     Acked,
     Admitted,
     Applied,
@@ -91,17 +89,19 @@ from broker.core import (
     RoundPolicy,
     ShufflerCore,
 )
-from broker.ingest import (
+from broker.service.broker_stats import MosquittoSysStats
+from broker.service.config import INGEST_MAX_PACKET, ShufflerConfig, parse_broker_url
+from broker.service.ingest import (
     GroupCommit,
     SessionTakenOverError,
 )
-from broker.ingesting import IngestMixin
-from broker.keys import check_announced, load_signer
-from broker.lease import ShardControl
-from broker.metrics import ShufflerMetrics
-from broker.publishing import PublishMixin
-from broker.sharding import ShardMixin
-from broker.store import EffectLog, LogFullError, StateDir
+from broker.service.ingesting import IngestMixin
+from broker.service.keys import check_announced, load_signer
+from broker.service.lease import ShardControl
+from broker.service.metrics import ShufflerMetrics
+from broker.service.publishing import PublishMixin
+from broker.service.sharding import ShardMixin
+from broker.store.wal import EffectLog, LogFullError, StateDir
 from edge.batch_auth import BatchSigner
 from edge.mqtt_url import BrokerList
 from edge.mqtt_version import Negotiated
@@ -117,7 +117,7 @@ __all__ = [
     "parse_broker_url",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("broker.shuffler")  # a fixed name: broker/__init__.py, "Loggers"
 
 
 class Shuffler(ShardMixin, IngestMixin, PublishMixin):

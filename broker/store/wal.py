@@ -6,7 +6,7 @@ writing every effect of :mod:`broker.core` (reports admitted, a pool released as
 batches, a batch acknowledged, rounds closed...) to an append-only log *before* the effect
 takes place outside the process: before the reports' PUBACKs go to the broker, before a
 batch is published. On start, :meth:`EffectLog.replay` feeds the log back through
-:meth:`broker.core.ShufflerCore.apply` and the shuffler continues where it stopped, with its
+:meth:`broker.core.machine.ShufflerCore.apply` and the shuffler continues where it stopped, with its
 pools, its duplicate tokens and its unacknowledged batches (re-sent with the same bytes and
 ``batch_id``, which the aggregator deduplicates).
 
@@ -15,14 +15,14 @@ process (``kill -9``) as soon as the call returns. It survives a crash of the *m
 only after ``fsync``: with ``fsync=True`` every write is synced; by default only
 compactions are. bench/bench_pipeline.py measures both.
 
-Format and damage (:mod:`broker.records`): a checked file header, then framed records with
+Format and damage (:mod:`broker.store.records`): a checked file header, then framed records with
 a marker and separate checksums over each record's head and body. Only the last record can
 be torn by a crash: a record cut short (or garbled) at the end, with no valid record after
 it, is discarded and the file truncated to the last whole record, with a WARNING. Anything
 else that does not read, a damaged length or body with intact records after it, is
 *damage*: :class:`LogDamagedError` names the file and the offset and the shuffler refuses to
-start; ``coco shuffler repair`` (:mod:`broker.repair`) salvages every intact record.
-A version-1 log (no header) is read through :mod:`broker.logv1` and rewritten.
+start; ``coco shuffler repair`` (:mod:`broker.store.repair`) salvages every intact record.
+A version-1 log (no header) is read through :mod:`broker.store.logv1` and rewritten.
 
 A failed write (a full disk) writes nothing: the file is cut back to its last whole record
 (``ftruncate``), and the error is :class:`LogFullError` when the disk is full (the caller may
@@ -52,9 +52,9 @@ import secrets
 from collections.abc import Iterable
 from pathlib import Path
 
-from broker.effects import Effect
-from broker.logv1 import V1Error, decode_v1
-from broker.records import (
+from broker.core.effects import Effect
+from broker.store.logv1 import V1Error, decode_v1
+from broker.store.records import (
     FILE_HEADER_SIZE,
     MAGIC,
     MARKER,
@@ -77,7 +77,7 @@ __all__ = [
     "token_of",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("broker.store")  # a fixed name: broker/__init__.py, "Loggers"
 
 _KEY_SIZE = 32
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -106,7 +106,7 @@ class LogFullError(OSError):
 
 def token_of(key: bytes, device: str) -> int:
     """The keyed token that stands for ``device`` in the duplicate state: the first 8 bytes
-    (little-endian u64) of its keyed BLAKE2b-128 (broker/state.py: why 8 bytes suffice)."""
+    (little-endian u64) of its keyed BLAKE2b-128 (broker/core/state.py: why 8 bytes suffice)."""
     digest = hashlib.blake2b(device.encode(), key=key, digest_size=16).digest()
     return int.from_bytes(digest[:8], "little")
 

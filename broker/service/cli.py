@@ -32,9 +32,9 @@ from edge.topics import spec_topic
 if TYPE_CHECKING:  # imported when a command runs, not for --help (MQTT clients, numpy)
     from prometheus_client import CollectorRegistry
 
-    from broker.shuffler import ShufflerConfig
+    from broker.service.shuffler import ShufflerConfig
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("broker.cli")  # a fixed name: broker/__init__.py, "Loggers"
 
 
 class Policy(StrEnum):
@@ -145,8 +145,8 @@ def _repair(state_dir: Path | None, round_seconds: int | None) -> None:
     could be opened."""
     import json  # noqa: PLC0415
 
-    from broker.core import CoreConfig  # noqa: PLC0415
-    from broker.repair import repair  # noqa: PLC0415
+    from broker.core.machine import CoreConfig  # noqa: PLC0415
+    from broker.store.repair import repair  # noqa: PLC0415
 
     if state_dir is None:
         typer.echo("error: repair needs --state-dir", err=True)
@@ -162,7 +162,7 @@ def _repair(state_dir: Path | None, round_seconds: int | None) -> None:
 
 
 async def _serve(config: ShufflerConfig, registry: CollectorRegistry) -> None:
-    from broker.shuffler import Shuffler  # noqa: PLC0415 (not for --help)
+    from broker.service.shuffler import Shuffler  # noqa: PLC0415 (not for --help)
 
     loop = asyncio.get_running_loop()
     async with Shuffler(config, registry=registry) as shuffler:
@@ -326,9 +326,9 @@ def shuffler(
     import aiomqtt  # noqa: PLC0415 (not for --help: the MQTT clients cost 0.1-0.2 s of CPU)
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from broker.lease import LeaseRefusedError  # noqa: PLC0415
-    from broker.metrics import serve_http  # noqa: PLC0415
-    from broker.shuffler import SessionTakenOverError, ShufflerConfig  # noqa: PLC0415
+    from broker.service.lease import LeaseRefusedError  # noqa: PLC0415
+    from broker.service.metrics import serve_http  # noqa: PLC0415
+    from broker.service.shuffler import SessionTakenOverError, ShufflerConfig  # noqa: PLC0415
 
     try:
         password = resolve_password(password, password_file)

@@ -13,21 +13,21 @@ import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from broker.core import (
+from broker.core.effects import is_manifest
+from broker.core.machine import (
     Acked,
     batch_count_of,
     batch_id_of,
     batch_round_of,
 )
-from broker.effects import is_manifest
-from broker.shell import ShellState
-from broker.store import LogFullError
+from broker.service.shell import ShellState
+from broker.store.wal import LogFullError
 
 logger = logging.getLogger("broker.shuffler")
 
 
 class PublishMixin(ShellState):
-    """The publishing part of :class:`broker.shuffler.Shuffler`."""
+    """The publishing part of :class:`broker.service.shuffler.Shuffler`."""
 
     # --- publishing (aiomqtt) -----------------------------------------------------------
 

@@ -49,7 +49,7 @@ DROP_REASONS: tuple[str, ...] = (
     "unpublished_at_shutdown",
     "spec_changed",
 )
-"""Why accepted reports left the shuffler without being released (see ``broker.shuffler``);
+"""Why accepted reports left the shuffler without being released (see ``broker.service.shuffler``);
 ``at_shutdown`` and ``unpublished_at_shutdown`` happen only without a state directory."""
 
 BATCH_SIZE_BUCKETS = (
