@@ -104,7 +104,10 @@ __all__ = [
     "next_round",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("sim.fleet")
+"""The fleet's own lines (one per round at most) keep the name they had before this module
+moved into the package, which is also the package's: ``sim.fleet: round ...``
+(tests/sim/test_fleet_broker_kill.py reads it). The other modules' loggers are children."""
 
 ReportHook = Callable[[str, bytes], None]
 """Called with ``(topic, payload)`` of every report just before it is published (tests)."""

@@ -172,7 +172,7 @@ def run_through_a_kill(broker: Broker, tmp_path: Path) -> Run:
         broker.kill()
         gone = rf"^connected 0/{DEVICES}\b"
         wait_for("no device connected", lambda: stderr.any(gone, killed), proc)
-        lost = r"sim\.fleet\.run: round \d+: \d+ of"
+        lost = r"sim\.fleet: round \d+: \d+ of"
         wait_for("a round not sent", lambda: stderr.any(lost, killed), proc)
         restarted = len(stderr.lines)
         broker.start()
@@ -220,7 +220,7 @@ def test_the_fleet_reconnects_after_a_broker_kill_and_exits_non_zero_for_what_it
 
     # No flood: no ERROR line, gmqtt silent, at most one line per round, no device id.
     assert not [line for line in log if " ERROR " in line or "gmqtt" in line]
-    per_round = Counter(re.findall(r"sim\.fleet\.run: round (\d+):", "\n".join(log)))
+    per_round = Counter(re.findall(r"sim\.fleet: round (\d+):", "\n".join(log)))
     assert per_round
     assert max(per_round.values()) == 1
     assert not [line for line in log if "dev-0" in line]
