@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from aggregator.durable import write_atomically
 from aggregator.estimators import AggregateState
 from aggregator.keys import is_anchor
 from aggregator.manifests import Reconciler
@@ -543,30 +544,10 @@ def encode_checkpoint(checkpoint: Checkpoint) -> str:
     return f"{text[:-1]},{rounds},{tail[1:]}"
 
 
-def write_atomically(path: Path, text: str, *, keep_previous: bool = False) -> None:
-    """``path`` holds ``text`` or what it held before, whatever happens; with
-    ``keep_previous`` the file it replaces becomes ``<path>.previous``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    if keep_previous and path.exists():
-        os.replace(path, previous_path(path))
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):  # make the renames durable where directories open
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
     """Write ``checkpoint`` as the newest generation, the one it replaces kept as
     ``<checkpoint>.previous`` (module docs, *Generations*); durable when it returns."""
-    write_atomically(path, encode_checkpoint(checkpoint), keep_previous=True)
+    write_atomically(path, encode_checkpoint(checkpoint), previous=previous_path(path))
 
 
 def lock_checkpoint(lock: Path, checkpoint: Path) -> int:

@@ -18,9 +18,10 @@ import time
 from pathlib import Path
 
 from aggregator.acks import AckGenerations
-from aggregator.checkpoint import Checkpoint, previous_path, write_atomically, write_checkpoint
+from aggregator.checkpoint import Checkpoint, previous_path, write_checkpoint
 from aggregator.config import AggregatorConfig
 from aggregator.core import AggregatorCore
+from aggregator.durable import write_atomically
 from aggregator.ledger_file import (
     LedgerFileError,
     decode_ledger,

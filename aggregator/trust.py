@@ -47,6 +47,7 @@ from pathlib import Path
 from prometheus_client import Counter
 
 from aggregator.core import AggregatorCore
+from aggregator.durable import write_atomically
 from aggregator.keys import anchor_of, describe_anchor, is_anchor
 from edge.announce import decode_announcement, shard_plan
 from edge.errors import CocoError, SpecError
@@ -153,8 +154,6 @@ def _locked(path: Path) -> Iterator[None]:
 def update_pins(path: Path, change: Callable[[Pins | None], Pins]) -> tuple[Pins | None, Pins]:
     """Read, change and write the trust file under its lock (the service and the
     ``trust`` command never lose each other's change); ``(before, after)``."""
-    from aggregator.checkpoint import write_atomically  # noqa: PLC0415 (numpy-free import)
-
     with _locked(path):
         before = load_pins(path)
         after = change(before)
