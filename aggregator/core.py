@@ -3,7 +3,7 @@
 Everything the aggregator decides about a batch lives here, as pure code driven by explicit
 inputs (the sealed payload, the time, the sums of its records); the MQTT session, the
 lease, the HTTP endpoint, the files and the timers (:mod:`aggregator.service`,
-:mod:`aggregator.session`, :mod:`aggregator.checkpoint`) are shells around it. Like the
+:mod:`aggregator.session`, :mod:`aggregator.checkpoint_files`) are shells around it. Like the
 shuffler's :mod:`broker.core`, it is property-tested (tests/aggregator/test_core.py): any
 interleaving of deliveries, redeliveries, forged and replayed batches, crashes and
 restarts from the last durable checkpoint applies each genuine batch exactly once and

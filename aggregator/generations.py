@@ -3,7 +3,7 @@
 A checkpoint is written every ``checkpoint_interval`` seconds while anything changed or a
 PUBACK waits (and the session is confirmed: only then can PUBACKs go out), when
 ``max_unacked`` deliveries wait, and twice on shutdown, so that every PUBACK goes out. Each
-is a new generation (:func:`~aggregator.checkpoint.write_checkpoint` keeps the previous
+is a new generation (:func:`~aggregator.checkpoint_files.write_checkpoint` keeps the previous
 one); the PUBACKs of generation ``N``'s batches are sent once ``N + 1`` is durable
 (:class:`~aggregator.acks.AckGenerations`). Without a checkpoint path there is no file and
 no timer: batches are acknowledged as soon as they are applied.
@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 from aggregator.acks import AckGenerations
-from aggregator.checkpoint import Checkpoint, previous_path, write_checkpoint
+from aggregator.checkpoint import Checkpoint
+from aggregator.checkpoint_files import previous_path, write_checkpoint
 from aggregator.config import AggregatorConfig
 from aggregator.core import AggregatorCore
 from aggregator.durable import write_atomically

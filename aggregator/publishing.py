@@ -30,7 +30,8 @@ from typing import Any
 from prometheus_client.registry import Collector
 
 from aggregator import accountant_process
-from aggregator.checkpoint import Counters, recover_checkpoint
+from aggregator.checkpoint import Counters
+from aggregator.checkpoint_files import recover_checkpoint
 from aggregator.config import AggregatorConfig
 from aggregator.core import AggregatorCore
 from aggregator.estimators import AggregateState

@@ -2,7 +2,7 @@
 
 A thin shell around :class:`~aggregator.core.AggregatorCore` (the rules: what is applied,
 refused, remembered): it runs the MQTT session (:mod:`aggregator.session`), the checkpoint
-files (:mod:`aggregator.checkpoint`), the pinned key (:mod:`aggregator.trust`), the HTTP
+files (:mod:`aggregator.checkpoint_files`), the pinned key (:mod:`aggregator.trust`), the HTTP
 endpoint and gauges (:mod:`aggregator.metrics`, :mod:`aggregator.publishing`) and the
 timers. Nothing unverified is ever applied; rejections are counted by reason
 (``coco_aggregator_batches_rejected_total{reason}``) and never stop the service. The
@@ -71,12 +71,8 @@ import paho.mqtt.client as paho
 from prometheus_client import CollectorRegistry
 
 from aggregator.acks import AckGenerations
-from aggregator.checkpoint import (
-    CheckpointError,
-    Counters,
-    lock_checkpoint,
-    recover_checkpoint,
-)
+from aggregator.checkpoint import CheckpointError, Counters
+from aggregator.checkpoint_files import lock_checkpoint, recover_checkpoint
 from aggregator.config import AggregatorConfig
 from aggregator.core import (
     ACCOUNTED_REFUSALS,

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from aggregator.checkpoint import CHECKPOINT_VERSION, CheckpointError, load_checkpoint
+from aggregator.checkpoint import CHECKPOINT_VERSION, CheckpointError
+from aggregator.checkpoint_files import load_checkpoint
 from aggregator.config import AggregatorConfig, resolve_batch_public_key
 from aggregator.service import Aggregator
 from edge.batch_auth import BatchSigner

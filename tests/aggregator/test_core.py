@@ -23,14 +23,8 @@ from hypothesis import strategies as st
 
 from aggregator.acks import AckGenerations
 from aggregator.batch_codec import encode_batch_arrays
-from aggregator.checkpoint import (
-    CheckpointError,
-    decode_checkpoint,
-    encode_checkpoint,
-    previous_path,
-    recover_checkpoint,
-    write_checkpoint,
-)
+from aggregator.checkpoint import CheckpointError, decode_checkpoint, encode_checkpoint
+from aggregator.checkpoint_files import previous_path, recover_checkpoint, write_checkpoint
 from aggregator.core import AggregatorCore, CoreRules
 from aggregator.estimators import AggregateState
 from edge import MechanismSpec

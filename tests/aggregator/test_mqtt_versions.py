@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.checkpoint import load_checkpoint
+from aggregator.checkpoint_files import load_checkpoint
 from aggregator.service import Aggregator
 from aggregator.session import SessionTakenOverError, fetch_announcement, make_client
 from aggregator.session import mqtt_connection as connection_of

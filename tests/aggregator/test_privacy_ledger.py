@@ -11,7 +11,8 @@ import pytest
 
 from aggregator.accountant import amplify_spec, blanket_pair_for_spec, epsilon_total_batches
 from aggregator.accountant.history import epsilon_total_rounds
-from aggregator.checkpoint import CheckpointError, load_checkpoint
+from aggregator.checkpoint import CheckpointError
+from aggregator.checkpoint_files import load_checkpoint
 from aggregator.privacy_ledger import SIGNIFICANT_BITS, PrivacyLedger, accounting_size
 from edge.spec import MechanismSpec
 

@@ -51,7 +51,7 @@ import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
 
-from aggregator.checkpoint import load_checkpoint
+from aggregator.checkpoint_files import load_checkpoint
 from aggregator.estimators import AggregateState
 from edge.batch_auth import BatchAuthError, BatchVerifier
 from edge.codec import CodecError, decode_batch, decode_manifest

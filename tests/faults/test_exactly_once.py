@@ -69,7 +69,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from prometheus_client.parser import text_string_to_metric_families
 
-from aggregator.checkpoint import load_checkpoint, previous_path
+from aggregator.checkpoint_files import load_checkpoint, previous_path
 from aggregator.estimators import AggregateState
 from broker.records import ADMITTED, HEAD_SIZE, read_header, record_spans
 from edge.batch_auth import BatchAuthError, BatchVerifier, load_or_create_signing_key
