@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 
-from aggregator.accountant import amplify_spec
 from aggregator.core import AggregatorCore
 from aggregator.estimators import Estimates
 from edge.spec import MechanismSpec
@@ -147,14 +146,6 @@ def epsilon_curve_grid(min_batch: int | None) -> tuple[int, ...]:
     points = tuple(sorted(grid))
     assert len(points) <= MAX_CURVE_POINTS
     return points
-
-
-def epsilon_curve(spec: MechanismSpec, *, delta: float, grid: Sequence[int]) -> dict[int, float]:
-    """Certified central epsilon (:func:`amplify_spec`) at each ``n`` of ``grid``.
-
-    About 0.01-0.2 s per point (the largest ``n`` cost most): call it off the event loop.
-    """
-    return {n: amplify_spec(spec, n=n, delta=delta).epsilon_central for n in grid}
 
 
 def _reason_counter(
@@ -439,7 +430,8 @@ class AggregatorMetrics:
         self.oldest_round.set(np.nan if oldest_round is None else oldest_round)
 
     def set_epsilon_curve(self, curve: dict[int, float]) -> None:
-        """Export a curve from :func:`epsilon_curve` (at most :data:`MAX_CURVE_POINTS`)."""
+        """Export a curve from :func:`~aggregator.ledger_levels.epsilon_curve` (at most
+        :data:`MAX_CURVE_POINTS`)."""
         if len(curve) > MAX_CURVE_POINTS:
             raise ValueError(f"at most {MAX_CURVE_POINTS} curve points, got {len(curve)}")
         for n, epsilon in curve.items():

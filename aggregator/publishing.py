@@ -36,9 +36,10 @@ from aggregator.config import AggregatorConfig
 from aggregator.core import AggregatorCore
 from aggregator.estimators import AggregateState
 from aggregator.ledger_file import ledger_path_for, load_ledger
+from aggregator.ledger_levels import PrivacyLevel
 from aggregator.metrics import AggregatorMetrics, epsilon_curve_grid
 from aggregator.page_data import PrivacyHistory, channel_estimates
-from aggregator.privacy_ledger import PrivacyLedger, PrivacyLevel
+from aggregator.privacy_ledger import PrivacyLedger
 from edge.errors import CocoError
 
 logger = logging.getLogger("aggregator.service")

@@ -85,8 +85,9 @@ from aggregator.generations import Generations
 from aggregator.http import MetricsServer, Source
 from aggregator.keys import describe_anchor
 from aggregator.ledger_file import ledger_path_for, load_ledger
+from aggregator.ledger_levels import PrivacyLevel
 from aggregator.metrics import UNACKED_REASONS, AggregatorMetrics
-from aggregator.privacy_ledger import PrivacyLedger, PrivacyLevel
+from aggregator.privacy_ledger import PrivacyLedger
 from aggregator.publishing import (
     Publisher,
     RefreshOnCollect,

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from aggregator import accountant_process
-from aggregator.metrics import epsilon_curve
-from aggregator.privacy_ledger import LedgerSnapshot, PrivacyLedger
+from aggregator.ledger_levels import LedgerSnapshot, epsilon_curve
+from aggregator.privacy_ledger import PrivacyLedger
 from edge.spec import MechanismSpec
 from tests import waiting
 

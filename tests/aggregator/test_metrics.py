@@ -17,13 +17,13 @@ from prometheus_client import CollectorRegistry
 from aggregator.accountant import amplify_spec
 from aggregator.config import AggregatorConfig
 from aggregator.http import MetricsServer
+from aggregator.ledger_levels import epsilon_curve
 from aggregator.live_page import CONTENT_SECURITY_POLICY, PAGE
 from aggregator.metrics import (
     CURVE_DEFAULT_START,
     CURVE_MAX_N,
     MAX_CURVE_POINTS,
     AggregatorMetrics,
-    epsilon_curve,
     epsilon_curve_grid,
 )
 from aggregator.service import Aggregator
