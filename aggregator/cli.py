@@ -1,6 +1,6 @@
 """``coco aggregator run | snapshot | trust`` (:data:`aggregator_app`): the streaming
 service, an offline snapshot of its checkpoint, and the pinned batch keys. ``coco privacy``
-lives in :mod:`aggregator.privacy_cli` (its names are re-exported here)."""
+lives in :mod:`aggregator.privacy_cli`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from aggregator.privacy_cli import PrivacyMechanism, privacy_app, privacy_rows
 from edge import CocoError, MechanismSpec, SpecError
 from edge.announce import load_spec_file, shard_plan
 from edge.cli_options import (
@@ -38,7 +37,7 @@ from edge.shards import ShardPlan
 if TYPE_CHECKING:
     from aggregator.page_data import Channel
 
-__all__ = ["PrivacyMechanism", "aggregator_app", "privacy_app", "privacy_rows"]
+__all__ = ["aggregator_app"]
 
 HEX_KEY_DIGITS = 64
 

@@ -2,7 +2,7 @@
 
 Every metric lives in an injected :class:`~prometheus_client.CollectorRegistry` (never the
 global one). The ``dim`` label exists only for the bounded set of exported dimensions
-(:attr:`AggregatorConfig.metrics_dims <aggregator.service.AggregatorConfig.metrics_dims>`),
+(:attr:`AggregatorConfig.metrics_dims <aggregator.config.AggregatorConfig.metrics_dims>`),
 so the series count does not grow with ``d``; no label ever names a device.
 
 Privacy level for operators

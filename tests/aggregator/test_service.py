@@ -460,7 +460,8 @@ def test_a_cancelled_checkpoint_finishes_its_write_before_releasing(
 _CHILD = """
 import asyncio, json, sys
 from pathlib import Path
-from aggregator.service import AggregatorConfig, run_aggregator
+from aggregator.config import AggregatorConfig
+from aggregator.service import run_aggregator
 from edge import MechanismSpec
 a = json.loads(sys.argv[1])
 cfg = AggregatorConfig(
