@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from aggregator.config import AggregatorConfig
-from aggregator.estimators import AggregateState
-from aggregator.service import Aggregator
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.service import Aggregator
 from broker.metrics import REJECT_REASONS
 from broker.shuffler import Shuffler, ShufflerConfig
 from edge import device

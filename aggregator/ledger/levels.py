@@ -1,11 +1,11 @@
 """What a privacy ledger's records amount to, as immutable values.
 
-:class:`LedgerSnapshot` is what :meth:`~aggregator.privacy_ledger.PrivacyLedger.compute`
+:class:`LedgerSnapshot` is what :meth:`~aggregator.ledger.privacy_ledger.PrivacyLedger.compute`
 needs of a ledger (picklable: it crosses to the accountant's process,
-:mod:`aggregator.accountant_process`); :class:`PrivacyLevel` is what it returns, the numbers
+:mod:`aggregator.ledger.accountant_process`); :class:`PrivacyLevel` is what it returns, the numbers
 the service exports; :func:`epsilon_curve` is the certified per-release epsilon over a grid
 of sizes, exported beside them (also computed in the accountant's process). Apart from
-:class:`~aggregator.privacy_ledger.PrivacyLedger`, which records releases and changes with
+:class:`~aggregator.ledger.privacy_ledger.PrivacyLedger`, which records releases and changes with
 every one, these are the values that cross from the ledger to the process that computes and
 the service that shows them.
 """
@@ -23,7 +23,7 @@ __all__ = ["LedgerSnapshot", "PrivacyLevel", "Snapshot", "epsilon_curve"]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LedgerSnapshot:
-    """What :meth:`~aggregator.privacy_ledger.PrivacyLedger.compute` needs, immutable and
+    """What :meth:`~aggregator.ledger.privacy_ledger.PrivacyLedger.compute` needs, immutable and
     picklable.
 
     ``rounds``: ``{release size: participations}`` (a round's smallest release; sizes are

@@ -1,14 +1,14 @@
 """What the service does with each message the session hands it: a batch or a manifest
 through the core, counted, logged and acknowledged.
 
-:class:`Intake` routes a message by its topic (:func:`~aggregator.session.route`), has the
-core verify and apply a batch (:meth:`~aggregator.core.AggregatorCore.check`, ``partial``,
-``apply``) or reconcile a manifest, syncs the metrics and tells the publisher; it counts
-what is refused or left unacknowledged, and logs it only the 1st, 2nd, 4th, 8th... time of
-each kind per run, so a flood cannot flood the log. The PUBACK of a delivery goes out
-through the checkpoint generations (:class:`~aggregator.generations.Generations`).
-Everything the service holds (the session, the files, the endpoint) is wired around it by
-:class:`aggregator.service.Aggregator`.
+:class:`Intake` routes a message by its topic (:func:`~aggregator.service.session.route`), has the
+core verify and apply a batch (:meth:`~aggregator.service.core.rules.AggregatorCore.check`,
+``partial``, ``apply``) or reconcile a manifest, syncs the metrics and tells the publisher; it
+counts what is refused or left unacknowledged, and logs it only the 1st, 2nd, 4th, 8th... time of
+each kind per run, so a flood cannot flood the log. The PUBACK of a delivery goes out through the
+checkpoint generations (:class:`~aggregator.service.generations.Generations`). Everything the
+service holds (the session, the files, the endpoint) is wired around it by
+:class:`aggregator.service.service.Aggregator`.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import time
 import aiomqtt
 import paho.mqtt.client as paho
 
-from aggregator.checkpoint import Counters
-from aggregator.config import AggregatorConfig
-from aggregator.core import ACCOUNTED_REFUSALS, AggregatorCore, RejectedError
-from aggregator.generations import Generations
-from aggregator.metrics import UNACKED_REASONS, AggregatorMetrics
-from aggregator.publishing import Publisher
-from aggregator.session import route
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.core.checkpoint import Counters
+from aggregator.service.core.rules import ACCOUNTED_REFUSALS, AggregatorCore, RejectedError
+from aggregator.service.generations import Generations
+from aggregator.service.metrics import UNACKED_REASONS, AggregatorMetrics
+from aggregator.service.publishing import Publisher
+from aggregator.service.session import route
 
 __all__ = ["INLINE_ELEMENTS", "Intake"]
 
@@ -112,8 +112,9 @@ class Intake:
         return "duplicate"
 
     def handle_manifest(self, payload: bytes, shard: str | None = None) -> str:
-        """Check and reconcile one sealed release manifest (:mod:`aggregator.manifests`);
-        returns ``"accepted"``, ``"duplicate"`` or the reject reason."""
+        """Check and reconcile one sealed release manifest
+        (:mod:`aggregator.service.core.manifests`); returns ``"accepted"``, ``"duplicate"`` or the
+        reject reason."""
         generation = self.core.ledger.generation
         outcome = self.core.manifest(payload, now=time.time(), shard=shard)
         self.metrics.sync(self.core)
@@ -158,7 +159,7 @@ class Intake:
 
     def count_unacknowledged(self, reason: str, count: int) -> None:
         """``count`` deliveries left without a PUBACK for ``reason``
-        (:data:`~aggregator.metrics.UNACKED_REASONS`); the broker redelivers them."""
+        (:data:`~aggregator.service.metrics.UNACKED_REASONS`); the broker redelivers them."""
         assert reason in UNACKED_REASONS
         if count <= 0:
             return

@@ -2,7 +2,7 @@
 
 The estimates' checkpoint can be reset (moved away, as docs/operations.md advises after a
 change of spec or a damaged file) without forgetting what the devices spent: the ledger
-(:class:`~aggregator.privacy_ledger.PrivacyLedger`) lives in a file of its own, by default
+(:class:`~aggregator.ledger.privacy_ledger.PrivacyLedger`) lives in a file of its own, by default
 ``<checkpoint>.ledger``. One UTF-8 JSON object::
 
     {"format": "coco-privacy-ledger", "version": 1,
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from aggregator.durable import write_atomically
-from aggregator.privacy_ledger import ID_BYTES, MAX_ROUND, PrivacyLedger
+from aggregator.ledger.privacy_ledger import ID_BYTES, MAX_ROUND, PrivacyLedger
 from edge.errors import CocoError
 from edge.spec import MechanismSpec
 

@@ -1,14 +1,14 @@
 """The aggregator service: signed, shuffled batches in, streaming estimates and metrics out.
 
-A thin shell around :class:`~aggregator.core.AggregatorCore` (the rules: what is applied,
-refused, remembered): it wires the MQTT session (:mod:`aggregator.session`), what is done
-with each message (:mod:`aggregator.intake`), the checkpoint files
-(:mod:`aggregator.checkpoint_files`, :mod:`aggregator.generations`), the pinned key
-(:mod:`aggregator.trust`), the HTTP endpoint and gauges (:mod:`aggregator.metrics`,
-:mod:`aggregator.publishing`) and the timers, and runs their lifecycle. Nothing unverified
+A thin shell around :class:`~aggregator.service.core.rules.AggregatorCore` (the rules: what is
+applied, refused, remembered): it wires the MQTT session (:mod:`aggregator.service.session`), what
+is done with each message (:mod:`aggregator.service.intake`), the checkpoint files
+(:mod:`aggregator.service.checkpoint_files`, :mod:`aggregator.service.generations`), the pinned key
+(:mod:`aggregator.service.trust`), the HTTP endpoint and gauges (:mod:`aggregator.service.metrics`,
+:mod:`aggregator.service.publishing`) and the timers, and runs their lifecycle. Nothing unverified
 is ever applied; rejections are counted by reason
-(``coco_aggregator_batches_rejected_total{reason}``) and never stop the service. The
-aggregator sees only shuffled, locally randomised reports, never a device id, and logs none.
+(``coco_aggregator_batches_rejected_total{reason}``) and never stop the service. The aggregator sees
+only shuffled, locally randomised reports, never a device id, and logs none.
 
 Exactly once, across crashes
 ----------------------------
@@ -18,7 +18,7 @@ ids are written in the *same* checkpoint as the sums they went into, atomically 
 thread, and every checkpoint keeps the generation before it (``<checkpoint>.previous``).
 Delivery is QoS 1 over a persistent session with manual acknowledgement, and the PUBACK of
 a batch is sent only once *two* durable generations hold it
-(:class:`~aggregator.core.AckGenerations`). Hence:
+(:class:`~aggregator.service.core.acks.AckGenerations`). Hence:
 
 * crash after apply, before the checkpoint: the batch is neither in the checkpoint nor
   acknowledged; the broker redelivers it and it is applied once;
@@ -44,8 +44,8 @@ One writer per deployment
 -------------------------
 The checkpoint is locked (``flock`` on ``<checkpoint>.lock``): a second service with the
 same checkpoint refuses to start. A second service of the same account takes the MQTT
-session over and the first one stops (:class:`~aggregator.session.SessionTakenOverError`,
-:mod:`aggregator.session`). Batches applied after the last checkpoint of a service that
+session over and the first one stops (:class:`~aggregator.service.session.SessionTakenOverError`,
+:mod:`aggregator.service.session`). Batches applied after the last checkpoint of a service that
 stops this way are neither checkpointed nor acknowledged: the broker redelivers them to
 the new holder, so two checkpoints never hold the same batch.
 
@@ -71,22 +71,22 @@ import aiomqtt
 import paho.mqtt.client as paho
 from prometheus_client import CollectorRegistry
 
-from aggregator.acks import AckGenerations
-from aggregator.checkpoint import CheckpointError, Counters
-from aggregator.checkpoint_files import lock_checkpoint, recover_checkpoint
-from aggregator.config import AggregatorConfig
-from aggregator.core import AggregatorCore, CoreRules, check_resumable
-from aggregator.generations import Generations
-from aggregator.http import MetricsServer, Source
-from aggregator.intake import Intake
-from aggregator.keys import describe_anchor
-from aggregator.ledger_file import ledger_path_for, load_ledger
-from aggregator.ledger_levels import PrivacyLevel
-from aggregator.metrics import AggregatorMetrics
-from aggregator.privacy_ledger import PrivacyLedger
-from aggregator.publishing import Publisher, RefreshOnCollect, log_shutdown
-from aggregator.session import Ack, BatchSession
-from aggregator.trust import KeyGuard
+from aggregator.ledger.ledger_file import ledger_path_for, load_ledger
+from aggregator.ledger.levels import PrivacyLevel
+from aggregator.ledger.privacy_ledger import PrivacyLedger
+from aggregator.service.checkpoint_files import lock_checkpoint, recover_checkpoint
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.core.acks import AckGenerations
+from aggregator.service.core.checkpoint import CheckpointError, Counters
+from aggregator.service.core.keys import describe_anchor
+from aggregator.service.core.rules import AggregatorCore, CoreRules, check_resumable
+from aggregator.service.generations import Generations
+from aggregator.service.http import MetricsServer, Source
+from aggregator.service.intake import Intake
+from aggregator.service.metrics import AggregatorMetrics
+from aggregator.service.publishing import Publisher, RefreshOnCollect, log_shutdown
+from aggregator.service.session import Ack, BatchSession
+from aggregator.service.trust import KeyGuard
 from edge.errors import CocoError
 
 __all__ = ["Aggregator", "run_aggregator"]
@@ -304,7 +304,7 @@ class Aggregator:
             elif self.config.key_source == "announced":
                 logger.warning(
                     "no --checkpoint: the announced batch key is trusted at every start, "
-                    "not pinned (aggregator.trust)"
+                    "not pinned (aggregator.service.trust)"
                 )
             self.intake.run_start = self.counters.copy()
             self.recovered = True
@@ -417,7 +417,7 @@ class Aggregator:
     async def run(self) -> None:
         """Consume batches (reconnecting as needed) and checkpoint, until cancelled.
 
-        Raises :class:`~aggregator.session.SessionTakenOverError` when another client takes
+        Raises :class:`~aggregator.service.session.SessionTakenOverError` when another client takes
         over the session."""
         if not self._entered:
             raise RuntimeError("use 'async with Aggregator(config) as agg: await agg.run()'")
@@ -454,8 +454,9 @@ class Aggregator:
         return await self.intake.handle_batch(payload, shard)
 
     def handle_manifest(self, payload: bytes, shard: str | None = None) -> str:
-        """Check and reconcile one sealed release manifest (:mod:`aggregator.manifests`);
-        returns ``"accepted"``, ``"duplicate"`` or the reject reason."""
+        """Check and reconcile one sealed release manifest
+        (:mod:`aggregator.service.core.manifests`); returns ``"accepted"``, ``"duplicate"`` or the
+        reject reason."""
         return self.intake.handle_manifest(payload, shard)
 
     # -- acknowledgements ------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """What the aggregator's checkpoint holds, and its text: written, read and checked, with no
-I/O (the files: :mod:`aggregator.checkpoint_files`).
+I/O (the files: :mod:`aggregator.service.checkpoint_files`).
 
 A checkpoint is one UTF-8 JSON object (:func:`encode_checkpoint`)::
 
@@ -11,11 +11,11 @@ A checkpoint is one UTF-8 JSON object (:func:`encode_checkpoint`)::
      "batch_rounds": {"<round>": ["<32 hex>", ...]}, "checksums": {"<field>": "<32 hex>"}}
 
 ``batch_rounds`` holds the ids of the applied batches of the retained rounds only
-(:mod:`aggregator.core`), so its size follows the traffic of the window, not the age of the
-deployment. ``trusted`` is what the sums were verified under (the batch key, or the
-announced shard layouts: :mod:`aggregator.keys`); ``shards`` the batches applied per shard;
+(:mod:`aggregator.service.core.rules`), so its size follows the traffic of the window, not the age
+of the deployment. ``trusted`` is what the sums were verified under (the batch key, or the announced
+shard layouts: :mod:`aggregator.service.core.keys`); ``shards`` the batches applied per shard;
 ``reconciliation`` the manifests and batches still being matched
-(:mod:`aggregator.manifests`).
+(:mod:`aggregator.service.core.manifests`).
 
 Integrity
 ---------
@@ -37,9 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from aggregator.estimators import AggregateState
-from aggregator.keys import is_anchor
-from aggregator.manifests import Reconciler
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.core.keys import is_anchor
+from aggregator.service.core.manifests import Reconciler
 from edge.errors import CocoError
 
 CHECKPOINT_VERSION = 3
@@ -121,8 +121,8 @@ class Counters:
 
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint:
-    """What a checkpoint holds (:meth:`aggregator.core.AggregatorCore.content`), or a
-    checked checkpoint file (:func:`~aggregator.checkpoint_files.load_checkpoint`, with its
+    """What a checkpoint holds (:meth:`aggregator.service.core.rules.AggregatorCore.content`), or a
+    checked checkpoint file (:func:`~aggregator.service.checkpoint_files.load_checkpoint`, with its
     ``path``)."""
 
     version: int = CHECKPOINT_VERSION
@@ -133,7 +133,7 @@ class Checkpoint:
     delta: float
     trusted: str | None = None
     """What the sums were verified under: the batch key or the shard layouts
-    (:mod:`aggregator.keys`; ``None`` in files of version 1 and 2)."""
+    (:mod:`aggregator.service.core.keys`; ``None`` in files of version 1 and 2)."""
     state: AggregateState
     batch_rounds: dict[int, list[bytes]]
     """Applied batch ids by round (empty for a version-1 file)."""
@@ -146,13 +146,13 @@ class Checkpoint:
     checkpoint without them counts every batch as one of the smallest size, the largest
     per-batch epsilon, so the composition stays an upper bound). Version 3 carries them
     over only for a deployment upgraded from version 2; its privacy ledger has its own
-    file (:mod:`aggregator.ledger_file`)."""
+    file (:mod:`aggregator.ledger.ledger_file`)."""
     last_batch_timestamp: float | None
     written_at: float | None = None
     shards: dict[str, dict[str, int | None]] = field(default_factory=dict)
     """Batches applied per shard label: ``batches``, ``reports``, ``smallest``, ``latest``."""
     reconciliation: dict[str, Any] | None = None
-    """:meth:`aggregator.manifests.Reconciler.to_json` (``None`` in older files)."""
+    """:meth:`aggregator.service.core.manifests.Reconciler.to_json` (``None`` in older files)."""
     path: Path | None = None
 
 

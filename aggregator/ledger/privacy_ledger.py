@@ -2,15 +2,15 @@
 
 :class:`PrivacyLedger` records every *release* the shufflers made and turns the record into
 the numbers the service exports. It is plain data with no I/O; the service persists it
-with :mod:`aggregator.ledger_file` (its own checksummed file, apart from the estimates'
+with :mod:`aggregator.ledger.ledger_file` (its own checksummed file, apart from the estimates'
 checkpoint) and computes its numbers in the accountant's process
-(:mod:`aggregator.accountant_process`).
+(:mod:`aggregator.ledger.accountant_process`).
 
 The API the service calls
 -------------------------
 ::
 
-    from aggregator import accountant_process, ledger_file
+    from aggregator.ledger import accountant_process, ledger_file
     ledger = ledger_file.load_ledger(path, spec=spec, delta=delta)  # None: no file yet
     ledger = ledger or PrivacyLedger(spec, delta=delta)
     ledger.record_manifest(round=r, shard="g0s1", release_id=rid,
@@ -120,7 +120,7 @@ from typing import Any, Final, Literal
 from aggregator.accountant import amplify_spec
 from aggregator.accountant.blanket import MAX_N
 from aggregator.accountant.history import SIGNIFICANT_BITS, accounting_size, epsilon_total_rounds
-from aggregator.ledger_levels import LedgerSnapshot, PrivacyLevel
+from aggregator.ledger.levels import LedgerSnapshot, PrivacyLevel
 from edge.spec import MechanismSpec
 
 __all__ = [
@@ -506,7 +506,7 @@ class PrivacyLedger:
         self._legacy_latest = latest
         self.generation += 1
 
-    # -- persistence (the file format is aggregator.ledger_file's) --------------------------
+    # -- persistence (the file format is aggregator.ledger.ledger_file's) --------------------------
 
     def to_dict(self) -> dict[str, Any]:
         """Everything recorded, JSON-ready (ids in hex, sorted: equal ledgers, equal text)."""
@@ -548,7 +548,7 @@ class PrivacyLedger:
         per_batch_latest: int | None,
     ) -> None:
         """The compacted part and the old per-batch records of :meth:`to_dict` (for
-        :mod:`aggregator.ledger_file`; call it on a fresh ledger, before ``record_*``)."""
+        :mod:`aggregator.ledger.ledger_file`; call it on a fresh ledger, before ``record_*``)."""
         self._history = _History(
             compacted=Counter(compacted),
             compacted_smallest=compacted_smallest,

@@ -1,6 +1,6 @@
 """The aggregator's checkpoint files: written, kept, recovered and locked.
 
-What a checkpoint holds and how its text is checked is :mod:`aggregator.checkpoint` (no
+What a checkpoint holds and how its text is checked is :mod:`aggregator.service.core.checkpoint` (no
 I/O); this module puts it on disk.
 
 Generations
@@ -11,10 +11,11 @@ Generations
 :func:`recover_checkpoint` resumes from the newest file, and from the previous generation
 when the newest is missing or damaged (the damaged file is kept as
 ``<checkpoint>.damaged`` for inspection); the service sends the PUBACKs of generation
-``N``'s batches only once ``N + 1`` is durable (:class:`aggregator.acks.AckGenerations`),
-so the broker still holds, unacknowledged, every batch the previous generation lacks, and
-redelivers it. Both damaged: a one-line error naming both files. :func:`lock_checkpoint`
-takes the single-writer lock, an exclusive ``flock`` on ``<checkpoint>.lock``.
+``N``'s batches only once ``N + 1`` is durable
+(:class:`aggregator.service.core.acks.AckGenerations`), so the broker still holds, unacknowledged,
+every batch the previous generation lacks, and redelivers it. Both damaged: a one-line error naming
+both files. :func:`lock_checkpoint` takes the single-writer lock, an exclusive ``flock`` on
+``<checkpoint>.lock``.
 """
 
 from __future__ import annotations
@@ -25,14 +26,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggregator.checkpoint import (
+from aggregator.durable import write_atomically
+from aggregator.service.core.checkpoint import (
     Checkpoint,
     CheckpointError,
     decode_checkpoint,
     encode_checkpoint,
     one_line,
 )
-from aggregator.durable import write_atomically
 from edge.errors import CocoError
 
 PREVIOUS_SUFFIX = ".previous"
