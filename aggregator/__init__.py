@@ -2,8 +2,7 @@
 the ``coco aggregator`` service and its live page.
 
 One package per concept; each imports only the packages listed before it (and ``edge``,
-numpy and the standard library), never one after it. tests/aggregator/test_layers.py checks
-it.
+numpy and the standard library), never one after it; tests/test_layers.py checks it.
 
 * :mod:`aggregator.estimation`: the estimators, a library (imports nothing of the
   aggregator).

@@ -16,6 +16,6 @@ crashes and restarts applies each genuine batch exactly once.
 May import: :mod:`aggregator.estimation`, the ledger's pure modules
 (:mod:`aggregator.ledger.privacy_ledger`, :mod:`aggregator.ledger.levels`), ``edge``, numpy
 and the standard library, but no I/O: no file, socket, process, thread, lock, clock or log
-of its own, no MQTT client, no Prometheus; nothing of the shell
-(:mod:`aggregator.service`).
+of its own, no MQTT client, no Prometheus; nothing of the shell (the rest of
+:mod:`aggregator.service`). tests/test_layers.py checks its imports.
 """
