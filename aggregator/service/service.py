@@ -445,12 +445,15 @@ class Aggregator:
     # -- batches ---------------------------------------------------------------------------
 
     async def _on_message(self, paho_client: paho.Client, message: aiomqtt.Message) -> None:
+        """The session's callback: :meth:`~aggregator.service.intake.Intake.on_message` (the
+        intake needs the checkpoint generations, which are built after the session)."""
         await self.intake.on_message(paho_client, message)
 
     async def handle_batch(self, payload: bytes, shard: str | None = None) -> str:
         """Verify, check and apply one sealed batch (``batch || signature``) that came on
         ``shard``'s topic (``None``: the unsharded one); returns ``"applied"``,
-        ``"duplicate"`` or the reject reason (:meth:`Intake.handle_batch`)."""
+        ``"duplicate"`` or the reject reason
+        (:meth:`~aggregator.service.intake.Intake.handle_batch`)."""
         return await self.intake.handle_batch(payload, shard)
 
     def handle_manifest(self, payload: bytes, shard: str | None = None) -> str:
