@@ -50,7 +50,7 @@ _ROOT = Path(__file__).resolve().parents[1]
 if str(_ROOT) not in sys.path:  # run as a script from a checkout without `pip install -e .`
     sys.path.insert(0, str(_ROOT))
 
-from aggregator.estimators import AggregateState  # noqa: E402
+from aggregator.estimation.estimators import AggregateState  # noqa: E402
 from edge import CoCo, Collision, LocalMechanism  # noqa: E402
 from sim.models.synthetic import random_sparse, sparse_totals  # noqa: E402
 

@@ -12,7 +12,7 @@ processes, one at a time:
   ``decode_report`` every message;
 * ``fleet`` publisher -> the real :class:`broker.service.shuffler.Shuffler` alone (its ingest rate,
   the number the goal "ingest >= 0.6 of the raw Mosquitto rate in every repeat" is about);
-* ``fleet`` publisher -> the shuffler -> the real :class:`aggregator.service.Aggregator`
+* ``fleet`` publisher -> the shuffler -> the real :class:`aggregator.service.service.Aggregator`
   (end to end; the shuffler's ingest is reported again, now sharing the 2 cores with the
   aggregator).
 
@@ -323,8 +323,8 @@ async def _run_shuffler(
 
 
 async def _run_aggregator(port: int, expected: int, timeout: float) -> None:
-    from aggregator.config import AggregatorConfig  # noqa: PLC0415
-    from aggregator.service import Aggregator  # noqa: PLC0415
+    from aggregator.service.config import AggregatorConfig  # noqa: PLC0415
+    from aggregator.service.service import Aggregator  # noqa: PLC0415
     from edge.batch_auth import load_or_create_signing_key, public_key_hex  # noqa: PLC0415
 
     config = AggregatorConfig(

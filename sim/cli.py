@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     # name: (module, attribute: a command function or a typer.Typer, help in `coco --help`)
     "privacy": (
-        "aggregator.privacy_cli",
+        "aggregator.ledger.privacy_cli",
         "privacy_app",
         "Central privacy of shuffled batches (certified bounds); `calibrate` plans epsilon0.",
     ),
@@ -61,7 +61,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "Simulate a fleet of devices publishing privatised reports (simulation only: no "
         "budget ledger; a real device runs `coco device`).",
     ),
-    "aggregator": ("aggregator.cli", "aggregator_app", "The streaming aggregator service."),
+    "aggregator": ("aggregator.service.cli", "aggregator_app", "The streaming aggregator service."),
     "experiment": (
         "sim.experiments.cli",
         "experiment_app",

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiomqtt
 
-from aggregator.service import Aggregator
+from aggregator.service.service import Aggregator
 from broker.service.shuffler import Shuffler
 from edge.topics import batches_topic
 from tests import waiting

@@ -62,11 +62,11 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-from aggregator import accountant_process
 from aggregator.accountant import amplify_spec
-from aggregator.config import AggregatorConfig
-from aggregator.metrics import REJECT_REASONS as BATCH_REJECT_REASONS
-from aggregator.service import Aggregator
+from aggregator.ledger import accountant_process
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.metrics import REJECT_REASONS as BATCH_REJECT_REASONS
+from aggregator.service.service import Aggregator
 from broker.service.metrics import DROP_REASONS, REJECT_REASONS
 from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge.batch_auth import (

@@ -8,7 +8,10 @@ slip past. The rules:
   other on it, importing neither each other nor anything above; ``sim`` above them; no
   product package imports ``tests`` or ``bench``;
 * a pure core imports no I/O, network, MQTT, metrics or logging library, and none of its
-  package's shell modules.
+  package's shell modules;
+* inside ``aggregator``, each package imports only the packages its ``__init__`` allows
+  (aggregator/__init__.py): the estimators, the accountant and the live page nothing else of
+  it, the ledger only the accountant and ``durable``, the service's core none of its shell.
 """
 
 from __future__ import annotations
@@ -44,16 +47,45 @@ IO_LIBRARIES = (
 )
 """What a pure core must not import: it takes events and returns effects or values."""
 
+LEDGER_SHELL = (
+    "aggregator.ledger.ledger_file",
+    "aggregator.ledger.accountant_process",
+    "aggregator.ledger.privacy_cli",
+)
+
 CORES: dict[str, tuple[str, ...]] = {
     # module (or package prefix) -> the shell modules or packages it must not import
     "edge.device": ("edge.publisher", "edge.publisher_link", "edge.device_cli"),
     "edge.codec": ("edge.publisher", "edge.publisher_link", "edge.device_cli"),
     "broker.core": ("broker.store", "broker.service"),
-    "aggregator.core": ("aggregator.service", "aggregator.session", "aggregator.cli"),
-    "aggregator.estimators": ("aggregator.service", "aggregator.cli"),
-    "aggregator.accountant": ("aggregator.service", "aggregator.cli"),
+    "aggregator.service.core": (
+        "aggregator.service.service",
+        "aggregator.service.session",
+        "aggregator.service.cli",
+    ),
+    "aggregator.estimation": ("aggregator.service",),
+    "aggregator.accountant": ("aggregator.service",),
+    "aggregator.ledger.privacy_ledger": ("aggregator.service", *LEDGER_SHELL),
+    "aggregator.ledger.levels": ("aggregator.service", *LEDGER_SHELL),
 }
 """Pure cores, each with the shell modules it must not reach."""
+
+AGGREGATOR_PACKAGES: dict[str, tuple[str, ...]] = {
+    # a package of the aggregator -> the only modules of the aggregator it may import
+    "aggregator.estimation": ("aggregator.estimation",),
+    "aggregator.accountant": ("aggregator.accountant",),
+    "aggregator.durable": (),
+    "aggregator.page": ("aggregator.page",),
+    "aggregator.ledger": ("aggregator.ledger", "aggregator.accountant", "aggregator.durable"),
+    "aggregator.service.core": (
+        "aggregator.service.core",
+        "aggregator.estimation",
+        "aggregator.ledger.privacy_ledger",
+        "aggregator.ledger.levels",
+    ),
+}
+"""The aggregator's packages (aggregator/__init__.py and each package's ``__init__``); the
+service's shell may import any of them, and none of them the shell."""
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -93,6 +125,8 @@ def violations(root: Path) -> list[str]:
         for path in sorted((root / top).rglob("*.py")):
             name = module_name(path, root)
             cores = [c for c in CORES if within(name, c)]
+            packages = [p for p in AGGREGATOR_PACKAGES if within(name, p)]
+            allowed = AGGREGATOR_PACKAGES[max(packages, key=len)] if packages else ("aggregator",)
             for line, target in imports_of(path, root):
                 where = f"{path.relative_to(root)}:{line}"
                 found += [
@@ -106,6 +140,12 @@ def violations(root: Path) -> list[str]:
                         for banned in (*IO_LIBRARIES, *CORES[core])
                         if within(target, banned)
                     ]
+                if (
+                    within(target, "aggregator")
+                    and target != "aggregator"
+                    and not any(within(target, a) for a in allowed)
+                ):
+                    found.append(f"{where}: {max(packages, key=len)} imports {target}")
     return sorted(set(found))
 
 
@@ -122,7 +162,7 @@ def test_every_core_named_exists() -> None:
 @pytest.mark.parametrize(
     ("where", "source", "expected"),
     [
-        ("edge/x.py", "from aggregator import estimators\n", "edge imports aggregator"),
+        ("edge/x.py", "from aggregator.estimation import estimators\n", "edge imports aggregator"),
         ("broker/x.py", "def f():\n    import sim.cli\n", "broker imports sim.cli"),
         ("aggregator/x.py", "from broker.core import Core\n", "aggregator imports broker"),
         ("sim/x.py", "import tests.waiting\n", "sim imports tests"),
@@ -132,7 +172,23 @@ def test_every_core_named_exists() -> None:
             "from ..service import shuffler\n",
             "imports broker.service.shuffler",
         ),
-        ("aggregator/accountant/y.py", "from ..service import x\n", "imports aggregator.service"),
+        (
+            "aggregator/accountant/y.py",
+            "from ..service import x\n",
+            "imports aggregator.service",
+        ),
+        (
+            "aggregator/ledger/y.py",
+            "from aggregator.service.config import C\n",
+            "aggregator.ledger imports aggregator.service.config",
+        ),
+        (
+            "aggregator/service/core/y.py",
+            "def f():\n    from aggregator.service import http\n",
+            "aggregator.service.core imports aggregator.service.http",
+        ),
+        ("aggregator/page/y.py", "import aggregator.estimation\n", "imports aggregator.estimation"),
+        ("aggregator/ledger/levels.py", "import typer\n", "the core aggregator.ledger.levels"),
     ],
 )
 def test_a_forbidden_import_is_found(

@@ -11,8 +11,8 @@ from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry
 
-from aggregator.estimators import AggregateState
-from aggregator.http import MetricsServer
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.http import MetricsServer
 from broker.service.shuffler import parse_broker_url
 from edge import CocoError, MechanismSpec
 

@@ -1,21 +1,21 @@
 """``coco demo``'s run: devices -> shuffler -> aggregator on one machine, on the broker
 :mod:`sim.demo.brokers` chooses (:func:`run_pipeline`).
 
-A :class:`~broker.service.shuffler.Shuffler` and an :class:`~aggregator.service.Aggregator` run
-in-process as asyncio tasks, each with its own ``CollectorRegistry``; the spec announcement is
-published retained (and cleared at the end). The fleet (:mod:`sim.demo.publisher`) publishes
-round ``k`` of its readings in the ``k``-th wall-clock round of ``round_seconds`` (2 s) from
-the start; the shuffler releases each round whole, as one signed batch, when the round
-closes. The run then waits until the shuffler has received every report, stops it (drain:
-without a state directory it releases the open round's pool), waits until the aggregator has
-applied every released report, then stops the aggregator, and accounts for every report
-(:mod:`sim.demo.report`).
+A :class:`~broker.service.shuffler.Shuffler` and an
+:class:`~aggregator.service.service.Aggregator` run in-process as asyncio tasks, each with its
+own ``CollectorRegistry``; the spec announcement is published retained (and cleared at the
+end). The fleet (:mod:`sim.demo.publisher`) publishes round ``k`` of its readings in the
+``k``-th wall-clock round of ``round_seconds`` (2 s) from the start; the shuffler releases
+each round whole, as one signed batch, when the round closes. The run then waits until the
+shuffler has received every report, stops it (drain: without a state directory it releases
+the open round's pool), waits until the aggregator has applied every released report, then
+stops the aggregator, and accounts for every report (:mod:`sim.demo.report`).
 
 With ``http_port`` set (``coco demo --serve``) one HTTP server on 127.0.0.1 (``0``: a free
 port) is bound before the broker starts and lives until the caller stops it: the aggregator
 serves its live page, ``/metrics`` and ``/estimates`` on it during the run, then the same
-socket serves the run's final state (:meth:`~aggregator.http.MetricsServer.serve` swaps what
-it serves, so no request is ever refused in between).
+socket serves the run's final state (:meth:`~aggregator.service.http.MetricsServer.serve`
+swaps what it serves, so no request is ever refused in between).
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import aiomqtt
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from aggregator.config import AggregatorConfig
-from aggregator.http import MetricsServer, Source
-from aggregator.page_data import Channel
-from aggregator.service import Aggregator
+from aggregator.page.page_data import Channel
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.http import MetricsServer, Source
+from aggregator.service.service import Aggregator
 from broker.core.machine import MAX_BATCH_LIMIT
 from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge import MechanismSpec

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from aggregator.service import Aggregator
+from aggregator.service.service import Aggregator
 from broker.service.metrics import DROP_REASONS, REJECT_REASONS
 from edge import MechanismSpec
 from sim.demo.config import DemoConfig, page_url

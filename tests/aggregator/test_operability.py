@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from aggregator.http import MetricsServer
+from aggregator.service.http import MetricsServer
 from tests.aggregator.test_service import SIGNER, SPEC
 from tests.aggregator.test_single_writer import (
     COCO,

@@ -1,4 +1,4 @@
-"""Per-round accounting checked by exact enumeration (aggregator/privacy_ledger.py, "What a
+"""Per-round accounting checked by exact enumeration (aggregator/ledger/privacy_ledger.py, "What a
 release is, and why a round is one participation").
 
 For tiny fleets the law of what the aggregator sees is enumerated exactly, under every
@@ -26,7 +26,7 @@ import pytest
 
 from aggregator.accountant import BlanketPair, blanket_delta, epsilon_total_counts
 from aggregator.accountant.history import epsilon_total_rounds
-from aggregator.privacy_ledger import PrivacyLedger
+from aggregator.ledger.privacy_ledger import PrivacyLedger
 from broker.core.effects import is_manifest
 from broker.core.machine import Admitted, BatchMaker, CoreConfig, Effect, Released, ShufflerCore
 from edge.codec import decode_batch, decode_manifest

@@ -16,8 +16,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from aggregator.estimators import AggregateState
-from aggregator.metrics import AggregatorMetrics
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.metrics import AggregatorMetrics
 from broker.service.metrics import ShufflerMetrics
 from edge import MechanismSpec
 from sim.fleet.metrics import FleetMetrics

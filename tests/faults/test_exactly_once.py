@@ -69,8 +69,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from prometheus_client.parser import text_string_to_metric_families
 
-from aggregator.checkpoint import load_checkpoint, previous_path
-from aggregator.estimators import AggregateState
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.checkpoint_files import load_checkpoint, previous_path
 from broker.store.records import ADMITTED, HEAD_SIZE, read_header, record_spans
 from edge.batch_auth import BatchAuthError, BatchVerifier, load_or_create_signing_key
 from edge.batch_auth import public_key_hex as key_hex

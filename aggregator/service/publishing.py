@@ -6,15 +6,15 @@ every scrape of ``/metrics`` and request of ``/estimates`` (a collector register
 in the registry asks the event loop for a rebuild and waits for it, up to
 :data:`REQUEST_WAIT`) and on shutdown, never per batch. Prometheus counters move with each
 batch. The central privacy level (epsilon_central of the smallest and latest batch,
-epsilon_central_generic, epsilon_total) is the :class:`~aggregator.privacy_ledger.
+epsilon_central_generic, epsilon_total) is the :class:`~aggregator.ledger.privacy_ledger.
 PrivacyLedger`'s, recomputed after batches are applied in the accountant's own
-low-priority process (:mod:`aggregator.accountant_process`, the service's one use of the
+low-priority process (:mod:`aggregator.ledger.accountant_process`, the service's one use of the
 accountant); until it covers the newest batch the previous level is shown
 (``batches_accounted`` says how many it covers), and a request from another thread waits
 for it, up to :data:`REQUEST_WAIT`, off the loop. ``/estimates`` also carries the privacy
 levels shown so far with their times (``privacy_history``) and, where the configuration
 names the dimensions as sensor channels, each channel's mean in its unit (``channels``;
-both from :mod:`aggregator.page_data`).
+both from :mod:`aggregator.page.page_data`).
 """
 
 from __future__ import annotations
@@ -29,15 +29,17 @@ from typing import Any
 
 from prometheus_client.registry import Collector
 
-from aggregator import accountant_process
-from aggregator.checkpoint import Counters, recover_checkpoint
-from aggregator.config import AggregatorConfig
-from aggregator.core import AggregatorCore
-from aggregator.estimators import AggregateState
-from aggregator.ledger_file import ledger_path_for, load_ledger
-from aggregator.metrics import AggregatorMetrics, epsilon_curve_grid
-from aggregator.page_data import PrivacyHistory, channel_estimates
-from aggregator.privacy_ledger import PrivacyLedger, PrivacyLevel
+from aggregator.estimation.estimators import AggregateState
+from aggregator.ledger import accountant_process
+from aggregator.ledger.ledger_file import ledger_path_for, load_ledger
+from aggregator.ledger.levels import PrivacyLevel
+from aggregator.ledger.privacy_ledger import PrivacyLedger
+from aggregator.page.page_data import PrivacyHistory, channel_estimates
+from aggregator.service.checkpoint_files import recover_checkpoint
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.core.checkpoint import Counters
+from aggregator.service.core.rules import AggregatorCore
+from aggregator.service.metrics import AggregatorMetrics, epsilon_curve_grid
 from edge.errors import CocoError
 
 logger = logging.getLogger("aggregator.service")
@@ -92,7 +94,7 @@ class Publisher:
         """Extra fields of the document (``subscribed``, ``ready``, trust), from the shell."""
         self.document: dict[str, Any] = {}
         self.history = PrivacyHistory()
-        """The levels shown so far, with their times (:mod:`aggregator.page_data`)."""
+        """The levels shown so far, with their times (:mod:`aggregator.page.page_data`)."""
         self.clock: Callable[[], float] = time.time
         self.level = no_level()
         self.privacy_dirty = asyncio.Event()
@@ -169,7 +171,7 @@ class Publisher:
     def publish(self) -> None:
         """Rebuild the estimates, the gauges and the ``/estimates`` document (a new dict: the
         HTTP thread reads the old one whole) if anything changed. O(d) plus at most
-        :data:`~aggregator.config.MAX_METRICS_DIMS` gauges: on an interval, on request,
+        :data:`~aggregator.service.config.MAX_METRICS_DIMS` gauges: on an interval, on request,
         never per batch. Each central epsilon is shown only while its batch size is still
         the current smallest or latest one."""
         core = self.core

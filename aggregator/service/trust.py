@@ -7,7 +7,7 @@ checksummed file beside it, ``<checkpoint>.trust``::
     {"version": 1, "deployment": "plant-7", "trusted": "<64 hex>" or "[<layouts>]",
      "refused": ... | null, "checksum": "<64 hex>"}
 
-``trusted`` is the anchor of :mod:`aggregator.keys`: the batch key of an unsharded
+``trusted`` is the anchor of :mod:`aggregator.service.core.keys`: the batch key of an unsharded
 deployment, or its announced shard layouts (every shard's key) as JSON text.
 
 ``checksum`` is the SHA-256 of the other fields as compact JSON with sorted keys.
@@ -46,8 +46,9 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
-from aggregator.core import AggregatorCore
-from aggregator.keys import anchor_of, describe_anchor, is_anchor
+from aggregator.durable import write_atomically
+from aggregator.service.core.keys import anchor_of, describe_anchor, is_anchor
+from aggregator.service.core.rules import AggregatorCore
 from edge.announce import decode_announcement, shard_plan
 from edge.errors import CocoError, SpecError
 
@@ -153,8 +154,6 @@ def _locked(path: Path) -> Iterator[None]:
 def update_pins(path: Path, change: Callable[[Pins | None], Pins]) -> tuple[Pins | None, Pins]:
     """Read, change and write the trust file under its lock (the service and the
     ``trust`` command never lose each other's change); ``(before, after)``."""
-    from aggregator.checkpoint import write_atomically  # noqa: PLC0415 (numpy-free import)
-
     with _locked(path):
         before = load_pins(path)
         after = change(before)

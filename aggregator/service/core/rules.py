@@ -2,20 +2,19 @@
 
 Everything the aggregator decides about a batch lives here, as pure code driven by explicit
 inputs (the sealed payload, the time, the sums of its records); the MQTT session, the
-lease, the HTTP endpoint, the files and the timers (:mod:`aggregator.service`,
-:mod:`aggregator.session`, :mod:`aggregator.checkpoint`) are shells around it. Like the
-shuffler's :mod:`broker.core`, it is property-tested (tests/aggregator/test_core.py): any
-interleaving of deliveries, redeliveries, forged and replayed batches, crashes and
-restarts from the last durable checkpoint applies each genuine batch exactly once and
-never a forged one.
+lease, the HTTP endpoint, the files and the timers (:mod:`aggregator.service.service`,
+:mod:`aggregator.service.session`, :mod:`aggregator.service.checkpoint_files`) are shells around it.
+Like the shuffler's :mod:`broker.core`, it is property-tested (tests/aggregator/test_core.py): any
+interleaving of deliveries, redeliveries, forged and replayed batches, crashes and restarts from the
+last durable checkpoint applies each genuine batch exactly once and never a forged one.
 
 Checks, in order (:meth:`AggregatorCore.check`)
 -----------------------------------------------
 1. The topic's shard has a trusted key (``unknown_shard``), and the signature verifies under
    it (:class:`~edge.batch_auth.BatchVerifier`), before anything of the message is read:
    ``bad_length``, ``bad_signature``.
-2. The wire format (:func:`~aggregator.batch_codec.decode_batch_arrays`): ``bad_version``,
-   ``bad_kind``, ``bad_count``, ``bad_field``.
+2. The wire format (:func:`~aggregator.service.core.batch_codec.decode_batch_arrays`):
+   ``bad_version``, ``bad_kind``, ``bad_count``, ``bad_field``.
 3. The spec and size: ``fingerprint_mismatch``, ``empty``, ``below_min_batch``.
 4. The round: ``wrong_shard`` (one its shard's layout does not serve), ``stale_round``
    (below the retained horizon, whose ids may be forgotten), ``future_round`` (more than
@@ -33,7 +32,7 @@ the deployment.
 
 Trusted keys and shards
 -----------------------
-What is trusted is one pinned anchor (:mod:`aggregator.keys`): the batch key of an
+What is trusted is one pinned anchor (:mod:`aggregator.service.core.keys`): the batch key of an
 unsharded deployment, or the announced shard layouts, whose shard ``L`` signs only the
 batches and manifests of its own topic and of its layout's rounds (``unknown_shard``,
 ``wrong_shard``). Applied batches are also counted per shard (:class:`ShardStats`): the
@@ -42,11 +41,11 @@ smallest batch of every shard is the guarantee each report has.
 Manifests
 ---------
 Each release's signed manifest is checked like a batch (signature under its shard's key,
-wire format, spec, round) and reconciled against the batches (:mod:`aggregator.manifests`):
-missing reports counted after a grace period, unlisted batches counted, a manifest that
-disagrees rejected as ``manifest_mismatch``.
+wire format, spec, round) and reconciled against the batches
+(:mod:`aggregator.service.core.manifests`): missing reports counted after a grace period, unlisted
+batches counted, a manifest that disagrees rejected as ``manifest_mismatch``.
 
-Acknowledgements across checkpoint generations: :mod:`aggregator.acks`.
+Acknowledgements across checkpoint generations: :mod:`aggregator.service.core.acks`.
 """
 
 from __future__ import annotations
@@ -58,12 +57,12 @@ from typing import Literal
 import numpy as np
 import numpy.typing as npt
 
-from aggregator.batch_codec import decode_batch_arrays
-from aggregator.checkpoint import CHECKPOINT_VERSION, Checkpoint, Counters
-from aggregator.estimators import AggregateState
-from aggregator.keys import TrustedKeys
-from aggregator.manifests import Loss, Reconciler
-from aggregator.privacy_ledger import PrivacyLedger
+from aggregator.estimation.estimators import AggregateState
+from aggregator.ledger.privacy_ledger import PrivacyLedger
+from aggregator.service.core.batch_codec import decode_batch_arrays
+from aggregator.service.core.checkpoint import CHECKPOINT_VERSION, Checkpoint, Counters
+from aggregator.service.core.keys import TrustedKeys
+from aggregator.service.core.manifests import Loss, Reconciler
 from edge.batch_auth import BatchAuthError
 from edge.codec import CodecError, decode_manifest
 from edge.errors import ReportError
@@ -87,7 +86,7 @@ compacted: a replay there would be counted again and again)."""
 
 Outcome = Literal["applied", "duplicate"] | str
 """What :meth:`AggregatorCore.handle` did: ``"applied"``, ``"duplicate"`` or the reason a
-batch was rejected (:data:`aggregator.metrics.REJECT_REASONS`)."""
+batch was rejected (:data:`aggregator.service.metrics.REJECT_REASONS`)."""
 
 
 class RejectedError(Exception):
@@ -108,7 +107,7 @@ class CoreRules:
     deployment: str
     trusted: str
     """The trusted anchor: the batch key, or the announced shard layouts as JSON
-    (:mod:`aggregator.keys`)."""
+    (:mod:`aggregator.service.core.keys`)."""
     min_batch: int
     retention_rounds: int
     round_seconds: int | None = None
@@ -252,7 +251,7 @@ class AggregatorCore:
 
     def trust(self, anchor: str) -> None:
         """Verify batches under ``anchor`` from now on (the pin in force:
-        :mod:`aggregator.trust`)."""
+        :mod:`aggregator.service.trust`)."""
         self.keys = TrustedKeys(anchor, self.rules.deployment)
         self.rules = replace(self.rules, trusted=anchor)
         self._touch()
@@ -562,7 +561,7 @@ class AggregatorCore:
 def check_resumable(core: AggregatorCore, checkpoint: Checkpoint) -> str | None:
     """Why ``core`` must not resume from ``checkpoint`` (a one-line problem, naming the
     field), or ``None``. (The batch key is the trust file's to decide:
-    :func:`aggregator.trust.decide`.)"""
+    :func:`aggregator.service.trust.decide`.)"""
     spec = core.spec
     if checkpoint.fingerprint != spec.fingerprint:
         return (

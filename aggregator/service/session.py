@@ -6,8 +6,8 @@ with ``clean_start=False`` and a session expiry interval, or MQTT 3.1.1 with
 ``mqtt_version="auto"`` connects with MQTT 5 and, once the broker refuses that version
 (CONNACK reason 0x84, or return code 1 in the 3.1.1 form), with 3.1.1 for the rest of the
 process (:class:`~edge.mqtt_version.VersionChoice`). The PUBACKs are the service's
-to send (:class:`~aggregator.core.AckGenerations`); :class:`BatchSession` only hands each
-message over, with what is needed to acknowledge it later.
+to send (:class:`~aggregator.service.core.acks.AckGenerations`); :class:`BatchSession` only hands
+each message over, with what is needed to acknowledge it later.
 
 One writer per deployment
 -------------------------
@@ -28,7 +28,7 @@ with a warning; one that grants the subscription but drops the claim delays batc
 The session subscribes to the batches (``batches`` and, for sharded deployments,
 ``batches/+``), the release manifests (``manifests``, ``manifests/+``) and the retained
 spec announcement, so that a changed announcement is seen while the service runs
-(:mod:`aggregator.trust`); :func:`route` tells a batch from a manifest and names the shard.
+(:mod:`aggregator.service.trust`); :func:`route` tells a batch from a manifest and names the shard.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from aiomqtt.exceptions import MqttConnectError
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from aggregator.config import AggregatorConfig
+from aggregator.service.config import AggregatorConfig
 from edge import mqtt_url, topics
 from edge.announce import decode_announcement
 from edge.errors import CocoError, SpecError
@@ -301,7 +301,7 @@ class BatchSession:
             session_expiry=cfg.session_expiry,
         )
         # aiomqtt 2.x does not expose paho's manual acknowledgement; the PUBACK must wait for
-        # the checkpoints (aggregator.core.AckGenerations): switch it on in paho.
+        # the checkpoints (aggregator.service.core.acks.AckGenerations): switch it on in paho.
         client._client.manual_ack_set(True)
         return client
 

@@ -2,7 +2,7 @@
 
 The estimates' checkpoint can be reset (moved away, as docs/operations.md advises after a
 change of spec or a damaged file) without forgetting what the devices spent: the ledger
-(:class:`~aggregator.privacy_ledger.PrivacyLedger`) lives in a file of its own, by default
+(:class:`~aggregator.ledger.privacy_ledger.PrivacyLedger`) lives in a file of its own, by default
 ``<checkpoint>.ledger``. One UTF-8 JSON object::
 
     {"format": "coco-privacy-ledger", "version": 1,
@@ -11,7 +11,7 @@ change of spec or a damaged file) without forgetting what the devices spent: the
 ``sha256`` is the SHA-256 of the canonical JSON of ``ledger`` (sorted keys, no spaces): any
 change of the content, a flipped bit included, fails the check. :func:`save_ledger` writes
 atomically (temporary file, ``fsync``, rename, ``fsync`` of the directory:
-:func:`aggregator.checkpoint.write_atomically`) after moving the current file to
+:func:`aggregator.durable.write_atomically`) after moving the current file to
 ``<file>.prev``, so the previous good generation is kept. :func:`load_ledger` verifies the
 file and falls back to ``<file>.prev`` when the file is missing or damaged, logging at
 WARNING what was lost (the generations between the two); a file that cannot be used is
@@ -32,8 +32,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from aggregator.checkpoint import write_atomically
-from aggregator.privacy_ledger import ID_BYTES, MAX_ROUND, PrivacyLedger
+from aggregator.durable import write_atomically
+from aggregator.ledger.privacy_ledger import ID_BYTES, MAX_ROUND, PrivacyLedger
 from edge.errors import CocoError
 from edge.spec import MechanismSpec
 

@@ -20,9 +20,9 @@ service`).
 
 How
 ---
-The worker is ``python -m aggregator.accountant_process``, started on first use and shared
+The worker is ``python -m aggregator.ledger.accountant_process``, started on first use and shared
 by every aggregator of the process; it keeps the per-size caches of
-:class:`~aggregator.privacy_ledger.PrivacyLedger` across calls. Calls are pickled frames on
+:class:`~aggregator.ledger.privacy_ledger.PrivacyLedger` across calls. Calls are pickled frames on
 its stdin and stdout, one at a time, each made from a daemon thread, so neither the event
 loop nor the interpreter's exit waits for one, and any loop may call. A plain subprocess rather than
 :mod:`multiprocessing`: it inherits no descriptor but stderr (``close_fds``: not the
@@ -30,7 +30,7 @@ checkpoint's lock, not a socket), and it never re-imports the caller's ``__main_
 ``spawn`` does, breaking any script without a ``__main__`` guard). It ends when its stdin
 closes or its parent is gone (checked every :data:`PARENT_CHECK` seconds), so a ``kill -9``
 of the service leaves nothing behind. What runs there is the same pure code as in a thread
-(:meth:`PrivacyLedger.compute`, :func:`~aggregator.metrics.epsilon_curve`); the numbers are
+(:meth:`PrivacyLedger.compute`, :func:`~aggregator.ledger.levels.epsilon_curve`); the numbers are
 identical. A worker that dies is replaced and the call retried once.
 
 Calls, time limits and cancellation
@@ -71,7 +71,8 @@ from concurrent.futures import CancelledError, Future
 from pathlib import Path
 from typing import IO, Any, Final
 
-from aggregator.privacy_ledger import PrivacyLedger, PrivacyLevel, Snapshot
+from aggregator.ledger.levels import PrivacyLevel, Snapshot, epsilon_curve
+from aggregator.ledger.privacy_ledger import PrivacyLedger
 from edge.spec import MechanismSpec
 
 __all__ = [
@@ -145,8 +146,6 @@ def _read(stream: IO[bytes]) -> Any:
 
 
 def _functions() -> dict[str, Callable[..., object]]:
-    from aggregator.metrics import epsilon_curve  # noqa: PLC0415
-
     ledgers: dict[tuple[MechanismSpec, float], PrivacyLedger] = {}
 
     def level(spec: MechanismSpec, delta: float, snapshot: Snapshot) -> PrivacyLevel:
@@ -265,7 +264,7 @@ class _Worker:
         try:
             return subprocess.Popen(
                 # -P: the working directory is not searched (PYTHONPATH names the package)
-                [sys.executable, "-P", "-m", "aggregator.accountant_process"],
+                [sys.executable, "-P", "-m", "aggregator.ledger.accountant_process"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=env,
@@ -468,7 +467,7 @@ async def compute_level(
 async def compute_curve(
     spec: MechanismSpec, delta: float, grid: Sequence[int], *, timeout: float | None = None
 ) -> dict[int, float]:
-    """:func:`~aggregator.metrics.epsilon_curve` on ``grid``, in the accountant's process."""
+    """:func:`~aggregator.ledger.levels.epsilon_curve` on ``grid``, in the accountant's process."""
     curve: dict[int, float] = await _call("curve", (spec, delta, tuple(grid)), timeout)
     return curve
 

@@ -2,7 +2,7 @@
 
 Every metric lives in an injected :class:`~prometheus_client.CollectorRegistry` (never the
 global one). The ``dim`` label exists only for the bounded set of exported dimensions
-(:attr:`AggregatorConfig.metrics_dims <aggregator.service.AggregatorConfig.metrics_dims>`),
+(:attr:`AggregatorConfig.metrics_dims <aggregator.service.config.AggregatorConfig.metrics_dims>`),
 so the series count does not grow with ``d``; no label ever names a device.
 
 Privacy level for operators
@@ -22,7 +22,7 @@ coco_aggregator_reports_total`` (reports released but not applied yet). A histog
 time minus release time is not possible: a batch carries no release time (docs/protocol.md,
 section 10.3), and adding one would change the wire format.
 
-The HTTP endpoint that serves them is :class:`aggregator.http.MetricsServer`.
+The HTTP endpoint that serves them is :class:`aggregator.service.http.MetricsServer`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 
-from aggregator.accountant import amplify_spec
-from aggregator.core import AggregatorCore
-from aggregator.estimators import Estimates
+from aggregator.estimation.estimators import Estimates
+from aggregator.service.core.rules import AggregatorCore
 from edge.spec import MechanismSpec
 
 logger = logging.getLogger(__name__)
@@ -147,14 +146,6 @@ def epsilon_curve_grid(min_batch: int | None) -> tuple[int, ...]:
     points = tuple(sorted(grid))
     assert len(points) <= MAX_CURVE_POINTS
     return points
-
-
-def epsilon_curve(spec: MechanismSpec, *, delta: float, grid: Sequence[int]) -> dict[int, float]:
-    """Certified central epsilon (:func:`amplify_spec`) at each ``n`` of ``grid``.
-
-    About 0.01-0.2 s per point (the largest ``n`` cost most): call it off the event loop.
-    """
-    return {n: amplify_spec(spec, n=n, delta=delta).epsilon_central for n in grid}
 
 
 def _reason_counter(
@@ -439,7 +430,8 @@ class AggregatorMetrics:
         self.oldest_round.set(np.nan if oldest_round is None else oldest_round)
 
     def set_epsilon_curve(self, curve: dict[int, float]) -> None:
-        """Export a curve from :func:`epsilon_curve` (at most :data:`MAX_CURVE_POINTS`)."""
+        """Export a curve from :func:`~aggregator.ledger.levels.epsilon_curve` (at most
+        :data:`MAX_CURVE_POINTS`)."""
         if len(curve) > MAX_CURVE_POINTS:
             raise ValueError(f"at most {MAX_CURVE_POINTS} curve points, got {len(curve)}")
         for n, epsilon in curve.items():

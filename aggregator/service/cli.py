@@ -1,6 +1,6 @@
 """``coco aggregator run | snapshot | trust`` (:data:`aggregator_app`): the streaming
 service, an offline snapshot of its checkpoint, and the pinned batch keys. ``coco privacy``
-lives in :mod:`aggregator.privacy_cli` (its names are re-exported here)."""
+lives in :mod:`aggregator.ledger.privacy_cli`."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from aggregator.privacy_cli import PrivacyMechanism, privacy_app, privacy_rows
 from edge import CocoError, MechanismSpec, SpecError
 from edge.announce import load_spec_file, shard_plan
 from edge.cli_options import (
@@ -36,9 +35,9 @@ from edge.cli_options import (
 from edge.shards import ShardPlan
 
 if TYPE_CHECKING:
-    from aggregator.page_data import Channel
+    from aggregator.page.page_data import Channel
 
-__all__ = ["PrivacyMechanism", "aggregator_app", "privacy_app", "privacy_rows"]
+__all__ = ["aggregator_app"]
 
 HEX_KEY_DIGITS = 64
 
@@ -158,12 +157,12 @@ def aggregator_run(
     session is taken over by another client stops. GET /ready answers 200 once the
     checkpoint is recovered and the batches topic subscribed.
     """
-    from aggregator.config import (  # noqa: PLC0415 (keeps `coco privacy` light)
+    from aggregator.service.config import (  # noqa: PLC0415 (keeps `coco privacy` light)
         AggregatorConfig,
         resolve_batch_public_key,
     )
-    from aggregator.service import run_aggregator  # noqa: PLC0415
-    from aggregator.session import fetch_announcement  # noqa: PLC0415
+    from aggregator.service.service import run_aggregator  # noqa: PLC0415
+    from aggregator.service.session import fetch_announcement  # noqa: PLC0415
     from edge.mqtt_version import check_mqtt_version  # noqa: PLC0415
 
     try:
@@ -259,7 +258,7 @@ def aggregator_run(
 
 def read_channels(path: Path) -> tuple[Channel, ...]:
     """``--channels FILE``; :class:`CocoError` (one line) naming the file and the problem."""
-    from aggregator.page_data import channels_from_json  # noqa: PLC0415 (numpy: not for --help)
+    from aggregator.page.page_data import channels_from_json  # noqa: PLC0415 (numpy: not for --help)
 
     try:
         return channels_from_json(json.loads(path.read_text(encoding="utf-8")))
@@ -352,7 +351,7 @@ def aggregator_snapshot(
     timeout: Annotated[float, typer.Option(help="HTTP timeout in seconds.")] = 10.0,
 ) -> None:
     """Print the current estimates JSON, from a running service or a checkpoint."""
-    from aggregator.publishing import snapshot_from_checkpoint  # noqa: PLC0415
+    from aggregator.service.publishing import snapshot_from_checkpoint  # noqa: PLC0415
 
     if (url is None) == (checkpoint is None):
         typer.echo("error: give exactly one of --url and --checkpoint", err=True)
@@ -393,9 +392,9 @@ def aggregator_trust(
     service picks an accepted key up within seconds; batches signed by the old key are
     rejected from then on.
     """
-    from aggregator.keys import describe_anchor  # noqa: PLC0415
-    from aggregator.trust import accept as accept_key  # noqa: PLC0415
-    from aggregator.trust import load_pins, trust_path  # noqa: PLC0415
+    from aggregator.service.core.keys import describe_anchor  # noqa: PLC0415
+    from aggregator.service.trust import accept as accept_key  # noqa: PLC0415
+    from aggregator.service.trust import load_pins, trust_path  # noqa: PLC0415
 
     path = trust_path(checkpoint)
     try:

@@ -12,7 +12,7 @@ HTTP handler sends it with a Content-Security-Policy that lets the page load not
 * the certified central epsilon of the smallest and the latest batch, the generic bound
   beside it, the composed ``epsilon_total``, and a time series of the smallest batch's
   epsilon, the latest batch's and ``epsilon_total``: ``/estimates``' ``privacy_history``
-  (:mod:`aggregator.page_data`; ``data-source="service"`` on the chart), else the points
+  (:mod:`aggregator.page.page_data`; ``data-source="service"`` on the chart), else the points
   the page keeps while it is open, one per change of ``batches_accounted``
   (``data-source="page"``). The chart's ``data-points`` holds them as JSON
   ``[batches_accounted, smallest, latest, total]`` and ``data-times`` their Unix times; the

@@ -1,6 +1,6 @@
 """Which keys the aggregator trusts, and for which topics and rounds (no I/O).
 
-What is trusted is one *anchor* string, pinned as a whole (:mod:`aggregator.trust`):
+What is trusted is one *anchor* string, pinned as a whole (:mod:`aggregator.service.trust`):
 
 * an unsharded deployment: the shuffler's batch key, 64 lowercase hex digits; its batches
   come on ``coco/v1/<dep>/batches`` and its manifests on ``.../manifests``;

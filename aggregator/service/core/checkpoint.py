@@ -1,5 +1,5 @@
-"""The aggregator's checkpoint files: what they hold, how they are checked, written, kept
-and locked.
+"""What the aggregator's checkpoint holds, and its text: written, read and checked, with no
+I/O (the files: :mod:`aggregator.service.checkpoint_files`).
 
 A checkpoint is one UTF-8 JSON object (:func:`encode_checkpoint`)::
 
@@ -11,51 +11,35 @@ A checkpoint is one UTF-8 JSON object (:func:`encode_checkpoint`)::
      "batch_rounds": {"<round>": ["<32 hex>", ...]}, "checksums": {"<field>": "<32 hex>"}}
 
 ``batch_rounds`` holds the ids of the applied batches of the retained rounds only
-(:mod:`aggregator.core`), so its size follows the traffic of the window, not the age of the
-deployment. ``trusted`` is what the sums were verified under (the batch key, or the
-announced shard layouts: :mod:`aggregator.keys`); ``shards`` the batches applied per shard;
+(:mod:`aggregator.service.core.rules`), so its size follows the traffic of the window, not the age
+of the deployment. ``trusted`` is what the sums were verified under (the batch key, or the announced
+shard layouts: :mod:`aggregator.service.core.keys`); ``shards`` the batches applied per shard;
 ``reconciliation`` the manifests and batches still being matched
-(:mod:`aggregator.manifests`).
+(:mod:`aggregator.service.core.manifests`).
 
 Integrity
 ---------
 ``checksums`` holds, for every other field, the first 128 bits of the SHA-256 of its value
-as compact JSON. :func:`load_checkpoint` checks each field's form first, then its checksum,
-and names the file and the field in a one-line :class:`CheckpointError`: a digit changed in
-``sum_u`` (valid JSON, a plausible number) is ``field 'state' does not match its checksum``,
-never a silently wrong sum. Files of versions 1 and 2 (written before checksums) are read
-as before and rewritten as version 3 at the next checkpoint.
-
-Generations
------------
-:func:`write_checkpoint` keeps the previous generation: the newest file is renamed to
-``<checkpoint>.previous`` before the new one takes its name (temporary file, ``fsync``,
-``os.replace``, ``fsync`` of the directory). :func:`recover_checkpoint` resumes from the
-newest file, and from the previous generation when the newest is missing or damaged (the
-damaged file is kept as ``<checkpoint>.damaged`` for inspection); the service sends the
-PUBACKs of generation ``N``'s batches only once ``N + 1`` is durable
-(:class:`aggregator.core.AckGenerations`), so the broker still holds, unacknowledged,
-every batch the previous generation lacks, and redelivers it. Both damaged: a one-line
-error naming both files. :func:`lock_checkpoint` takes the single-writer lock, an
-exclusive ``flock`` on ``<checkpoint>.lock``.
+as compact JSON. :func:`decode_checkpoint` checks each field's form first, then its
+checksum, and names the file and the field in a one-line :class:`CheckpointError`: a digit
+changed in ``sum_u`` (valid JSON, a plausible number) is ``field 'state' does not match its
+checksum``, never a silently wrong sum. Files of versions 1 and 2 (written before checksums)
+are read as before and rewritten as version 3 at the next checkpoint.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from aggregator.estimators import AggregateState
-from aggregator.keys import is_anchor
-from aggregator.manifests import Reconciler
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.core.keys import is_anchor
+from aggregator.service.core.manifests import Reconciler
 from edge.errors import CocoError
 
 CHECKPOINT_VERSION = 3
@@ -65,8 +49,6 @@ applied batch ids per round (``batch_rounds``); a version-1 checkpoint (unsigned
 a flat ``seen`` list) is read for its sums and counters, its ids dropped, since a
 redelivered unsigned batch fails its signature anyway."""
 CHECKSUM_HEX = 32
-PREVIOUS_SUFFIX = ".previous"
-DAMAGED_SUFFIX = ".damaged"
 _ORDER = (
     "version",
     "generation",
@@ -92,10 +74,6 @@ last)."""
 
 class CheckpointError(CocoError):
     """A checkpoint that cannot be read, is damaged, or belongs to another spec or key."""
-
-
-class CheckpointLockedError(CocoError):
-    """Another aggregator holds the checkpoint's lock: one writer per deployment."""
 
 
 @dataclass
@@ -143,8 +121,9 @@ class Counters:
 
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint:
-    """What a checkpoint holds (:meth:`aggregator.core.AggregatorCore.content`), or a
-    checked checkpoint file (:func:`load_checkpoint`, with its ``path``)."""
+    """What a checkpoint holds (:meth:`aggregator.service.core.rules.AggregatorCore.content`), or a
+    checked checkpoint file (:func:`~aggregator.service.checkpoint_files.load_checkpoint`, with its
+    ``path``)."""
 
     version: int = CHECKPOINT_VERSION
     generation: int = 0
@@ -154,7 +133,7 @@ class Checkpoint:
     delta: float
     trusted: str | None = None
     """What the sums were verified under: the batch key or the shard layouts
-    (:mod:`aggregator.keys`; ``None`` in files of version 1 and 2)."""
+    (:mod:`aggregator.service.core.keys`; ``None`` in files of version 1 and 2)."""
     state: AggregateState
     batch_rounds: dict[int, list[bytes]]
     """Applied batch ids by round (empty for a version-1 file)."""
@@ -167,24 +146,14 @@ class Checkpoint:
     checkpoint without them counts every batch as one of the smallest size, the largest
     per-batch epsilon, so the composition stays an upper bound). Version 3 carries them
     over only for a deployment upgraded from version 2; its privacy ledger has its own
-    file (:mod:`aggregator.ledger_file`)."""
+    file (:mod:`aggregator.ledger.ledger_file`)."""
     last_batch_timestamp: float | None
     written_at: float | None = None
     shards: dict[str, dict[str, int | None]] = field(default_factory=dict)
     """Batches applied per shard label: ``batches``, ``reports``, ``smallest``, ``latest``."""
     reconciliation: dict[str, Any] | None = None
-    """:meth:`aggregator.manifests.Reconciler.to_json` (``None`` in older files)."""
+    """:meth:`aggregator.service.core.manifests.Reconciler.to_json` (``None`` in older files)."""
     path: Path | None = None
-
-
-def previous_path(path: Path) -> Path:
-    """``<checkpoint>.previous``: the generation before the newest."""
-    return path.with_name(path.name + PREVIOUS_SUFFIX)
-
-
-def damaged_path(path: Path) -> Path:
-    """``<checkpoint>.damaged``: a newest file found damaged, kept for inspection."""
-    return path.with_name(path.name + DAMAGED_SUFFIX)
 
 
 def _short(value: object) -> str:
@@ -192,7 +161,8 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """``exc`` as one line of an error message."""
     if isinstance(exc, KeyError):
         return f"missing {exc}"
     return " ".join(str(exc).split())
@@ -334,7 +304,7 @@ def _parse_reconciliation(fields: _Fields) -> dict[str, Any]:
             raise TypeError("not an object")
         Reconciler.from_json(raw, grace=1.0, min_batch=1)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise fields.error("reconciliation", f"is not valid ({_one_line(exc)})") from None
+        raise fields.error("reconciliation", f"is not valid ({one_line(exc)})") from None
     return raw
 
 
@@ -361,7 +331,7 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as exc:
-        raise CheckpointError(f"checkpoint {path} is not valid JSON ({_one_line(exc)})") from exc
+        raise CheckpointError(f"checkpoint {path} is not valid JSON ({one_line(exc)})") from exc
     if not isinstance(data, dict):
         raise CheckpointError(f"checkpoint {path} is not a JSON object")
     fields = _Fields(path, data)
@@ -385,7 +355,7 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
     except CheckpointError:
         raise
     except (CocoError, KeyError, TypeError, ValueError, OverflowError, AttributeError) as exc:
-        raise fields.error("state", f"is not a valid state ({_one_line(exc)})") from exc
+        raise fields.error("state", f"is not a valid state ({one_line(exc)})") from exc
     counters = _parse_counters(fields)
     smallest = fields.optional_count("smallest_batch")
     last = fields.get("last_batch_timestamp")
@@ -416,62 +386,6 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
     if version == CHECKPOINT_VERSION:
         _verify_checksums(fields)
     return checkpoint
-
-
-def load_checkpoint(path: Path) -> Checkpoint:
-    """The checked checkpoint at ``path`` (this one file: :func:`recover_checkpoint` falls
-    back to the previous generation); :class:`CheckpointError` (one line, naming the file
-    and, for a bad field, the field) otherwise."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {_one_line(exc)}") from exc
-    return decode_checkpoint(text, path)
-
-
-@dataclass(frozen=True)
-class Recovery:
-    """What :func:`recover_checkpoint` found: the checkpoint to resume (``None``: start
-    from zero) and, when it fell back to the previous generation, why (one line)."""
-
-    checkpoint: Checkpoint | None
-    fallback: str | None = None
-
-
-def recover_checkpoint(path: Path, *, move_damaged: bool = True) -> Recovery:
-    """The newest good generation of the checkpoint at ``path`` (module docs,
-    *Generations*): the newest file, else the previous one (with ``move_damaged``, the
-    damaged newest file is moved to ``<checkpoint>.damaged``, so that the next checkpoint
-    does not rotate it into ``.previous``); :class:`CheckpointError` when neither is good
-    but one exists."""
-    previous = previous_path(path)
-    try:
-        newest_problem = None
-        if path.exists():
-            return Recovery(load_checkpoint(path))
-    except CheckpointError as exc:
-        newest_problem = str(exc)
-    if not previous.exists():
-        if newest_problem is not None:
-            raise CheckpointError(f"{newest_problem} (and there is no {previous.name})")
-        return Recovery(None)
-    try:
-        checkpoint = load_checkpoint(previous)
-    except CheckpointError as exc:
-        if newest_problem is None:
-            raise
-        raise CheckpointError(f"{newest_problem}; and {exc}") from None
-    if newest_problem is None:
-        return Recovery(checkpoint, f"{path} is missing; resuming from {previous.name}")
-    moved = ""
-    if move_damaged:
-        os.replace(path, damaged_path(path))
-        moved = f"; moved it to {damaged_path(path).name}"
-    return Recovery(
-        checkpoint,
-        f"{newest_problem}{moved}; resuming from the previous generation "
-        f"{checkpoint.generation} ({previous.name})",
-    )
 
 
 _HEX_PAIRS = np.array(
@@ -541,53 +455,3 @@ def encode_checkpoint(checkpoint: Checkpoint) -> str:
     text = json.dumps(head, separators=(",", ":"))
     tail = json.dumps({"checksums": sums}, separators=(",", ":"))
     return f"{text[:-1]},{rounds},{tail[1:]}"
-
-
-def write_atomically(path: Path, text: str, *, keep_previous: bool = False) -> None:
-    """``path`` holds ``text`` or what it held before, whatever happens; with
-    ``keep_previous`` the file it replaces becomes ``<path>.previous``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    if keep_previous and path.exists():
-        os.replace(path, previous_path(path))
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):  # make the renames durable where directories open
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def write_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
-    """Write ``checkpoint`` as the newest generation, the one it replaces kept as
-    ``<checkpoint>.previous`` (module docs, *Generations*); durable when it returns."""
-    write_atomically(path, encode_checkpoint(checkpoint), keep_previous=True)
-
-
-def lock_checkpoint(lock: Path, checkpoint: Path) -> int:
-    """Hold an exclusive ``flock`` on ``lock`` (its descriptor); :class:`CheckpointLockedError`
-    if another process holds it."""
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = ""
-        with contextlib.suppress(OSError, ValueError):
-            holder = f" (pid {int(os.pread(fd, 32, 0).decode().strip())})"
-        os.close(fd)
-        raise CheckpointLockedError(
-            f"checkpoint {checkpoint} is in use by another aggregator{holder}, locked "
-            f"through {lock}; run one aggregator per deployment"
-        ) from None
-    except OSError as exc:
-        os.close(fd)
-        raise CheckpointLockedError(f"cannot lock {lock}: {_one_line(exc)}") from exc
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from aggregator.keys import anchor_of
-from aggregator.page_data import Channel, check_channels
+from aggregator.page.page_data import Channel, check_channels
+from aggregator.service.core.keys import anchor_of
 from edge import mqtt_url, topics
 from edge.batch_auth import BatchVerifier
 from edge.errors import CocoError
@@ -69,21 +69,22 @@ class AggregatorConfig:
     the only key whose batches are applied (:func:`resolve_batch_public_key`)."""
     shards: ShardPlan | None = None
     """The announced shard layouts of a sharded deployment (then ``batch_public_key`` is
-    ``None``): the aggregator trusts exactly their per-shard keys (:mod:`aggregator.keys`)."""
+    ``None``): the aggregator trusts exactly their per-shard keys
+    (:mod:`aggregator.service.core.keys`)."""
     manifest_grace: float = 120.0
     """Seconds a release manifest waits for its batches before the missing reports are
-    counted (:mod:`aggregator.manifests`)."""
+    counted (:mod:`aggregator.service.core.manifests`)."""
     key_source: Literal["configured", "announced"] = "configured"
     """Where ``batch_public_key`` comes from: the operator's option, or the announcement.
-    With a checkpoint the key is pinned on first use (:mod:`aggregator.trust`): an option
+    With a checkpoint the key is pinned on first use (:mod:`aggregator.service.trust`): an option
     that disagrees with the pin is refused at start, an announcement that does is refused
     (ERROR, counted) while the pin stays in force."""
     min_batch: int | None = None
     """The announced ``min_batch``: smaller batches are rejected (``below_min_batch``); also
     the first point of ``coco_aggregator_epsilon_central_curve``."""
     retention_rounds: int = DEFAULT_RETENTION_ROUNDS
-    """Rounds whose applied batch ids are kept (:mod:`aggregator.core`): a batch older than
-    the newest round applied minus ``retention_rounds - 1`` is rejected as ``stale_round``."""
+    """Rounds whose applied batch ids are kept (:mod:`aggregator.service.core.rules`): a batch older
+    than the newest round applied minus ``retention_rounds - 1`` is rejected as ``stale_round``."""
     round_seconds: int | None = None
     """The announced round length. When known (and the clock is set), a batch of a round
     more than ``retention_rounds`` ahead of this clock's round is rejected as
@@ -111,11 +112,11 @@ class AggregatorConfig:
     lease_timeout: float = 10.0
     """Seconds after which a service whose lease claim never comes back (a broker that
     grants the subscription but drops the claim, e.g. an ``acl_file`` without the topic)
-    applies batches without the lease, with a warning (:mod:`aggregator.session`)."""
+    applies batches without the lease, with a warning (:mod:`aggregator.service.session`)."""
     max_unacked: int = 10
     """Deliveries that may wait for a checkpoint before one is written at once. A PUBACK
-    waits for two durable generations (:class:`aggregator.core.AckGenerations`), so up to
-    ``2 * max_unacked`` batches are unacknowledged at a time: keep that within the broker's
+    waits for two durable generations (:class:`aggregator.service.core.acks.AckGenerations`), so up
+    to ``2 * max_unacked`` batches are unacknowledged at a time: keep that within the broker's
     in-flight window (Mosquitto's ``max_inflight_messages``, 20 by default; NATS's
     ``max_ack_pending``)."""
     confidence: float = 0.95
@@ -129,7 +130,7 @@ class AggregatorConfig:
     """Exported as ``coco_aggregator_epsilon_target`` for dashboards; ``None`` exports
     nothing (no target line is drawn). It changes nothing in the service's behaviour."""
     channels: Sequence[Channel] | None = None
-    """The dimensions as sensor channels (name, unit, range; :mod:`aggregator.page_data`),
+    """The dimensions as sensor channels (name, unit, range; :mod:`aggregator.page.page_data`),
     one per dimension, where the deployment encodes readings with
     :class:`~edge.encoders.SensorEncoder`: ``/estimates`` and the live page then show each
     channel's mean in its physical unit. ``None``: dimensions ``x0``, ``x1``, ..."""
@@ -204,7 +205,7 @@ class AggregatorConfig:
 
     @property
     def trusted(self) -> str:
-        """The anchor to trust on first use (:func:`aggregator.keys.anchor_of`)."""
+        """The anchor to trust on first use (:func:`aggregator.service.core.keys.anchor_of`)."""
         return anchor_of(self.batch_public_key, self.shards)
 
     @property

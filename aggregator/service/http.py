@@ -4,17 +4,17 @@
 recovered and the batches topic subscribed, else 503; ``coco_aggregator_ready`` alike;
 before recovery ``/metrics`` serves that gauge alone and ``/estimates`` answers 503), the
 live page at ``/``
-(:mod:`aggregator.live_page`), ``/metrics`` (Prometheus text format) and
+(:mod:`aggregator.page.live_page`), ``/metrics`` (Prometheus text format) and
 ``/estimates`` (JSON: spec, n, estimates, certified central epsilon for the smallest and the
 latest batch, delta, the counters and the retained horizon; rebuilt for every request, so
 they never lag ``/metrics``). It is a stdlib ``ThreadingHTTPServer`` in a daemon thread:
 the handler asks the event loop for a fresh snapshot (an immutable document the loop
-replaces; :mod:`aggregator.publishing`) and waits for it, so no lock is needed
+replaces; :mod:`aggregator.service.publishing`) and waits for it, so no lock is needed
 and a slow scraper never blocks the event loop.
 
 What it serves is a :class:`Source` (the registry and the callables behind ``/estimates``,
 ``/ready`` and the recovery gate), which :meth:`MetricsServer.serve` replaces on the live
-socket: a server handed to an :class:`~aggregator.service.Aggregator` (``http=``) outlives
+socket: a server handed to an :class:`~aggregator.service.service.Aggregator` (``http=``) outlives
 it and goes on serving the stopped service's final state, and ``coco demo --serve`` keeps
 one server from its first report to Ctrl-C.
 """
@@ -34,13 +34,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from aggregator.live_page import CONTENT_SECURITY_POLICY, PAGE
-from aggregator.metrics import ready_gauge
+from aggregator.page.live_page import CONTENT_SECURITY_POLICY, PAGE
+from aggregator.service.metrics import ready_gauge
 from edge.errors import CocoError
 
 __all__ = ["MetricsServer", "Source"]
 
-logger = logging.getLogger("aggregator.metrics")
+logger = logging.getLogger("aggregator.service.metrics")
 
 _RECOVERING = CollectorRegistry()
 ready_gauge(_RECOVERING).set(0)

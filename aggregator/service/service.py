@@ -1,12 +1,14 @@
 """The aggregator service: signed, shuffled batches in, streaming estimates and metrics out.
 
-A thin shell around :class:`~aggregator.core.AggregatorCore` (the rules: what is applied,
-refused, remembered): it runs the MQTT session (:mod:`aggregator.session`), the checkpoint
-files (:mod:`aggregator.checkpoint`), the pinned key (:mod:`aggregator.trust`), the HTTP
-endpoint and gauges (:mod:`aggregator.metrics`, :mod:`aggregator.publishing`) and the
-timers. Nothing unverified is ever applied; rejections are counted by reason
-(``coco_aggregator_batches_rejected_total{reason}``) and never stop the service. The
-aggregator sees only shuffled, locally randomised reports, never a device id, and logs none.
+A thin shell around :class:`~aggregator.service.core.rules.AggregatorCore` (the rules: what is
+applied, refused, remembered): it wires the MQTT session (:mod:`aggregator.service.session`), what
+is done with each message (:mod:`aggregator.service.intake`), the checkpoint files
+(:mod:`aggregator.service.checkpoint_files`, :mod:`aggregator.service.generations`), the pinned key
+(:mod:`aggregator.service.trust`), the HTTP endpoint and gauges (:mod:`aggregator.service.metrics`,
+:mod:`aggregator.service.publishing`) and the timers, and runs their lifecycle. Nothing unverified
+is ever applied; rejections are counted by reason
+(``coco_aggregator_batches_rejected_total{reason}``) and never stop the service. The aggregator sees
+only shuffled, locally randomised reports, never a device id, and logs none.
 
 Exactly once, across crashes
 ----------------------------
@@ -16,7 +18,7 @@ ids are written in the *same* checkpoint as the sums they went into, atomically 
 thread, and every checkpoint keeps the generation before it (``<checkpoint>.previous``).
 Delivery is QoS 1 over a persistent session with manual acknowledgement, and the PUBACK of
 a batch is sent only once *two* durable generations hold it
-(:class:`~aggregator.core.AckGenerations`). Hence:
+(:class:`~aggregator.service.core.acks.AckGenerations`). Hence:
 
 * crash after apply, before the checkpoint: the batch is neither in the checkpoint nor
   acknowledged; the broker redelivers it and it is applied once;
@@ -42,8 +44,8 @@ One writer per deployment
 -------------------------
 The checkpoint is locked (``flock`` on ``<checkpoint>.lock``): a second service with the
 same checkpoint refuses to start. A second service of the same account takes the MQTT
-session over and the first one stops (:class:`~aggregator.session.SessionTakenOverError`,
-:mod:`aggregator.session`). Batches applied after the last checkpoint of a service that
+session over and the first one stops (:class:`~aggregator.service.session.SessionTakenOverError`,
+:mod:`aggregator.service.session`). Batches applied after the last checkpoint of a service that
 stops this way are neither checkpointed nor acknowledged: the broker redelivers them to
 the new holder, so two checkpoints never hold the same batch.
 
@@ -61,7 +63,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -70,66 +71,27 @@ import aiomqtt
 import paho.mqtt.client as paho
 from prometheus_client import CollectorRegistry
 
-from aggregator.acks import AckGenerations
-from aggregator.checkpoint import (
-    CheckpointError,
-    Counters,
-    lock_checkpoint,
-    recover_checkpoint,
-)
-from aggregator.config import AggregatorConfig
-from aggregator.core import (
-    ACCOUNTED_REFUSALS,
-    AggregatorCore,
-    CoreRules,
-    RejectedError,
-    check_resumable,
-)
-from aggregator.generations import Generations
-from aggregator.http import MetricsServer, Source
-from aggregator.keys import describe_anchor
-from aggregator.ledger_file import ledger_path_for, load_ledger
-from aggregator.metrics import UNACKED_REASONS, AggregatorMetrics
-from aggregator.privacy_ledger import PrivacyLedger, PrivacyLevel
-from aggregator.publishing import (
-    Publisher,
-    RefreshOnCollect,
-    estimates_document,
-    log_shutdown,
-    snapshot_from_checkpoint,
-)
-from aggregator.session import (
-    Ack,
-    BatchSession,
-    SessionTakenOverError,
-    fetch_announcement,
-    route,
-)
-from aggregator.trust import KeyGuard
+from aggregator.ledger.ledger_file import ledger_path_for, load_ledger
+from aggregator.ledger.levels import PrivacyLevel
+from aggregator.ledger.privacy_ledger import PrivacyLedger
+from aggregator.service.checkpoint_files import lock_checkpoint, recover_checkpoint
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.core.acks import AckGenerations
+from aggregator.service.core.checkpoint import CheckpointError, Counters
+from aggregator.service.core.keys import describe_anchor
+from aggregator.service.core.rules import AggregatorCore, CoreRules, check_resumable
+from aggregator.service.generations import Generations
+from aggregator.service.http import MetricsServer, Source
+from aggregator.service.intake import Intake
+from aggregator.service.metrics import AggregatorMetrics
+from aggregator.service.publishing import Publisher, RefreshOnCollect, log_shutdown
+from aggregator.service.session import Ack, BatchSession
+from aggregator.service.trust import KeyGuard
 from edge.errors import CocoError
 
-__all__ = [
-    "Aggregator",
-    "AggregatorConfig",
-    "SessionTakenOverError",
-    "estimates_document",
-    "fetch_announcement",
-    "run_aggregator",
-    "snapshot_from_checkpoint",
-]
-"""The service and, for the code written before the split, the names it used to define
-(their homes: :mod:`aggregator.config`, :mod:`aggregator.session`,
-:mod:`aggregator.publishing`)."""
+__all__ = ["Aggregator", "run_aggregator"]
 
-logger = logging.getLogger(__name__)
-
-INLINE_ELEMENTS = 1 << 16
-"""Batches of at most this many hash evaluations (``size * d``; well under 1 ms) are added
-on the event loop; larger ones in a thread."""
-
-
-def _is_power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
+logger = logging.getLogger("aggregator.service")
 
 
 class Aggregator:
@@ -195,11 +157,11 @@ class Aggregator:
         self.session.watch_subscribed(self._subscribed_changed)
         self.publisher = Publisher(config, self.core, self.metrics, status=self._status)
         self.generations = Generations(config, self.core, self.session, self.metrics)
+        self.intake = Intake(config, self.core, self.metrics, self.publisher, self.generations)
         self.recovered = False
         """Whether the checkpoint (if any) has been recovered: readiness needs it."""
         self._entered = False
         self._lock_fd: int | None = None
-        self._run_start = Counters()
         self._http: MetricsServer | None = None
         self._lent_http = http
 
@@ -342,9 +304,9 @@ class Aggregator:
             elif self.config.key_source == "announced":
                 logger.warning(
                     "no --checkpoint: the announced batch key is trusted at every start, "
-                    "not pinned (aggregator.trust)"
+                    "not pinned (aggregator.service.trust)"
                 )
-            self._run_start = self.counters.copy()
+            self.intake.run_start = self.counters.copy()
             self.recovered = True
             self.metrics.ready.set(1 if self.ready else 0)
             self.core.changed = True
@@ -422,14 +384,14 @@ class Aggregator:
                     "redelivered to the session's new holder"
                 )
                 self.generations.roll_back()
-                self._count_unacknowledged("taken_over", len(self.acks))
+                self.intake.count_unacknowledged("taken_over", len(self.acks))
                 self.acks = AckGenerations()
             else:
                 await asyncio.shield(self.generations.final())
             if self.acks:
-                self._count_unacknowledged("checkpoint_failed", len(self.acks))
+                self.intake.count_unacknowledged("checkpoint_failed", len(self.acks))
                 self.acks = AckGenerations()
-            log_shutdown(self.counters, self._run_start)
+            log_shutdown(self.counters, self.intake.run_start)
             # what stays in the registry and document: final. The privacy level of batches
             # not yet accounted for is computed by the first read after this, not here.
             self.core.changed = True
@@ -455,7 +417,7 @@ class Aggregator:
     async def run(self) -> None:
         """Consume batches (reconnecting as needed) and checkpoint, until cancelled.
 
-        Raises :class:`~aggregator.session.SessionTakenOverError` when another client takes
+        Raises :class:`~aggregator.service.session.SessionTakenOverError` when another client takes
         over the session."""
         if not self._entered:
             raise RuntimeError("use 'async with Aggregator(config) as agg: await agg.run()'")
@@ -470,7 +432,7 @@ class Aggregator:
                 )
                 tasks.create_task(self.publisher.privacy_loop(), name="coco-aggregator-privacy")
                 tasks.create_task(self.publisher.publish_loop(), name="coco-aggregator-publish")
-                tasks.create_task(self._reconcile_loop(), name="coco-aggregator-reconcile")
+                tasks.create_task(self.intake.reconcile_loop(), name="coco-aggregator-reconcile")
         except BaseExceptionGroup as group:
             coco = group.subgroup(CocoError)
             if coco is not None and len(group.exceptions) == len(coco.exceptions):
@@ -483,98 +445,22 @@ class Aggregator:
     # -- batches ---------------------------------------------------------------------------
 
     async def _on_message(self, paho_client: paho.Client, message: aiomqtt.Message) -> None:
-        payload = message.payload
-        data = bytes(payload) if isinstance(payload, bytes | bytearray) else b""
-        kind, shard = route(self.config.deployment, message.topic.value)
-        if kind == "manifest":
-            self.handle_manifest(data, shard)
-        else:
-            await self.handle_batch(data, shard)
-        if message.qos > 0:
-            self.acks.delivered((paho_client, message.mid, message.qos))
-        if self.config.checkpoint is None:
-            self.generations.acknowledge(self.acks.take_all())
-        elif len(self.acks.open) >= self.config.max_unacked:
-            await self.checkpoint()
+        """The session's callback: :meth:`~aggregator.service.intake.Intake.on_message` (the
+        intake needs the checkpoint generations, which are built after the session)."""
+        await self.intake.on_message(paho_client, message)
 
     async def handle_batch(self, payload: bytes, shard: str | None = None) -> str:
         """Verify, check and apply one sealed batch (``batch || signature``) that came on
         ``shard``'s topic (``None``: the unsharded one); returns ``"applied"``,
-        ``"duplicate"`` or the reject reason."""
-        self.publisher.bind_loop()
-        core = self.core
-        try:
-            batch = core.check(payload, now=time.time(), shard=shard)
-            if batch is not None:
-                if batch.size * self.spec.d <= INLINE_ELEMENTS:  # less than a thread hand-off
-                    partial = core.partial(batch)
-                else:
-                    partial = await asyncio.to_thread(core.partial, batch)  # numpy: no GIL
-                # From here to the end, no await: the sums and the id change together.
-                if core.apply(batch, partial, now=time.time()):
-                    self.metrics.sync(core)
-                    self.publisher.applied()
-                    return "applied"
-        except RejectedError as rejected:
-            self._reject(rejected)
-            if rejected.reason in ACCOUNTED_REFUSALS:
-                self.publisher.applied()
-            return rejected.reason
-        core.duplicate()
-        self.metrics.sync(core)
-        this_run = core.counters.duplicates - self._run_start.duplicates
-        if _is_power_of_two(this_run):
-            logger.info(
-                "ignored a redelivered batch (%d so far this run; "
-                "coco_aggregator_batches_duplicate_total)",
-                this_run,
-            )
-        return "duplicate"
+        ``"duplicate"`` or the reject reason
+        (:meth:`~aggregator.service.intake.Intake.handle_batch`)."""
+        return await self.intake.handle_batch(payload, shard)
 
     def handle_manifest(self, payload: bytes, shard: str | None = None) -> str:
-        """Check and reconcile one sealed release manifest (:mod:`aggregator.manifests`);
-        returns ``"accepted"``, ``"duplicate"`` or the reject reason."""
-        generation = self.core.ledger.generation
-        outcome = self.core.manifest(payload, now=time.time(), shard=shard)
-        self.metrics.sync(self.core)
-        if self.core.ledger.generation != generation:
-            self.publisher.applied()
-        if outcome not in ("accepted", "duplicate"):
-            count = self.counters.manifests_rejected[outcome]
-            if _is_power_of_two(count - self._run_start.manifests_rejected.get(outcome, 0)):
-                logger.warning(
-                    "rejected a manifest: %s (%d so far; coco_aggregator_manifests_rejected_total)",
-                    outcome,
-                    count,
-                )
-        return outcome
-
-    async def _reconcile_loop(self) -> None:
-        """Count what the manifests' grace period did not bring (every few seconds)."""
-        while True:
-            await asyncio.sleep(min(5.0, self.config.manifest_grace / 4))
-            for loss in self.core.reconcile(time.time()):
-                logger.warning(
-                    "%d reports in %d batches of shard %s, round %d, listed in a manifest, "
-                    "never came (coco_aggregator_reports_missing_total)",
-                    loss.reports,
-                    loss.batches,
-                    loss.shard or "-",
-                    loss.round,
-                )
-            self.metrics.sync(self.core)
-
-    def _reject(self, rejected: RejectedError) -> None:
-        reason = self.core.reject(rejected)
-        self.metrics.sync(self.core)
-        count = self.counters.rejected[reason]
-        if _is_power_of_two(count - self._run_start.rejected.get(reason, 0)):
-            # 1st, 2nd, 4th, 8th... of a reason this run: a flood cannot flood the log
-            logger.warning(
-                "rejected a batch: %s (%d so far; coco_aggregator_batches_rejected_total)",
-                reason,
-                count,
-            )
+        """Check and reconcile one sealed release manifest
+        (:mod:`aggregator.service.core.manifests`); returns ``"accepted"``, ``"duplicate"`` or the
+        reject reason."""
+        return self.intake.handle_manifest(payload, shard)
 
     # -- acknowledgements ------------------------------------------------------------------
 
@@ -583,22 +469,12 @@ class Aggregator:
         # remembered ids turn them into acknowledged duplicates.
         lost = self.acks.drop(lambda ack: ack[0] is paho_client)
         reason = "taken_over" if self.session.taken_over else "connection_lost"
-        self._count_unacknowledged(reason, lost)
+        self.intake.count_unacknowledged(reason, lost)
 
     async def _on_stop(self, _client: paho.Client, unread: int) -> None:
         """Shutdown while connected: the final checkpoints send every PUBACK they can."""
-        self._count_unacknowledged("unprocessed", unread)
+        self.intake.count_unacknowledged("unprocessed", unread)
         await self.generations.final()
-
-    def _count_unacknowledged(self, reason: str, count: int) -> None:
-        assert reason in UNACKED_REASONS
-        if count <= 0:
-            return
-        self.core.unacknowledged(reason, count)
-        self.metrics.sync(self.core)
-        logger.info(
-            "%d batches left unacknowledged (%s); the broker redelivers them", count, reason
-        )
 
     # -- checkpoints -----------------------------------------------------------------------
 

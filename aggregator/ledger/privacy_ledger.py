@@ -2,15 +2,15 @@
 
 :class:`PrivacyLedger` records every *release* the shufflers made and turns the record into
 the numbers the service exports. It is plain data with no I/O; the service persists it
-with :mod:`aggregator.ledger_file` (its own checksummed file, apart from the estimates'
+with :mod:`aggregator.ledger.ledger_file` (its own checksummed file, apart from the estimates'
 checkpoint) and computes its numbers in the accountant's process
-(:mod:`aggregator.accountant_process`).
+(:mod:`aggregator.ledger.accountant_process`).
 
 The API the service calls
 -------------------------
 ::
 
-    from aggregator import accountant_process, ledger_file
+    from aggregator.ledger import accountant_process, ledger_file
     ledger = ledger_file.load_ledger(path, spec=spec, delta=delta)  # None: no file yet
     ledger = ledger or PrivacyLedger(spec, delta=delta)
     ledger.record_manifest(round=r, shard="g0s1", release_id=rid,
@@ -120,17 +120,15 @@ from typing import Any, Final, Literal
 from aggregator.accountant import amplify_spec
 from aggregator.accountant.blanket import MAX_N
 from aggregator.accountant.history import SIGNIFICANT_BITS, accounting_size, epsilon_total_rounds
+from aggregator.ledger.levels import LedgerSnapshot, PrivacyLevel
 from edge.spec import MechanismSpec
 
 __all__ = [
     "ID_BYTES",
     "MAX_ROUND",
     "SIGNIFICANT_BITS",
-    "LedgerSnapshot",
     "Outcome",
     "PrivacyLedger",
-    "PrivacyLevel",
-    "Snapshot",
     "accounting_size",
 ]
 
@@ -180,79 +178,6 @@ class _Batch:
     round: int
     shard: str
     size: int
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LedgerSnapshot:
-    """What :meth:`PrivacyLedger.compute` needs, immutable and picklable.
-
-    ``rounds``: ``{release size: participations}`` (a round's smallest release; sizes are
-    exact here, composed at their accounting size). ``smallest`` and ``latest``: the exact
-    sizes the per-release epsilons are for (the smallest participation ever, and the newest
-    round's). ``generation``: the ledger's generation it was taken at. ``releases``:
-    releases and batch-derived records accounted.
-    """
-
-    rounds: tuple[tuple[int, int], ...]
-    smallest: int | None
-    latest: int | None
-    generation: int
-    releases: int = 0
-    ledger: str = ""
-    """The id of the ledger it was taken from (random per ledger object): levels computed
-    for one ledger are never served for another."""
-
-    @property
-    def participations(self) -> int:
-        return sum(count for _, count in self.rounds)
-
-
-Snapshot = LedgerSnapshot
-"""The name the accountant's process and the service use."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class PrivacyLevel:
-    """The exported numbers (``None`` before the first participation)."""
-
-    epsilon_central: dict[str, float | None]
-    epsilon_central_generic: dict[str, float | None]
-    epsilon_total: float | None
-    batches: int
-    """Participations composed into ``epsilon_total`` (rounds; with the per-batch API, one
-    per batch)."""
-    sizes: dict[str, int | None]
-    """The release sizes ``smallest`` and ``latest`` the per-release epsilons are for."""
-    generation: int = 0
-    """The ledger generation this level was computed from (settled while it is current)."""
-    releases: int = 0
-
-    def for_sizes(self, *, smallest: int | None, latest: int | None) -> PrivacyLevel:
-        """This level with each per-release epsilon kept only where its size is still the
-        current one (else ``None``). A level computed before a smaller release arrived
-        would otherwise show the larger one's epsilon, an overstatement of privacy, next
-        to the smaller size; ``epsilon_total`` is qualified by ``batches`` instead."""
-        current = {"smallest": smallest, "latest": latest}
-        keep = {label: self.sizes.get(label) == n for label, n in current.items()}
-        return PrivacyLevel(
-            epsilon_central={k: v if keep[k] else None for k, v in self.epsilon_central.items()},
-            epsilon_central_generic={
-                k: v if keep[k] else None for k, v in self.epsilon_central_generic.items()
-            },
-            epsilon_total=self.epsilon_total,
-            batches=self.batches,
-            sizes=current,
-            generation=self.generation,
-            releases=self.releases,
-        )
-
-    def to_dict(self) -> dict[str, object]:
-        return {
-            "epsilon_central": self.epsilon_central,
-            "epsilon_central_generic": self.epsilon_central_generic,
-            "epsilon_total": self.epsilon_total,
-            "batches_accounted": self.batches,
-        }
 
 
 def _check_id(name: str, value: bytes) -> bytes:
@@ -581,7 +506,7 @@ class PrivacyLedger:
         self._legacy_latest = latest
         self.generation += 1
 
-    # -- persistence (the file format is aggregator.ledger_file's) --------------------------
+    # -- persistence (the file format is aggregator.ledger.ledger_file's) --------------------------
 
     def to_dict(self) -> dict[str, Any]:
         """Everything recorded, JSON-ready (ids in hex, sorted: equal ledgers, equal text)."""
@@ -623,7 +548,7 @@ class PrivacyLedger:
         per_batch_latest: int | None,
     ) -> None:
         """The compacted part and the old per-batch records of :meth:`to_dict` (for
-        :mod:`aggregator.ledger_file`; call it on a fresh ledger, before ``record_*``)."""
+        :mod:`aggregator.ledger.ledger_file`; call it on a fresh ledger, before ``record_*``)."""
         self._history = _History(
             compacted=Counter(compacted),
             compacted_smallest=compacted_smallest,

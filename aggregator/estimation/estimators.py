@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from aggregator.projection import project_to_simplex
+from aggregator.estimation.projection import project_to_simplex
 from edge import hashing
 from edge._mechanism import SEED_SPACE
 from edge.errors import ReportError

@@ -3,10 +3,10 @@
 A checkpoint is written every ``checkpoint_interval`` seconds while anything changed or a
 PUBACK waits (and the session is confirmed: only then can PUBACKs go out), when
 ``max_unacked`` deliveries wait, and twice on shutdown, so that every PUBACK goes out. Each
-is a new generation (:func:`~aggregator.checkpoint.write_checkpoint` keeps the previous
-one); the PUBACKs of generation ``N``'s batches are sent once ``N + 1`` is durable
-(:class:`~aggregator.acks.AckGenerations`). Without a checkpoint path there is no file and
-no timer: batches are acknowledged as soon as they are applied.
+is a new generation (:func:`~aggregator.service.checkpoint_files.write_checkpoint` keeps the
+previous one); the PUBACKs of generation ``N``'s batches are sent once ``N + 1`` is durable
+(:class:`~aggregator.service.core.acks.AckGenerations`). Without a checkpoint path there is no file
+and no timer: batches are acknowledged as soon as they are applied.
 """
 
 from __future__ import annotations
@@ -17,19 +17,21 @@ import os
 import time
 from pathlib import Path
 
-from aggregator.acks import AckGenerations
-from aggregator.checkpoint import Checkpoint, previous_path, write_atomically, write_checkpoint
-from aggregator.config import AggregatorConfig
-from aggregator.core import AggregatorCore
-from aggregator.ledger_file import (
+from aggregator.durable import write_atomically
+from aggregator.ledger.ledger_file import (
     LedgerFileError,
     decode_ledger,
     encode_ledger,
     ledger_path_for,
 )
-from aggregator.ledger_file import previous_path as ledger_previous_path
-from aggregator.metrics import AggregatorMetrics
-from aggregator.session import Ack, BatchSession
+from aggregator.ledger.ledger_file import previous_path as ledger_previous_path
+from aggregator.service.checkpoint_files import previous_path, write_checkpoint
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.core.acks import AckGenerations
+from aggregator.service.core.checkpoint import Checkpoint
+from aggregator.service.core.rules import AggregatorCore
+from aggregator.service.metrics import AggregatorMetrics
+from aggregator.service.session import Ack, BatchSession
 
 logger = logging.getLogger("aggregator.service")
 
