@@ -7,6 +7,10 @@ or applied, a metric, a file's size, the number of log lines) and the wait fails
 value has not changed for ``stall`` seconds, or, as a guard against a hang, after a generous
 absolute ``ceiling``. A wait without a ``progress`` gives its condition ``stall`` seconds.
 
+:func:`wait_until` (blocking) and :func:`until` (a coroutine) are the one wait of every suite,
+the stall window their second argument; a suite with its own default window binds it once
+with :class:`Waits` (``wait_until = Waits(15.0).until``) instead of wrapping them.
+
 Every window is multiplied by ``COCO_TEST_TIMEOUT_SCALE`` (default 1): a slower machine sets
 it higher instead of editing tests.
 
@@ -20,7 +24,7 @@ import asyncio
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,7 @@ __all__ = [
     "STALL",
     "Progress",
     "StalledError",
+    "Waits",
     "cpu_seconds",
     "file_size",
     "scaled",
@@ -145,26 +150,33 @@ class _Watch:
             )
 
 
-def _watch(
+def _pending(
     predicate: Callable[[], object],
-    progress: Progress | None,
     stall: float | None,
+    progress: Progress | None,
     ceiling: float | None,
     what: str,
-) -> _Watch:
-    return _Watch(
+) -> Iterator[None]:
+    """The one loop of every wait: yields (the caller pauses between polls) until
+    ``predicate`` holds; raises :class:`StalledError` when the watch says so."""
+    if predicate():
+        return
+    watch = _Watch(
         what=what or getattr(predicate, "__qualname__", repr(predicate)),
         progress=progress,
         stall=scaled(STALL if stall is None else stall),
         ceiling=scaled(CEILING if ceiling is None else ceiling),
     )
+    while not predicate():
+        watch.check()
+        yield
 
 
 def wait_until(
     predicate: Callable[[], object],
+    stall: float | None = None,
     *,
     progress: Progress | None = None,
-    stall: float | None = None,
     ceiling: float | None = None,
     what: str = "",
     interval: float = 0.02,
@@ -173,27 +185,57 @@ def wait_until(
     when ``progress()`` has returned the same value for ``stall`` s (default :data:`STALL`;
     counted from the start when there is no ``progress``), or after ``ceiling`` s in all
     (default :data:`CEILING`); both scaled by ``COCO_TEST_TIMEOUT_SCALE``."""
-    if predicate():
-        return
-    watch = _watch(predicate, progress, stall, ceiling, what)
-    while not predicate():
-        watch.check()
+    for _ in _pending(predicate, stall, progress, ceiling, what):
         _sleep(interval)
 
 
 async def until(
     predicate: Callable[[], object],
+    stall: float | None = None,
     *,
     progress: Progress | None = None,
-    stall: float | None = None,
     ceiling: float | None = None,
     what: str = "",
     interval: float = 0.02,
 ) -> None:
     """:func:`wait_until` for a coroutine: the event loop runs between polls."""
-    if predicate():
-        return
-    watch = _watch(predicate, progress, stall, ceiling, what)
-    while not predicate():
-        watch.check()
+    for _ in _pending(predicate, stall, progress, ceiling, what):
         await _async_sleep(interval)
+
+
+@dataclass(frozen=True)
+class Waits:
+    """:func:`wait_until` and :func:`until` with a suite's own default stall window and poll
+    interval, for a suite to bind once (``wait_until = Waits(15.0).until``) and call as
+    ``await wait_until(predicate)`` (15 s) or ``await wait_until(predicate, 60)``."""
+
+    stall: float = STALL
+    interval: float = 0.02
+
+    def wait_until(
+        self,
+        predicate: Callable[[], object],
+        stall: float | None = None,
+        *,
+        progress: Progress | None = None,
+        ceiling: float | None = None,
+        what: str = "",
+    ) -> None:
+        window = self.stall if stall is None else stall
+        wait_until(
+            predicate, window, progress=progress, ceiling=ceiling, what=what, interval=self.interval
+        )
+
+    async def until(
+        self,
+        predicate: Callable[[], object],
+        stall: float | None = None,
+        *,
+        progress: Progress | None = None,
+        ceiling: float | None = None,
+        what: str = "",
+    ) -> None:
+        window = self.stall if stall is None else stall
+        await until(
+            predicate, window, progress=progress, ceiling=ceiling, what=what, interval=self.interval
+        )
