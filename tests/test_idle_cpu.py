@@ -3,10 +3,10 @@ directory (the README's command) and with ``--state-dir``, and ``coco demo --ser
 the run is over and it serves the final state. The aggregator's own test is in
 tests/aggregator/test_operability.py.
 
-Each measures the CPU time (user + system, ``/proc/<pid>/stat``) of the real process and
-of its children (the demo's accountant worker) over an idle window and bounds it as a share
-of that window: a CPU ratio, not a wall-clock assertion. A loaded machine slows a busy
-process down, it does not make an idle one busier.
+Each measures the CPU time (user + system, ``/proc/<pid>/stat``: tests/cputime.py) of the
+real process and of its children (the demo's accountant worker) over an idle window and
+bounds it as a share of that window: a CPU ratio, not a wall-clock assertion. A loaded
+machine slows a busy process down, it does not make an idle one busier.
 """
 
 from __future__ import annotations
@@ -16,53 +16,20 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.aggregator.test_operability import IDLE_SECONDS, IDLE_SHARE, ready
 from tests.aggregator.test_single_writer import COCO, ROOT, wait_for
 from tests.conftest import Broker, free_port
+from tests.cputime import IDLE_SHARE, idle_share
+from tests.service_http import ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 DEP = "idle"
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            found += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return found
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of ``pid`` and its live descendants."""
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
-            todo += _children(current)
-        except OSError:  # gone meanwhile
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
-def idle_share(pid: int) -> tuple[float, float]:
-    """CPU seconds used over an idle window of :data:`IDLE_SECONDS`, and the window."""
-    before, start = tree_cpu_seconds(pid), time.monotonic()
-    time.sleep(IDLE_SECONDS)  # the window measured, not a wait for anything
-    used, elapsed = tree_cpu_seconds(pid) - before, time.monotonic() - start
-    print(f"idle: {used:.3f} s of CPU in {elapsed:.2f} s")
-    return used, elapsed
 
 
 def env() -> dict[str, str]:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests import cputime
+
 __all__ = [
     "CEILING",
     "SCALE",
@@ -68,19 +70,14 @@ def scaled(seconds: float) -> float:
 
 
 def cpu_seconds(pid: int | None, grain: float = 0.5) -> float | None:
-    """CPU time (user + system) process ``pid`` has used so far, in whole ``grain`` s: the
-    progress of a process that computes (the accountant's worker, a service at work). The
-    grain keeps a process that merely idles (a few ms a second) from counting as progress
-    for ever; ``grain=0`` gives the exact time. ``None`` for no process or one that is
-    gone."""
-    if pid is None:
+    """CPU time (user + system, tests/cputime.py) process ``pid`` has used so far, in whole
+    ``grain`` s: the progress of a process that computes (the accountant's worker, a service
+    at work). The grain keeps a process that merely idles (a few ms a second) from counting
+    as progress for ever; ``grain=0`` gives the exact time. ``None`` for no process or one
+    that is gone."""
+    seconds = None if pid is None else cputime.cpu_seconds(pid)
+    if seconds is None:
         return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    # after the command: state is field 3, utime 14 and stime 15 (proc(5))
-    seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return math.floor(seconds / grain) * grain if grain > 0 else seconds
 
 

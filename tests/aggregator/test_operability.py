@@ -5,7 +5,6 @@ path (issue 18's aggregator rows, issue 19 item 5)."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import struct
 import subprocess
@@ -30,39 +29,18 @@ from tests.aggregator.test_single_writer import (
     wait_for,
 )
 from tests.conftest import MOSQUITTO, Broker, free_port
+from tests.cputime import IDLE_SHARE, idle_share
+from tests.service_http import ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 KEY = ["--batch-public-key", SIGNER.public_key_hex]
-IDLE_SECONDS = 6.0
-IDLE_SHARE = 0.1
-"""The most CPU time an idle service may use, as a share of the wall-clock interval (it
-used to spin at ~46% of a core without --checkpoint). Generous: a loaded machine slows a
-busy process down, it does not make an idle one busier."""
-
-
-def ready(port: int) -> int | None:
-    """The status of ``GET /ready``; ``None`` while nothing answers."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        return exc.code
-    except OSError:
-        return None
 
 
 def metric_lines(port: int) -> list[str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text: str = response.read().decode()
     return [line for line in text.splitlines() if not line.startswith("#")]
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of process ``pid`` (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_ready_only_once_subscribed_and_no_counter_before_recovery(tmp_path: Path) -> None:
@@ -116,9 +94,7 @@ def test_an_idle_service_idles(mosquitto: Broker, tmp_path: Path, checkpoint: bo
     with service(coco_run(mosquitto, tmp_path, *KEY, "--metrics-port", str(port), *extra)) as proc:
         wait_for(lambda: ready(port) == 200, proc)
         time.sleep(2.0)  # the first privacy level and the epsilon curve, computed at start
-        before, start = cpu_seconds(proc.pid), time.monotonic()
-        time.sleep(IDLE_SECONDS)
-        used, elapsed = cpu_seconds(proc.pid) - before, time.monotonic() - start
+        used, elapsed = idle_share(proc.pid, descendants=False)
         rc, err = stop(proc)
     assert rc == 0, err
     assert used / elapsed < IDLE_SHARE, (used, elapsed)
