@@ -67,9 +67,10 @@ from bench_brokers import tree_rss
 from edge.codec import CodecError, decode_report
 from tests.clusters import NATS_SERVER, NatsCluster
 from tests.cputime import tree_cpu_seconds
-from tests.faults.test_exactly_once import COCO, Process, estimates, metrics, read_acked
 from tests.mqtt_adapters import FailoverClient
 from tests.ports import free_port
+from tests.processes import COCO, Process, estimates, read_acked
+from tests.service_http import metrics
 
 DEP = "benchshards"
 MECHANISM = ("coco", 128, 8)  # mechanism, d, s: the spec of docs/scaling.md's privacy table

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from tests import cputime
 
@@ -35,7 +35,10 @@ __all__ = [
     "CEILING",
     "SCALE",
     "STALL",
+    "Condition",
+    "Options",
     "Progress",
+    "Stall",
     "StalledError",
     "Waits",
     "cpu_seconds",
@@ -94,6 +97,10 @@ class StalledError(AssertionError):
 
 
 Progress = Callable[[], Any]
+Condition = Callable[[], object]
+"""What a wait waits for: it ends once this returns something true."""
+Stall = float | None
+"""A stall window in seconds; ``None`` for the default (:data:`STALL`, or a suite's)."""
 
 # The clock and the pauses, as names of this module so that tests/test_waiting.py can fake them.
 _monotonic = time.monotonic
@@ -147,12 +154,24 @@ class _Watch:
             )
 
 
+class Options(TypedDict, total=False):
+    """What a wait takes beside its condition and its stall window."""
+
+    progress: Progress | None
+    """A comparable measure of the work done: the wait fails when it stops changing."""
+    ceiling: float | None
+    """Seconds the wait may take in all (default :data:`CEILING`)."""
+    what: str
+    """What is waited for, in the failure's message (default: the condition's name)."""
+
+
 def _pending(
-    predicate: Callable[[], object],
-    stall: float | None,
-    progress: Progress | None,
-    ceiling: float | None,
-    what: str,
+    predicate: Condition,
+    stall: Stall,
+    *,
+    progress: Progress | None = None,
+    ceiling: float | None = None,
+    what: str = "",
 ) -> Iterator[None]:
     """The one loop of every wait: yields (the caller pauses between polls) until
     ``predicate`` holds; raises :class:`StalledError` when the watch says so."""
@@ -170,33 +189,29 @@ def _pending(
 
 
 def wait_until(
-    predicate: Callable[[], object],
-    stall: float | None = None,
+    predicate: Condition,
+    stall: Stall = None,
     *,
-    progress: Progress | None = None,
-    ceiling: float | None = None,
-    what: str = "",
     interval: float = 0.02,
+    **options: Unpack[Options],
 ) -> None:
     """Poll ``predicate`` every ``interval`` s until it is true. Fails with :class:`StalledError`
     when ``progress()`` has returned the same value for ``stall`` s (default :data:`STALL`;
     counted from the start when there is no ``progress``), or after ``ceiling`` s in all
     (default :data:`CEILING`); both scaled by ``COCO_TEST_TIMEOUT_SCALE``."""
-    for _ in _pending(predicate, stall, progress, ceiling, what):
+    for _ in _pending(predicate, stall, **options):
         _sleep(interval)
 
 
 async def until(
-    predicate: Callable[[], object],
-    stall: float | None = None,
+    predicate: Condition,
+    stall: Stall = None,
     *,
-    progress: Progress | None = None,
-    ceiling: float | None = None,
-    what: str = "",
     interval: float = 0.02,
+    **options: Unpack[Options],
 ) -> None:
     """:func:`wait_until` for a coroutine: the event loop runs between polls."""
-    for _ in _pending(predicate, stall, progress, ceiling, what):
+    for _ in _pending(predicate, stall, **options):
         await _async_sleep(interval)
 
 
@@ -209,30 +224,8 @@ class Waits:
     stall: float = STALL
     interval: float = 0.02
 
-    def wait_until(
-        self,
-        predicate: Callable[[], object],
-        stall: float | None = None,
-        *,
-        progress: Progress | None = None,
-        ceiling: float | None = None,
-        what: str = "",
-    ) -> None:
-        window = self.stall if stall is None else stall
-        wait_until(
-            predicate, window, progress=progress, ceiling=ceiling, what=what, interval=self.interval
-        )
+    def wait_until(self, predicate: Condition, stall: Stall = None, **kw: Unpack[Options]) -> None:
+        wait_until(predicate, self.stall if stall is None else stall, interval=self.interval, **kw)
 
-    async def until(
-        self,
-        predicate: Callable[[], object],
-        stall: float | None = None,
-        *,
-        progress: Progress | None = None,
-        ceiling: float | None = None,
-        what: str = "",
-    ) -> None:
-        window = self.stall if stall is None else stall
-        await until(
-            predicate, window, progress=progress, ceiling=ceiling, what=what, interval=self.interval
-        )
+    async def until(self, predicate: Condition, stall: Stall = None, **kw: Unpack[Options]) -> None:
+        await until(predicate, self.stall if stall is None else stall, interval=self.interval, **kw)

@@ -18,18 +18,18 @@ from prometheus_client import CollectorRegistry
 
 from aggregator.http import MetricsServer
 from tests.aggregator.test_service import SIGNER, SPEC
-from tests.aggregator.test_single_writer import (
+from tests.aggregator.test_single_writer import coco_run
+from tests.conftest import MOSQUITTO, Broker, free_port
+from tests.cputime import IDLE_SHARE, idle_share
+from tests.processes import (
     COCO,
     ROOT,
-    coco_run,
     env,
     error_lines,
     service,
     stop,
-    wait_for,
+    wait_running,
 )
-from tests.conftest import MOSQUITTO, Broker, free_port
-from tests.cputime import IDLE_SHARE, idle_share
 from tests.service_http import ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -53,14 +53,14 @@ def test_ready_only_once_subscribed_and_no_counter_before_recovery(tmp_path: Pat
     args = coco_run(broker, tmp_path, *KEY, "--metrics-port", str(port), "--checkpoint")
     args += [str(tmp_path / "ckpt.json")]
     with service(args) as proc:
-        wait_for(lambda: ready(port) == 503, proc)
+        wait_running(lambda: ready(port) == 503, proc)
         assert "coco_aggregator_ready 0.0" in metric_lines(port)
         broker.start()
         try:
-            wait_for(lambda: ready(port) == 200, proc)
+            wait_running(lambda: ready(port) == 200, proc)
             assert "coco_aggregator_ready 1.0" in metric_lines(port)
             broker.stop()
-            wait_for(lambda: ready(port) == 503, proc)
+            wait_running(lambda: ready(port) == 503, proc)
             rc, err = stop(proc)
         finally:
             broker.stop()
@@ -92,7 +92,7 @@ def test_an_idle_service_idles(mosquitto: Broker, tmp_path: Path, checkpoint: bo
     port = free_port()
     extra = ["--checkpoint", str(tmp_path / "ckpt.json")] if checkpoint else []
     with service(coco_run(mosquitto, tmp_path, *KEY, "--metrics-port", str(port), *extra)) as proc:
-        wait_for(lambda: ready(port) == 200, proc)
+        wait_running(lambda: ready(port) == 200, proc)
         time.sleep(2.0)  # the first privacy level and the epsilon curve, computed at start
         used, elapsed = idle_share(proc.pid, descendants=False)
         rc, err = stop(proc)
@@ -122,7 +122,7 @@ def test_scrapers_that_hang_up_leave_no_traceback_and_snapshot_finds_estimates(
 ) -> None:
     port = free_port()
     with service(coco_run(mosquitto, tmp_path, *KEY, "--metrics-port", str(port))) as proc:
-        wait_for(lambda: ready(port) == 200, proc)
+        wait_running(lambda: ready(port) == 200, proc)
         for _ in range(40):  # ask, then reset the connection before reading the answer
             with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
                 sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -172,7 +172,7 @@ def test_channels_name_the_dimensions_or_are_refused_in_one_line(
     port = free_port()
     args = coco_run(mosquitto, tmp_path, *KEY, "--metrics-port", str(port), "--channels")
     with service([*args, str(good)]) as proc:
-        wait_for(lambda: ready(port) == 200, proc)
+        wait_running(lambda: ready(port) == 200, proc)
         url = f"http://127.0.0.1:{port}/estimates"
         with urllib.request.urlopen(url, timeout=5) as response:
             doc = json.loads(response.read())
