@@ -47,7 +47,7 @@ if str(_ROOT) not in sys.path:  # run as a script from a checkout without `pip i
 
 from core_report import Result, fmt_rate, machine, ratios, table  # noqa: E402
 
-from aggregator.estimators import AggregateState  # noqa: E402
+from aggregator.estimation.estimators import AggregateState  # noqa: E402
 from edge import CoCo, Collision, LocalMechanism  # noqa: E402
 from sim.synthetic import random_sparse, sparse_totals  # noqa: E402
 

@@ -10,9 +10,9 @@ processes, one at a time:
   denominator of the ratios);
 * ``fleet`` publisher -> aiomqtt / paho-mqtt (loop thread) / gmqtt sinks that count and
   ``decode_report`` every message;
-* ``fleet`` publisher -> the real :class:`broker.shuffler.Shuffler` alone (its ingest rate,
+* ``fleet`` publisher -> the real :class:`broker.service.shuffler.Shuffler` alone (its ingest rate,
   the number the goal "ingest >= 0.6 of the raw Mosquitto rate in every repeat" is about);
-* ``fleet`` publisher -> the shuffler -> the real :class:`aggregator.service.Aggregator`
+* ``fleet`` publisher -> the shuffler -> the real :class:`aggregator.service.service.Aggregator`
   (end to end; the shuffler's ingest is reported again, now sharing the 2 cores with the
   aggregator).
 

@@ -20,7 +20,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from broker.shuffler import ShufflerConfig
+from broker.service.shuffler import ShufflerConfig
 from edge.codec import decode_report, encode_report
 from edge.rounds import current_round
 from edge.spec import MechanismSpec
@@ -220,7 +220,7 @@ async def _run_shuffler(
 ) -> None:
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from broker.shuffler import Shuffler  # noqa: PLC0415
+    from broker.service.shuffler import Shuffler  # noqa: PLC0415
 
     registry = CollectorRegistry()
     extra: dict[str, Any] = {} if mqtt == "default" else {"mqtt_version": mqtt}
@@ -284,8 +284,8 @@ async def _run_shuffler(
 
 
 async def _run_aggregator(port: int, expected: int, timeout: float) -> None:
-    from aggregator.config import AggregatorConfig  # noqa: PLC0415
-    from aggregator.service import Aggregator  # noqa: PLC0415
+    from aggregator.service.config import AggregatorConfig  # noqa: PLC0415
+    from aggregator.service.service import Aggregator  # noqa: PLC0415
     from edge.batch_auth import load_or_create_signing_key, public_key_hex  # noqa: PLC0415
 
     config = AggregatorConfig(

@@ -25,12 +25,12 @@ if TYPE_CHECKING:
 LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     # name: (module, attribute: a command function or a typer.Typer, help in `coco --help`)
     "privacy": (
-        "aggregator.privacy_cli",
+        "aggregator.ledger.privacy_cli",
         "privacy_app",
         "Central privacy of shuffled batches (certified bounds); `calibrate` plans epsilon0.",
     ),
     "shuffler": (
-        "broker.cli",
+        "broker.service.cli",
         "shuffler",
         "Shuffle each round's ingress reports into signed batches of at least --min-batch.",
     ),
@@ -41,7 +41,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "round, after charging the device's privacy-budget ledger.",
     ),
     "announce": (
-        "broker.announce_cli",
+        "broker.service.announce_cli",
         "announce",
         "Publish the retained spec announcement of a deployment (or print it).",
     ),
@@ -59,7 +59,7 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "Simulate a fleet of devices publishing privatised reports (simulation only: no "
         "budget ledger; a real device runs `coco device`).",
     ),
-    "aggregator": ("aggregator.cli", "aggregator_app", "The streaming aggregator service."),
+    "aggregator": ("aggregator.service.cli", "aggregator_app", "The streaming aggregator service."),
     "experiment": (
         "sim.experiments.cli",
         "experiment_app",

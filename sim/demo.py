@@ -9,10 +9,9 @@
    3.1.1 (their ``mqtt_version`` option) and, unless the fleet
    size was given, the fleet shrinks to :data:`EMBEDDED_DEFAULT_DEVICES`. With a URL, that
    broker is used; every run has its own deployment name, so runs never interfere.
-2. **Services.** A :class:`~broker.shuffler.Shuffler` and an
-   :class:`~aggregator.service.Aggregator` run in-process as asyncio tasks, each with its own
-   ``CollectorRegistry``; the spec announcement is published retained (and cleared at the
-   end).
+2. **Services.** A :class:`~broker.service.shuffler.Shuffler` and an
+   :class:`~aggregator.service.service.Aggregator` run in-process as asyncio tasks, each with its
+   own ``CollectorRegistry``; the spec announcement is published retained (and cleared at the end).
 3. **Fleet.** :class:`~sim.sensors.SensorFleet` readings are encoded with
    :class:`~edge.encoders.SensorEncoder`, randomised with the batch path
    (:meth:`~edge.LocalMechanism.randomise_sparse`) and each device's 16-byte report is
@@ -26,7 +25,7 @@
    127.0.0.1 (``0``: a free port) is bound before the broker starts and lives until the
    caller stops it: the aggregator serves its live page, ``/metrics`` and ``/estimates``
    on it during the run, then the same socket serves the run's final state
-   (:meth:`~aggregator.http.MetricsServer.serve` swaps what it serves, so no request is
+   (:meth:`~aggregator.service.http.MetricsServer.serve` swaps what it serves, so no request is
    ever refused in between). The URL is printed and kept in the result. Without it
    nothing listens.
 6. **Accounting.** The demo waits until the shuffler has received every report, stops it
@@ -61,14 +60,14 @@ import numpy as np
 from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
-from aggregator.config import AggregatorConfig
-from aggregator.estimators import AggregateState
-from aggregator.http import MetricsServer, Source
-from aggregator.page_data import Channel
-from aggregator.service import Aggregator
-from broker.core import MAX_BATCH_LIMIT
-from broker.metrics import DROP_REASONS, REJECT_REASONS
-from broker.shuffler import Shuffler, ShufflerConfig, parse_broker_url
+from aggregator.estimation.estimators import AggregateState
+from aggregator.page.page_data import Channel
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.http import MetricsServer, Source
+from aggregator.service.service import Aggregator
+from broker.core.machine import MAX_BATCH_LIMIT
+from broker.service.metrics import DROP_REASONS, REJECT_REASONS
+from broker.service.shuffler import Shuffler, ShufflerConfig, parse_broker_url
 from edge import CocoError, LocalMechanism, MechanismSpec
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner

@@ -210,7 +210,7 @@ def _announced_spec(
     :class:`FleetError` that says what failed."""
     import aiomqtt  # noqa: PLC0415 (not for --help)
 
-    from broker.cli import read_announcement  # noqa: PLC0415 (the shuffler's: not for --help)
+    from broker.service.cli import read_announcement  # noqa: PLC0415 (the shuffler's: not for --help)
     from sim.fleet import FleetError  # noqa: PLC0415
 
     try:

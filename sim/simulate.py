@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from aggregator.estimators import AggregateState
+from aggregator.estimation.estimators import AggregateState
 from edge import LocalMechanism, MechanismSpec
 from sim.sensors import SensorFleet
 from sim.synthetic import random_sparse, sparse_totals

@@ -1,6 +1,6 @@
 """The project's three MQTT client libraries behind one small synchronous interface, for
-tests that check a broker (tests/test_broker_compat.py): paho-mqtt 2.x (edge/publisher.py,
-broker/announce_cli.py), aiomqtt 2.x (the aggregator, the shuffler's publishing connection)
+tests that check a broker (tests/test_broker_compat.py): paho-mqtt 2.x (edge/publisher_link.py,
+broker/service/announce_cli.py), aiomqtt 2.x (the aggregator, the shuffler's publishing connection)
 and gmqtt (the shuffler's ingest, sim/fleet.py).
 
 Each adapter connects to one URL with a client id and a clean-session flag, subscribes,

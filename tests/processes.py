@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from aggregator.estimators import AggregateState
+from aggregator.estimation.estimators import AggregateState
 from edge.spec import MechanismSpec
 from tests import service_http, waiting
 

@@ -22,12 +22,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
-from aggregator.cli import PrivacyMechanism, privacy_rows
-from aggregator.config import AggregatorConfig
-from aggregator.estimators import AggregateState
-from aggregator.service import Aggregator
-from broker.metrics import DROP_REASONS, REJECT_REASONS
-from broker.shuffler import Shuffler, ShufflerConfig
+from aggregator.estimation.estimators import AggregateState
+from aggregator.ledger.privacy_cli import PrivacyMechanism, privacy_rows
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.service import Aggregator
+from broker.service.metrics import DROP_REASONS, REJECT_REASONS
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge import LocalMechanism, MechanismSpec
 from edge.batch_auth import SIGNATURE_SIZE, BatchSigner
 from edge.codec import decode_batch

@@ -60,13 +60,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
-from aggregator import accountant_process
 from aggregator.accountant import amplify_spec
-from aggregator.config import AggregatorConfig
-from aggregator.metrics import REJECT_REASONS as BATCH_REJECT_REASONS
-from aggregator.service import Aggregator
-from broker.metrics import DROP_REASONS, REJECT_REASONS
-from broker.shuffler import Shuffler, ShufflerConfig
+from aggregator.ledger import accountant_process
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.metrics import REJECT_REASONS as BATCH_REJECT_REASONS
+from aggregator.service.service import Aggregator
+from broker.service.metrics import DROP_REASONS, REJECT_REASONS
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge.batch_auth import (
     SIGNATURE_SIZE,
     BatchAuthError,

@@ -28,11 +28,11 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from prometheus_client import CollectorRegistry
 
-from aggregator.config import AggregatorConfig
-from aggregator.estimators import AggregateState
-from aggregator.service import Aggregator
-from broker.metrics import DROP_REASONS, REJECT_REASONS
-from broker.shuffler import Shuffler, ShufflerConfig
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.service import Aggregator
+from broker.service.metrics import DROP_REASONS, REJECT_REASONS
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge import MechanismSpec
 from edge.batch_auth import SIGNATURE_SIZE, BatchSigner
 from edge.codec import decode_batch

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from aggregator.checkpoint import CHECKPOINT_VERSION, CheckpointError, load_checkpoint
-from aggregator.config import AggregatorConfig, resolve_batch_public_key
-from aggregator.service import Aggregator
+from aggregator.service.checkpoint_files import load_checkpoint
+from aggregator.service.config import AggregatorConfig, resolve_batch_public_key
+from aggregator.service.core.checkpoint import CHECKPOINT_VERSION, CheckpointError
+from aggregator.service.service import Aggregator
 from edge.batch_auth import BatchSigner
 from edge.errors import CocoError
 from tests.aggregator.test_service import (

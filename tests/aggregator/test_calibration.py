@@ -17,7 +17,7 @@ from aggregator.accountant import (
     epsilon_total_counts,
     epsilon_total_rounds,
 )
-from aggregator.privacy_ledger import PrivacyLedger
+from aggregator.ledger.privacy_ledger import PrivacyLedger
 from edge.announce import load_spec_file
 from sim.cli import app
 from tests.aggregator.reference import reference_rows

@@ -27,7 +27,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from aggregator.estimators import AggregateState
+from aggregator.estimation.estimators import AggregateState
 from edge import LocalMechanism, MechanismSpec
 from sim.sensors import SensorFleet
 from sim.simulate import Z95, simulate_sensors

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from aggregator.http import MetricsServer
+from aggregator.service.http import MetricsServer
 from tests.aggregator.test_service import SIGNER, SPEC
 from tests.aggregator.test_single_writer import coco_run
 from tests.conftest import MOSQUITTO, Broker, free_port

@@ -1,4 +1,4 @@
-"""The live page's data (aggregator/page_data.py): channels in physical units, the privacy
+"""The live page's data (aggregator/page/page_data.py): channels in physical units, the privacy
 history's bound, and what is refused."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from aggregator.page_data import (
+from aggregator.page.page_data import (
     MAX_POINTS,
     Channel,
     PrivacyHistory,

@@ -11,8 +11,9 @@ import pytest
 
 from aggregator.accountant import amplify_spec, blanket_pair_for_spec, epsilon_total_batches
 from aggregator.accountant.history import epsilon_total_rounds
-from aggregator.checkpoint import CheckpointError, load_checkpoint
-from aggregator.privacy_ledger import SIGNIFICANT_BITS, PrivacyLedger, accounting_size
+from aggregator.ledger.privacy_ledger import SIGNIFICANT_BITS, PrivacyLedger, accounting_size
+from aggregator.service.checkpoint_files import load_checkpoint
+from aggregator.service.core.checkpoint import CheckpointError
 from edge.spec import MechanismSpec
 
 SPEC = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
@@ -60,7 +61,7 @@ def test_levels_are_the_accountant_s_for_the_batches_recorded() -> None:
 
 def _checkpoint(tmp_path: Path, **fields: object) -> Path:
     """A minimal valid version-2 checkpoint of 3 applied batches, with ``fields`` replaced."""
-    from aggregator.estimators import AggregateState  # noqa: PLC0415
+    from aggregator.estimation.estimators import AggregateState  # noqa: PLC0415
 
     state = AggregateState(SPEC)
     doc: dict[str, object] = {

@@ -26,15 +26,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
-from aggregator import accountant_process
 from aggregator.accountant import amplify_spec
-from aggregator.batch_codec import encode_batch_arrays
-from aggregator.checkpoint import CheckpointError
-from aggregator.config import AggregatorConfig
-from aggregator.estimators import AggregateState
-from aggregator.ledger_file import ledger_path_for, load_ledger
-from aggregator.metrics import REJECT_REASONS
-from aggregator.service import Aggregator
+from aggregator.estimation.estimators import AggregateState
+from aggregator.ledger import accountant_process
+from aggregator.ledger.ledger_file import ledger_path_for, load_ledger
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.core.batch_codec import encode_batch_arrays
+from aggregator.service.core.checkpoint import CheckpointError
+from aggregator.service.metrics import REJECT_REASONS
+from aggregator.service.service import Aggregator
 from edge import LocalMechanism, MechanismSpec
 from edge.batch_auth import BatchSigner
 from edge.topics import batches_topic
@@ -448,7 +448,8 @@ def test_a_cancelled_checkpoint_finishes_its_write_before_releasing(
 _CHILD = """
 import asyncio, json, sys
 from pathlib import Path
-from aggregator.service import AggregatorConfig, run_aggregator
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.service import run_aggregator
 from edge import MechanismSpec
 a = json.loads(sys.argv[1])
 cfg = AggregatorConfig(

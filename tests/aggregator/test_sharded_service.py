@@ -14,7 +14,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from aggregator.trust import load_pins, trust_path
+from aggregator.service.trust import load_pins, trust_path
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner
 from edge.codec import encode_manifest

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregator.batch_codec import encode_batch_arrays
-from aggregator.checkpoint import decode_checkpoint, encode_checkpoint
-from aggregator.core import AggregatorCore, CoreRules
-from aggregator.keys import anchor_of, describe_anchor, is_anchor
+from aggregator.service.core.batch_codec import encode_batch_arrays
+from aggregator.service.core.checkpoint import decode_checkpoint, encode_checkpoint
+from aggregator.service.core.keys import anchor_of, describe_anchor, is_anchor
+from aggregator.service.core.rules import AggregatorCore, CoreRules
 from edge import MechanismSpec
 from edge.batch_auth import BatchSigner
 from edge.codec import encode_manifest

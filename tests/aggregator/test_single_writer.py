@@ -19,8 +19,8 @@ import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
-from aggregator.checkpoint import load_checkpoint
-from aggregator.session import SESSION_TAKEN_OVER, session_taken_over
+from aggregator.service.checkpoint_files import load_checkpoint
+from aggregator.service.session import SESSION_TAKEN_OVER, session_taken_over
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner
 from edge.topics import spec_topic

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.trust import load_pins, trust_path
+from aggregator.service.trust import load_pins, trust_path
 from edge.batch_auth import BatchSigner
 from tests.aggregator.test_service import DEPLOYMENT, MIN_BATCH, SIGNER, batch, publish, reports
 from tests.aggregator.test_single_writer import announce, coco_run

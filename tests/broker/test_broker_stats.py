@@ -1,4 +1,4 @@
-"""broker/broker_stats.py against a real Mosquitto: the loss that happens after a PUBACK
+"""broker/service/broker_stats.py against a real Mosquitto: the loss that happens after a PUBACK
 (a persistent session's queue over ``max_queued_messages``) shows in the metrics."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from prometheus_client import CollectorRegistry
 
-from broker.broker_stats import MosquittoSysStats, parse_sys_value
+from broker.service.broker_stats import MosquittoSysStats, parse_sys_value
 from tests import waiting
 from tests.asyncutil import run
 from tests.conftest import MOSQUITTO, Broker, free_port

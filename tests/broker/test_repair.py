@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from broker.core import Admitted, Closed, Configured, CoreConfig, ShufflerCore
-from broker.effects import Effect
-from broker.records import FILE_HEADER_SIZE
-from broker.repair import repair
-from broker.store import EffectLog, LogDamagedError, StateDir
+from broker.core.effects import Effect
+from broker.core.machine import Admitted, Closed, Configured, CoreConfig, ShufflerCore
+from broker.store.records import FILE_HEADER_SIZE
+from broker.store.repair import repair
+from broker.store.wal import EffectLog, LogDamagedError, StateDir
 from sim.cli import app
 
 CONFIG = CoreConfig(fingerprint=1, t=8, round_seconds=10, min_batch=2)

@@ -18,8 +18,8 @@ import aiomqtt
 import pytest
 from prometheus_client import CollectorRegistry
 
-from broker.lease import Lease, LeaseRefusedError
-from broker.shuffler import Shuffler, ShufflerConfig
+from broker.service.lease import Lease, LeaseRefusedError
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner, BatchVerifier
 from edge.codec import decode_batch, decode_manifest, encode_report

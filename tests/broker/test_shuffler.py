@@ -27,9 +27,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from scipy import stats
 
-from broker.metrics import DROP_REASONS, REJECT_REASONS
-from broker.shuffler import Shuffler, ShufflerConfig
-from broker.store import StoreError
+from broker.service.metrics import DROP_REASONS, REJECT_REASONS
+from broker.service.shuffler import Shuffler, ShufflerConfig
+from broker.store.wal import StoreError
 from edge.batch_auth import BatchAuthError, BatchSigner, BatchVerifier
 from edge.codec import decode_batch, encode_report
 from edge.rounds import current_round

@@ -21,9 +21,9 @@ import aiomqtt
 import pytest
 from prometheus_client import CollectorRegistry
 
-from broker.keys import SigningKeyError
-from broker.metrics import serve_http
-from broker.shuffler import Shuffler
+from broker.service.keys import SigningKeyError
+from broker.service.metrics import serve_http
+from broker.service.shuffler import Shuffler
 from edge.batch_auth import BatchSigner, BatchVerifier, load_or_create_signing_key, public_key_hex
 from edge.codec import decode_batch, decode_manifest
 from edge.rounds import current_round
@@ -336,7 +336,7 @@ def test_the_hold_ends_once_per_subscription(mosquitto: Broker) -> None:
 
 def test_the_shuffler_exports_mosquitto_s_loss_counters(tmp_path: Path) -> None:
     """With ``broker_stats`` (the CLI's default) the shuffler's /metrics carries Mosquitto's
-    ``$SYS`` counters, the dropped-message one included (broker/broker_stats.py)."""
+    ``$SYS`` counters, the dropped-message one included (broker/service/broker_stats.py)."""
     broker = Broker(tmp_path, free_port(), extra_config="sys_interval 1\n")
     broker.start()
     registry = CollectorRegistry()

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.core import (
+from broker.core.machine import (
     Acked,
     Admitted,
     Carried,
@@ -38,9 +38,9 @@ from broker.core import (
     Seen,
     ShufflerCore,
 )
-from broker.records import FILE_HEADER_SIZE, encode_effect, file_header, scan
-from broker.repair import repair
-from broker.store import (
+from broker.store.records import FILE_HEADER_SIZE, encode_effect, file_header, scan
+from broker.store.repair import repair
+from broker.store.wal import (
     EffectLog,
     LogDamagedError,
     LogFullError,

@@ -49,8 +49,8 @@ import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
 
-from aggregator.checkpoint import load_checkpoint
-from aggregator.estimators import AggregateState
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.checkpoint_files import load_checkpoint
 from edge.batch_auth import BatchAuthError, BatchVerifier
 from edge.codec import CodecError, decode_batch, decode_manifest
 from edge.spec import MechanismSpec

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from aggregator.metrics import epsilon_curve_grid
+from aggregator.service.metrics import epsilon_curve_grid
 from edge.batch_auth import load_or_create_signing_key, public_key_hex
 from tests.asyncutil import run, wait_until
 from tests.conftest import Broker, free_port

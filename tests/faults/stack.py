@@ -26,8 +26,8 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from aggregator.checkpoint import load_checkpoint
-from aggregator.estimators import AggregateState
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.checkpoint_files import load_checkpoint
 from edge.batch_auth import BatchAuthError, BatchVerifier, load_or_create_signing_key
 from edge.batch_auth import public_key_hex as key_hex
 from edge.codec import decode_batch

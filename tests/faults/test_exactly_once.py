@@ -50,8 +50,8 @@ from typing import Any
 
 import pytest
 
-from aggregator.checkpoint import previous_path
-from broker.records import ADMITTED, HEAD_SIZE, read_header, record_spans
+from aggregator.service.checkpoint_files import previous_path
+from broker.store.records import ADMITTED, HEAD_SIZE, read_header, record_spans
 from tests.faults.stack import Fault, Stack, pause, reconcile, run_case, running_stack
 from tests.processes import coco, error_lines, wait_until
 

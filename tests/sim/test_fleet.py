@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from aggregator.estimators import AggregateState
+from aggregator.estimation.estimators import AggregateState
 from edge.announce import encode_announcement
 from edge.codec import decode_report
 from edge.spec import MechanismSpec
