@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aiomqtt
 import bench_pipeline as bp
+from common import Child, own_mosquitto
 
 from edge.codec import encode_report
 from edge.spec import MechanismSpec
@@ -48,7 +49,7 @@ MULTIPLEXED_CONNECTIONS = 4
 
 
 def raw_case(port: int, n: int, devices: int, qos: int) -> dict[str, Any]:
-    pub = bp.Child(
+    pub = Child(
         [sys.executable, bp.__file__, "--role", "publish", *map(str, (port, n, devices, qos))]
     )
     pub.wait_ready(120)
@@ -153,7 +154,7 @@ def _fmt(rate: float | None) -> str:
 def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
     ensure_fd_limit(2 * max(args.devices) + 500)  # the fleet and (inherited) the broker
     results: dict[str, Any] = {"library": {}, "cases": []}
-    with tempfile.TemporaryDirectory() as tmp, bp.own_mosquitto(Path(tmp)) as port:
+    with tempfile.TemporaryDirectory() as tmp, own_mosquitto(Path(tmp)) as port:
         print(f"own mosquitto on 127.0.0.1:{port}", flush=True)
         n = args.library_devices
         for name, fn in (("gmqtt", _gmqtt_library), ("aiomqtt", _aiomqtt_library)):

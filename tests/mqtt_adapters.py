@@ -43,15 +43,8 @@ class Received:
     dup: bool | None  # None where the library does not say
 
 
-def wait_for(
-    predicate: Callable[[], object],
-    timeout: float = TIMEOUT,
-    what: str = "",
-    *,
-    progress: waiting.Progress | None = None,
-) -> None:
-    """:func:`tests.waiting.wait_until` with ``timeout`` as its stall window."""
-    waiting.wait_until(predicate, progress=progress, stall=timeout, what=what)
+wait_for = waiting.Waits(TIMEOUT).wait_until
+"""tests/waiting.py's wait, :data:`TIMEOUT` its default stall window."""
 
 
 class Adapter(Protocol):

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import shutil
 import struct
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -47,14 +47,7 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 45.0) -> T:
     return asyncutil.run(coro, timeout)
 
 
-async def wait_until(
-    predicate: Callable[[], bool],
-    timeout: float = 15.0,
-    *,
-    progress: waiting.Progress | None = None,
-    what: str = "",
-) -> None:
-    await asyncutil.wait_until(predicate, timeout, progress=progress, what=what)
+wait_until = waiting.Waits(15.0).until
 
 
 async def pipeline_with_batches(

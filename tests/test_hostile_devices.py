@@ -20,7 +20,7 @@ rounds), makes its attack alongside and then checks, exactly:
 
 Where identity or size limits matter the broker runs the shipped
 deploy/mosquitto/mosquitto.conf with the dynamic-security accounts that ``coco
-credentials`` writes (:mod:`tests.deploy.test_acl`), every device with its own account;
+credentials`` writes (as :mod:`tests.deploy.test_acl` does), every device with its own account;
 the rows about the services' own checks (a 65-character device id has no account there)
 use an open broker, as a deployment whose ACL failed would be.
 
@@ -49,7 +49,6 @@ import socket
 import struct
 import subprocess
 import sys
-import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -59,7 +58,6 @@ import aiomqtt
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
 from aggregator.accountant import amplify_spec
@@ -85,11 +83,10 @@ from sim.cli import app
 from sim.credentials.accounts import SERVICE_ACCOUNTS, device_id, device_password, service_password
 from sim.fleet.run import Fleet, FleetConfig
 from tests import pipeline as scaffolding
-from tests import waiting
+from tests import service_http, waiting
 from tests.asyncutil import run, value, wait_until
-from tests.conftest import MOSQUITTO, Broker, free_port
-from tests.deploy.test_acl import PLUGIN
-from tests.deploy.test_acl import shipped_broker as start_shipped_broker
+from tests.conftest import MOSQUITTO, PLUGIN, Broker, free_port
+from tests.conftest import shipped_broker as start_shipped_broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -173,16 +170,13 @@ class ShufflerProcess:
     metrics_port: int
     log: Path
 
-    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        """Every sample of its ``/metrics``, by name and labels."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            text = response.read().decode()
-        return {
-            (sample.name, tuple(sorted(sample.labels.items()))): float(sample.value)
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-        }
+    def samples(self) -> dict[tuple[str, service_http.Labels], float]:
+        """Every sample of its ``/metrics``, by name and labels (:class:`OSError` while it
+        does not answer)."""
+        found = service_http.samples(self.metrics_port, timeout=5)
+        if found is None:
+            raise OSError(f"coco shuffler's /metrics on port {self.metrics_port} does not answer")
+        return found
 
     def metric(self, name: str, **labels: str) -> float:
         return self.samples().get((name, tuple(sorted(labels.items()))), 0.0)

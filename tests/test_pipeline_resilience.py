@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -55,14 +55,7 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 75.0) -> T:
     return asyncutil.run(coro, timeout)
 
 
-async def wait_until(
-    predicate: Callable[[], bool],
-    timeout: float = 20.0,
-    *,
-    progress: waiting.Progress | None = None,
-    what: str = "",
-) -> None:
-    await asyncutil.wait_until(predicate, timeout, progress=progress, what=what)
+wait_until = waiting.Waits(20.0).until
 
 
 class Fleet:

@@ -18,7 +18,7 @@ from aggregator.ledger import accountant_process
 from aggregator.ledger.levels import LedgerSnapshot, epsilon_curve
 from aggregator.ledger.privacy_ledger import PrivacyLedger
 from edge.spec import MechanismSpec
-from tests import waiting
+from tests import cputime, waiting
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = MechanismSpec(mechanism="coco", d=8, s=2, epsilon=1.0)
@@ -43,8 +43,8 @@ def gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     # a zombie (exited, not yet reaped by its parent) counts as gone
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+    fields = cputime.stat_fields(pid)
+    return fields is None or fields[0] == "Z"
 
 
 def wait_until_gone(pid: int, timeout: float = 10.0) -> bool:

@@ -24,10 +24,10 @@ from tests.aggregator.test_service import (
     publish,
     reports,
     run,
-    until,
     with_aggregator,
 )
 from tests.conftest import Broker
+from tests.waiting import until
 
 pytestmark = pytest.mark.integration
 

@@ -149,7 +149,7 @@ def test_service_exports_curve_and_target(mosquitto: Broker) -> None:
         async with Aggregator(config, registry=registry) as agg:
             task = asyncio.create_task(agg.run())
             try:
-                await wait_until(exported, timeout=30)
+                await wait_until(exported, 30)
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)

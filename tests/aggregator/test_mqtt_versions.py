@@ -37,9 +37,9 @@ from tests.aggregator.test_service import (
     moving,
     offline,
     reports,
-    until,
 )
 from tests.conftest import Broker, free_port
+from tests.waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -40,6 +40,7 @@ from edge.batch_auth import BatchSigner
 from edge.topics import batches_topic
 from tests import waiting
 from tests.conftest import MOSQUITTO, Broker, free_port
+from tests.waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -111,19 +112,6 @@ async def publish(broker: Broker, *payloads: bytes) -> None:
     async with asyncio.timeout(10), aiomqtt.Client("127.0.0.1", broker.port) as client:
         for payload in payloads:
             await client.publish(batches_topic(DEPLOYMENT), payload, qos=1)
-
-
-async def until(
-    predicate: Callable[[], bool],
-    timeout: float = 30.0,
-    *,
-    progress: waiting.Progress | None = None,
-    what: str = "",
-) -> None:
-    """tests/waiting.py's wait, ``timeout`` its stall window: the suite runs on a loaded
-    2-core box, where the accountant's low-priority process can wait for a CPU for many
-    seconds."""
-    await waiting.until(predicate, progress=progress, stall=timeout, what=what)
 
 
 def moving(agg: Aggregator) -> waiting.Progress:
@@ -562,7 +550,7 @@ def test_broker_restart_reconnects(mosquitto: Broker) -> None:
         await asyncio.to_thread(mosquitto.restart)
         await until(
             lambda: agg.connections >= 2 and agg.subscribed.is_set(),
-            timeout=20,
+            20,
             progress=moving(agg),
         )
         await publish(mosquitto, batch(rs[1], 301))

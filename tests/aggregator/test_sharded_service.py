@@ -29,19 +29,19 @@ from tests.aggregator.test_service import (
     raw_batch,
     reports,
 )
-from tests.aggregator.test_single_writer import (
+from tests.aggregator.test_single_writer import coco_run
+from tests.conftest import Broker, free_port
+from tests.processes import (
     COCO,
     ROOT,
-    coco_run,
     env,
     estimates,
     service,
     started,
     stop,
-    wait_for,
+    wait_running,
 )
-from tests.conftest import Broker, free_port
-from tests.faults.test_exactly_once import metrics
+from tests.service_http import metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -123,7 +123,7 @@ def test_a_sharded_deployment_end_to_end(mosquitto: Broker, tmp_path: Path) -> N
             document = estimates(port) or {}
             return bool(document.get("manifests", {}).get("reports_missing") == 70)
 
-        wait_for(reconciled, proc)
+        wait_running(reconciled, proc)
         document = estimates(port)
         assert document is not None
         assert document["n"] == size[0] + size[1] + size[3]
@@ -179,12 +179,12 @@ def reshard(
     # a reshard: a second layout from the next round on; refused until accepted
     resharded = ShardPlan((plan.layouts[0], layout(1, new, round_ + 1)))
     asyncio.run(announce(mosquitto, resharded))
-    wait_for(
+    wait_running(
         lambda: (metrics(port) or {}).get("coco_aggregator_announcements_refused_total") == 1,
         proc,
     )
     asyncio.run(send(mosquitto, (batches_topic(DEPLOYMENT, "g1s2"), sealed(6))))
-    wait_for(
+    wait_running(
         lambda: (
             (estimates(port) or {}).get("counters", {}).get("rejected", {}).get("unknown_shard")
             == 1
@@ -200,9 +200,9 @@ def reshard(
     pins = load_pins(trust_path(checkpoint))
     assert pins is not None
     assert "g1s2" not in pins.trusted  # the layouts as JSON: keys, not labels
-    wait_for(lambda: "g1s2=" in (estimates(port) or {}).get("batch_public_key", ""), proc)
+    wait_running(lambda: "g1s2=" in (estimates(port) or {}).get("batch_public_key", ""), proc)
     asyncio.run(send(mosquitto, (batches_topic(DEPLOYMENT, "g1s2"), sealed(7))))
-    wait_for(
+    wait_running(
         lambda: (estimates(port) or {}).get("shards", {}).get("g1s2", {}).get("batches") == 1,
         proc,
     )

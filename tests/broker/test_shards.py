@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -37,6 +36,7 @@ from edge.topics import (
 from tests import waiting
 from tests.broker.test_shuffler import run, value, wait_until
 from tests.conftest import Broker
+from tests.processes import COCO
 
 pytestmark = pytest.mark.integration
 
@@ -337,7 +337,7 @@ def test_a_reshard_from_one_to_two_shards_loses_and_doubles_nothing(
 
 def coco_shuffler(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", "from sim.cli import main; main()", "shuffler", *args],
+        [*COCO, "shuffler", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

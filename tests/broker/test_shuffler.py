@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -76,15 +76,8 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return 0.0 if sample is None else sample
 
 
-async def wait_until(
-    predicate: Callable[[], bool],
-    timeout: float = 15.0,
-    *,
-    progress: waiting.Progress | None = None,
-    what: str = "",
-) -> None:
-    """tests/waiting.py's wait: fails when ``progress`` stood still for ``timeout`` s."""
-    await waiting.until(predicate, progress=progress, stall=timeout, what=what)
+wait_until = waiting.Waits(15.0).until
+"""tests/waiting.py's wait: fails when ``progress`` stood still for 15 s (or the window given)."""
 
 
 async def round_start() -> int:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
 import json
 import re
 import threading
@@ -47,11 +46,18 @@ from sim.cli import app
 from sim.credentials.accounts import SERVICE_ACCOUNTS, device_id, device_password, service_password
 from tests import waiting
 from tests.asyncutil import run, value, wait_until
-from tests.conftest import MOSQUITTO, Broker, free_port
+from tests.conftest import (
+    IMAGE_PLUGIN,
+    MOSQUITTO,
+    PLUGIN,
+    SHIPPED_CONFIG,
+    Broker,
+    adapted_config,
+    shipped_broker,
+)
 
 pytestmark = pytest.mark.integration
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto"
 DEP = "fleet"  # the deployment name of compose.yaml
 SPEC = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
 SECRET = b"test deployment secret"
@@ -59,50 +65,6 @@ NOT_AUTHORIZED = 0x87
 ACCEPTED = (0x00, 0x10)  # PUBACK: Success, No matching subscribers
 GRANTED_QOS_1 = 0x01
 TIMEOUT = 30.0
-
-IMAGE_PLUGIN = "/usr/lib/mosquitto_dynamic_security.so"  # in eclipse-mosquitto:2
-PLUGIN = next(
-    (
-        path
-        for path in (
-            Path(IMAGE_PLUGIN),
-            *sorted(Path("/usr/lib").glob("*/mosquitto_dynamic_security.so")),  # Debian
-        )
-        if path.exists()
-    ),
-    None,
-)
-
-
-def adapted_config(port: int, plugin: Path, dynsec: Path, store: Path, log: Path) -> str:
-    """deploy/mosquitto/mosquitto.conf with this test's listener, plugin, paths and log."""
-    replaced = {"listener", "plugin", "plugin_opt_config_file", "persistence_location", "log_dest"}
-    kept = [
-        line
-        for line in (DEPLOY / "mosquitto.conf").read_text().splitlines()
-        if line.split(" ", 1)[0] not in replaced
-    ]
-    return "\n".join(
-        [
-            f"user {getpass.getuser()}",  # as in tests/conftest.py: no privilege drop
-            *kept,
-            f"listener {port} 127.0.0.1",
-            f"plugin {plugin}",
-            f"plugin_opt_config_file {dynsec}",
-            f"persistence_location {store}/",
-            f"log_dest file {log}",
-            "",
-        ]
-    )
-
-
-def shipped_broker(tmp_path: Path, plugin: Path, dynsec: Path) -> Broker:
-    """A (not yet started) Mosquitto running :func:`adapted_config` on a free port."""
-    store = tmp_path / "store"
-    store.mkdir()
-    broker = Broker(tmp_path, free_port())
-    broker.config.write_text(adapted_config(broker.port, plugin, dynsec, store, broker.log))
-    return broker
 
 
 def write_dynsec(tmp_path: Path) -> Path:
@@ -154,7 +116,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
 
 def test_adapted_config_keeps_the_deployed_security_settings() -> None:
-    deployed = (DEPLOY / "mosquitto.conf").read_text()
+    deployed = SHIPPED_CONFIG.read_text()
     assert re.search(rf"^plugin {re.escape(IMAGE_PLUGIN)}$", deployed, re.MULTILINE)
     assert not re.search(r"^(password_file|acl_file) ", deployed, re.MULTILINE)
     text = adapted_config(1, Path("/plug.so"), Path("/d.json"), Path("/s"), Path("/l"))

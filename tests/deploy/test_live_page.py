@@ -51,11 +51,11 @@ from tests.aggregator.test_service import (
     raw_batch,
     reports,
     run,
-    until,
     with_aggregator,
 )
 from tests.conftest import Broker
 from tests.deploy.debian_tools import debian_binary
+from tests.waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -188,7 +188,7 @@ def poll(predicate: Any, timeout: float, processes: Processes, interval: float =
         return bool(predicate())
 
     try:
-        run(wait_until(paced, timeout=timeout), timeout=timeout + 30)
+        run(wait_until(paced, timeout), timeout=timeout + 30)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{processes.logs()}") from None
 
