@@ -42,7 +42,7 @@ from edge.cli_options import (
     resolve_password,
 )
 from edge.errors import SpecError
-from edge.mqtt_url import parse_broker_url
+from edge.mqtt_url import parse_broker_url, parse_broker_urls
 from edge.mqtt_version import MqttVersion, VersionChoice, check_mqtt_version, is_version_refusal
 from edge.rounds import current_round
 from edge.shards import ShardLayout, ShardPlan
@@ -70,7 +70,43 @@ def publish_retained(
     mqtt_version: MqttVersion = "auto",
 ) -> None:
     """Publish ``payload`` retained with QoS 1, wait for the broker's PUBACK, then read the
-    topic's retained message back and require the same bytes (module docs)."""
+    topic's retained message back and require the same bytes (module docs).
+
+    ``url`` is one broker URL or a cluster's nodes separated by commas: the nodes are tried
+    in turn until one takes the announcement (a cluster replicates retained messages, so
+    one node's acknowledgement and read-back suffice); a node that cannot be reached is
+    skipped, any other refusal ends the attempt."""
+    nodes = [node.strip() for node in url.split(",")]
+    parse_broker_urls(url)  # the whole list is checked before anything is sent
+    for index, node in enumerate(nodes):
+        try:
+            _publish_to_node(
+                node,
+                topic,
+                payload,
+                timeout=timeout,
+                username=username,
+                password=password,
+                ca_file=ca_file,
+                mqtt_version=mqtt_version,
+            )
+            return
+        except _UnreachableError as exc:
+            if index == len(nodes) - 1:
+                raise CocoError(str(exc)) from None
+
+
+def _publish_to_node(
+    url: str,
+    topic: str,
+    payload: bytes,
+    *,
+    timeout: float,
+    username: str | None,
+    password: str | None,
+    ca_file: str | None,
+    mqtt_version: MqttVersion,
+) -> None:
     choice = VersionChoice(mqtt_version, broker=url)
     while True:
         try:
@@ -92,6 +128,10 @@ def publish_retained(
 
 class _VersionRefusedError(Exception):
     """The broker refused the MQTT protocol version of the CONNECT."""
+
+
+class _UnreachableError(Exception):
+    """No connection to this node (refused, unreachable, name unknown): try the next."""
 
 
 class _Outcome:
@@ -159,7 +199,7 @@ def _publish_once(
     try:
         client.connect(host, port, keepalive=30)
     except OSError as exc:
-        raise CocoError(f"cannot connect to the broker at {url}: {exc}") from exc
+        raise _UnreachableError(f"cannot connect to the broker at {url}: {exc}") from exc
     client.loop_start()
     try:
         info = client.publish(topic, payload, qos=1, retain=True)

@@ -57,7 +57,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from edge.mqtt_url import parse_broker_url
+from edge.mqtt_url import BrokerList
 
 logger = logging.getLogger("broker.broker_stats")  # a fixed name: broker/__init__.py, "Loggers"
 
@@ -174,11 +174,14 @@ class MosquittoSysStats(Collector):
         client_id: str = "",
         retry_seconds: float = 5.0,
     ) -> None:
-        """Run on a connection of its own to ``broker`` (``mqtt://`` or ``mqtts://``; MQTT
-        3.1.1, clean session), reconnecting every ``retry_seconds`` after a failure, until
-        cancelled."""
-        address = parse_broker_url(broker)
+        """Run on a connection of its own to ``broker`` (``mqtt://`` or ``mqtts://``, or a
+        cluster's nodes separated by commas; MQTT 3.1.1, clean session), reconnecting every
+        ``retry_seconds`` after a failure, to the next node of a list, until cancelled. A
+        broker that publishes no ``$SYS`` statistics (a NATS cluster) leaves the metrics
+        absent."""
+        nodes = BrokerList(broker)
         while True:
+            address = nodes.current
             try:
                 async with aiomqtt.Client(
                     address.host,
@@ -193,7 +196,10 @@ class MosquittoSysStats(Collector):
                 ) as client:
                     await self.run(client)
             except aiomqtt.MqttError as exc:
-                logger.warning("$SYS statistics from %s unavailable: %s", broker, exc)
+                logger.warning(
+                    "$SYS statistics from %s:%d unavailable: %s", address.host, address.port, exc
+                )
+                nodes.failed()
             await asyncio.sleep(retry_seconds)
 
     def collect(self) -> Iterator[Metric]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import time
@@ -9,10 +10,11 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from broker.service.cli import read_announcement
 from edge import MechanismSpec
 from edge.announce import decode_announcement
 from sim.cli import app
-from tests.conftest import Broker
+from tests.conftest import Broker, free_port
 
 runner = CliRunner()
 ARGS = [
@@ -228,3 +230,21 @@ def test_an_announcement_the_broker_does_not_retain_is_an_error(tmp_path: Path) 
     assert MOSQUITTO
     assert result.exit_code == 1
     assert "nothing was announced" in result.output
+
+
+def test_announce_takes_a_cluster_s_node_list(mosquitto: Broker) -> None:
+    """``--broker`` as the nodes of a cluster, the first one down: the announcement goes to
+    the next node, and a reshard reads the current one through the same list."""
+    nodes = f"mqtt://127.0.0.1:{free_port()},{mosquitto.url}"
+    result = runner.invoke(app, [*ARGS, "--broker", nodes, "--timeout", "5"])
+    assert result.exit_code == 0, result.output
+    announced = asyncio.run(read_announcement(mosquitto.url, "plant-7", 10))
+    assert announced["min_batch"] == 100
+    args = [*ARGS, "--broker", nodes, "--round-seconds", "60", "--shard-seed", "9"]
+    sharded = runner.invoke(app, [*args, "--shard-key", "ab" * 32])
+    assert sharded.exit_code == 0, sharded.output
+    dead = f"mqtt://127.0.0.1:{free_port()},mqtt://127.0.0.1:{free_port()}"
+    refused = runner.invoke(app, [*ARGS, "--broker", dead, "--timeout", "5"])
+    assert refused.exit_code == 1
+    assert "cannot connect to the broker at" in refused.output
+    assert "Traceback" not in refused.output

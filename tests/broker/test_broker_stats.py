@@ -169,3 +169,23 @@ def test_watch_retries_until_the_broker_is_up(tmp_path: Path) -> None:
         run(scenario(), timeout=120)
     finally:
         broker.stop()
+
+
+def test_watch_takes_a_node_list_and_moves_past_a_node_that_is_down(
+    small_queue_broker: Broker,
+) -> None:
+    """``--broker`` as a cluster's node list: the first node refuses connections, so the
+    watcher moves on to the next and its statistics arrive."""
+    registry = CollectorRegistry()
+    stats = MosquittoSysStats(registry)
+    nodes = f"mqtt://127.0.0.1:{free_port()},{small_queue_broker.url}"
+
+    async def scenario() -> None:
+        watcher = asyncio.create_task(stats.watch(nodes, retry_seconds=0.1))
+        try:
+            await wait_for_sample(registry, "coco_mosquitto_uptime_seconds", lambda v: v >= 0)
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    run(scenario(), timeout=120)
