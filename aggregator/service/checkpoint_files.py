@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from aggregator.durable import write_atomically
+from aggregator.durable import DiskWriteError, write_atomically
 from aggregator.service.core.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -135,6 +135,10 @@ def lock_checkpoint(lock: Path, checkpoint: Path) -> int:
     except OSError as exc:
         os.close(fd)
         raise CheckpointLockedError(f"cannot lock {lock}: {one_line(exc)}") from exc
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError as exc:  # a full disk: the start stops here, naming the file
+        os.close(fd)
+        raise DiskWriteError(exc.errno, exc.strerror, str(lock)) from None
     return fd

@@ -155,7 +155,8 @@ def aggregator_run(
     announcement is refused until `coco aggregator trust` accepts it. One aggregator per
     deployment: a second one with the same checkpoint refuses to start, and one whose MQTT
     session is taken over by another client stops. GET /ready answers 200 once the
-    checkpoint is recovered and the batches topic subscribed.
+    checkpoint is recovered and the batches topic subscribed, 503 while the checkpoint
+    cannot be written (a full disk).
     """
     from aggregator.service.config import (  # noqa: PLC0415 (keeps `coco privacy` light)
         AggregatorConfig,

@@ -7,6 +7,10 @@ is a new generation (:func:`~aggregator.service.checkpoint_files.write_checkpoin
 previous one); the PUBACKs of generation ``N``'s batches are sent once ``N + 1`` is durable
 (:class:`~aggregator.service.core.acks.AckGenerations`). Without a checkpoint path there is no file
 and no timer: batches are acknowledged as soon as they are applied.
+
+A write that fails (a full disk) loses nothing: its batches stay unacknowledged and the next
+checkpoint retries. Until one succeeds :attr:`Generations.failure` names the file that could
+not be written; the service is not ready meanwhile (``coco_aggregator_checkpoint_failing``).
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import asyncio
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from aggregator.durable import write_atomically
+from aggregator.durable import DiskWriteError, write_atomically
 from aggregator.ledger.ledger_file import (
     LedgerFileError,
     decode_ledger,
@@ -54,6 +59,11 @@ class Generations:
         self.generation = 0
         """The generation of the newest checkpoint written or recovered."""
         self.last = time.monotonic()
+        self.failure: str | None = None
+        """Why the last write attempt failed (one line naming the file), ``None`` once one
+        succeeds: readiness reads it."""
+        self.on_failing: Callable[[], None] = lambda: None
+        """Called after each write attempt (the service updates its readiness)."""
         self._lock = asyncio.Lock()
 
     def acknowledge(self, ready: list[Ack]) -> None:
@@ -95,12 +105,17 @@ class Generations:
             # final checkpoint of a shutdown neither races this write nor skips a write
             # that failed.
             await asyncio.wait([write])
-            self._written(write.exception() is None)
+            self._written(write.exception() is None, write.exception())
             raise
-        except (OSError, ValueError):
-            logger.exception("cannot write checkpoint %s; batches stay unacknowledged", path)
-            self._written(False)
+        except (OSError, ValueError) as exc:
+            if self.failure is None:  # once per failure: retried every checkpoint_interval
+                logger.exception("cannot write checkpoint %s; batches stay unacknowledged", path)
+            self._written(False, exc)
             return
+        if self.failure is not None:
+            logger.error(
+                "checkpoint %s written again (after: %s): acknowledging", path, self.failure
+            )
         self._written(True)
         logger.debug("checkpoint generation %d written: n=%d", self.generation, content.state.n)
 
@@ -124,7 +139,13 @@ class Generations:
         write_atomically(ledger_path, ledger)
         write_checkpoint(path, content)
 
-    def _written(self, ok: bool) -> None:
+    def _written(self, ok: bool, exc: BaseException | None = None) -> None:
+        if ok:
+            self._failing(None)
+        elif isinstance(exc, DiskWriteError):
+            self._failing(str(exc))
+        else:
+            self._failing(f"cannot write checkpoint {self.config.checkpoint}: {exc}")
         if not ok:
             self.core.dirty = True
             self.acks.failed()
@@ -132,6 +153,11 @@ class Generations:
         self.generation += 1
         self.metrics.checkpoint_generation.set(self.generation)
         self.acknowledge(self.acks.written())
+
+    def _failing(self, failure: str | None) -> None:
+        self.failure = failure
+        self.metrics.checkpoint_failing.set(0 if failure is None else 1)
+        self.on_failing()
 
     async def loop(self) -> None:
         interval = self.config.checkpoint_interval

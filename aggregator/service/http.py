@@ -1,7 +1,8 @@
 """The aggregator's HTTP endpoint.
 
 :class:`MetricsServer` serves, on one port, ``/ready`` (200 once the checkpoint is
-recovered and the batches topic subscribed, else 503; ``coco_aggregator_ready`` alike;
+recovered and the batches topic subscribed, else 503, whose body says why in one line, as the
+source's ``not_ready`` tells it; ``coco_aggregator_ready`` alike;
 before recovery ``/metrics`` serves that gauge alone and ``/estimates`` answers 503), the
 live page at ``/``
 (:mod:`aggregator.page.live_page`), ``/metrics`` (Prometheus text format) and
@@ -66,9 +67,10 @@ class _Handler(BaseHTTPRequestHandler):
         recovered = source.recovered()
         try:
             if path == "/ready":
-                ready = source.ready()
-                body = b"ready\n" if ready else b"not ready\n"
-                self._send(200 if ready else 503, body, "text/plain; charset=utf-8", {})
+                why = None if source.ready() else source.not_ready() or ""
+                text = "ready" if why is None else f"not ready: {why}" if why else "not ready"
+                status = 200 if why is None else 503
+                self._send(status, f"{text}\n".encode(), "text/plain; charset=utf-8", {})
                 return
             if path == "/metrics" and not recovered:
                 self._send(200, generate_latest(_RECOVERING), CONTENT_TYPE_LATEST, {})
@@ -118,12 +120,14 @@ class _Handler(BaseHTTPRequestHandler):
 
 @dataclass(frozen=True)
 class Source:
-    """What a :class:`MetricsServer` serves: a registry and three callables (module docs)."""
+    """What a :class:`MetricsServer` serves: a registry and four callables (module docs;
+    ``not_ready`` says why it is not ready, ``None`` for no reason given)."""
 
     registry: CollectorRegistry
     estimates: Callable[[], dict[str, Any]]
     ready: Callable[[], bool] = lambda: True
     recovered: Callable[[], bool] = lambda: True
+    not_ready: Callable[[], str | None] = lambda: None
 
 
 class _Server(ThreadingHTTPServer):
@@ -154,10 +158,12 @@ class MetricsServer:
         estimates: Callable[[], dict[str, Any]],
         ready: Callable[[], bool] = lambda: True,
         recovered: Callable[[], bool] = lambda: True,
+        not_ready: Callable[[], str | None] = lambda: None,
         option: str = "--metrics-port (COCO_METRICS_PORT)",
     ) -> None:
+        source = Source(registry, estimates, ready, recovered, not_ready)
         try:
-            self._server = _Server((host, port), Source(registry, estimates, ready, recovered))
+            self._server = _Server((host, port), source)
         except OSError as exc:
             problem = (
                 "is in use"

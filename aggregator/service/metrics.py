@@ -322,6 +322,13 @@ class AggregatorMetrics:
             "pinned one (each new key once; accepted only by `coco aggregator trust`).",
             registry=registry,
         )
+        self.checkpoint_failing = Gauge(
+            f"{p}_checkpoint_failing",
+            "1 while the last write of the checkpoint or the privacy ledger failed (a full "
+            "disk): batches stay unacknowledged, the write is retried, /ready answers 503; "
+            "0 once a write succeeds.",
+            registry=registry,
+        )
         self.checkpoint_generation = Gauge(
             f"{p}_checkpoint_generation",
             "Generation of the newest checkpoint written or recovered (0: none yet).",

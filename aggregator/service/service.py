@@ -36,9 +36,12 @@ applied (at-most-once across a crash), and no checkpoint timer runs.
 Readiness
 ---------
 ``/ready`` answers 200 once the checkpoint is recovered and the batches topic subscribed,
-503 before and while disconnected; ``coco_aggregator_ready`` says the same. Until the
-checkpoint is recovered ``/metrics`` serves that gauge alone (no counter shown as zero)
-and ``/estimates`` answers 503.
+503 before, while disconnected and while the checkpoint or the privacy ledger cannot be
+written (the last write attempt failed: a full disk; nothing is lost, the batches stay
+unacknowledged and the write is retried, and it is 200 again once one succeeds;
+``coco_aggregator_checkpoint_failing`` is 1 meanwhile). The 503's body says why, in one line.
+``coco_aggregator_ready`` says the same. Until the checkpoint is recovered ``/metrics``
+serves that gauge alone (no counter shown as zero) and ``/estimates`` answers 503.
 
 One writer per deployment
 -------------------------
@@ -157,9 +160,11 @@ class Aggregator:
         self.session.watch_subscribed(self._subscribed_changed)
         self.publisher = Publisher(config, self.core, self.metrics, status=self._status)
         self.generations = Generations(config, self.core, self.session, self.metrics)
+        self.generations.on_failing = self._readiness_changed
         self.intake = Intake(config, self.core, self.metrics, self.publisher, self.generations)
         self.recovered = False
         """Whether the checkpoint (if any) has been recovered: readiness needs it."""
+        self._shown_ready = False
         self._entered = False
         self._lock_fd: int | None = None
         self._http: MetricsServer | None = None
@@ -231,8 +236,18 @@ class Aggregator:
 
     @property
     def ready(self) -> bool:
-        """Recovered and subscribed (module docs, *Readiness*)."""
-        return self.recovered and self.session.subscribed.is_set()
+        """Recovered, subscribed and writing its files (module docs, *Readiness*)."""
+        return self.not_ready() is None
+
+    def not_ready(self) -> str | None:
+        """Why the service is not ready (one line), ``None`` when it is."""
+        if not self.recovered:
+            return "recovering the checkpoint"
+        if self.generations.failure is not None:
+            return f"{self.generations.failure}; batches stay unacknowledged, retrying"
+        if not self.session.subscribed.is_set():
+            return "not subscribed to the batches topic"
+        return None
 
     @property
     def privacy(self) -> PrivacyLevel:
@@ -263,7 +278,16 @@ class Aggregator:
         }
 
     def _subscribed_changed(self, _subscribed: bool) -> None:
-        self.metrics.ready.set(1 if self.ready else 0)
+        self._readiness_changed(always=True)
+
+    def _readiness_changed(self, *, always: bool = False) -> None:
+        """The gauge and the document's status after a change that may touch readiness
+        (a write attempt calls this each time: only a change is published)."""
+        ready = self.ready
+        if ready == self._shown_ready and not always:
+            return
+        self._shown_ready = ready
+        self.metrics.ready.set(1 if ready else 0)
         self.core.changed = True
         self.publisher.document = {**self.publisher.document, **self._status()}
 
@@ -287,6 +311,7 @@ class Aggregator:
                         self.snapshot,
                         ready=lambda: self.ready,
                         recovered=lambda: self.recovered,
+                        not_ready=self.not_ready,
                     )
                 )
             elif self.config.http_port is not None:
@@ -297,6 +322,7 @@ class Aggregator:
                     estimates=self.snapshot,
                     ready=lambda: self.ready,
                     recovered=lambda: self.recovered,
+                    not_ready=self.not_ready,
                 )
                 self._http.start()
             if path is not None:
@@ -308,7 +334,8 @@ class Aggregator:
                 )
             self.intake.run_start = self.counters.copy()
             self.recovered = True
-            self.metrics.ready.set(1 if self.ready else 0)
+            self._shown_ready = self.ready
+            self.metrics.ready.set(1 if self._shown_ready else 0)
             self.core.changed = True
             self.publisher.publish()
         except BaseException:
