@@ -205,7 +205,7 @@ class IngestMixin(ShellState):
             self._subscribed_at = time.monotonic()
             self._connected.set()
             self.metrics.connected.set(1)
-            self.metrics.ready.set(1 if self._recovered else 0)
+            self.metrics.ready.set(1 if self._recovered and not self._paused.is_set() else 0)
             stop = asyncio.ensure_future(self._stop_requested.wait())
             gone = asyncio.ensure_future(acks.lost.wait())
             paused = asyncio.ensure_future(self._paused.wait())

@@ -9,6 +9,7 @@ not reveal when its first event happened.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -163,7 +164,8 @@ class ShufflerMetrics:
         )
         self.recovered_reports = Gauge(
             "coco_shuffler_recovered_reports",
-            "Reports found in the state directory at start (pools and unacknowledged batches).",
+            "Reports found in the state directory at start (pools and unacknowledged batches); "
+            "NaN until the state is recovered.",
             registry=registry,
         )
         self.ready = Gauge(
@@ -218,6 +220,18 @@ class ShufflerMetrics:
             self.dropped.labels(reason=reason).inc(count)
 
 
+def _not_ready(registry: CollectorRegistry) -> bytes:
+    """The body of a 503 from ``/ready``: why, in one line, from the gauges."""
+    recovered = registry.get_sample_value("coco_shuffler_recovered_reports")
+    if registry.get_sample_value("coco_shuffler_log_paused") == 1:
+        why = "the state directory's disk is full: acknowledgements paused, retrying"
+    elif recovered is None or math.isnan(recovered):
+        why = "recovering the state"
+    else:
+        why = "not subscribed to the ingress topic"
+    return f"not ready: {why}\n".encode()
+
+
 def serve_http(port: int, registry: CollectorRegistry, host: str = "") -> ThreadingHTTPServer:
     """``GET /metrics`` (Prometheus text) and ``GET /ready`` (200 once
     ``coco_shuffler_ready`` is 1: the state recovered and the ingest subscribed; 503
@@ -228,7 +242,7 @@ def serve_http(port: int, registry: CollectorRegistry, host: str = "") -> Thread
             path = self.path.split("?", 1)[0]
             if path == "/ready":
                 ready = registry.get_sample_value("coco_shuffler_ready") == 1
-                self._reply(200 if ready else 503, b"ready\n" if ready else b"not ready\n")
+                self._reply(200 if ready else 503, b"ready\n" if ready else _not_ready(registry))
             elif path in ("/metrics", "/"):
                 self._reply(200, generate_latest(registry), CONTENT_TYPE_LATEST)
             else:

@@ -143,6 +143,7 @@ class Shuffler(ShardMixin, IngestMixin, PublishMixin):
         self.metrics.outbox_reports.set_function(
             lambda: self.core.outbox_reports if self._recovered else nan
         )
+        self.metrics.recovered_reports.set(nan)  # not "nothing recovered" before recovery
         self._nodes = BrokerList(config.broker)
         self._tls = self._nodes.tls
         shard = config.shard
@@ -221,9 +222,11 @@ class Shuffler(ShardMixin, IngestMixin, PublishMixin):
         if self._plan is not None:
             self._set_plan(self._plan)
         self._recovered = False
+        self.metrics.recovered_reports.set(math.nan)
         if cfg.state_dir is None:
             self._token_key = secrets.token_bytes(32)  # a fresh key per run
             self.signer = self._memory_signer()
+            self.metrics.recovered_reports.set(0)  # no state directory: nothing to recover
             self._recovered = True
             return
         # the key first: a missing or wrong one refuses before anything is created
@@ -370,8 +373,11 @@ class Shuffler(ShardMixin, IngestMixin, PublishMixin):
     def _maybe_compact(self) -> None:
         log = self._log
         if log is not None and log.size - self._compacted_size >= self.config.compact_bytes:
-            log.compact(self.core.snapshot())
-            self._compacted_size = log.size
+            try:
+                log.compact(self.core.snapshot())
+            except LogFullError as exc:  # the log is intact and applied: compact later
+                logger.warning("the shuffler log is not compacted for now: %s", exc)
+            self._compacted_size = log.size  # failed: tried again after compact_bytes more
 
     def _tick(self) -> None:
         if self.core.pending:  # reports offered in a read whose flush has not run yet
@@ -542,6 +548,7 @@ class Shuffler(ShardMixin, IngestMixin, PublishMixin):
         )
         self._paused.set()
         self.metrics.log_paused.set(1)
+        self.metrics.ready.set(0)  # at once: the ingest's disconnection follows
 
     def _try_resume(self) -> None:
         """Write what waits (acknowledgements of published batches, or a no-op record):

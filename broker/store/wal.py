@@ -26,7 +26,10 @@ A version-1 log (no header) is read through :mod:`broker.store.logv1` and rewrit
 
 A failed write (a full disk) writes nothing: the file is cut back to its last whole record
 (``ftruncate``), and the error is :class:`LogFullError` when the disk is full (the caller may
-retry later) or sticky otherwise (nothing more is written: see :attr:`EffectLog.failure`).
+retry later) or sticky otherwise (nothing more is written: see :attr:`EffectLog.failure`). A
+compaction that does not fit leaves the log as it was (:class:`LogFullError` too). Every
+error names the file that could not be written, in one line (a start on a full disk ends
+with it); a key file that cannot be written whole is removed, not left short.
 
 The log holds no device id: a sender is only the 8-byte keyed token of :func:`token_of`,
 under a key that never leaves the state directory.
@@ -101,7 +104,12 @@ class LogDamagedError(StoreError):
 
 
 class LogFullError(OSError):
-    """A write failed because the disk is full; nothing of it is in the log."""
+    """A write failed because the disk is full; nothing of it is in the log. Its
+    ``filename`` is the file that could not be written: one line, ``cannot write <file>:
+    <reason>``."""
+
+    def __str__(self) -> str:
+        return f"cannot write {self.filename}: {self.strerror}"
 
 
 def token_of(key: bytes, device: str) -> int:
@@ -260,7 +268,7 @@ class EffectLog:
                 self.failure = exc
                 raise exc from None
             if exc.errno in _FULL:
-                raise LogFullError(exc.errno, f"{exc.strerror}: {self.path}") from exc
+                raise LogFullError(exc.errno, exc.strerror, str(self.path)) from exc
             self.failure = exc
             raise
         self.size += len(data)
@@ -287,10 +295,12 @@ class EffectLog:
             while view:
                 view = view[os.write(fd, view) :]
             os.fsync(fd)
-        except OSError:
+        except OSError as exc:
             os.close(fd)
             with contextlib.suppress(OSError):
                 temporary.unlink()
+            if exc.errno in _FULL:  # the log is as it was: compact later
+                raise LogFullError(exc.errno, exc.strerror, str(temporary)) from exc
             raise
         os.close(fd)
         os.replace(temporary, self.path)
@@ -391,7 +401,12 @@ class StateDir:
             if public.read_text() == text:
                 return
         temporary = public.with_name("signing.pub.tmp")
-        temporary.write_text(text)
+        try:
+            temporary.write_text(text)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            raise StoreError(f"cannot write {public}: {exc.strerror or exc}") from exc
         os.replace(temporary, public)
 
     def log(self, *, fsync: bool = False, round_seconds: int = 60) -> EffectLog:
@@ -405,7 +420,13 @@ def _write_private(path: Path, data: bytes) -> None:
     except OSError as exc:
         raise StoreError(f"cannot create {path}: {exc}") from exc
     try:
-        os.write(fd, data)
+        if os.write(fd, data) != len(data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         os.fsync(fd)
-    finally:
+    except OSError as exc:
+        # not left empty or short: the next start would refuse the file, space or not
         os.close(fd)
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    os.close(fd)

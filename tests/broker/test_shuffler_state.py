@@ -7,10 +7,9 @@ the signing key (never created by accident, refused when it is not the announced
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import json
 import logging
 import math
-import os
 import subprocess
 import urllib.error
 import urllib.request
@@ -28,19 +27,36 @@ from edge.batch_auth import BatchSigner, BatchVerifier, load_or_create_signing_k
 from edge.codec import decode_batch, decode_manifest
 from edge.rounds import current_round
 from edge.topics import batches_topic, manifests_topic
-from tests.broker.test_shuffler import config, publish, report, run, running, value, wait_until
+from tests.broker.test_shuffler import (
+    SPEC,
+    config,
+    publish,
+    report,
+    run,
+    running,
+    value,
+    wait_until,
+)
+from tests.broker.test_store import fill
 from tests.conftest import Broker, free_port
 from tests.edge.test_mqtt_version import NATS_SERVER, _nats_mqtt
+from tests.processes import COCO, ROOT, env, error_lines
 
 pytestmark = pytest.mark.integration
 
 
 def ready(port: int) -> int:
+    return ready_answer(port)[0]
+
+
+def ready_answer(port: int) -> tuple[int, str]:
+    """``GET /ready``: its status and body."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as response:
-            return int(response.status)
+            return int(response.status), response.read().decode()
     except urllib.error.HTTPError as exc:
-        return exc.code
+        with exc:
+            return exc.code, exc.read().decode()
 
 
 def test_readiness_only_once_recovered_and_subscribed(mosquitto: Broker, tmp_path: Path) -> None:
@@ -59,8 +75,15 @@ def test_readiness_only_once_recovered_and_subscribed(mosquitto: Broker, tmp_pat
         assert value(registry, "coco_shuffler_ready") == 0
         assert math.isnan(registry.get_sample_value("coco_shuffler_buffer_reports") or 0.0)
         assert math.isnan(registry.get_sample_value("coco_shuffler_outbox_reports") or 0.0)
+        # not "nothing recovered" either
+        assert math.isnan(registry.get_sample_value("coco_shuffler_recovered_reports") or 0.0)
+        assert await asyncio.to_thread(ready_answer, port) == (
+            503,
+            "not ready: recovering the state\n",
+        )
         async with shuffler:
             assert value(registry, "coco_shuffler_buffer_reports") == 7  # recovered
+            assert value(registry, "coco_shuffler_recovered_reports") == 7
             assert await asyncio.to_thread(ready, port) == 503  # not subscribed yet
             task = asyncio.create_task(shuffler.run())
             await wait_until(
@@ -98,16 +121,6 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def fill(directory: Path) -> Path:
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    with contextlib.suppress(OSError):
-        while True:
-            os.write(fd, b"\0" * 4096)
-    os.close(fd)
-    return filler
-
-
 def test_a_full_disk_pauses_acknowledgements_and_loses_or_doubles_nothing(
     mosquitto: Broker, small_fs: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -117,6 +130,8 @@ def test_a_full_disk_pauses_acknowledgements_and_loses_or_doubles_nothing(
     none twice, none lost (the broker kept what was not acknowledged)."""
     caplog.set_level(logging.INFO)
     registry = CollectorRegistry()
+    port = free_port()
+    server = serve_http(port, registry, "127.0.0.1")
     cfg = config(mosquitto, state_dir=small_fs / "state", round_seconds=60, min_batch=5)
 
     def accepted() -> float:
@@ -139,6 +154,11 @@ def test_a_full_disk_pauses_acknowledgements_and_loses_or_doubles_nothing(
                 progress=lambda: value(registry, "coco_shuffler_log_paused"),
             )
             assert value(registry, "coco_shuffler_ready") == 0
+            assert await asyncio.to_thread(ready_answer, port) == (
+                503,
+                "not ready: the state directory's disk is full: acknowledgements paused, "
+                "retrying\n",
+            )
             assert shuffler.failure is None  # paused, not stopped
             await asyncio.sleep(1.0)
             assert value(registry, "coco_shuffler_log_paused") == 1  # still retrying
@@ -149,6 +169,8 @@ def test_a_full_disk_pauses_acknowledgements_and_loses_or_doubles_nothing(
                 lambda: value(registry, "coco_shuffler_ready") == 1,
                 progress=lambda: value(registry, "coco_shuffler_ready"),
             )
+            assert await asyncio.to_thread(ready, port) == 200
+            assert value(registry, "coco_shuffler_log_paused") == 0
             await asyncio.sleep(0.5)  # anything delivered twice would be counted by now
             assert accepted() == 450
             assert shuffler.buffered == 450
@@ -160,10 +182,39 @@ def test_a_full_disk_pauses_acknowledgements_and_loses_or_doubles_nothing(
         async with running(cfg, CollectorRegistry()) as again:
             assert again.buffered == 450  # all of it in the log
 
-    run(scenario(), 120)
+    try:
+        run(scenario(), 120)
+    finally:
+        server.shutdown()
+        server.server_close()
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("acknowledgements paused" in line for line in errors)
     assert any("writable again" in line for line in errors)
+
+
+def test_a_shuffler_started_on_a_full_disk_names_the_file_in_one_line(
+    mosquitto: Broker, small_fs: Path, tmp_path: Path
+) -> None:
+    """Exit 1 and one ``error:`` line naming the file; no short key file left behind
+    (the next start, with space, would refuse it)."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC.to_dict()))
+    state = small_fs / "state"
+    args = [*COCO, "shuffler", "--deployment", "test", "--broker", mosquitto.url]
+    args += ["--spec", str(spec), "--min-batch", "10", "--round-seconds", "60"]
+    args += ["--state-dir", str(state), "--signing-key", str(tmp_path / "signing.key")]
+    args += ["--create-signing-key"]
+    filler = fill(small_fs)
+    done = subprocess.run(
+        args, check=False, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60
+    )
+    filler.unlink()
+    assert done.returncode == 1
+    assert error_lines(done.stderr) == [
+        f"error: cannot write {state / 'token.key'}: No space left on device"
+    ]
+    assert "Traceback" not in done.stderr
+    assert not (state / "token.key").exists()
 
 
 def test_a_signing_key_is_never_created_by_a_typo_and_must_be_the_announced_one(
