@@ -169,6 +169,7 @@ def _fmt(value: float | None) -> str:
 privacy_app = typer.Typer(
     help="Central privacy of shuffled batches (certified bounds); `calibrate` plans epsilon0.",
     invoke_without_command=True,
+    add_completion=False,
 )
 
 
