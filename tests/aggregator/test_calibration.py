@@ -22,6 +22,12 @@ from edge.announce import load_spec_file
 from sim.cli import app
 from tests.aggregator.reference import reference_rows
 
+CALIBRATE = [
+    *("privacy", "calibrate", "--mechanism", "collision", "--d", "32", "--s", "4"),
+    *("--n", "1000", "--rounds", "10", "--epsilon-total", "1", "--delta", "1e-6"),
+]
+"""``coco privacy calibrate`` of :data:`TARGET`'s problem with n = 1000 and 10 rounds."""
+
 TARGET = CalibrationTarget(
     mechanism="collision", d=32, s=4, n=1_000, rounds=10, epsilon_total=1.0, delta=1e-6
 )
@@ -87,25 +93,7 @@ def test_unreachable_target_and_validation() -> None:
 
 def test_cli_calibrate_json_and_spec_file(tmp_path: Path) -> None:
     spec_file = tmp_path / "spec.json"
-    args = [
-        "privacy",
-        "calibrate",
-        "--mechanism",
-        "collision",
-        "--d",
-        "32",
-        "--s",
-        "4",
-        "--n",
-        "1000",
-        "--rounds",
-        "10",
-        "--epsilon-total",
-        "1",
-        "--delta",
-        "1e-6",
-        "--json",
-    ]
+    args = [*CALIBRATE, "--json"]
     result = CliRunner().invoke(app, [*args, "--spec-out", str(spec_file)])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
@@ -222,29 +210,7 @@ def test_cli_calibrate_refuses_an_unwritable_spec_out_before_the_work(
 
     monkeypatch.setattr("aggregator.accountant.calibrate", no_work)
     spec_out = tmp_path / where
-    result = CliRunner().invoke(
-        app,
-        [
-            "privacy",
-            "calibrate",
-            "--mechanism",
-            "collision",
-            "--d",
-            "32",
-            "--s",
-            "4",
-            "--n",
-            "1000",
-            "--rounds",
-            "10",
-            "--epsilon-total",
-            "1",
-            "--delta",
-            "1e-6",
-            "--spec-out",
-            str(spec_out),
-        ],
-    )
+    result = CliRunner().invoke(app, [*CALIBRATE, "--spec-out", str(spec_out)])
     assert result.exit_code == 1, result.output
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: --spec-out ")

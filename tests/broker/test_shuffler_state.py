@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import os
-import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -45,6 +44,7 @@ from tests.broker.test_shuffler import (
 )
 from tests.conftest import Broker, free_port
 from tests.edge.test_mqtt_version import NATS_SERVER, _nats_mqtt
+from tests.ports import busy_port
 
 pytestmark = pytest.mark.integration
 
@@ -378,10 +378,7 @@ def test_a_busy_metrics_port_names_the_port_and_the_option(tmp_path: Path) -> No
     aggregator's wording now)."""
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(SPEC.to_dict()))
-    with socket.socket() as busy:
-        busy.bind(("", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
+    with busy_port("") as port:
         result = CliRunner().invoke(
             app,
             [

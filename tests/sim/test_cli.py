@@ -546,17 +546,12 @@ def test_no_subcommand_offers_shell_completion() -> None:
 
 def test_the_aggregator_prints_its_url_only_once_it_serves(tmp_path: Path) -> None:
     """A busy port: the one error line, not the URL of a server that never listened."""
-    import socket  # noqa: PLC0415
-
-    from tests.conftest import free_port  # noqa: PLC0415
+    from tests.ports import busy_port, free_port  # noqa: PLC0415
 
     spec_file = tmp_path / "spec.json"
     spec = MechanismSpec(mechanism="coco", d=8, s=2, epsilon=1.0)
     spec_file.write_text(json.dumps(spec.to_dict()))
-    with socket.socket() as busy:
-        busy.bind(("127.0.0.1", 0))
-        busy.listen()
-        port = busy.getsockname()[1]
+    with busy_port() as port:
         result = CliRunner().invoke(
             app,
             [
