@@ -76,7 +76,7 @@ def load_command(name: str) -> Any:
     module, attribute, _ = LAZY_COMMANDS[name]
     target = getattr(importlib.import_module(module), attribute)
     if not isinstance(target, typer.Typer):
-        holder = typer.Typer()
+        holder = typer.Typer(add_completion=False)
         holder.command(name)(target)
         target = holder
     command = typer.main.get_command(target)
@@ -131,6 +131,15 @@ _SERVICES = frozenset({"shuffler", "aggregator"})
 is logged at INFO by default; every other command logs warnings only."""
 
 
+def _print_version(value: bool) -> None:
+    """``coco --version``: the installed package's version, then exit 0."""
+    if value:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        typer.echo(f"coco {version('coco-fleet')}")
+        raise typer.Exit
+
+
 @app.callback()
 def _root(
     ctx: typer.Context,
@@ -142,6 +151,12 @@ def _root(
             "else warning).",
         ),
     ] = None,
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version."
+        ),
+    ] = False,
 ) -> None:
     from edge.cli_options import apply_deprecated_env  # noqa: PLC0415 (edge imports numpy)
 

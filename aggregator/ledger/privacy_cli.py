@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from edge import CocoError, MechanismSpec
+from edge.cli_options import check_output_file
 
 __all__ = ["CalibrateMechanism", "PrivacyMechanism", "privacy_app", "privacy_rows"]
 
@@ -168,6 +169,7 @@ def _fmt(value: float | None) -> str:
 privacy_app = typer.Typer(
     help="Central privacy of shuffled batches (certified bounds); `calibrate` plans epsilon0.",
     invoke_without_command=True,
+    add_completion=False,
 )
 
 
@@ -386,6 +388,8 @@ def privacy_calibrate(
     from aggregator.accountant.shards import calibrate_shards, worst_shard_size  # noqa: PLC0415
 
     try:
+        if spec_out is not None:
+            check_output_file(spec_out, "--spec-out")
         if (n is None) == (devices is None):
             raise ValueError("give exactly one of --n and --devices")
         if max_shards is not None and (devices is None or min_epsilon0 is None):

@@ -41,7 +41,9 @@ __all__ = ["aggregator_app"]
 
 HEX_KEY_DIGITS = 64
 
-aggregator_app = typer.Typer(help="The streaming aggregator service.", no_args_is_help=True)
+aggregator_app = typer.Typer(
+    help="The streaming aggregator service.", no_args_is_help=True, add_completion=False
+)
 
 
 @aggregator_app.command("run")
@@ -237,7 +239,7 @@ def aggregator_run(
     except (CocoError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(
+    banner = (
         f"aggregator: deployment={deployment} spec={mechanism.fingerprint} delta={delta:g} "
         f"min_batch={config.min_batch} "
         + (
@@ -247,11 +249,10 @@ def aggregator_run(
         )
         + " client_id="
         f"{config.mqtt_client_id} http://{metrics_host}:{metrics_port}/ "
-        "(/metrics, /estimates, /ready)",
-        err=True,
+        "(/metrics, /estimates, /ready)"
     )
-    try:
-        _run_until_signal(run_aggregator(config))
+    try:  # the URL is printed once it serves (a busy port or a locked checkpoint: no URL)
+        _run_until_signal(run_aggregator(config, serving=lambda _: typer.echo(banner, err=True)))
     except (CocoError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None

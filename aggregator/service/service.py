@@ -66,6 +66,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -512,8 +513,14 @@ class Aggregator:
 
 
 async def run_aggregator(
-    config: AggregatorConfig, *, registry: CollectorRegistry | None = None
+    config: AggregatorConfig,
+    *,
+    registry: CollectorRegistry | None = None,
+    serving: Callable[[Aggregator], None] | None = None,
 ) -> None:
-    """``async with Aggregator(config) as agg: await agg.run()``."""
+    """``async with Aggregator(config) as agg: await agg.run()``; ``serving`` is called once
+    the aggregator is entered (its HTTP endpoint listening, its checkpoint recovered)."""
     async with Aggregator(config, registry=registry) as aggregator:
+        if serving is not None:
+            serving(aggregator)
         await aggregator.run()

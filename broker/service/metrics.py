@@ -9,6 +9,7 @@ not reveal when its first event happened.
 
 from __future__ import annotations
 
+import errno
 import math
 import threading
 import time
@@ -27,6 +28,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from edge.codec import REASONS as CODEC_REASONS
+from edge.errors import CocoError
 
 REJECT_REASONS: tuple[str, ...] = (
     *CODEC_REASONS,
@@ -232,10 +234,16 @@ def _not_ready(registry: CollectorRegistry) -> bytes:
     return f"not ready: {why}\n".encode()
 
 
-def serve_http(port: int, registry: CollectorRegistry, host: str = "") -> ThreadingHTTPServer:
+def serve_http(
+    port: int,
+    registry: CollectorRegistry,
+    host: str = "",
+    option: str = "--metrics-port (COCO_METRICS_PORT)",
+) -> ThreadingHTTPServer:
     """``GET /metrics`` (Prometheus text) and ``GET /ready`` (200 once
     ``coco_shuffler_ready`` is 1: the state recovered and the ingest subscribed; 503
-    before, while reconnecting, or while a full disk pauses it), in a daemon thread."""
+    before, while reconnecting, or while a full disk pauses it), in a daemon thread. A port
+    that cannot be bound is a :class:`CocoError` naming it and ``option``."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # the http.server API
@@ -258,7 +266,14 @@ def serve_http(port: int, registry: CollectorRegistry, host: str = "") -> Thread
         def log_message(self, *_: object) -> None:  # no access log
             return
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    try:
+        server = ThreadingHTTPServer((host, port), Handler)
+    except OSError as exc:  # the aggregator's wording (aggregator/service/http.py)
+        problem = (
+            "is in use" if exc.errno == errno.EADDRINUSE else f"cannot be bound ({exc.strerror})"
+        )
+        where = f" on {host}" if host else ""
+        raise CocoError(f"port {port}{where} {problem}: choose another with {option}") from None
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, name="shuffler-http", daemon=True).start()
     return server

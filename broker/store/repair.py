@@ -42,7 +42,7 @@ from broker.store.records import (
     read_header,
     scan,
 )
-from broker.store.wal import EffectLog, StateDir, looks_like_v1
+from broker.store.wal import EffectLog, StateDir, StoreError, looks_like_v1
 
 __all__ = ["RepairReport", "repair"]
 
@@ -176,15 +176,29 @@ def salvage(data: bytes, salt: int, report: RepairReport) -> list[Effect]:
     return effects
 
 
+def _no_log(state_dir: Path) -> StoreError:
+    return StoreError(
+        f"{state_dir} holds no shuffler log (effects.log): not a shuffler state directory; "
+        "nothing to repair"
+    )
+
+
 def repair(state_dir: Path, config: CoreConfig) -> RepairReport:
-    """Salvage ``state_dir``'s log in place (module docstring)."""
+    """Salvage ``state_dir``'s log in place (module docstring).
+
+    A directory that does not exist or holds no log is refused before anything is created
+    in it (a mistyped ``--state-dir`` must not gain a lock file and a clean report)."""
+    if not state_dir.is_dir():
+        raise StoreError(f"{state_dir} is not a directory: not a shuffler state directory")
+    if not (state_dir / "effects.log").is_file():
+        raise _no_log(state_dir)
     with StateDir(state_dir) as state:
         path = state.path / "effects.log"
         report = RepairReport(log=str(path))
         try:
             data = path.read_bytes()
         except FileNotFoundError:
-            return report
+            raise _no_log(state_dir) from None
         copy = path.with_name(f"effects.log.damaged-{int(time.time())}")
         shutil.copy2(path, copy)
         os.chmod(copy, 0o600)

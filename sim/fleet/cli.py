@@ -26,6 +26,7 @@ from edge.cli_options import (
     DeploymentOption,
     MqttVersionOption,
     SpecFileOption,
+    check_output_file,
 )
 from edge.mqtt_version import check_mqtt_version
 from sim.credentials.accounts import DEFAULT_PREFIX, device_id, device_password, read_secret
@@ -185,6 +186,17 @@ def _write_truth(path: Path, fleet: Fleet) -> None:
     except (CocoError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_ERROR) from None
+
+
+def _check_options(qos: int, ground_truth: Path | None, acked_log: Path | None) -> None:
+    """The checks that need no broker; the output files among them, so that a file the run
+    cannot write fails before anything is published (``ValueError``)."""
+    if qos not in (0, 1):
+        raise ValueError(f"--qos must be 0 or 1, got {qos}")
+    if ground_truth is not None:
+        check_output_file(ground_truth, "--ground-truth", renamed=True)
+    if acked_log is not None:
+        check_output_file(acked_log, "--acked-log")
 
 
 def _check_truth_file(path: Path, config: FleetConfig) -> None:
@@ -415,8 +427,7 @@ def fleet(
     registry = CollectorRegistry()
     server = None
     try:
-        if qos not in (0, 1):
-            raise ValueError(f"--qos must be 0 or 1, got {qos}")
+        _check_options(qos, ground_truth, acked_log)
         if metrics_port is not None:  # first: a busy port fails before the broker is asked
             server = _serve_metrics(metrics_port, metrics_host, registry)
         secret = None if credentials_secret_file is None else read_secret(credentials_secret_file)

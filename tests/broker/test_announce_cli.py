@@ -248,3 +248,40 @@ def test_announce_takes_a_cluster_s_node_list(mosquitto: Broker) -> None:
     assert refused.exit_code == 1
     assert "cannot connect to the broker at" in refused.output
     assert "Traceback" not in refused.output
+
+
+def test_what_announce_prints_is_accepted_by_every_spec_option(tmp_path: Path) -> None:
+    """``coco announce --dry-run > a.json`` then ``--spec a.json``: every command reads the
+    file (its ``topic`` key ignored) and goes on to its next check, which names no spec."""
+    printed = runner.invoke(app, [*ARGS, "--dry-run"])
+    assert printed.exit_code == 0, printed.output
+    assert "topic" in json.loads(printed.stdout)
+    spec_file = tmp_path / "a.json"
+    spec_file.write_text(printed.stdout)
+    again = runner.invoke(
+        app,
+        [*ARGS[:3], "--min-batch", "100", "--delta", "1e-7", "--spec", str(spec_file), "--dry-run"],
+    )
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout) == json.loads(printed.stdout)
+    unreachable = ["--broker", f"mqtt://127.0.0.1:{free_port()}", "--deployment", "plant-7"]
+    cases = [
+        (
+            ["fleet", "--devices", "2", "--no-progress", "--round-seconds", "61"],
+            f"--round-seconds 61 does not match the round_seconds 60 of the spec file {spec_file}",
+        ),
+        (
+            [
+                *("device", "--device-id", "d1", "--lo", "0", "--hi", "1", "--budget", "5"),
+                *("--ledger", str(tmp_path / "missing" / "ledger.json")),
+            ],
+            "privacy ledger",
+        ),
+        (["shuffler"], "--round-seconds is required with --spec"),
+        (["aggregator", "run"], "--delta is required with --spec"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, [*args, *unreachable, "--spec", str(spec_file)])
+        assert result.exit_code == 1, result.output
+        assert message in result.stderr, (args, result.stderr)
+        assert "announcement must have the keys" not in result.stderr

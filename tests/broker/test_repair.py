@@ -105,3 +105,20 @@ def test_repair_refuses_a_running_shuffler_s_state(tmp_path: Path) -> None:
 
 def test_header_size_is_what_the_format_says() -> None:
     assert FILE_HEADER_SIZE == 20
+
+
+@pytest.mark.parametrize("made", [False, True])
+def test_repair_refuses_a_directory_without_shuffler_state(tmp_path: Path, made: bool) -> None:
+    """A mistyped --state-dir (missing, or a directory with no log) is refused in one line
+    and nothing is created in it."""
+    state = tmp_path / "typo"
+    if made:
+        state.mkdir()
+    result = CliRunner().invoke(app, ["shuffler", "repair", "--state-dir", str(state)])
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ")
+    assert str(state) in line
+    assert "not a shuffler state directory" in line
+    assert (list(state.iterdir()) == []) if made else not state.exists()

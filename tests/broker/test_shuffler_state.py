@@ -19,14 +19,17 @@ from pathlib import Path
 import aiomqtt
 import pytest
 from prometheus_client import CollectorRegistry
+from typer.testing import CliRunner
 
-from broker.service.keys import SigningKeyError
+from broker.service.keys import SigningKeyError, load_signer
 from broker.service.metrics import serve_http
 from broker.service.shuffler import Shuffler
 from edge.batch_auth import BatchSigner, BatchVerifier, load_or_create_signing_key, public_key_hex
 from edge.codec import decode_batch, decode_manifest
+from edge.errors import CocoError
 from edge.rounds import current_round
 from edge.topics import batches_topic, manifests_topic
+from sim.cli import app
 from tests.broker.test_shuffler import (
     SPEC,
     config,
@@ -40,6 +43,7 @@ from tests.broker.test_shuffler import (
 from tests.broker.test_store import fill
 from tests.conftest import Broker, free_port
 from tests.edge.test_mqtt_version import NATS_SERVER, _nats_mqtt
+from tests.ports import busy_port
 from tests.processes import COCO, ROOT, env, error_lines
 
 pytestmark = pytest.mark.integration
@@ -408,3 +412,32 @@ def test_the_shuffler_exports_mosquitto_s_loss_counters(tmp_path: Path) -> None:
         broker.stop()
     assert registry.get_sample_value("coco_mosquitto_publish_messages_dropped_total") == 0
     assert registry.get_sample_value("coco_mosquitto_uptime_seconds") is not None
+
+
+def test_a_busy_metrics_port_names_the_port_and_the_option(tmp_path: Path) -> None:
+    """Issue 25: "[Errno 98] Address already in use", without the port or the option (the
+    aggregator's wording now)."""
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(SPEC.to_dict()))
+    with busy_port("") as port:
+        result = CliRunner().invoke(
+            app,
+            [
+                *("shuffler", "--deployment", "busy", "--spec", str(spec_file)),
+                *("--round-seconds", "60", "--min-batch", "2"),
+                *("--state-dir", str(tmp_path / "state"), "--metrics-port", str(port)),
+                *("--broker", f"mqtt://127.0.0.1:{free_port()}"),  # never reached
+            ],
+        )
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip().splitlines() == [
+        f"error: port {port} is in use: choose another with --metrics-port (COCO_METRICS_PORT)"
+    ]
+
+
+def test_a_binary_signing_key_is_not_a_key_file(tmp_path: Path) -> None:
+    """Issue 25: a binary --signing-key said "'ascii' codec can't decode byte 0x8a"."""
+    key = tmp_path / "signing.key"
+    key.write_bytes(bytes([0x8A, 0x00, 0xFF]) * 20)
+    with pytest.raises(CocoError, match=rf"^{key} is not a signing key file: .*binary"):
+        load_signer(key, "testdep")

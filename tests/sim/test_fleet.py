@@ -767,3 +767,23 @@ def test_cli_fails_when_the_broker_acknowledged_no_report(
     assert result.exit_code == EXIT_NOT_SENT == 3, result.output
     assert "error: the broker acknowledged no report" in result.output
     assert "not_authorized" in result.output
+
+
+@pytest.mark.parametrize("option", ["--ground-truth", "--acked-log"])
+def test_an_unwritable_output_file_is_refused_before_anything_is_published(
+    mosquitto: Broker, tmp_path: Path, option: str
+) -> None:
+    """Issue 25: --ground-truth in a missing directory published the whole run (the devices'
+    budget spent) and failed at the end. Now the output files are checked first: one line,
+    exit 1, no summary (nothing was published)."""
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(SENSORS.to_dict()))
+    path = tmp_path / "missing" / "out.json"
+    result = fleet_cli(mosquitto, spec_file, option, str(path))
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        f"error: {option} {path}: the directory {path.parent} does not exist"
+    ]
+    assert not path.parent.exists()
