@@ -41,7 +41,14 @@ from edge.batch_auth import SIGNATURE_SIZE
 from edge.codec import decode_batch, encode_report
 from edge.rounds import current_round
 from edge.spec import MechanismSpec
-from edge.topics import batches_topic, ingress_filter, ingress_topic, lease_topic, spec_topic
+from edge.topics import (
+    batches_topic,
+    ingress_filter,
+    ingress_topic,
+    lease_topic,
+    shard_lease_topic,
+    spec_topic,
+)
 from sim.cli import app
 from sim.credentials.accounts import SERVICE_ACCOUNTS, device_id, device_password, service_password
 from tests import waiting
@@ -375,6 +382,13 @@ def test_devices_and_the_aggregator_may_not_subscribe_to_reports_nor_devices_to_
             assert await device.subscribe(lease_topic(DEP)) == [NOT_AUTHORIZED]
             assert await device.publish(lease_topic(DEP), b"forged") == NOT_AUTHORIZED
             assert await bridge.publish(lease_topic(DEP), b"forged") == NOT_AUTHORIZED
+            # The unsharded deployment's shuffler lease (shards/-/lease) is the shuffler's.
+            shuffler_lease = shard_lease_topic(DEP, None)
+            assert await bridge.subscribe(shuffler_lease) == [GRANTED_QOS_1]
+            assert await bridge.publish(shuffler_lease, b"{}") in ACCEPTED
+            assert await device.subscribe(shuffler_lease) == [NOT_AUTHORIZED]
+            assert await device.publish(shuffler_lease, b"forged") == NOT_AUTHORIZED
+            assert await aggregator.publish(shuffler_lease, b"forged") == NOT_AUTHORIZED
 
             assert await sender.publish(ingress_topic(DEP, bob), report(5)) in ACCEPTED
             assert await device.publish(ingress_topic(DEP, alice), report(6)) in ACCEPTED
