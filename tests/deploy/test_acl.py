@@ -255,6 +255,30 @@ async def probe(stack: Stack, user: str) -> AsyncIterator[Probe]:
         client.close()
 
 
+def test_only_the_shuffler_reads_and_claims_the_shuffler_leases(stack: Stack) -> None:
+    """A shard's lease (shards/<L>/lease) and an unsharded deployment's (shards/-/lease):
+    the shuffler's account subscribes to each one (a literal grant of shards/+/lease would
+    refuse both) and publishes its claim; a device or the aggregator may do neither."""
+
+    async def scenario() -> None:
+        async with (
+            probe(stack, "shuffler") as bridge,
+            probe(stack, "aggregator") as aggregator,
+            probe(stack, DEVICES[0]) as device,
+        ):
+            for lease in (shard_lease_topic(DEP, None), shard_lease_topic(DEP, "g0s1")):
+                assert await bridge.subscribe(lease) == [GRANTED_QOS_1], lease
+                assert await bridge.publish(lease, b"{}") in ACCEPTED, lease
+                got = lambda topic=lease: topic in {t for t, _, _ in bridge.messages}  # noqa: E731
+                await wait_until(got, TIMEOUT)
+                for other in (device, aggregator):
+                    assert await other.subscribe(lease) == [NOT_AUTHORIZED], lease
+                    assert await other.publish(lease, b"forged") == NOT_AUTHORIZED, lease
+            assert device.messages == aggregator.messages == []
+
+    run(scenario(), 4 * TIMEOUT)
+
+
 @contextlib.asynccontextmanager
 async def shuffler(stack: Stack, registry: CollectorRegistry) -> AsyncIterator[Shuffler]:
     config = ShufflerConfig(
@@ -382,13 +406,6 @@ def test_devices_and_the_aggregator_may_not_subscribe_to_reports_nor_devices_to_
             assert await device.subscribe(lease_topic(DEP)) == [NOT_AUTHORIZED]
             assert await device.publish(lease_topic(DEP), b"forged") == NOT_AUTHORIZED
             assert await bridge.publish(lease_topic(DEP), b"forged") == NOT_AUTHORIZED
-            # The unsharded deployment's shuffler lease (shards/-/lease) is the shuffler's.
-            shuffler_lease = shard_lease_topic(DEP, None)
-            assert await bridge.subscribe(shuffler_lease) == [GRANTED_QOS_1]
-            assert await bridge.publish(shuffler_lease, b"{}") in ACCEPTED
-            assert await device.subscribe(shuffler_lease) == [NOT_AUTHORIZED]
-            assert await device.publish(shuffler_lease, b"forged") == NOT_AUTHORIZED
-            assert await aggregator.publish(shuffler_lease, b"forged") == NOT_AUTHORIZED
 
             assert await sender.publish(ingress_topic(DEP, bob), report(5)) in ACCEPTED
             assert await device.publish(ingress_topic(DEP, alice), report(6)) in ACCEPTED
