@@ -285,6 +285,20 @@ RESHARD_LEAD_ROUNDS = 3
 device and shuffler to see the announcement before the layout takes over."""
 
 
+def _check_ahead(from_round: int, round_seconds: int) -> None:
+    """Refuse a layout whose first round has begun: the devices sent that round's reports
+    under the layout before (or unsharded), and the new shards would reject them as
+    ``wrong_shard``. A first layout from round 0 (the default) makes a deployment sharded
+    from the start and is not checked."""
+    now = current_round(round_seconds)
+    if from_round <= now:
+        raise ValueError(
+            f"--shards-from-round {from_round} is not ahead of the current round {now} "
+            f"(round_seconds {round_seconds}): two layouts would serve it; give "
+            f"{now + RESHARD_LEAD_ROUNDS} or later (the default with --reshard)"
+        )
+
+
 def _shards(
     keys: list[str] | None,
     seed: int,
@@ -302,6 +316,8 @@ def _shards(
             raise ValueError("--reshard needs the new layout's keys (--shard-key, once per shard)")
         return None
     public = tuple(k for k in (read_public_key(key) for key in keys) if k is not None)
+    if from_round is not None and (reshard or from_round > 0):
+        _check_ahead(from_round, round_seconds)
     if not reshard:
         return ShardPlan(
             (

@@ -1,7 +1,9 @@
 """The shard lease: one shuffler per shard, and the announcement watched while it runs.
 
 A sharded shuffler (``coco shuffler --shard g0s1``) holds a retained lease on
-``coco/v1/<dep>/shards/<label>/lease`` (DESIGN D5)::
+``coco/v1/<dep>/shards/<label>/lease`` (DESIGN D5); an unsharded deployment is one shard
+whose lease is ``coco/v1/<dep>/shards/-/lease``, held by the shuffler of a state directory
+(one without, in-process only, takes none: it has no persistent owner)::
 
     {"instance": <random, this process>, "owner": <the state directory's id>,
      "renewed": <unix time>, "ttl": <seconds>}
@@ -109,7 +111,7 @@ class ShardControl:
         password: str | None,
         client_id: str,
         deployment: str,
-        shard: str,
+        shard: str | None,
         owner: str,
         ttl: float = 30.0,
         settle: float = 1.0,
@@ -123,6 +125,8 @@ class ShardControl:
         self.topic = shard_lease_topic(deployment, shard)
         self._spec = spec_topic(deployment)
         self.shard = shard
+        self.name = f"deployment {deployment} (unsharded)" if shard is None else f"shard {shard}"
+        """What the log lines and errors call the lease's shard."""
         self.owner = owner
         self.instance = secrets.token_hex(8)
         self.ttl = ttl
@@ -176,7 +180,7 @@ class ShardControl:
         now = time.time()
         if current is not None and current.owner != self.owner and current.fresh(now):
             raise LeaseRefusedError(
-                f"shard {self.shard} is held by another shuffler (state directory id "
+                f"{self.name} is held by another shuffler (state directory id "
                 f"{current.owner}, renewed {now - current.renewed:.0f} s ago, ttl "
                 f"{current.ttl:g} s): refusing to start; stop it, or wait until its lease "
                 "expires"
@@ -188,10 +192,10 @@ class ShardControl:
         if again is None or again.instance != self.instance:
             holder = "nobody (the broker kept no lease)" if again is None else again.owner
             raise LeaseRefusedError(
-                f"shard {self.shard}: another shuffler claimed it at the same moment and "
+                f"{self.name}: another shuffler claimed it at the same moment and "
                 f"the broker kept its claim ({holder}): refusing to start"
             )
-        logger.info("shard %s: lease acquired (ttl %g s)", self.shard, self.ttl)
+        logger.info("%s: lease acquired (ttl %g s)", self.name, self.ttl)
 
     async def hold(self, stop: asyncio.Event) -> None:
         """Renew the lease and watch it (and the announcement) until ``stop``; raises
@@ -207,7 +211,7 @@ class ShardControl:
                     return
             except aiomqtt.MqttError as exc:
                 self._nodes.failed()  # a cluster's next node (the lost one may have died)
-                logger.warning("shard %s: lease connection lost (%s); retrying", self.shard, exc)
+                logger.warning("%s: lease connection lost (%s); retrying", self.name, exc)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), backoff)
             backoff = min(backoff * 2, 10.0)
@@ -253,12 +257,13 @@ class ShardControl:
         lease = Lease.decode(bytes(payload))
         if lease is not None and lease.instance != self.instance:
             raise LeaseLostError(
-                f"shard {self.shard}: another shuffler (state directory id {lease.owner}) "
+                f"{self.name}: another shuffler (state directory id {lease.owner}) "
                 "claimed it: stopping"
             )
 
     async def release(self) -> None:
-        """A lease with ``ttl`` 0 (a retired shard: free for anyone)."""
+        """A lease with ``ttl`` 0 (a retired shard, or a shuffler that stopped and keeps
+        nothing: free for anyone)."""
         with contextlib.suppress(aiomqtt.MqttError, OSError):
             async with self._client(None) as client:
                 await self._claim(client, ttl=0.0)

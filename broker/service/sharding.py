@@ -1,5 +1,11 @@
-"""A sharded shuffler's shard: its lease, the announcement watched while it runs, and
-its retirement once a newer layout serves its devices (DESIGN D2, D5; broker/service/lease.py)."""
+"""A shuffler's shard: its lease, the announcement watched while it runs, and its
+retirement once a newer layout serves its devices (DESIGN D2, D5; broker/service/lease.py).
+
+An unsharded deployment is one shard: its shuffler holds the lease of
+``coco/v1/<dep>/shards/-/lease`` when it has a state directory (its persistent owner id), so
+a second ``coco shuffler`` of the deployment is refused at start. One without a state
+directory (in-process only: ``coco demo``, tests, benches; ``coco shuffler`` always has one)
+takes no unsharded lease: nothing would let its restart take over, and it keeps nothing."""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import logging
 from broker.service.lease import LeaseLostError, ShardControl
 from broker.service.shell import ShellState
 from edge.errors import SpecError
+from edge.rounds import current_round
 from edge.shards import ShardPlan
 
 logger = logging.getLogger("broker.shuffler")
@@ -18,9 +25,14 @@ class ShardMixin(ShellState):
 
     # --- shards: lease, announcement, retirement --------------------------------------
 
+    def _needs_lease(self) -> bool:
+        """A shard's shuffler, or an unsharded one with a state directory (module docs)."""
+        return self._layout is not None or (
+            self.config.shard is None and self.config.state_dir is not None
+        )
+
     async def _acquire_shard(self) -> None:
         cfg = self.config
-        assert cfg.shard is not None
         version = await self._negotiated()
         control = ShardControl(
             nodes=self._nodes,
@@ -74,9 +86,36 @@ class ShardMixin(ShellState):
         if shards is None:
             return
         try:
-            self._set_plan(ShardPlan.from_json(shards))
+            plan = ShardPlan.from_json(shards)
         except (SpecError, ValueError) as exc:
             logger.warning("an announced shard plan is ignored (%s)", exc)
+            return
+        self._warn_late_layouts(plan)
+        if self.config.shard is not None:
+            self._set_plan(plan)
+
+    def _warn_late_layouts(self, plan: ShardPlan) -> None:
+        """One WARNING per layout first seen here whose first round has begun already
+        (``coco announce`` refuses such a layout; another publisher of the retained
+        announcement may not): its devices sent that round's reports under the layout before,
+        and the shuffler of the other layout rejects them as ``wrong_shard``. It is installed
+        all the same: the announcement is the deployment's single source of truth."""
+        now = current_round(self.config.round_seconds)
+        for layout in plan.layouts:
+            if layout.generation in self._generations_seen:
+                continue
+            self._generations_seen.add(layout.generation)
+            if layout.from_round <= now:
+                logger.warning(
+                    "the announced layout of generation %d starts at round %d, which has "
+                    "begun (current round %d): reports of rounds %d-%d sent under the layout "
+                    "before are rejected as wrong_shard; announce layouts a few rounds ahead",
+                    layout.generation,
+                    layout.from_round,
+                    now,
+                    layout.from_round,
+                    now,
+                )
 
     def _check_retired(self) -> None:
         """A shard whose rounds are over, all released and acknowledged, retires: its

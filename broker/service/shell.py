@@ -45,6 +45,8 @@ class ShellState:
     _layout: ShardLayout | None
     _shard_index: int
     _serves: dict[int, bool]
+    _generations_seen: set[int]
+    """The layouts' generations this shuffler knows (at start, or announced since)."""
     _control: ShardControl | None
     _owner: str
     _random: random.SystemRandom

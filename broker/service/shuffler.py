@@ -157,6 +157,9 @@ class Shuffler(ShardMixin, IngestMixin, PublishMixin):
         )
         self._shard_index = -1 if shard is None else parse_label(shard)[1]
         self._serves: dict[int, bool] = {}  # round -> whether this shard's layout serves it
+        self._generations_seen = (
+            set() if config.plan is None else {x.generation for x in config.plan.layouts}
+        )
         self._control: ShardControl | None = None
         self._owner = secrets.token_hex(16)  # a state directory's persistent id replaces it
         self.retired = False
@@ -429,7 +432,7 @@ class Shuffler(ShardMixin, IngestMixin, PublishMixin):
             raise RuntimeError("use 'async with Shuffler(...) as shuffler: await shuffler.run()'")
         cancelled = False
         self._outbox_changed.set()  # recovered batches go out first
-        if self._layout is not None:
+        if self._needs_lease():
             await self._acquire_shard()  # LeaseRefusedError: another shuffler has it
         async with asyncio.TaskGroup() as tg:
             if self._control is not None:

@@ -184,7 +184,10 @@ def service_roles(deployment: str) -> dict[str, list[dict[str, Any]]]:
             _allow("publishClientSend", manifests),
             _allow("publishClientSend", manifests + "/+"),
             *_read(spec),
-            *_read(shard_leases),
+            # Each shard's lease (shards/<L>/lease, an unsharded one's shards/-/lease), by
+            # pattern: a literal grant of shards/+/lease would refuse SUBSCRIBE to each one.
+            _allow("subscribePattern", shard_leases),
+            _allow("publishClientReceive", shard_leases),
             _allow("publishClientSend", shard_leases),
         ],
         # Never an ingress topic: the aggregator must not see a sender. Its lease (the

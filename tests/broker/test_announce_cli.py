@@ -189,6 +189,34 @@ def test_a_sharded_announcement_and_a_reshard(mosquitto: Broker) -> None:
     assert (newest["generation"], newest["from_round"]) == (2, now + 100)
 
 
+def test_a_layout_whose_first_round_has_begun_is_refused(mosquitto: Broker) -> None:
+    """A reshard (or a first layout) whose --shards-from-round is not ahead of the current
+    round would have two layouts serve one round: refused with one line naming the current
+    round and a later one, exit 1, and the retained announcement stays as it was."""
+    args = [*ARGS, "--broker", mosquitto.url, "--round-seconds", "60"]
+    first = runner.invoke(app, [*args, "--shard-key", _keys(1)[0]])
+    assert first.exit_code == 0, first.output
+    announced = json.loads(first.output)
+    key = bytes([20]).hex() * 32
+    for late in ("past", "current"):
+        now = int(time.time() // 60)
+        start = now if late == "current" else now - 1
+        for reshard in (["--reshard"], []):
+            result = runner.invoke(
+                app, [*args, *reshard, "--shard-key", key, "--shards-from-round", str(start)]
+            )
+            assert result.exit_code == 1, result.output
+            errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+            assert len(errors) == 1, result.output
+            assert f"--shards-from-round {start} is not ahead of the current round" in errors[0]
+            assert "or later" in errors[0]
+    retained = asyncio.run(read_announcement(mosquitto.url, "plant-7", 5.0))
+    assert retained["shards"] == announced["shards"]  # nothing published
+    # a first layout from round 0 (a deployment sharded from the start) is not "late"
+    from_zero = runner.invoke(app, [*args, "--shard-key", key, "--shards-from-round", "0"])
+    assert from_zero.exit_code == 0, from_zero.output
+
+
 def test_shard_options_are_checked(mosquitto: Broker) -> None:
     key = _keys(1)[0]
     both = runner.invoke(app, [*ARGS, "--shard-key", key, "--batch-public-key", key, "--dry-run"])

@@ -66,6 +66,7 @@ def config(broker: Broker, **overrides: Any) -> ShufflerConfig:
         "reconnect_max": 0.5,
         "drain_timeout": 5.0,
         "create_signing_key": True,
+        "lease_settle": 0.3,  # a shuffler with a state directory holds the deployment's lease
         **overrides,
     }
     return ShufflerConfig(**settings)
@@ -423,9 +424,17 @@ def test_second_shuffler_on_the_same_state_refuses(mosquitto: Broker, tmp_path: 
 def test_two_shufflers_with_one_client_id_do_not_fight(mosquitto: Broker, tmp_path: Path) -> None:
     """Two shufflers of one account (on two hosts: two state directories) take the session
     over from each other; within a few takeovers one of them stops with a clear error and
-    the other keeps the session and keeps running."""
+    the other keeps the session and keeps running. (Of one deployment, the second would not
+    start: the deployment's lease refuses it, tests/broker/test_unsharded_lease.py; two
+    deployments here, so that the session, which knows no deployment, is what they fight
+    over.)"""
     configs = [
-        config(mosquitto, client_id="coco-shuffler-x", state_dir=tmp_path / name)
+        config(
+            mosquitto,
+            client_id="coco-shuffler-x",
+            deployment=f"{DEP}-{name}",
+            state_dir=tmp_path / name,
+        )
         for name in ("a", "b")
     ]
 

@@ -41,7 +41,14 @@ from edge.batch_auth import SIGNATURE_SIZE
 from edge.codec import decode_batch, encode_report
 from edge.rounds import current_round
 from edge.spec import MechanismSpec
-from edge.topics import batches_topic, ingress_filter, ingress_topic, lease_topic, spec_topic
+from edge.topics import (
+    batches_topic,
+    ingress_filter,
+    ingress_topic,
+    lease_topic,
+    shard_lease_topic,
+    spec_topic,
+)
 from sim.cli import app
 from sim.credentials.accounts import SERVICE_ACCOUNTS, device_id, device_password, service_password
 from tests import waiting
@@ -246,6 +253,30 @@ async def probe(stack: Stack, user: str) -> AsyncIterator[Probe]:
         yield client
     finally:
         client.close()
+
+
+def test_only_the_shuffler_reads_and_claims_the_shuffler_leases(stack: Stack) -> None:
+    """A shard's lease (shards/<L>/lease) and an unsharded deployment's (shards/-/lease):
+    the shuffler's account subscribes to each one (a literal grant of shards/+/lease would
+    refuse both) and publishes its claim; a device or the aggregator may do neither."""
+
+    async def scenario() -> None:
+        async with (
+            probe(stack, "shuffler") as bridge,
+            probe(stack, "aggregator") as aggregator,
+            probe(stack, DEVICES[0]) as device,
+        ):
+            for lease in (shard_lease_topic(DEP, None), shard_lease_topic(DEP, "g0s1")):
+                assert await bridge.subscribe(lease) == [GRANTED_QOS_1], lease
+                assert await bridge.publish(lease, b"{}") in ACCEPTED, lease
+                got = lambda topic=lease: topic in {t for t, _, _ in bridge.messages}  # noqa: E731
+                await wait_until(got, TIMEOUT)
+                for other in (device, aggregator):
+                    assert await other.subscribe(lease) == [NOT_AUTHORIZED], lease
+                    assert await other.publish(lease, b"forged") == NOT_AUTHORIZED, lease
+            assert device.messages == aggregator.messages == []
+
+    run(scenario(), 4 * TIMEOUT)
 
 
 @contextlib.asynccontextmanager
