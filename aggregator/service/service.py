@@ -345,6 +345,8 @@ class Aggregator:
         )
         if checkpoint is not None:
             self._restore(checkpoint)
+            if checkpoint.ledger is None:  # written before the binding: bind it now
+                self.core.dirty = True
         if loaded is not None:  # what the devices spent, kept apart from the estimates
             self.core.ledger = loaded.ledger
             logger.info(
