@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from aggregator.ledger.ledger_file import ledger_path_for, previous_path, read_ledger
 from aggregator.service.checkpoint_files import load_checkpoint, write_checkpoint
 from aggregator.service.checkpoint_files import previous_path as checkpoint_previous
+from aggregator.service.publishing import snapshot_from_checkpoint
 from aggregator.service.service import Aggregator
 from edge.errors import CocoError
 from tests.aggregator.test_batch_rules import agg_config
@@ -85,6 +86,9 @@ def test_a_deleted_ledger_is_refused(tmp_path: Path) -> None:
     ledger = ledger_files(tmp_path)[0]
     assert f"privacy ledger {ledger} is missing, but checkpoint" in message
     assert "put that file back from a backup" in message
+    # nor does the offline snapshot show the epsilon_total of no ledger
+    with pytest.raises(CocoError, match="is missing, but checkpoint"):
+        snapshot_from_checkpoint(tmp_path / "ckpt.json")
 
 
 def test_an_older_ledger_copy_put_back_is_refused(tmp_path: Path) -> None:
@@ -124,7 +128,8 @@ CRASH = textwrap.dedent(
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from pathlib import Path
     import aggregator.service.generations as generations
-    from aggregator.service.service import Aggregator
+    from aggregator.service.publishing import snapshot_from_checkpoint
+from aggregator.service.service import Aggregator
     from edge.batch_auth import BatchSigner
     from tests.aggregator.test_batch_rules import agg_config
     from tests.aggregator.test_service import DEPLOYMENT, MIN_BATCH, batch, reports
