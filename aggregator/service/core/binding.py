@@ -79,20 +79,21 @@ def check_binding(
     ``fell_back``: its newest generation was damaged or missing, this is the previous one)
     with ``ledger`` (``None``: neither ``ledger_path`` nor its previous generation exists)."""
     out = Binding()
-    if checkpoint is not None and checkpoint.deployment not in (None, deployment):
-        out.refusal = (
-            f"checkpoint {checkpoint.path} is of deployment {checkpoint.deployment!r}, not this "
-            f"service's --deployment {deployment!r}; run with --deployment "
-            f"{checkpoint.deployment} or give this deployment its own --checkpoint"
-        )
-        return out
-    if ledger is not None and ledger.deployment not in (None, deployment):
-        out.refusal = (
-            f"privacy ledger {ledger.path} is of deployment {ledger.deployment!r}, not this "
-            f"service's --deployment {deployment!r}; put this deployment's ledger file "
-            f"{ledger_path} in its place"
-        )
-        return out
+    owners = []
+    if checkpoint is not None:
+        theirs = checkpoint.deployment
+        advice = f"run with --deployment {theirs} or give this deployment its own --checkpoint"
+        owners.append((f"checkpoint {checkpoint.path}", theirs, advice))
+    if ledger is not None:
+        advice = f"put this deployment's ledger file {ledger_path} in its place"
+        owners.append((f"privacy ledger {ledger.path}", ledger.deployment, advice))
+    for what, theirs, advice in owners:
+        if theirs not in (None, deployment):
+            out.refusal = (
+                f"{what} is of deployment {theirs!r}, not this service's --deployment "
+                f"{deployment!r}; {advice}"
+            )
+            return out
     record = None if checkpoint is None else checkpoint.ledger
     if checkpoint is None or record is None:
         old = [] if checkpoint is None else [f"checkpoint {checkpoint.path}"]
