@@ -128,7 +128,6 @@ CRASH = textwrap.dedent(
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from pathlib import Path
     import aggregator.service.generations as generations
-    from aggregator.service.publishing import snapshot_from_checkpoint
 from aggregator.service.service import Aggregator
     from edge.batch_auth import BatchSigner
     from tests.aggregator.test_batch_rules import agg_config
