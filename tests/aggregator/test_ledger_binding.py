@@ -128,7 +128,7 @@ CRASH = textwrap.dedent(
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from pathlib import Path
     import aggregator.service.generations as generations
-from aggregator.service.service import Aggregator
+    from aggregator.service.service import Aggregator
     from edge.batch_auth import BatchSigner
     from tests.aggregator.test_batch_rules import agg_config
     from tests.aggregator.test_service import DEPLOYMENT, MIN_BATCH, batch, reports
