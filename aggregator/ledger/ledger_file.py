@@ -5,11 +5,22 @@ change of spec or a damaged file) without forgetting what the devices spent: the
 (:class:`~aggregator.ledger.privacy_ledger.PrivacyLedger`) lives in a file of its own, by default
 ``<checkpoint>.ledger``. One UTF-8 JSON object::
 
-    {"format": "coco-privacy-ledger", "version": 1,
+    {"format": "coco-privacy-ledger", "version": 2,
+     "checkpoint": {"deployment": "<deployment>", "generation": 17},
      "ledger": PrivacyLedger.to_dict(), "sha256": "<64 hex digits>"}
 
-``sha256`` is the SHA-256 of the canonical JSON of ``ledger`` (sorted keys, no spaces): any
-change of the content, a flipped bit included, fails the check. :func:`save_ledger` writes
+``sha256`` is the SHA-256 of the canonical JSON (sorted keys, no spaces) of ``checkpoint``
+and ``ledger`` together (version 1, written before ``checkpoint`` existed: of ``ledger``
+alone): any change of the content, a flipped bit included, fails the check.
+
+Binding to the checkpoint
+-------------------------
+``checkpoint`` names the deployment and the checkpoint generation this ledger was written
+with (``null`` for a ledger saved without a checkpoint); the checkpoint in turn records the
+ledger generation and the SHA-256 of this file's bytes (:func:`file_digest`). The service
+checks the two against each other at start (:mod:`aggregator.service.core.binding`), so
+that a ledger deleted, put back from an older copy, or of another deployment is refused
+instead of silently under-reporting ``epsilon_total``. :func:`save_ledger` writes
 atomically (temporary file, ``fsync``, rename, ``fsync`` of the directory:
 :func:`aggregator.durable.write_atomically`) after moving the current file to
 ``<file>.prev``, so the previous good generation is kept. :func:`load_ledger` verifies the
@@ -23,12 +34,14 @@ Plain functions: the service decides when to call them (with its checkpoint, in 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
 import os
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -40,25 +53,54 @@ from edge.spec import MechanismSpec
 __all__ = [
     "FORMAT",
     "VERSION",
+    "Bound",
     "LedgerFileError",
+    "LoadedLedger",
     "decode_ledger",
     "encode_ledger",
+    "file_digest",
     "ledger_path_for",
     "load_ledger",
     "previous_path",
+    "read_ledger",
     "save_ledger",
 ]
 
 logger = logging.getLogger(__name__)
 
 FORMAT: Final = "coco-privacy-ledger"
-VERSION: Final = 1
+VERSION: Final = 2
+"""Version 2 adds ``checkpoint`` (the binding); version 1 is still read."""
 _BIG: Final = 2**63
 
 
 class LedgerFileError(CocoError):
     """A ledger file that cannot be used (one line: the file, and the field if one is
     wrong)."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The checkpoint a ledger file was written with: its deployment and generation."""
+
+    deployment: str
+    generation: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"deployment": self.deployment, "generation": self.generation}
+
+
+@dataclass(frozen=True)
+class LoadedLedger:
+    """What :func:`read_ledger` found: the ledger, the file it came from (``path`` or its
+    previous generation), the checkpoint it was written with (``None``: a version-1 file or
+    one saved without a checkpoint) and the SHA-256 of the file's bytes."""
+
+    ledger: PrivacyLedger
+    path: Path
+    bound: Bound | None
+    digest: str
+    fell_back: bool = False
 
 
 def ledger_path_for(checkpoint: Path) -> Path:
@@ -75,12 +117,43 @@ def _canonical(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def encode_ledger(ledger: PrivacyLedger) -> str:
-    """The file's text for ``ledger``."""
+def _content_digest(bound: object, content: object, version: int) -> str:
+    covered = content if version == 1 else {"checkpoint": bound, "ledger": content}
+    return hashlib.sha256(_canonical(covered).encode("ascii")).hexdigest()
+
+
+def encode_ledger(ledger: PrivacyLedger, bound: Bound | None = None) -> str:
+    """The file's text for ``ledger``, written with the checkpoint ``bound`` (if any)."""
     content = ledger.to_dict()
-    digest = hashlib.sha256(_canonical(content).encode("ascii")).hexdigest()
-    document = {"format": FORMAT, "version": VERSION, "ledger": content, "sha256": digest}
+    binding = None if bound is None else bound.to_dict()
+    document = {
+        "format": FORMAT,
+        "version": VERSION,
+        "checkpoint": binding,
+        "ledger": content,
+        "sha256": _content_digest(binding, content, VERSION),
+    }
     return _canonical(document) + "\n"
+
+
+def file_digest(text: str) -> str:
+    """The SHA-256 (hex) of a ledger file's bytes, as the checkpoint records it."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _bound(value: object) -> Bound | None:
+    if value is None:
+        return None
+    if (
+        isinstance(value, dict)
+        and set(value) == {"deployment", "generation"}
+        and isinstance(value["deployment"], str)
+        and isinstance(value["generation"], int)
+        and not isinstance(value["generation"], bool)
+        and 0 <= value["generation"] < _BIG
+    ):
+        return Bound(value["deployment"], value["generation"])
+    raise _FieldError("checkpoint", "must be {deployment, generation} or null")
 
 
 class _FieldError(ValueError):
@@ -211,6 +284,12 @@ def _parse(spec: MechanismSpec, delta: float, data: Mapping[str, Any]) -> Privac
 def decode_ledger(text: str, *, path: Path, spec: MechanismSpec, delta: float) -> PrivacyLedger:
     """The checked ledger of a file's ``text``; :class:`LedgerFileError` naming ``path``
     and the field otherwise."""
+    return _decode(text, path=path, spec=spec, delta=delta)[0]
+
+
+def _decode(
+    text: str, *, path: Path, spec: MechanismSpec, delta: float
+) -> tuple[PrivacyLedger, Bound | None]:
     try:
         document = json.loads(text)
     except (ValueError, RecursionError) as exc:
@@ -224,36 +303,48 @@ def decode_ledger(text: str, *, path: Path, spec: MechanismSpec, delta: float) -
 
     if document.get("format") != FORMAT:
         raise error("format", f"must be {FORMAT!r}, got {document.get('format')!r}")
-    if document.get("version") != VERSION or isinstance(document.get("version"), bool):
-        raise error("version", f"must be {VERSION}, got {document.get('version')!r}")
+    version = document.get("version")
+    if version not in (1, VERSION) or isinstance(version, bool):
+        raise error("version", f"must be 1 or {VERSION}, got {version!r}")
     content = document.get("ledger")
     if not isinstance(content, dict):
         raise error("ledger", "must be an object")
+    if version != 1 and "checkpoint" not in document:
+        raise error("checkpoint", "is missing")
     digest = document.get("sha256")
     if not isinstance(digest, str):
         raise error("sha256", "is missing")
-    if hashlib.sha256(_canonical(content).encode("ascii")).hexdigest() != digest:
+    if _content_digest(document.get("checkpoint"), content, version) != digest:
         raise error("sha256", "does not match the content: the file is damaged")
     try:
-        return _parse(spec, delta, content)
+        bound = None if version == 1 else _bound(document["checkpoint"])
+        return _parse(spec, delta, content), bound
     except _FieldError as exc:
-        name = exc.name if exc.name.startswith("ledger.") else f"ledger.{exc.name}"
+        name = exc.name if exc.name.startswith(("ledger.", "checkpoint")) else f"ledger.{exc.name}"
         raise error(name, exc.problem) from None
 
 
-def _read(path: Path, spec: MechanismSpec, delta: float) -> PrivacyLedger:
+def _read(path: Path, spec: MechanismSpec, delta: float) -> LoadedLedger:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise LedgerFileError(f"ledger file {path} is not UTF-8 text ({exc.reason})") from None
-    return decode_ledger(text, path=path, spec=spec, delta=delta)
+    ledger, bound = _decode(text, path=path, spec=spec, delta=delta)
+    return LoadedLedger(ledger, path, bound, file_digest(text))
 
 
 def load_ledger(path: Path, *, spec: MechanismSpec, delta: float) -> PrivacyLedger | None:
     """The ledger saved at ``path``, or its previous generation if ``path`` is missing or
     damaged (logged at WARNING, with the generations lost); ``None`` if neither file
     exists. Raises :class:`LedgerFileError` (the problem with ``path``) if no generation
-    can be used: the service must not start with a privacy record it cannot read."""
+    can be used: the service must not start with a privacy record it cannot read.
+    (:func:`read_ledger` tells also which file it was and the checkpoint it belongs to.)"""
+    loaded = read_ledger(path, spec=spec, delta=delta)
+    return None if loaded is None else loaded.ledger
+
+
+def read_ledger(path: Path, *, spec: MechanismSpec, delta: float) -> LoadedLedger | None:
+    """:func:`load_ledger`, with the file used, its binding and its digest."""
     previous = previous_path(path)
     problem: LedgerFileError | None = None
     try:
@@ -282,17 +373,17 @@ def load_ledger(path: Path, *, spec: MechanismSpec, delta: float) -> PrivacyLedg
         "their manifests and batches are delivered again",
         problem if problem is not None else f"ledger file {path} is missing",
         previous,
-        fallback.generation,
-        sum(fallback.rounds().values()),
+        fallback.ledger.generation,
+        sum(fallback.ledger.rounds().values()),
     )
-    return fallback
+    return dataclasses.replace(fallback, fell_back=True)
 
 
-def save_ledger(path: Path, ledger: PrivacyLedger) -> None:
-    """Write ``ledger`` to ``path`` atomically, keeping the file it replaces as
-    ``<path>.prev`` (only if that file is itself a good ledger: a damaged file never
-    replaces the last good generation)."""
-    text = encode_ledger(ledger)
+def save_ledger(path: Path, ledger: PrivacyLedger, bound: Bound | None = None) -> None:
+    """Write ``ledger`` to ``path`` atomically (written with the checkpoint ``bound``, if
+    any), keeping the file it replaces as ``<path>.prev`` (only if that file is itself a
+    good ledger: a damaged file never replaces the last good generation)."""
+    text = encode_ledger(ledger, bound)
     if path.exists():
         try:
             _read(path, ledger.spec, ledger.delta)

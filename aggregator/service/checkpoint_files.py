@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aggregator.durable import DiskWriteError, write_atomically
+from aggregator.ledger.ledger_file import LoadedLedger
+from aggregator.service.core.binding import LedgerFile
 from aggregator.service.core.checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -107,6 +109,19 @@ def recover_checkpoint(path: Path, *, move_damaged: bool = True) -> Recovery:
         checkpoint,
         f"{newest_problem}{moved}; resuming from the previous generation "
         f"{checkpoint.generation} ({previous.name})",
+    )
+
+
+def ledger_seen(loaded: LoadedLedger) -> LedgerFile:
+    """The ledger file found at start, as :func:`aggregator.service.core.binding.check_binding`
+    takes it."""
+    bound = loaded.bound
+    return LedgerFile(
+        path=loaded.path,
+        generation=loaded.ledger.generation,
+        digest=loaded.digest,
+        deployment=None if bound is None else bound.deployment,
+        checkpoint_generation=None if bound is None else bound.generation,
     )
 
 

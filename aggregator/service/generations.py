@@ -16,6 +16,7 @@ not be written; the service is not ready meanwhile (``coco_aggregator_checkpoint
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import time
@@ -24,16 +25,18 @@ from pathlib import Path
 
 from aggregator.durable import DiskWriteError, write_atomically
 from aggregator.ledger.ledger_file import (
+    Bound,
     LedgerFileError,
     decode_ledger,
     encode_ledger,
+    file_digest,
     ledger_path_for,
 )
 from aggregator.ledger.ledger_file import previous_path as ledger_previous_path
 from aggregator.service.checkpoint_files import previous_path, write_checkpoint
 from aggregator.service.config import AggregatorConfig
 from aggregator.service.core.acks import AckGenerations
-from aggregator.service.core.checkpoint import Checkpoint
+from aggregator.service.core.checkpoint import Checkpoint, LedgerRecord
 from aggregator.service.core.rules import AggregatorCore
 from aggregator.service.metrics import AggregatorMetrics
 from aggregator.service.session import Ack, BatchSession
@@ -94,10 +97,15 @@ class Generations:
         if not self.core.dirty and not self.acks.waiting():
             return
         # The content and the deliveries it covers are taken together, with no await.
-        content = self.core.content(generation=self.generation + 1, written_at=time.time())
-        ledger = encode_ledger(self.core.ledger)  # small: its old rounds are compacted
+        generation = self.generation + 1
+        content = self.core.content(generation=generation, written_at=time.time())
+        # small: its old rounds are compacted; it names the checkpoint it goes with
+        ledger = encode_ledger(self.core.ledger, Bound(self.config.deployment, generation))
+        ledger_generation = self.core.ledger.generation
         self.acks.snapshot()
-        write = asyncio.ensure_future(asyncio.to_thread(self._write_files, path, content, ledger))
+        write = asyncio.ensure_future(
+            asyncio.to_thread(self._write_files, path, content, ledger, ledger_generation)
+        )
         try:
             await asyncio.shield(write)
         except asyncio.CancelledError:
@@ -119,10 +127,16 @@ class Generations:
         self._written(True)
         logger.debug("checkpoint generation %d written: n=%d", self.generation, content.state.n)
 
-    def _write_files(self, path: Path, content: Checkpoint, ledger: str) -> None:
+    def _write_files(
+        self, path: Path, content: Checkpoint, ledger: str, ledger_generation: int
+    ) -> None:
         """The privacy ledger's file first, then the checkpoint: a crash between the two
         leaves the ledger ahead, and what the checkpoint lacks is redelivered and found
-        in the ledger already (``duplicate``), never missing from it."""
+        in the ledger already (``duplicate``), never missing from it. The checkpoint records
+        the digest of the ledger's bytes written here (:mod:`aggregator.service.core.binding`):
+        hashed from ``ledger``, not read back."""
+        record = LedgerRecord(ledger_generation, file_digest(ledger))
+        content = dataclasses.replace(content, ledger=record)
         ledger_path = ledger_path_for(path)
         if ledger_path.exists():  # keep the last good generation as <ledger>.prev
             try:

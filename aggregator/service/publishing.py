@@ -31,12 +31,13 @@ from prometheus_client.registry import Collector
 
 from aggregator.estimation.estimators import AggregateState
 from aggregator.ledger import accountant_process
-from aggregator.ledger.ledger_file import ledger_path_for, load_ledger
+from aggregator.ledger.ledger_file import ledger_path_for, read_ledger
 from aggregator.ledger.levels import PrivacyLevel
 from aggregator.ledger.privacy_ledger import PrivacyLedger
 from aggregator.page.page_data import PrivacyHistory, channel_estimates
-from aggregator.service.checkpoint_files import recover_checkpoint
+from aggregator.service.checkpoint_files import ledger_seen, recover_checkpoint
 from aggregator.service.config import AggregatorConfig
+from aggregator.service.core.binding import check_binding
 from aggregator.service.core.checkpoint import Counters
 from aggregator.service.core.rules import AggregatorCore
 from aggregator.service.metrics import AggregatorMetrics, epsilon_curve_grid
@@ -347,10 +348,21 @@ def snapshot_from_checkpoint(path: Path, *, confidence: float = 0.95) -> dict[st
     }
     if recovery.fallback is not None:
         extra["fallback"] = recovery.fallback
-    ledger = load_ledger(ledger_path_for(path), spec=checkpoint.state.spec, delta=checkpoint.delta)
+    ledger_path = ledger_path_for(path)
+    loaded = read_ledger(ledger_path, spec=checkpoint.state.spec, delta=checkpoint.delta)
+    seen = None if loaded is None else ledger_seen(loaded)
+    binding = check_binding(  # an epsilon_total from a ledger behind its checkpoint: refused
+        deployment=checkpoint.deployment or (seen and seen.deployment) or "",
+        checkpoint=checkpoint,
+        fell_back=recovery.fallback is not None,
+        ledger_path=ledger_path,
+        ledger=seen,
+    )
+    if binding.refusal is not None:
+        raise CocoError(binding.refusal)
     return estimates_document(
         checkpoint.state,
-        ledger=ledger,
+        ledger=None if loaded is None else loaded.ledger,
         delta=checkpoint.delta,
         batch_sizes=checkpoint.batch_sizes,
         latest_batch=checkpoint.latest_batch,

@@ -75,13 +75,19 @@ import aiomqtt
 import paho.mqtt.client as paho
 from prometheus_client import CollectorRegistry
 
-from aggregator.ledger.ledger_file import ledger_path_for, load_ledger
+from aggregator.ledger.ledger_file import (
+    LedgerFileError,
+    LoadedLedger,
+    ledger_path_for,
+    read_ledger,
+)
 from aggregator.ledger.levels import PrivacyLevel
 from aggregator.ledger.privacy_ledger import PrivacyLedger
-from aggregator.service.checkpoint_files import lock_checkpoint, recover_checkpoint
+from aggregator.service.checkpoint_files import ledger_seen, lock_checkpoint, recover_checkpoint
 from aggregator.service.config import AggregatorConfig
 from aggregator.service.core.acks import AckGenerations
-from aggregator.service.core.checkpoint import CheckpointError, Counters
+from aggregator.service.core.binding import check_binding
+from aggregator.service.core.checkpoint import Checkpoint, CheckpointError, Counters
 from aggregator.service.core.keys import describe_anchor
 from aggregator.service.core.rules import AggregatorCore, CoreRules, check_resumable
 from aggregator.service.generations import Generations
@@ -356,24 +362,50 @@ class Aggregator:
             problem = check_resumable(self.core, checkpoint)
             if problem is not None:
                 raise CheckpointError(f"checkpoint {checkpoint.path} {problem}")
+        ledger_path = ledger_path_for(path)
+        loaded = await asyncio.to_thread(
+            read_ledger, ledger_path, spec=self.spec, delta=self.config.delta
+        )
+        self._check_binding(checkpoint, recovery.fallback is not None, ledger_path, loaded)
         self.keys.settle(
             configured=self.config.key_source == "configured",
             checkpoint_key=None if checkpoint is None else checkpoint.trusted,
         )
         if checkpoint is not None:
             self._restore(checkpoint)
-        ledger_path = ledger_path_for(path)
-        ledger = await asyncio.to_thread(
-            load_ledger, ledger_path, spec=self.spec, delta=self.config.delta
-        )
-        if ledger is not None:  # what the devices spent, kept apart from the estimates
-            self.core.ledger = ledger
+            if checkpoint.ledger is None:  # written before the binding: bind it now
+                self.core.dirty = True
+        if loaded is not None:  # what the devices spent, kept apart from the estimates
+            self.core.ledger = loaded.ledger
             logger.info(
                 "privacy ledger %s: generation %d, %d participations",
-                ledger_path,
-                ledger.generation,
-                sum(ledger.rounds().values()),
+                loaded.path,
+                loaded.ledger.generation,
+                sum(loaded.ledger.rounds().values()),
             )
+
+    def _check_binding(
+        self,
+        checkpoint: Checkpoint | None,
+        fell_back: bool,
+        ledger_path: Path,
+        loaded: LoadedLedger | None,
+    ) -> None:
+        """Refuse a ledger or checkpoint that does not belong with the other
+        (:mod:`aggregator.service.core.binding`): :class:`LedgerFileError`, one line."""
+        binding = check_binding(
+            deployment=self.config.deployment,
+            checkpoint=checkpoint,
+            fell_back=fell_back,
+            ledger_path=ledger_path,
+            ledger=None if loaded is None else ledger_seen(loaded),
+        )
+        for line in binding.warnings:
+            logger.warning("%s", line)
+        for line in binding.notes:
+            logger.info("%s", line)
+        if binding.refusal is not None:
+            raise LedgerFileError(binding.refusal)
 
     def _restore(self, checkpoint: Any) -> None:
         self.core.restore(checkpoint)

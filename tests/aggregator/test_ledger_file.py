@@ -166,7 +166,8 @@ def test_a_well_sealed_but_invalid_content_names_its_field(mutate: object, field
     document = json.loads(encode_ledger(sample_ledger(3)))
     content = document["ledger"]
     mutate(content)  # type: ignore[operator]
-    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    sealed = {"checkpoint": document["checkpoint"], "ledger": content}  # version 2
+    canonical = json.dumps(sealed, sort_keys=True, separators=(",", ":"))
     document["sha256"] = hashlib.sha256(canonical.encode()).hexdigest()
     with pytest.raises(LedgerFileError, match=re.escape(f"field '{field}")):
         decode_ledger(json.dumps(document), path=Path("x"), spec=SPEC, delta=DELTA)

@@ -7,7 +7,9 @@
 * :mod:`~aggregator.service.core.manifests`: releases reconciled against their batches;
 * :mod:`~aggregator.service.core.acks`: PUBACKs held until two checkpoint generations are
   durable;
-* :mod:`~aggregator.service.core.checkpoint`: what a checkpoint holds, and its text.
+* :mod:`~aggregator.service.core.checkpoint`: what a checkpoint holds, and its text;
+* :mod:`~aggregator.service.core.binding`: whether a checkpoint and a privacy ledger file
+  belong together (refused at start when not).
 
 Like the shuffler's :mod:`broker.core`, it is property-tested
 (tests/aggregator/test_core.py): any interleaving of deliveries, redeliveries, forgeries,

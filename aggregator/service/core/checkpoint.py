@@ -8,6 +8,7 @@ A checkpoint is one UTF-8 JSON object (:func:`encode_checkpoint`)::
      "smallest_batch": ..., "latest_batch": ..., "batch_sizes": {...},
      "last_batch_timestamp": ..., "written_at": ..., "shards": {"<label>": {...}},
      "reconciliation": {...}, "state": AggregateState.to_dict(),
+     "ledger": {"generation": 41, "sha256": "<64 hex>"},
      "batch_rounds": {"<round>": ["<32 hex>", ...]}, "checksums": {"<field>": "<32 hex>"}}
 
 ``batch_rounds`` holds the ids of the applied batches of the retained rounds only
@@ -15,7 +16,10 @@ A checkpoint is one UTF-8 JSON object (:func:`encode_checkpoint`)::
 of the deployment. ``trusted`` is what the sums were verified under (the batch key, or the announced
 shard layouts: :mod:`aggregator.service.core.keys`); ``shards`` the batches applied per shard;
 ``reconciliation`` the manifests and batches still being matched
-(:mod:`aggregator.service.core.manifests`).
+(:mod:`aggregator.service.core.manifests`). ``ledger`` is the privacy ledger file written just
+before this generation (:mod:`aggregator.ledger.ledger_file`): its generation and the SHA-256 of
+its bytes, checked against the ledger file at start (:mod:`aggregator.service.core.binding`);
+a file written before the field existed has none.
 
 Integrity
 ---------
@@ -66,10 +70,12 @@ _ORDER = (
     "shards",
     "reconciliation",
     "state",
+    "ledger",
     "batch_rounds",
 )
 """The fields of a version-3 checkpoint, in the order they are written (``checksums``
-last)."""
+last; ``ledger`` absent from files written before it existed)."""
+_DIGEST_HEX = 64
 
 
 class CheckpointError(CocoError):
@@ -119,6 +125,18 @@ class Counters:
         }
 
 
+@dataclass(frozen=True)
+class LedgerRecord:
+    """The privacy ledger file a checkpoint was written with: the ledger's generation and
+    the SHA-256 (hex) of the file's bytes."""
+
+    generation: int
+    sha256: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"generation": self.generation, "sha256": self.sha256}
+
+
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint:
     """What a checkpoint holds (:meth:`aggregator.service.core.rules.AggregatorCore.content`), or a
@@ -153,6 +171,9 @@ class Checkpoint:
     """Batches applied per shard label: ``batches``, ``reports``, ``smallest``, ``latest``."""
     reconciliation: dict[str, Any] | None = None
     """:meth:`aggregator.service.core.manifests.Reconciler.to_json` (``None`` in older files)."""
+    ledger: LedgerRecord | None = None
+    """The ledger file written with this generation (``None``: a file from before the field,
+    or content not yet bound to its ledger file)."""
     path: Path | None = None
 
 
@@ -308,6 +329,22 @@ def _parse_reconciliation(fields: _Fields) -> dict[str, Any]:
     return raw
 
 
+def _parse_ledger(fields: _Fields) -> LedgerRecord | None:
+    raw = fields.data.get("ledger")
+    if "ledger" not in fields.data:
+        return None
+    if not (isinstance(raw, dict) and set(raw) == {"generation", "sha256"}):
+        raise fields.error("ledger", f"must hold generation and sha256, got {_short(raw)}")
+    digest = raw["sha256"]
+    if not (
+        isinstance(digest, str)
+        and len(digest) == _DIGEST_HEX
+        and all(c in "0123456789abcdef" for c in digest)
+    ):
+        raise fields.error("ledger.sha256", f"must be {_DIGEST_HEX} hex digits: {_short(digest)}")
+    return LedgerRecord(fields.count("ledger.generation", raw["generation"]), digest)
+
+
 def _checksum(value: object) -> str:
     text = json.dumps(value, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:CHECKSUM_HEX]
@@ -341,7 +378,9 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
     if version == CHECKPOINT_VERSION:
         unknown = sorted(set(data) - {*_ORDER, "checksums"})
     else:  # a damaged key name must not pass as an older version's file
-        unknown = sorted(set(data) & {"checksums", "generation", "trusted", "reconciliation"})
+        unknown = sorted(
+            set(data) & {"checksums", "generation", "trusted", "reconciliation", "ledger"}
+        )
     if unknown:
         raise fields.error(unknown[0], f"is not a field of a version-{version} checkpoint")
     fingerprint = fields.get("fingerprint")
@@ -382,6 +421,7 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
         last_batch_timestamp=None if last is None else float(last),
         shards=_parse_shards(fields) if version == CHECKPOINT_VERSION else {},
         reconciliation=_parse_reconciliation(fields) if version == CHECKPOINT_VERSION else None,
+        ledger=_parse_ledger(fields) if version == CHECKPOINT_VERSION else None,
     )
     if version == CHECKPOINT_VERSION:
         _verify_checksums(fields)
@@ -411,7 +451,7 @@ def _quoted_hex(ids: tuple[bytes, ...]) -> str:
 
 
 def _document_head(checkpoint: Checkpoint) -> dict[str, Any]:
-    return {
+    head: dict[str, Any] = {
         "version": checkpoint.version,
         "generation": checkpoint.generation,
         "fingerprint": checkpoint.fingerprint,
@@ -429,6 +469,9 @@ def _document_head(checkpoint: Checkpoint) -> dict[str, Any]:
         "reconciliation": checkpoint.reconciliation,
         "state": checkpoint.state.to_dict(),
     }
+    if checkpoint.ledger is not None:
+        head["ledger"] = checkpoint.ledger.to_dict()
+    return head
 
 
 def encode_checkpoint(checkpoint: Checkpoint) -> str:
