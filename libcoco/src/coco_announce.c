@@ -314,7 +314,9 @@ static int spec_member(cursor *c, int index, void *state) {
     case 2:
         return uint32_value(c, 0, 0xFFFFFFFFu, &spec->s);
     case 3: { /* 0 < epsilon <= 20; its cost in ledger units, rounded up */
-        cursor start = *c;
+        cursor start;
+        start.p = c->p; /* member by member: GCC -O3 copies a struct with memcpy */
+        start.end = c->end;
         rc = decimal_value(c, 1, &a->epsilon_units);
         if (rc == COCO_OK) {
             rc = decimal_value(&start, 0, &v);
@@ -438,7 +440,9 @@ static int root_member(cursor *c, int index, void *state) {
     case 2:
         return uint32_value(c, 1, 0xFFFFFFFFu, &a->min_batch);
     case 3: { /* 0 < delta < 1 */
-        cursor start = *c;
+        cursor start;
+        start.p = c->p; /* member by member: GCC -O3 copies a struct with memcpy */
+        start.end = c->end;
         rc = decimal_value(c, 1, &up);
         if (rc == COCO_OK) {
             rc = decimal_value(&start, 0, &down);

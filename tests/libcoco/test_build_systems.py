@@ -57,6 +57,55 @@ def test_cmake_cross_builds_for_a_cortex_m(tmp_path: Path) -> None:
     assert "elf32-littlearm" in headers.stdout
 
 
+def _toolchain(target: str) -> tuple[str, str, tuple[str, ...]]:
+    """The compiler, nm and CPU flags for ``host`` or a board of :data:`build.BOARDS`."""
+    if target == "host":
+        return build.tool("cc", "gcc"), build.tool("nm", "binutils"), ()
+    return (
+        build.tool("arm-none-eabi-gcc", "gcc-arm-none-eabi"),
+        build.tool("arm-none-eabi-nm", "binutils-arm-none-eabi"),
+        build.BOARDS[target].cpu_flags,
+    )
+
+
+def _symbols(nm: str, *args: str) -> set[str]:
+    listing = subprocess.run([nm, *args], capture_output=True, text=True, check=True).stdout
+    return {line.split()[-1] for line in listing.splitlines() if line.strip() and ":" not in line}
+
+
+@pytest.mark.parametrize("opt", ["-Os", "-O2", "-O3"])
+@pytest.mark.parametrize("target", ["host", *build.BOARDS])
+def test_the_library_needs_nothing_from_libc(tmp_path: Path, target: str, opt: str) -> None:
+    """Every source compiled with the library's flags and linked into one object with
+    -nostdlib: what is still undefined comes from libgcc (soft-float and 64-bit helpers on
+    a Cortex-M), never memset, memcpy or strlen, which GCC emits for plain loops and struct
+    copies unless told it is freestanding."""
+    gcc, nm, cpu_flags = _toolchain(target)
+    objects = build.compile_library(tmp_path, gcc, [*cpu_flags, opt, "-std=c99"])
+    combined = tmp_path / "libcoco-all.o"
+    subprocess.run(
+        [gcc, *cpu_flags, "-r", "-nostdlib", *map(str, objects), "-o", str(combined)],
+        check=True,
+        capture_output=True,
+    )
+    undefined = _symbols(nm, "-u", str(combined))
+    libgcc = subprocess.run(
+        [gcc, *cpu_flags, "-print-libgcc-file-name"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    helpers = _symbols(nm, "--defined-only", libgcc)
+    assert sorted(undefined - helpers) == []
+
+
+def test_the_build_manifests_pass_the_library_flags() -> None:
+    """CMake and PlatformIO compile libcoco with the flags the tests compile it with."""
+    cmake_lists = (build.LIBCOCO / "CMakeLists.txt").read_text()
+    options = cmake_lists.split("target_compile_options(coco PRIVATE", 1)[1].split(")", 1)[0]
+    manifest = json.loads((build.LIBCOCO / "library.json").read_text())
+    for flag in build.LIBRARY_FLAGS:
+        assert flag in options.split()
+        assert flag in manifest["build"]["flags"]
+
+
 def test_cmake_lists_every_source() -> None:
     cmake_lists = (build.LIBCOCO / "CMakeLists.txt").read_text()
     listed = sorted(
