@@ -130,6 +130,9 @@ static int string(cursor *c, char *buf, size_t cap, size_t *n) {
 static int scan_number(cursor *c, number *out) {
     int ch = peek(c);
     const uint8_t *after;
+    out->text = c->p; /* set on every path: GCC -O3 cannot prove callers read it only on OK */
+    out->len = 0;
+    out->is_int = 0;
     if (ch != '-' && !(ch >= '0' && ch <= '9')) {
         return wrong_type(c);
     }
@@ -137,7 +140,6 @@ static int scan_number(cursor *c, number *out) {
     if (after == NULL) {
         return COCO_ERR_JSON;
     }
-    out->text = c->p;
     out->len = (size_t)(after - c->p);
     c->p = after;
     return COCO_OK;

@@ -23,7 +23,9 @@ def cmake(*args: str) -> None:
 def test_cmake_builds_the_library_and_the_example(tmp_path: Path) -> None:
     build.tool("cc", "gcc")
     with_example = Path("/usr/include/mosquitto.h").exists()
+    # Release is -O3, where GCC warns the most; -Werror makes a warning fail the build
     cmake("-S", str(build.LIBCOCO), "-B", str(tmp_path), "-DCOCO_MAX_S=48",
+          "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_C_FLAGS=-Werror",
           f"-DCOCO_BUILD_EXAMPLES={'ON' if with_example else 'OFF'}")  # fmt: skip
     cmake("--build", str(tmp_path))
     assert (tmp_path / "libcoco.a").is_file()
@@ -79,9 +81,11 @@ def test_the_library_needs_nothing_from_libc(tmp_path: Path, target: str, opt: s
     """Every source compiled with the library's flags and linked into one object with
     -nostdlib: what is still undefined comes from libgcc (soft-float and 64-bit helpers on
     a Cortex-M), never memset, memcpy or strlen, which GCC emits for plain loops and struct
-    copies unless told it is freestanding."""
+    copies unless told it is freestanding. The sources compile with the harness's warnings
+    and -Werror at every level: -O3 (CMake's Release) is where GCC's flow analysis warns
+    -Wmaybe-uninitialized."""
     gcc, nm, cpu_flags = _toolchain(target)
-    objects = build.compile_library(tmp_path, gcc, [*cpu_flags, opt, "-std=c99"])
+    objects = build.compile_library(tmp_path, gcc, [*cpu_flags, opt, *build.WARNINGS])
     combined = tmp_path / "libcoco-all.o"
     subprocess.run(
         [gcc, *cpu_flags, "-r", "-nostdlib", *map(str, objects), "-o", str(combined)],
