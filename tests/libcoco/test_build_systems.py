@@ -37,6 +37,48 @@ def test_cmake_builds_the_library_and_the_example(tmp_path: Path) -> None:
         assert "usage: mosquitto_publish" in usage.stderr
 
 
+CONSUMER_CMAKE = """cmake_minimum_required(VERSION 3.13)
+project(consumer LANGUAGES C)
+find_package(coco 1.0 CONFIG REQUIRED)
+add_executable(consumer main.c)
+target_link_libraries(consumer PRIVATE coco::coco)
+"""
+CONSUMER_MAIN = """#include <stdio.h>
+#include <coco.h>
+#if COCO_MAX_S != 48
+#error "the installed target does not carry the library's COCO_MAX_S"
+#endif
+int main(void) {
+    printf("%s %s\\n", COCO_VERSION, coco_strerror(COCO_ERR_SPEC_S_MAX));
+    return 0;
+}
+"""
+
+
+def test_cmake_install_is_a_config_package(tmp_path: Path) -> None:
+    """cmake --install writes coco-config.cmake beside the exported targets: a separate
+    project finds the installed library with find_package(coco CONFIG REQUIRED), links
+    coco::coco and inherits its public COCO_MAX_S."""
+    build.tool("cc", "gcc")
+    prefix = tmp_path / "prefix"
+    cmake("-S", str(build.LIBCOCO), "-B", str(tmp_path / "lib"), "-DCOCO_MAX_S=48",
+          f"-DCMAKE_INSTALL_PREFIX={prefix}")  # fmt: skip
+    cmake("--build", str(tmp_path / "lib"))
+    cmake("--install", str(tmp_path / "lib"))
+    assert (prefix / "lib" / "cmake" / "coco" / "coco-config.cmake").is_file()
+    consumer = tmp_path / "consumer"
+    consumer.mkdir()
+    (consumer / "CMakeLists.txt").write_text(CONSUMER_CMAKE)
+    (consumer / "main.c").write_text(CONSUMER_MAIN)
+    cmake("-S", str(consumer), "-B", str(consumer / "build"), f"-DCMAKE_PREFIX_PATH={prefix}")
+    cmake("--build", str(consumer / "build"))
+    run = subprocess.run(
+        [str(consumer / "build" / "consumer")], capture_output=True, text=True, check=True
+    )
+    assert run.stdout.split(" ", 1)[0] == "1.0.0"
+    assert run.stdout.split(" ", 1)[1].strip()  # the library's own name for the error
+
+
 def test_cmake_cross_builds_for_a_cortex_m(tmp_path: Path) -> None:
     """A firmware project's toolchain file, in four lines (libcoco needs no libc)."""
     gcc = build.tool("arm-none-eabi-gcc", "gcc-arm-none-eabi")
