@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from aggregator.service.core.silence import DEFAULT_SILENT_SHARD_ROUNDS
 from edge import CocoError, MechanismSpec, SpecError
 from edge.announce import load_spec_file, shard_plan
 from edge.cli_options import (
@@ -142,6 +143,16 @@ def aggregator_run(
             "missing reports are counted (coco_aggregator_reports_missing_total).",
         ),
     ] = 120.0,
+    silent_shard_rounds: Annotated[
+        int,
+        typer.Option(
+            envvar="COCO_SILENT_SHARD_ROUNDS",
+            min=1,
+            help="Log a WARNING when a shard of the layout in force has released nothing "
+            "for this many rounds in which other shards released "
+            "(coco_aggregator_shard_silent_rounds).",
+        ),
+    ] = DEFAULT_SILENT_SHARD_ROUNDS,
     mqtt_version: Annotated[
         str,
         typer.Option(
@@ -226,6 +237,7 @@ def aggregator_run(
             batch_public_key=key,
             shards=shards,
             manifest_grace=manifest_grace,
+            silent_shard_rounds=silent_shard_rounds,
             key_source="configured" if configured_key is not None else "announced",
             mqtt_version=version,
             retention_rounds=retention_rounds,

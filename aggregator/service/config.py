@@ -13,6 +13,7 @@ from typing import Literal
 
 from aggregator.page.page_data import Channel, check_channels
 from aggregator.service.core.keys import anchor_of
+from aggregator.service.core.silence import DEFAULT_SILENT_SHARD_ROUNDS
 from edge import mqtt_url, topics
 from edge.batch_auth import BatchVerifier
 from edge.errors import CocoError
@@ -85,6 +86,10 @@ class AggregatorConfig:
     retention_rounds: int = DEFAULT_RETENTION_ROUNDS
     """Rounds whose applied batch ids are kept (:mod:`aggregator.service.core.rules`): a batch older
     than the newest round applied minus ``retention_rounds - 1`` is rejected as ``stale_round``."""
+    silent_shard_rounds: int = DEFAULT_SILENT_SHARD_ROUNDS
+    """Rounds in which other shards of the layout in force released while one released
+    nothing, from which that one is reported silent (WARNING;
+    :mod:`aggregator.service.core.silence`)."""
     round_seconds: int | None = None
     """The announced round length. When known (and the clock is set), a batch of a round
     more than ``retention_rounds`` ahead of this clock's round is rejected as
@@ -194,6 +199,8 @@ class AggregatorConfig:
             raise ValueError("min_batch is required: the announced one, or --min-batch")
         if self.min_batch < 1:
             raise ValueError(f"min_batch must be >= 1, got {self.min_batch}")
+        if self.silent_shard_rounds < 1:
+            raise ValueError(f"silent_shard_rounds must be >= 1, got {self.silent_shard_rounds}")
         if self.retention_rounds < 1:
             raise ValueError(f"retention_rounds must be >= 1, got {self.retention_rounds}")
         if self.round_seconds is not None:

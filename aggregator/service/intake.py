@@ -28,7 +28,7 @@ from aggregator.service.metrics import UNACKED_REASONS, AggregatorMetrics
 from aggregator.service.publishing import Publisher
 from aggregator.service.session import route
 
-__all__ = ["INLINE_ELEMENTS", "Intake"]
+__all__ = ["INLINE_ELEMENTS", "Intake", "log_silence"]
 
 logger = logging.getLogger("aggregator.service")
 
@@ -39,6 +39,26 @@ on the event loop; larger ones in a thread."""
 
 def _is_power_of_two(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
+
+
+def log_silence(core: AggregatorCore) -> None:
+    """One WARNING when a shard of the layout in force goes silent while others
+    release (:mod:`aggregator.service.core.silence`), one INFO line when it speaks again."""
+    for change in core.silence.changes(core.keys.plan):
+        if change.silent:
+            logger.warning(
+                "shard %s has released nothing for %d rounds in which other shards "
+                "released: its shuffler may be down or cut off, and its devices' reports "
+                "are not reaching the aggregator (coco_aggregator_shard_silent_rounds)",
+                change.shard,
+                change.rounds,
+            )
+        else:
+            logger.info(
+                "shard %s released again (it was silent for up to %d rounds)",
+                change.shard,
+                change.rounds,
+            )
 
 
 class Intake:
@@ -93,6 +113,7 @@ class Intake:
                 # From here to the end, no await: the sums and the id change together.
                 if core.apply(batch, partial, now=time.time()):
                     self.metrics.sync(core)
+                    log_silence(self.core)
                     self.publisher.applied()
                     return "applied"
         except RejectedError as rejected:
@@ -118,6 +139,8 @@ class Intake:
         generation = self.core.ledger.generation
         outcome = self.core.manifest(payload, now=time.time(), shard=shard)
         self.metrics.sync(self.core)
+        if outcome == "accepted":
+            log_silence(self.core)
         if self.core.ledger.generation != generation:
             self.publisher.applied()
         if outcome not in ("accepted", "duplicate"):

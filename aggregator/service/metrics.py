@@ -218,6 +218,22 @@ class AggregatorMetrics:
             ["shard", "batch"],
             registry=registry,
         )
+        self.shard_silent_rounds = Gauge(
+            f"{p}_shard_silent_rounds",
+            "Rounds in which other shards of the layout in force released while this one "
+            "released nothing (since its last release or this run's start), by shard of "
+            "that layout.",
+            ["shard"],
+            registry=registry,
+        )
+        self.shard_silent = Gauge(
+            f"{p}_shard_silent",
+            "1 while a shard of the layout in force has been silent for "
+            "--silent-shard-rounds rounds in which others released, else 0.",
+            ["shard"],
+            registry=registry,
+        )
+        self._silence_labels: set[str] = set()
         self._synced: dict[tuple[str, str], float] = {}
         self.unacknowledged = _reason_counter(
             registry,
@@ -385,6 +401,19 @@ class AggregatorMetrics:
                 )
         if core.last_batch_timestamp is not None:
             self.last_batch.set(core.last_batch_timestamp)
+        self._sync_silence(core)
+
+    def _sync_silence(self, core: AggregatorCore) -> None:
+        """The silence gauges of the layout in force's shards only: the labels of a layout
+        that gave way are removed (a bounded set, the announced labels)."""
+        counts = core.silence.silent_rounds(core.keys.plan)
+        for label in self._silence_labels - set(counts):
+            self.shard_silent_rounds.remove(label)
+            self.shard_silent.remove(label)
+        for label, rounds in counts.items():
+            self.shard_silent_rounds.labels(shard=label).set(rounds)
+            self.shard_silent.labels(shard=label).set(int(rounds >= core.silence.threshold))
+        self._silence_labels = set(counts)
 
     def _bump(self, metric: Any, key: tuple[str, str], value: float) -> None:
         last = self._synced.get(key, 0.0)

@@ -136,6 +136,7 @@ class Aggregator:
                 retention_rounds=config.retention_rounds,
                 round_seconds=config.round_seconds,
                 manifest_grace=config.manifest_grace,
+                silent_shard_rounds=config.silent_shard_rounds,
             ),
             delta=config.delta,
         )

@@ -21,7 +21,11 @@ stored). Checked against Mosquitto 2.0.11 (tests/broker/test_broker_stats.py):
 =========================================  ==============================================
 
 plus ``coco_mosquitto_sys_last_update_timestamp_seconds`` (when a ``$SYS`` message last
-arrived; absent until then). A metric is absent until its first ``$SYS`` message. The broker
+arrived; absent until then). Each increase of the dropped counter is also logged, once, at
+WARNING with the increase (:data:`DROPPED_WARNING`): the broker sends the counter at most
+once per ``sys_interval``, so neither can that line come more often; a value already there
+when the watch starts is said once at INFO (the broker's count since it started, not
+necessarily this run's loss). A metric is absent until its first ``$SYS`` message. The broker
 publishes them every ``sys_interval`` seconds (Mosquitto's default 10). The counters are the
 broker's own since it started: ``increase()`` over them handles a broker restart.
 
@@ -110,6 +114,14 @@ SYS_METRICS: tuple[SysMetric, ...] = (
     ),
 )
 _BY_TOPIC = {metric.topic: metric for metric in SYS_METRICS}
+DROPPED_TOPIC = SYS_METRICS[0].topic
+
+DROPPED_WARNING = (
+    "the broker dropped %d PUBLISH messages after acknowledging them (%d since it started; "
+    "coco_mosquitto_publish_messages_dropped_total): acknowledged reports (or batches) lost "
+    "at the broker, a persistent session's queue full while its client was away; raise "
+    "max_queued_messages in mosquitto.conf"
+)
 
 
 def parse_sys_value(payload: bytes | bytearray | str) -> float | None:
@@ -148,9 +160,27 @@ class MosquittoSysStats(Collector):
         if value is None:
             logger.debug("unparsable %s: %r", topic, payload)
             return True
+        if topic == DROPPED_TOPIC:
+            self._log_dropped(self._values.get(topic), value)
         self._values[topic] = value
         self.last_update = time.time()
         return True
+
+    @staticmethod
+    def _log_dropped(before: float | None, now: float) -> None:
+        """A WARNING for each increase of the dropped counter; a smaller value is a broker
+        restart (its counters restart: all it counts is new)."""
+        if before is None:
+            if now > 0:
+                logger.info(
+                    "the broker has dropped %d PUBLISH messages since it started "
+                    "(coco_mosquitto_publish_messages_dropped_total)",
+                    int(now),
+                )
+            return
+        increase = now - before if now >= before else now
+        if increase > 0:
+            logger.warning(DROPPED_WARNING, int(increase), int(now))
 
     async def subscribe(self, client: aiomqtt.Client) -> None:
         """Subscribe ``client`` (connected) to the tracked topics, QoS 0."""

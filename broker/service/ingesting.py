@@ -23,7 +23,7 @@ from broker.service.ingest import (
     ack_after_handling,
 )
 from broker.service.shell import ShellState
-from broker.store.wal import token_of
+from broker.store.wal import StoreError, token_of
 from edge.codec import KIND_REPORT, REPORT_SIZE, VERSION, CodecError, decode_report
 from edge.mqtt_version import Negotiated, negotiate
 from edge.topics import MAX_NAME
@@ -243,15 +243,22 @@ class IngestMixin(ShellState):
         """The CONNACK said whether the broker kept this shuffler's session. Without one it
         queued nothing for it: reports published to the ingress topic while no session
         existed were acknowledged to their devices and dropped, and nothing downstream can
-        count them. That is expected at a first start before any device sends; it is a loss
-        after an earlier session (the broker lost it) or once a shard's first round began
-        (a shard started late: docs/operations.md, "Sharded shufflers")."""
+        count them. That is expected at a first start (INFO); it is a loss after an earlier
+        session of this state directory (the broker lost it: WARNING) or once the first
+        round of a shard's layout began (a shard of a reshard started late: WARNING;
+        docs/operations.md, "Sharded shufflers"). A first layout (``from_round`` 0) has no
+        such start to compare with."""
+        self._remember_session()
         if present:
             self._had_session = True
             return
         self.metrics.sessions_new.inc()
         layout = self._layout
-        late = layout is not None and time.time() >= layout.from_round * self.config.round_seconds
+        late = (
+            layout is not None
+            and layout.from_round > 0
+            and time.time() >= layout.from_round * self.config.round_seconds
+        )
         if self._had_session or late:
             logger.warning(
                 "the broker held no session for %s (%s): reports published to %s while there "
@@ -263,6 +270,14 @@ class IngestMixin(ShellState):
         else:
             logger.info("a new session on the broker (first start)")
         self._had_session = True
+
+    def _remember_session(self) -> None:
+        """Note in the state directory that the broker held a session for it, so that a
+        later start without one is told from a first start. Best effort: a directory that
+        cannot take the note (a full disk) only makes a later warning an INFO line."""
+        if self._state is not None:
+            with contextlib.suppress(StoreError):
+                self._state.note_session()
 
     async def _disconnect_gmqtt(self, client: gmqtt.Client) -> None:
         if self._group is not None:

@@ -187,7 +187,7 @@ class Shuffler(ShardMixin, IngestMixin, PublishMixin):
         self._consumption_done = asyncio.Event()
         self._closing = asyncio.Event()
         self._subscribed_at: float | None = None
-        self._had_session = False  # a session of this process's on the broker
+        self._had_session = False  # a session on the broker, of this state directory's
         self._session_present = False  # the last CONNACK's flag
         self._late_offers = 0
         self._last_late = 0.0
@@ -245,6 +245,7 @@ class Shuffler(ShardMixin, IngestMixin, PublishMixin):
                 shard=cfg.shard,
             )
         self._state = StateDir(cfg.state_dir).__enter__()
+        self._had_session = self._state.session_seen()
         self._token_key = self._state.token_key()
         self._owner = self._state.owner_id()
         self._state.publish_public_key(self.signer.public_key_hex)

@@ -409,6 +409,17 @@ class StateDir:
             raise StoreError(f"cannot write {public}: {exc.strerror or exc}") from exc
         os.replace(temporary, public)
 
+    def session_seen(self) -> bool:
+        """Whether the broker ever held an ingest session for this state directory
+        (``session``, written by :meth:`note_session`): a new session after one is a loss."""
+        return (self.path / "session").is_file()
+
+    def note_session(self) -> None:
+        """Remember that the broker held (or now holds) an ingest session for this state
+        directory (once; :class:`StoreError` if it cannot be written)."""
+        if not self.session_seen():
+            _write_private(self.path / "session", b"the broker held an ingest session\n")
+
     def log(self, *, fsync: bool = False, round_seconds: int = 60) -> EffectLog:
         return EffectLog(self.path / "effects.log", fsync=fsync, round_seconds=round_seconds)
 

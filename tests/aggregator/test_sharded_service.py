@@ -206,3 +206,55 @@ def reshard(
         lambda: (estimates(port) or {}).get("shards", {}).get("g1s2", {}).get("batches") == 1,
         proc,
     )
+
+
+def test_a_shard_silent_while_the_others_release_is_logged_and_exported(
+    mosquitto: Broker, tmp_path: Path
+) -> None:
+    """Shard g0s2's shuffler never started: after 3 rounds the others released, one WARNING
+    and the gauges say so; its first release, one INFO line."""
+    round_ = int(time.time() // 60)
+    signers = [BatchSigner.generate(DEPLOYMENT, f"g0s{i}") for i in range(3)]
+    plan = ShardPlan((layout(0, signers, round_ - 10),))
+    port = free_port()
+    args = coco_run(
+        mosquitto, tmp_path, "--metrics-port", str(port), "--silent-shard-rounds", "3",
+        spec=False,
+    )  # fmt: skip
+    rep = reports(MIN_BATCH, 400)
+
+    def sealed(shard: int, batch_id: int, at: int) -> tuple[str, bytes]:
+        topic = batches_topic(DEPLOYMENT, f"g0s{shard}")
+        return topic, signers[shard].seal(raw_batch(rep, batch_id, round_=at))
+
+    def gauge(shard: str) -> float | None:
+        samples = metrics(port) or {}
+        return samples.get(f"coco_aggregator_shard_silent{{shard={shard}}}")
+
+    asyncio.run(announce(mosquitto, plan))
+    with service(args) as proc:
+        started(proc, port)
+        asyncio.run(
+            send(
+                mosquitto,
+                *(
+                    sealed(shard, 10 * k + shard, round_ - 3 + k)
+                    for k in range(3)
+                    for shard in (0, 1)
+                ),
+            )
+        )
+        wait_running(lambda: gauge("g0s2") == 1, proc)
+        samples = metrics(port)
+        assert samples is not None
+        assert samples["coco_aggregator_shard_silent_rounds{shard=g0s2}"] == 3
+        assert samples["coco_aggregator_shard_silent{shard=g0s0}"] == 0
+        asyncio.run(send(mosquitto, sealed(2, 99, round_ - 1)))
+        wait_running(lambda: gauge("g0s2") == 0, proc)
+        rc, err = stop(proc)
+    assert rc == 0, err
+    warnings = [line for line in err.splitlines() if "has released nothing" in line]
+    assert len(warnings) == 1, err
+    assert "WARNING" in warnings[0]
+    assert "shard g0s2 has released nothing for 3 rounds" in warnings[0]
+    assert sum("shard g0s2 released again" in line for line in err.splitlines()) == 1, err

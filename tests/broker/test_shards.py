@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import subprocess
 import time
 from collections import Counter
@@ -456,3 +457,32 @@ def lease_held(broker: Broker) -> bool:
         return False
 
     return asyncio.run(read())
+
+
+def test_a_new_session_warns_only_when_a_shard_may_have_lost_reports(
+    mosquitto: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A first layout's shard (from round 0) starting: INFO, however late the clock; a
+    reshard's shard subscribing first after its layout's first round began: WARNING (devices
+    sent it reports no session queued)."""
+    caplog.set_level(logging.INFO, logger="broker.shuffler")
+    keys = signers(["g0s0", "g1s0", "g1s1"])
+
+    async def scenario() -> None:
+        registry = CollectorRegistry()
+        async with running(config(mosquitto, "g0s0", plan_of(keys), keys["g0s0"]), registry):
+            pass
+        assert registry.get_sample_value("coco_shuffler_sessions_new_total") == 1
+        said = [(r.levelno, r.getMessage()) for r in caplog.records if "session" in r.getMessage()]
+        assert said == [(logging.INFO, "a new session on the broker (first start)")]
+        caplog.clear()
+        registry = CollectorRegistry()
+        plan = plan_of(keys, second_from=current_round(L) - 1)  # begun before its start
+        async with running(config(mosquitto, "g1s0", plan, keys["g1s0"]), registry):
+            pass
+        assert registry.get_sample_value("coco_shuffler_sessions_new_total") == 1
+        lost = [r for r in caplog.records if "held no session" in r.getMessage()]
+        assert [r.levelno for r in lost] == [logging.WARNING], lost
+        assert "its shard's first round had begun" in lost[0].getMessage()
+
+    run(scenario())

@@ -389,14 +389,21 @@ def test_restart_keeps_pools_and_duplicate_state(mosquitto: Broker, tmp_path: Pa
 
 
 def test_reports_published_while_down_are_queued_by_the_session(
-    mosquitto: Broker, tmp_path: Path
+    mosquitto: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="broker.shuffler")
     registry = CollectorRegistry()
     cfg = config(mosquitto, state_dir=tmp_path / "state", round_seconds=60)
 
     async def scenario() -> None:
         async with running(cfg, registry):
             pass  # the first run creates the persistent session
+        # a healthy first start: said at INFO, no warning to learn to ignore
+        new = [r for r in caplog.records if "session" in r.getMessage()]
+        assert [(r.levelno, r.getMessage()) for r in new] == [
+            (logging.INFO, "a new session on the broker (first start)")
+        ]
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
         r = current_round(60)
         await publish(mosquitto, [(f"q{i}", report(r, i)) for i in range(6)])
         again_registry = CollectorRegistry()
@@ -407,6 +414,33 @@ def test_reports_published_while_down_are_queued_by_the_session(
 
     run(scenario())
     assert value(registry, "coco_shuffler_sessions_new_total") == 1  # the first run's
+    assert not [r for r in caplog.records if "held no session" in r.getMessage()]
+
+
+def test_a_new_session_for_a_state_directory_that_had_one_is_a_warning(
+    mosquitto: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The broker (no persistence here) restarted while the shuffler was stopped: the next
+    start on the same state directory finds no session, a loss the state directory tells
+    from a first start."""
+    caplog.set_level(logging.INFO, logger="broker.shuffler")
+    cfg = config(mosquitto, state_dir=tmp_path / "state", round_seconds=60)
+    registry = CollectorRegistry()
+
+    async def scenario() -> None:
+        async with running(cfg, CollectorRegistry()):
+            pass
+        await asyncio.to_thread(mosquitto.restart)
+        caplog.clear()
+        async with running(cfg, registry):
+            pass
+
+    run(scenario())
+    assert value(registry, "coco_shuffler_sessions_new_total") == 1
+    lost = [r for r in caplog.records if "held no session" in r.getMessage()]
+    assert [r.levelno for r in lost] == [logging.WARNING], lost
+    assert "it lost the session" in lost[0].getMessage()
+    assert not [r for r in caplog.records if "first start" in r.getMessage()]
 
 
 def test_second_shuffler_on_the_same_state_refuses(mosquitto: Broker, tmp_path: Path) -> None:

@@ -63,6 +63,7 @@ from aggregator.service.core.batch_codec import decode_batch_arrays
 from aggregator.service.core.checkpoint import CHECKPOINT_VERSION, Checkpoint, Counters
 from aggregator.service.core.keys import TrustedKeys
 from aggregator.service.core.manifests import Loss, Reconciler
+from aggregator.service.core.silence import DEFAULT_SILENT_SHARD_ROUNDS, SilenceWatch
 from edge.batch_auth import BatchAuthError
 from edge.codec import CodecError, decode_manifest
 from edge.errors import ReportError
@@ -115,6 +116,9 @@ class CoreRules:
     ``future_round`` check: there is no clock to judge by."""
     manifest_grace: float = 120.0
     """Seconds a manifest waits for its batches before the missing ones are counted."""
+    silent_shard_rounds: int = DEFAULT_SILENT_SHARD_ROUNDS
+    """Rounds others released while a shard released nothing, from which it is silent
+    (:mod:`aggregator.service.core.silence`)."""
 
     @property
     def ledger_lag_rounds(self) -> int:
@@ -132,6 +136,8 @@ class CoreRules:
             raise ValueError(f"retention_rounds must be >= 1, got {self.retention_rounds}")
         if self.round_seconds is not None:
             check_round_seconds(self.round_seconds)
+        if self.silent_shard_rounds < 1:
+            raise ValueError(f"silent_shard_rounds must be >= 1, got {self.silent_shard_rounds}")
 
 
 @dataclass(frozen=True)
@@ -239,6 +245,9 @@ class AggregatorCore:
         self.shards: dict[str, ShardStats] = {}
         """Per shard label (the trusted ones only: a bounded set)."""
         self.reconciler = Reconciler(grace=rules.manifest_grace, min_batch=rules.min_batch)
+        self.silence = SilenceWatch(rules.silent_shard_rounds)
+        """Which shard of the layout in force released nothing for a while (not in the
+        checkpoint: it starts afresh with each run)."""
         self.state = AggregateState(rules.spec)
         self.counters = Counters()
         self.memory = BatchMemory(rules.retention_rounds)
@@ -349,6 +358,7 @@ class AggregatorCore:
         self._account_batch(batch.round, batch.shard, batch.batch_id, size)
         if batch.shard is not None:
             self.shards.setdefault(batch.shard, ShardStats()).add(size)
+            self.silence.released(batch.shard, batch.round)
         agrees = self.reconciler.batch(
             batch.batch_id, shard=batch.shard, round_=batch.round, count=size, now=now
         )
@@ -395,6 +405,7 @@ class AggregatorCore:
                 raise RejectedError(outcome)
             if outcome == "accepted":
                 self._account_release(shard, round_, release_id, entries, sources)
+                self.silence.released(shard, round_)
         except RejectedError as rejected:
             rejects = self.counters.manifests_rejected
             rejects[rejected.reason] = rejects.get(rejected.reason, 0) + 1
