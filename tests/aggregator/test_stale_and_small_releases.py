@@ -14,22 +14,20 @@ import pytest
 from aggregator.accountant import amplify_spec
 from aggregator.accountant.history import epsilon_total_rounds
 from aggregator.ledger import ledger_file, privacy_ledger
-from aggregator.service.core.keys import anchor_of
-from aggregator.service.core.rules import ACCOUNTED_REFUSALS, AggregatorCore, CoreRules
+from aggregator.service.core.rules import ACCOUNTED_REFUSALS, AggregatorCore
 from edge.batch_auth import BatchSigner
 from tests.aggregator.test_shards_and_manifests import (
     DEP,
-    GRACE,
     MIN_BATCH,
     NEW,
     NOW,
     OLD,
-    PLAN,
     ROUND,
     SPEC,
     manifest,
     raw,
 )
+from tests.aggregator.test_shards_and_manifests import core as shards_core
 
 DELTA = 1e-6
 NEWEST = ROUND + 2
@@ -40,19 +38,11 @@ COMPACTED = ROUND - 5
 
 
 def core() -> AggregatorCore:
-    rules = CoreRules(
-        spec=SPEC,
-        deployment=DEP,
-        trusted=anchor_of(None, PLAN),
-        min_batch=MIN_BATCH,
-        retention_rounds=2,
-        round_seconds=60,
-        manifest_grace=GRACE,
-    )
-    agg = AggregatorCore(rules, delta=DELTA)
+    """A core whose horizon is two rounds, after a batch of round ``NEWEST``, compacted."""
+    agg = shards_core(retention_rounds=2)
     assert agg.handle(OLD["g0s0"].seal(raw(8, 1, NEWEST)), now=NOW, shard="g0s0") == "applied"
     agg.compact_ledger()
-    assert agg.ledger.to_dict()["compacted_through"] == NEWEST - rules.ledger_lag_rounds
+    assert agg.ledger.to_dict()["compacted_through"] == NEWEST - agg.rules.ledger_lag_rounds
     return agg
 
 
