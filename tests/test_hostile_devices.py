@@ -521,10 +521,11 @@ async def run_fleet(p: Pipeline, attack: Callable[[], object], *, seed: int) -> 
 
 
 def check_honest_reports_all_aggregated(
-    p: Pipeline, extra: Counter[tuple[int, int]] | None = None
+    p: Pipeline, extra: Counter[tuple[int, int]] | None = None, *, charged: int | None = None
 ) -> None:
     """Every acknowledged honest report (and ``extra``, the attacker's legitimate ones) is
-    released once and aggregated once; nothing else is."""
+    released once and aggregated once; nothing else is. ``charged``: the size of a smaller
+    release signed by the trusted key and refused (never applied, yet charged)."""
     extra = extra or Counter()
     # Every honest device's every report was acknowledged: none was lost to the attack.
     assert len(p.acked) == HONEST * ROUNDS
@@ -539,12 +540,13 @@ def check_honest_reports_all_aggregated(
     assert p.shuffled("coco_shuffler_reports_released_total") == expected.total()
     assert all(size >= MIN_BATCH for size in p.batch_sizes())
     assert not any(p.shuffled("coco_shuffler_dropped_total", reason=r) for r in DROP_REASONS)
-    # epsilon_central certifies the smallest genuine batch, nothing smaller.
+    # epsilon_central certifies the smallest genuine release, nothing smaller.
     smallest = min(p.batch_sizes())
     assert p.aggregator.smallest_batch == smallest
+    level = smallest if charged is None else min(smallest, charged)
     assert value(
         p.aggregator_registry, "coco_aggregator_epsilon_central", batch="smallest"
-    ) == pytest.approx(amplify_spec(SPEC, n=smallest, delta=DELTA).epsilon_central)
+    ) == pytest.approx(amplify_spec(SPEC, n=level, delta=DELTA).epsilon_central)
 
 
 _NUMBER = re.compile(r"(?<![0-9A-Za-z])[0-9]+(?![0-9A-Za-z])")
@@ -1019,8 +1021,10 @@ def test_forged_and_replayed_batches_are_rejected_and_move_no_epsilon(  # noqa: 
     with the shuffler's own key, as a buggy shuffler would release it), a full
     batch under another key, a genuine batch with one record changed, and a byte-exact
     replay of a genuine batch, and the replay again after the aggregator restarted from its
-    checkpoint. All are rejected by reason or ignored as duplicates; ``epsilon_central``
-    does not move."""
+    checkpoint. All are rejected by reason or ignored as duplicates; nothing forged moves
+    ``epsilon_central``. The 1-record batch under the shuffler's own key was released to
+    whoever listens, so it is charged at its real size: ``epsilon_central`` (the smallest
+    release's) becomes that of one report, before and after the restart."""
     before: list[float] = []
     after: list[float] = []
 
@@ -1102,10 +1106,10 @@ def test_forged_and_replayed_batches_are_rejected_and_move_no_epsilon(  # noqa: 
     assert duplicates(p) == 2
     assert len(p.aggregator_registries) == 2
     assert len(p.foreign) == 4
-    assert after == before * 2
+    assert after == [amplify_spec(SPEC, n=1, delta=DELTA).epsilon_central] * 2
     assert before[0] == pytest.approx(amplify_spec(SPEC, n=HONEST, delta=DELTA).epsilon_central)
     assert p.rejected() == {}
-    check_honest_reports_all_aggregated(p)
+    check_honest_reports_all_aggregated(p, charged=1)  # the planted 1-record batch
     check_logs_link_nothing(debug_logs.records, p)
 
 

@@ -277,8 +277,24 @@ def _parse(spec: MechanismSpec, delta: float, data: Mapping[str, Any]) -> Privac
             raise _FieldError(name, str(exc)) from None
         if outcome not in ("recorded", "covered"):
             raise _FieldError(name, f"contradicts an earlier entry ({outcome})")
+    ledger.restore_forgotten(_forgotten(data.get("forgotten", [])))
     ledger.generation = read.integer("generation", read.get("generation"), high=_BIG)
     return ledger
+
+
+def _forgotten(raw: object) -> list[tuple[bytes, bytes]]:
+    """The remembered ids of compacted rounds (absent in older files: none)."""
+    if not isinstance(raw, list):
+        raise _FieldError("forgotten", "must be a list")
+    out = []
+    for i, row in enumerate(raw):
+        try:
+            if not (isinstance(row, list) and len(row) == 2 and len(row[0]) == 2 * ID_BYTES + 2):
+                raise ValueError
+            out.append((bytes.fromhex(row[0]), bytes.fromhex(row[1])))
+        except (TypeError, ValueError):
+            raise _FieldError(f"forgotten[{i}]", "must be [kind_and_id_hex, digest_hex]") from None
+    return out
 
 
 def decode_ledger(text: str, *, path: Path, spec: MechanismSpec, delta: float) -> PrivacyLedger:

@@ -106,11 +106,17 @@ The detail (release ids, batch ids) of every round is kept until :meth:`compact`
 rounds up to a given round into a histogram of their accounting sizes (their cost is kept,
 their ids are not). A record that arrives later for a compacted round cannot be told from
 one already counted, so it is counted again as an extra participation (``"late"``): an
-overstatement of privacy loss, never of privacy.
+overstatement of privacy loss, never of privacy. Replays are bounded by a memory of the
+last :data:`FORGOTTEN_KEPT` ids the ledger charged late or folded (with a digest of their
+content, saved in the ledger's file): a record whose id and content it holds is a
+``"duplicate"``, not charged again (a trusted shuffler's batch of a round older than the
+aggregator's horizon, ``stale_round``, redelivered after a restart). Past that many ids the
+oldest is forgotten, and its replay is charged again: pessimistic, never under-reported.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -145,6 +151,9 @@ Outcome = Literal["recorded", "duplicate", "covered", "mismatch", "late"]
 
 UNKNOWN_SOURCE: Final = (MAX_ROUND, 0)
 """A manifest's source ``(round, round_seconds)`` for reports whose round is not known."""
+
+FORGOTTEN_KEPT: Final = 4096
+"""Ids of compacted rounds the ledger remembers (module docstring, "Compaction")."""
 
 _Key = tuple[object, ...]
 """A participation: ``("s", round, round_seconds)`` (a source round), ``("r", release_id)``
@@ -248,6 +257,9 @@ class PrivacyLedger:
         self._rounds: dict[int, set[bytes]] = {}
         """Round -> ids of its manifests and applied batches (for compaction)."""
         self._history = _History()
+        self._forgotten: dict[bytes, bytes] = {}
+        """Kind + id -> digest of the content, of records of compacted rounds (charged late,
+        or folded), oldest first, at most :data:`FORGOTTEN_KEPT`."""
         # the old per-batch API
         self.sizes: Counter[int] = Counter()
         self._legacy_latest: int | None = None
@@ -283,9 +295,7 @@ class PrivacyLedger:
         if known is not None:
             return "duplicate" if known == manifest else "mismatch"
         if self._compacted(round):
-            self._history.late[manifest.size] += 1
-            self.generation += 1
-            return "late"
+            return self._late(b"r" + release_id, manifest, manifest.size)
         for batch_id, count in listed:
             other = self._listed.get(batch_id)
             if other is not None and other != release_id:
@@ -318,9 +328,7 @@ class PrivacyLedger:
         if known is not None:
             return "duplicate" if known == batch else "mismatch"
         if self._compacted(round):
-            self._history.late[size] += 1
-            self.generation += 1
-            return "late"
+            return self._late(b"b" + batch_id, batch, size)
         release_id = self._listed.get(batch_id)
         if release_id is not None:
             manifest = self._manifests[release_id]
@@ -335,6 +343,24 @@ class PrivacyLedger:
         self._rounds.setdefault(round, set()).add(batch_id)
         self.generation += 1
         return "recorded"
+
+    def _late(self, key: bytes, record: _Manifest | _Batch, size: int) -> Outcome:
+        """A record of a compacted round: ``"duplicate"`` if the ids remembered hold it with
+        this content, else charged as an extra participation at ``size`` and remembered."""
+        digest = _digest(record)
+        if self._forgotten.get(key) == digest:
+            return "duplicate"
+        self._history.late[size] += 1
+        self._forget(key, digest)
+        self.generation += 1
+        return "late"
+
+    def _forget(self, key: bytes, digest: bytes) -> None:
+        """Remember ``key`` (newest), forgetting the oldest beyond :data:`FORGOTTEN_KEPT`."""
+        self._forgotten.pop(key, None)
+        self._forgotten[key] = digest
+        while len(self._forgotten) > FORGOTTEN_KEPT:
+            del self._forgotten[next(iter(self._forgotten))]
 
     def record_extra(self, *, size: int) -> Outcome:
         """A release the ledger cannot place (one that contradicts what is recorded, or
@@ -362,12 +388,17 @@ class PrivacyLedger:
             history.compacted[accounting_size(size)] += 1
             if history.compacted_smallest is None or size < history.compacted_smallest:
                 history.compacted_smallest = size
-        for key in folded_ids:
+        for key in sorted(folded_ids):
             manifest = self._manifests.pop(key, None)
             if manifest is not None:
-                for batch_id, _ in manifest.batches:
+                self._forget(b"r" + key, _digest(manifest))
+                for batch_id, count in manifest.batches:
                     self._listed.pop(batch_id, None)
-            self._batches.pop(key, None)
+                    folded = _Batch(round=manifest.round, shard=manifest.shard, size=count)
+                    self._forget(b"b" + batch_id, _digest(folded))
+            batch = self._batches.pop(key, None)
+            if batch is not None:
+                self._forget(b"b" + key, _digest(batch))
         history.compacted_through = through_round
         self.generation += 1
         return len(levels)
@@ -535,6 +566,7 @@ class PrivacyLedger:
             "late": _counts(history.late),
             "per_batch": _counts(self.sizes),
             "per_batch_latest": self._legacy_latest,
+            "forgotten": [[key.hex(), digest.hex()] for key, digest in self._forgotten.items()],
         }
 
     def restore_history(
@@ -556,6 +588,17 @@ class PrivacyLedger:
             late=Counter(late),
         )
         self.restore(per_batch, per_batch_latest)
+
+    def restore_forgotten(self, forgotten: Sequence[tuple[bytes, bytes]]) -> None:
+        """The remembered ids of compacted rounds of :meth:`to_dict`, oldest first."""
+        self._forgotten = {}
+        for key, digest in forgotten:
+            self._forget(key, digest)
+
+
+def _digest(record: _Manifest | _Batch) -> bytes:
+    """16 bytes naming a record's content (its ``repr``: tuples of ints, bytes and str)."""
+    return hashlib.blake2b(repr(record).encode(), digest_size=16).digest()
 
 
 def _counts(counter: Mapping[int, int]) -> dict[str, int]:

@@ -22,7 +22,7 @@ import paho.mqtt.client as paho
 
 from aggregator.service.config import AggregatorConfig
 from aggregator.service.core.checkpoint import Counters
-from aggregator.service.core.rules import ACCOUNTED_REFUSALS, AggregatorCore, RejectedError
+from aggregator.service.core.rules import AggregatorCore, RejectedError
 from aggregator.service.generations import Generations
 from aggregator.service.metrics import UNACKED_REASONS, AggregatorMetrics
 from aggregator.service.publishing import Publisher
@@ -103,6 +103,7 @@ class Intake:
         ``"duplicate"`` or the reject reason."""
         self.publisher.bind_loop()
         core = self.core
+        generation = core.ledger.generation
         try:
             batch = core.check(payload, now=time.time(), shard=shard)
             if batch is not None:
@@ -118,7 +119,7 @@ class Intake:
                     return "applied"
         except RejectedError as rejected:
             self._reject(rejected)
-            if rejected.reason in ACCOUNTED_REFUSALS:
+            if core.ledger.generation != generation:  # refused, yet charged (ACCOUNTED_REFUSALS)
                 self.publisher.applied()
             return rejected.reason
         core.duplicate()

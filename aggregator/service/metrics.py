@@ -90,7 +90,8 @@ format, spec, round), and ``manifest_mismatch`` (it disagrees with a batch recei
 ``batch_id`` with another count, round or shard; lists a batch twice, or one another
 manifest lists, or a count below ``min_batch``). A rejected manifest changes nothing but
 the privacy ledger: a ``manifest_mismatch`` was signed by a trusted shuffler, so it is
-charged as an extra participation at ``min_batch``. ``ledger_conflict``: a verified
+charged as an extra participation at ``min_batch`` (at its smallest listed count if that is
+smaller). ``ledger_conflict``: a verified
 release or batch the privacy ledger could not place (it contradicts a record, or a field
 is out of range); it is charged the same way (a batch at its own size)."""
 RECONCILED = (

@@ -341,8 +341,12 @@ def test_compaction_keeps_the_cost_and_counts_late_records_pessimistically() -> 
     assert after.epsilon_total == before.epsilon_total  # composed at accounting sizes anyway
     assert after.sizes == {"smallest": 700, "latest": 1200}
     assert ledger.compact(1) == 0  # already folded
-    # a manifest of a compacted round cannot be told from one counted: counted again
-    outcome = ledger.record_manifest(round=1, shard="", release_id=bid(1), batches=[(bid(51), 700)])
+    # a replay of a folded manifest: its id is remembered (a bounded memory), not charged
+    replay = ledger.record_manifest(round=1, shard="", release_id=bid(1), batches=[(bid(51), 700)])
+    assert replay == "duplicate"
+    assert sum(ledger.rounds().values()) == 4
+    # another manifest of a compacted round cannot be told from one counted: counted again
+    outcome = ledger.record_manifest(round=1, shard="", release_id=bid(9), batches=[(bid(59), 700)])
     assert outcome == "late"
     assert ledger.rounds()[700] == 1
     assert sum(ledger.rounds().values()) == 5

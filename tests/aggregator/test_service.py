@@ -253,8 +253,10 @@ def test_estimates_metrics_rejections_and_endpoint(mosquitto: Broker) -> None:
     assert value("coco_aggregator_delta") == DELTA
     assert value("coco_aggregator_epsilon_local") == SPEC.epsilon
     # one round: one participation at its smallest release (no manifest: the smallest
-    # batch), which is also the newest round's level
-    smallest = amplify_spec(SPEC, n=120, delta=DELTA).epsilon_central
+    # batch), which is also the newest round's level. The smallest is the one-record batch
+    # signed by the trusted key: refused (below_min_batch), never applied, but released to
+    # whoever listens on the topic, so charged at its real size.
+    smallest = amplify_spec(SPEC, n=1, delta=DELTA).epsilon_central
     latest = smallest
     assert value("coco_aggregator_epsilon_central", {"batch": "smallest"}) == smallest
     assert value("coco_aggregator_epsilon_central", {"batch": "latest"}) == latest

@@ -53,13 +53,13 @@ PLAN = ShardPlan(
 SIGNERS = {**OLD, **NEW}
 
 
-def core(grace: float = GRACE) -> AggregatorCore:
+def core(grace: float = GRACE, retention_rounds: int = 100) -> AggregatorCore:
     rules = CoreRules(
         spec=SPEC,
         deployment=DEP,
         trusted=anchor_of(None, PLAN),
         min_batch=MIN_BATCH,
-        retention_rounds=100,
+        retention_rounds=retention_rounds,
         round_seconds=60,
         manifest_grace=grace,
     )

@@ -80,10 +80,14 @@ __all__ = [
     "Verified",
 ]
 
-ACCOUNTED_REFUSALS = frozenset({"future_round", "wrong_shard"})
+ACCOUNTED_REFUSALS = frozenset({"future_round", "stale_round", "wrong_shard"})
 """Verified batches and manifests refused for their round, yet released by a trusted
-shuffler: the privacy ledger accounts them all the same (a stale round's detail is
-compacted: a replay there would be counted again and again)."""
+shuffler (whoever listens on the batches topic has them): the privacy ledger accounts them
+all the same. A stale round's detail is usually compacted in the ledger: the record is then
+charged as an extra participation, and its id remembered in the ledger's bounded memory
+(:data:`~aggregator.ledger.privacy_ledger.FORGOTTEN_KEPT` ids, saved in its file), so a
+replay is not charged again until that id is forgotten; after that it is, pessimistically.
+A verified batch below ``min_batch`` is accounted too, at its real size (:meth:`check`)."""
 
 Outcome = Literal["applied", "duplicate"] | str
 """What :meth:`AggregatorCore.handle` did: ``"applied"``, ``"duplicate"`` or the reason a
@@ -302,6 +306,9 @@ class AggregatorCore:
         if size == 0:
             raise RejectedError("empty")
         if size < self.rules.min_batch:
+            # released all the same (signed): accounted at its real size, like any batch
+            self._account_batch(round_, shard, batch_id, size)
+            self._touch()
             raise RejectedError("below_min_batch", size)
         try:
             self._check_round(shard, round_, size, now)
@@ -343,7 +350,9 @@ class AggregatorCore:
         past its round. Nothing is counted for ``False``: see :meth:`duplicate`."""
         if batch.batch_id in self.memory:
             return False
-        if self.memory.stale(batch.round):
+        if self.memory.stale(batch.round):  # released all the same: accounted
+            self._account_batch(batch.round, batch.shard, batch.batch_id, batch.size)
+            self._touch()
             raise RejectedError("stale_round", batch.size)
         self.state.merge(partial)
         self.memory.remember(batch.batch_id, batch.round)
@@ -401,7 +410,7 @@ class AggregatorCore:
             )
             if outcome == "manifest_mismatch":
                 # verified (signed), so released: charged all the same, pessimistically
-                self._charge_unplaced()
+                self._charge_unplaced(entries)
                 raise RejectedError(outcome)
             if outcome == "accepted":
                 self._account_release(shard, round_, release_id, entries, sources)
@@ -427,7 +436,8 @@ class AggregatorCore:
         """A verified release goes into the privacy ledger, applied here or not. One the
         ledger cannot place (it contradicts a record, or a field is out of its range: an
         empty release, a zero count, an unknown round with a length) is charged as an
-        extra participation at the smallest size a release can have, and counted
+        extra participation at the smallest size a release can have (or the size it
+        claims, if smaller: :meth:`_charge_unplaced`), and counted
         (``ledger_conflict``): its claimed counts are not to be trusted."""
         try:
             outcome = self.ledger.record_manifest(
@@ -440,7 +450,7 @@ class AggregatorCore:
         except ValueError:
             outcome = "mismatch"
         if outcome == "mismatch":
-            self._charge_unplaced()
+            self._charge_unplaced(entries)
             self._count_conflict()
 
     def _account_batch(self, round_: int, shard: str | None, batch_id: bytes, size: int) -> None:
@@ -453,8 +463,14 @@ class AggregatorCore:
             self.ledger.record_extra(size=size)
             self._count_conflict()
 
-    def _charge_unplaced(self) -> None:
-        self.ledger.record_extra(size=self.rules.min_batch)
+    def _charge_unplaced(self, entries: list[tuple[bytes, int]]) -> None:
+        """One extra participation for a verified release the ledger cannot place: at
+        ``min_batch``, or at the smallest count its manifest lists if that is smaller (a
+        smaller release amplifies less, and claims the ledger could not place are not
+        trusted to be larger: never a size above the real one)."""
+        counts = [count for _, count in entries if count > 0]
+        size = min([self.rules.min_batch, *counts])
+        self.ledger.record_extra(size=size)
 
     def _count_conflict(self) -> None:
         rejects = self.counters.manifests_rejected
