@@ -44,10 +44,10 @@ from prometheus_client import generate_latest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from aggregator.batch_codec import encode_batch_arrays
-from aggregator.config import AggregatorConfig
-from aggregator.estimators import AggregateState
-from aggregator.service import Aggregator
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.core.batch_codec import encode_batch_arrays
+from aggregator.service.service import Aggregator
 from edge.batch_auth import BatchSigner
 from edge.spec import MechanismSpec
 

@@ -58,6 +58,7 @@ from rabbit_cluster import RABBIT_BIN, RabbitCluster
 
 from edge.mqtt_url import parse_broker_url
 from tests.clusters import NATS_SERVER, NatsCluster
+from tests.cputime import process_tree, tree_cpu_seconds
 from tests.mqtt_adapters import FailoverClient
 
 TOPIC = "coco/v1/bench/ingress"
@@ -165,37 +166,6 @@ def subscriber_main(
 # --- one run ---------------------------------------------------------------------------
 
 
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (from /proc)."""
-    parents: dict[int, list[int]] = collections.defaultdict(list)
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        parents[int(fields[1])].append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        tree.append(current)
-        todo.extend(parents.get(current, []))
-    return tree
-
-
-def tree_cpu(pids: Sequence[int]) -> float:
-    """User + system CPU seconds of the processes ``pids`` and their descendants."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for root in pids:
-        for pid in process_tree(root):
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / tick
-
-
 def tree_rss(pid: int) -> int:
     """Resident bytes of ``pid`` and its descendants."""
     total = 0
@@ -285,16 +255,16 @@ def run_once(
         p.start()
     while pub_ready.value < len(procs):
         time.sleep(0.02)
-    cpu0 = tree_cpu(pids())
+    cpu0 = tree_cpu_seconds(*pids())
     t0 = time.time()
     go.set()
     killed = None
     if kill is not None:
         while acked.value < messages // 3 and any(p.is_alive() for p in procs):
             time.sleep(0.005)
-        cpu0 -= tree_cpu(pids())  # the killed node's CPU so far is not counted after
+        cpu0 -= tree_cpu_seconds(*pids())  # the killed node's CPU so far is not counted after
         cluster.kill(kill)
-        cpu0 += tree_cpu(pids())
+        cpu0 += tree_cpu_seconds(*pids())
         killed = f"node {kill + 1}"
     acked_payloads: list[bytes] = []
     for _ in procs:
@@ -312,7 +282,7 @@ def run_once(
         if time.monotonic() - last_change > (IDLE_SECONDS if kill is None else SETTLE_SECONDS):
             break
         time.sleep(0.05)
-    cpu1 = tree_cpu(pids())
+    cpu1 = tree_cpu_seconds(*pids())
     stop.set()
     seen, last_time, connects = sub_out.get(timeout=120)
     sub.join(timeout=60)

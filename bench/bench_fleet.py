@@ -6,9 +6,10 @@ limit, then starts its own Mosquitto on a free 127.0.0.1 port (it inherits the l
 the system broker) and measures, one case at a time:
 
 * ``raw``: bench_pipeline's raw-socket publisher (its own process, one connection, the same
-  16-byte reports on per-device ingress topics), ``devices x rounds`` messages, rate from its
-  first write to its last PUBACK (QoS 1) or last write (QoS 0): the denominator;
-* ``fleet own``: :class:`sim.fleet.Fleet`, one MQTT connection per device, ``--rounds``
+  16-byte reports on per-device ingress topics, one report per device id), ``devices x
+  rounds`` messages, rate from its first write to its last PUBACK (QoS 1) or last write
+  (QoS 0): the denominator;
+* ``fleet own``: :class:`sim.fleet.run.Fleet`, one MQTT connection per device, ``--rounds``
   wall-clock rounds of ``--round-seconds``; ``publish_rate_per_s`` (reports acknowledged /
   time inside rounds, including the per-round sensor model, encoding and randomisation, not
   the wait for the next round) and ``connect_rate_per_s``;
@@ -36,21 +37,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aiomqtt
 import bench_pipeline as bp
+from common import Child, own_mosquitto
 
 from edge.codec import encode_report
 from edge.spec import MechanismSpec
-from sim.credentials import device_id
-from sim.fleet import Fleet, FleetConfig, ensure_fd_limit
-from sim.fleet_connection import Connection, Report
+from sim.credentials.accounts import device_id
+from sim.fleet.connection import Connection, Report
+from sim.fleet.run import Fleet, FleetConfig, ensure_fd_limit
 
 SPEC = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
 MULTIPLEXED_CONNECTIONS = 4
 
 
-def raw_case(port: int, n: int, devices: int, qos: int) -> dict[str, Any]:
-    pub = bp.Child(
-        [sys.executable, bp.__file__, "--role", "publish", *map(str, (port, n, devices, qos))]
-    )
+def raw_case(port: int, n: int, qos: int) -> dict[str, Any]:
+    """bench_pipeline's raw publisher: ``n`` reports of ``n`` distinct devices."""
+    pub = Child([sys.executable, bp.__file__, "--role", "publish", *map(str, (port, n, qos))])
     pub.wait_ready(120)
     res = pub.result(600)
     rate = n / (res["end"] - res["start"])
@@ -153,7 +154,7 @@ def _fmt(rate: float | None) -> str:
 def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
     ensure_fd_limit(2 * max(args.devices) + 500)  # the fleet and (inherited) the broker
     results: dict[str, Any] = {"library": {}, "cases": []}
-    with tempfile.TemporaryDirectory() as tmp, bp.own_mosquitto(Path(tmp)) as port:
+    with tempfile.TemporaryDirectory() as tmp, own_mosquitto(Path(tmp)) as port:
         print(f"own mosquitto on 127.0.0.1:{port}", flush=True)
         n = args.library_devices
         for name, fn in (("gmqtt", _gmqtt_library), ("aiomqtt", _aiomqtt_library)):
@@ -166,7 +167,7 @@ def orchestrate(args: argparse.Namespace) -> dict[str, Any]:
             )
         for qos in args.qos:
             for devices in args.devices:
-                raw = raw_case(port, devices * args.rounds, min(devices, 10_000), qos)
+                raw = raw_case(port, devices * args.rounds, qos)
                 row: dict[str, Any] = {"qos": qos, "devices": devices, "raw": raw}
                 for mode in ("own", "multiplexed"):
                     row[mode] = fleet_case(

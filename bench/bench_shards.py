@@ -62,13 +62,15 @@ import paho.mqtt.client as mqtt
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from bench_brokers import tree_cpu, tree_rss
+from bench_brokers import tree_rss
 
 from edge.codec import CodecError, decode_report
 from tests.clusters import NATS_SERVER, NatsCluster
-from tests.faults.test_exactly_once import COCO, Process, estimates, metrics, read_acked
+from tests.cputime import tree_cpu_seconds
 from tests.mqtt_adapters import FailoverClient
 from tests.ports import free_port
+from tests.processes import COCO, Process, estimates, read_acked
+from tests.service_http import metrics
 
 DEP = "benchshards"
 MECHANISM = ("coco", 128, 8)  # mechanism, d, s: the spec of docs/scaling.md's privacy table
@@ -304,10 +306,10 @@ class Case:
     def cpu(self) -> dict[str, float]:
         sub_pid = self.sub_proc.pid if self.sub_proc is not None else None
         return {
-            "shuffler": tree_cpu([pid_of(p) for p, _ in self.shufflers]),
-            "broker": tree_cpu(self.node_pids()),
-            "aggregator": tree_cpu([pid_of(self.aggregator)]) if self.aggregator else 0.0,
-            "subscriber": tree_cpu([sub_pid]) if sub_pid else 0.0,
+            "shuffler": tree_cpu_seconds(*(pid_of(p) for p, _ in self.shufflers)),
+            "broker": tree_cpu_seconds(*self.node_pids()),
+            "aggregator": tree_cpu_seconds(pid_of(self.aggregator)) if self.aggregator else 0.0,
+            "subscriber": tree_cpu_seconds(sub_pid) if sub_pid else 0.0,
         }
 
     def run_fleet(self, acked_log: Path) -> tuple[dict[str, Any], float]:

@@ -49,13 +49,13 @@ def _rss() -> int:
 
 
 def _tree_is_new() -> bool:
-    from broker import core  # noqa: PLC0415
+    from broker.core import machine as core  # noqa: PLC0415
 
     return hasattr(core.ShufflerCore, "offer")
 
 
 def _config(rounds: int, devices: int) -> Any:
-    from broker.core import CoreConfig  # noqa: PLC0415
+    from broker.core.machine import CoreConfig  # noqa: PLC0415
 
     return CoreConfig(
         fingerprint=1,
@@ -71,7 +71,7 @@ def _config(rounds: int, devices: int) -> Any:
 
 def _feed(devices: int, rounds: int, log: Any = None) -> Any:
     """A core holding ``devices`` x ``rounds`` pooled reports (and the log written)."""
-    from broker.core import ShufflerCore  # noqa: PLC0415
+    from broker.core.machine import ShufflerCore  # noqa: PLC0415
 
     core: Any = ShufflerCore(_config(rounds, devices))  # either tree's API
     now = 1_800_000_000.0
@@ -102,8 +102,8 @@ def _feed(devices: int, rounds: int, log: Any = None) -> Any:
 
 
 def case_state(devices: int, rounds: int) -> dict[str, Any]:
-    import broker.core  # noqa: PLC0415  # modules (numpy...) loaded before measuring
-    import broker.store  # noqa: PLC0415, F401
+    import broker.core.machine  # noqa: PLC0415  # modules (numpy...) loaded before measuring
+    import broker.store.wal  # noqa: PLC0415, F401
 
     _feed(200, 1)  # and the core's code paths warmed up
     gc.collect()
@@ -118,7 +118,7 @@ def case_state(devices: int, rounds: int) -> dict[str, Any]:
 
 
 def _log(path: Path) -> Any:
-    from broker.store import EffectLog  # noqa: PLC0415
+    from broker.store.wal import EffectLog  # noqa: PLC0415
 
     return EffectLog(path)
 
@@ -133,7 +133,7 @@ def case_log(devices: int, rounds: int, path: str) -> dict[str, Any]:
 
 
 def case_recover(devices: int, rounds: int, path: str) -> dict[str, Any]:
-    from broker.core import ShufflerCore  # noqa: PLC0415
+    from broker.core.machine import ShufflerCore  # noqa: PLC0415
 
     before = Path(path).stat().st_size
     t0 = time.perf_counter()
@@ -158,7 +158,7 @@ def case_ingest(n: int, state: str) -> dict[str, Any]:
 
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
-    from broker.shuffler import Shuffler, ShufflerConfig  # noqa: PLC0415
+    from broker.service.shuffler import Shuffler, ShufflerConfig  # noqa: PLC0415
     from edge.batch_auth import load_or_create_signing_key  # noqa: PLC0415
     from edge.codec import encode_report  # noqa: PLC0415
     from edge.spec import MechanismSpec  # noqa: PLC0415

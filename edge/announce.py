@@ -205,6 +205,9 @@ def read_spec_or_announcement(path: Path) -> tuple[MechanismSpec, dict[str, Any]
         raise SpecError(f"cannot read the spec file {path}: {exc}") from exc
     announcement: dict[str, Any] | None = None
     if isinstance(data, dict) and "protocol" in data:
+        # ``coco announce --dry-run`` prints the announcement with its ``topic``: a file
+        # saved from it is accepted, the topic ignored (the command's --deployment rules).
+        data.pop("topic", None)
         announcement = decode_announcement(json.dumps(data).encode())
         data = announcement["spec"]
     if not isinstance(data, dict):

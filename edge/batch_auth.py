@@ -183,7 +183,12 @@ def load_or_create_signing_key(path: Path) -> Ed25519PrivateKey:
             out.flush()
             os.fsync(out.fileno())
         return key
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise CocoError(
+            f"{path} is not a signing key file: it holds binary data, not the 64 hex digits "
+            "of an Ed25519 seed (coco credentials --batch-key-dir writes one)"
+        ) from None
+    except OSError as exc:
         raise CocoError(f"cannot read the signing key {path}: {exc}") from exc
     try:
         return Ed25519PrivateKey.from_private_bytes(_parse_hex(f"the signing key {path}", text))

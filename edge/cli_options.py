@@ -8,6 +8,7 @@ still read, with a deprecation warning (:func:`apply_deprecated_env`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Annotated
@@ -101,3 +102,23 @@ def resolve_password(password: str | None, password_file: Path | None) -> str | 
     if not text:
         raise ValueError(f"--password-file {password_file} is empty")
     return text
+
+
+def check_output_file(path: Path, option: str, *, renamed: bool = False) -> None:
+    """Refuse an output file that cannot be written, before any work is done.
+
+    Its directory must exist and be writable (whenever the file is new, or ``renamed``: it
+    is written to a temporary file renamed over it), and the file, if it exists, must be a
+    regular file that can be written (unless ``renamed``); nothing is created. Raises
+    ``ValueError`` naming ``option`` and ``path`` (the commands print it as one ``error:``
+    line and exit 1).
+    """
+    parent = path.parent
+    if not parent.is_dir():
+        raise ValueError(f"{option} {path}: the directory {parent} does not exist")
+    if path.is_dir():
+        raise ValueError(f"{option} {path}: is a directory, not a file")
+    if not renamed and path.exists() and not os.access(path, os.W_OK):
+        raise ValueError(f"{option} {path}: the file is not writable")
+    if (renamed or not path.exists()) and not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {path}: the directory {parent} is not writable")

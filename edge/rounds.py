@@ -7,8 +7,8 @@ nothing to persist across a reboot, and every honest device of a deployment agre
 round up to its clock error.
 
 The shuffler accepts a round only inside a small window around its own clock (see
-:mod:`broker.core`), so a device with a wrong clock, or a hostile one, cannot open far-off
-rounds. A device whose clock is not set (before :data:`CLOCK_FLOOR`, e.g. 1970 after a
+:mod:`broker.core.admission`), so a device with a wrong clock, or a hostile one, cannot open
+far-off rounds. A device whose clock is not set (before :data:`CLOCK_FLOOR`, e.g. 1970 after a
 reboot without an RTC) must not report: :func:`current_round` raises :class:`ClockError`.
 
 Like :mod:`edge.codec` this module runs unchanged on MicroPython: it imports only ``time``.

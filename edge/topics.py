@@ -7,6 +7,7 @@
     coco/v1/<deployment>/batches              shuffled batches (QoS 1)
     coco/v1/<deployment>/aggregator/lease     retained claim of the one aggregator
     coco/v1/<deployment>/manifests            signed per-release manifests (QoS 1)
+    coco/v1/<deployment>/shards/-/lease       retained claim of the one (unsharded) shuffler
 
 A sharded deployment (:mod:`edge.shards`) adds a shard label ``<L>`` (``g<generation>s<index>``)::
 
@@ -83,9 +84,16 @@ def manifests_filter(deployment: str) -> str:
     return f"{_base(deployment)}/manifests/+"
 
 
-def shard_lease_topic(deployment: str, shard: str) -> str:
-    """The retained claim of the one shuffler that serves ``shard``."""
-    return f"{_base(deployment)}/shards{_shard(shard)}/lease"
+UNSHARDED = "-"
+"""The shard level of an unsharded deployment's lease topic: never a label (``g<n>s<i>``),
+and matched by the shuffler account's ``shards/+/lease`` like every shard's."""
+
+
+def shard_lease_topic(deployment: str, shard: str | None) -> str:
+    """The retained claim of the one shuffler that serves ``shard`` (``None``: the one
+    shuffler of an unsharded deployment, on ``shards/-/lease``)."""
+    level = f"/{UNSHARDED}" if shard is None else _shard(shard)
+    return f"{_base(deployment)}/shards{level}/lease"
 
 
 def shard_of_topic(deployment: str, topic: str, kind: str) -> str | None:

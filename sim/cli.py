@@ -2,7 +2,9 @@
 
 The components' commands are imported only when one of them runs (or shows its own
 ``--help``): :data:`LAZY_COMMANDS` names each one's module and its one-line help, which
-``coco --help`` lists without importing numpy, scipy or an MQTT client.
+``coco --help`` lists without importing numpy, scipy or an MQTT client. Two commands are
+registered as they are, their modules importing only typer: ``coco simulate`` (here) and
+``coco demo`` (:mod:`sim.demo.cli`).
 """
 
 from __future__ import annotations
@@ -11,13 +13,13 @@ import importlib
 import json
 import logging
 import os
-import signal
-import time
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer.core import TyperCommand, TyperGroup
+
+from sim.demo.cli import demo
 
 if TYPE_CHECKING:
     from sim.simulate import SensorSimulationResult
@@ -25,12 +27,12 @@ if TYPE_CHECKING:
 LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
     # name: (module, attribute: a command function or a typer.Typer, help in `coco --help`)
     "privacy": (
-        "aggregator.privacy_cli",
+        "aggregator.ledger.privacy_cli",
         "privacy_app",
         "Central privacy of shuffled batches (certified bounds); `calibrate` plans epsilon0.",
     ),
     "shuffler": (
-        "broker.cli",
+        "broker.service.cli",
         "shuffler",
         "Shuffle each round's ingress reports into signed batches of at least --min-batch.",
     ),
@@ -41,12 +43,12 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "round, after charging the device's privacy-budget ledger.",
     ),
     "announce": (
-        "broker.announce_cli",
+        "broker.service.announce_cli",
         "announce",
         "Publish the retained spec announcement of a deployment (or print it).",
     ),
     "credentials": (
-        "sim.credentials_cli",
+        "sim.credentials.cli",
         "credentials",
         "Derive the MQTT credentials of a deployment from its secret and write the broker's "
         "dynamic-security configuration and/or password file (Mosquitto 2, PBKDF2-SHA512) "
@@ -54,12 +56,12 @@ LAZY_COMMANDS: dict[str, tuple[str, str, str]] = {
         "needed).",
     ),
     "fleet": (
-        "sim.fleet_cli",
+        "sim.fleet.cli",
         "fleet",
         "Simulate a fleet of devices publishing privatised reports (simulation only: no "
         "budget ledger; a real device runs `coco device`).",
     ),
-    "aggregator": ("aggregator.cli", "aggregator_app", "The streaming aggregator service."),
+    "aggregator": ("aggregator.service.cli", "aggregator_app", "The streaming aggregator service."),
     "experiment": (
         "sim.experiments.cli",
         "experiment_app",
@@ -74,7 +76,7 @@ def load_command(name: str) -> Any:
     module, attribute, _ = LAZY_COMMANDS[name]
     target = getattr(importlib.import_module(module), attribute)
     if not isinstance(target, typer.Typer):
-        holder = typer.Typer()
+        holder = typer.Typer(add_completion=False)
         holder.command(name)(target)
         target = holder
     command = typer.main.get_command(target)
@@ -129,6 +131,15 @@ _SERVICES = frozenset({"shuffler", "aggregator"})
 is logged at INFO by default; every other command logs warnings only."""
 
 
+def _print_version(value: bool) -> None:
+    """``coco --version``: the installed package's version, then exit 0."""
+    if value:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        typer.echo(f"coco {version('coco-fleet')}")
+        raise typer.Exit
+
+
 @app.callback()
 def _root(
     ctx: typer.Context,
@@ -140,6 +151,12 @@ def _root(
             "else warning).",
         ),
     ] = None,
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version."
+        ),
+    ] = False,
 ) -> None:
     from edge.cli_options import apply_deprecated_env  # noqa: PLC0415 (edge imports numpy)
 
@@ -158,11 +175,6 @@ def _root(
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-
-
-DEMO_DEVICES = 2000
-"""``sim.demo.DEFAULT_DEVICES``, repeated so that ``coco demo --help`` does not import the
-demo (tests/sim/test_cli.py checks that they agree)."""
 
 
 class SimMechanism(StrEnum):
@@ -260,117 +272,7 @@ def _print_sensors(result: SensorSimulationResult, *, as_json: bool) -> None:
         )
 
 
-@app.command("demo")
-def demo(
-    devices: Annotated[
-        int | None,
-        typer.Option(
-            help=f"Simulated devices ({DEMO_DEVICES} by default; fewer on the embedded broker)."
-        ),
-    ] = None,
-    rounds: Annotated[int, typer.Option(help="Rounds (one report per device each).")] = 3,
-    mechanism: Annotated[SimMechanism, typer.Option(help="Local randomiser.")] = (
-        SimMechanism.coco
-    ),
-    epsilon: Annotated[float, typer.Option(help="Local budget of one report.")] = 1.0,
-    channels: Annotated[int, typer.Option(help="Sensor channels d (any number from 1).")] = 6,
-    s: Annotated[int, typer.Option(help="Channels each report carries.")] = 2,
-    min_batch: Annotated[int, typer.Option(help="Smallest batch the shuffler releases.")] = 500,
-    delta: Annotated[float, typer.Option(help="Target delta of the accountant.")] = 1e-6,
-    seed: Annotated[int, typer.Option(help="Seed of the sensor model and randomisers.")] = 1,
-    broker: Annotated[
-        str | None,
-        typer.Option(
-            envvar="COCO_BROKER",
-            help="Use this broker (mqtt://host:port) instead of a local Mosquitto.",
-        ),
-    ] = None,
-    embedded_broker: Annotated[
-        bool,
-        typer.Option(
-            "--embedded-broker",
-            help="Use the embedded amqtt broker (MQTT 3.1.1, small fleets) even when "
-            "Mosquitto is installed.",
-        ),
-    ] = False,
-    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 120.0,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    serve: Annotated[
-        bool,
-        typer.Option(
-            "--serve",
-            help="Serve the aggregator's live page (and /metrics, /estimates) on 127.0.0.1 "
-            "during the run, and keep it up afterwards until Ctrl-C.",
-        ),
-    ] = False,
-    port: Annotated[
-        int, typer.Option(help="Port of the live page with --serve (0: a free one).")
-    ] = 0,
-) -> None:
-    """Run devices -> shuffler -> aggregator on this machine and compare the private
-    estimates with the (simulation-only) ground truth."""
-    import asyncio  # noqa: PLC0415 (the demo's imports are heavy: not for --help)
-
-    from edge import CocoError  # noqa: PLC0415
-    from sim.demo import (  # noqa: PLC0415
-        DemoConfig,
-        DemoError,
-        format_table,
-        page_url,
-        run_pipeline,
-    )
-
-    try:
-        config = DemoConfig(
-            devices=DEMO_DEVICES if devices is None else devices,
-            auto_devices=devices is None,
-            rounds=rounds,
-            mechanism=mechanism.value,
-            epsilon=epsilon,
-            channels=channels,
-            s=s,
-            min_batch=min_batch,
-            delta=delta,
-            seed=seed,
-            broker=broker,
-            embedded_broker=embedded_broker,
-            timeout=timeout,
-            http_port=port if serve else None,
-        )
-        run = asyncio.run(run_pipeline(config))
-    except (DemoError, CocoError, ValueError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(json.dumps(run.result, indent=1) if as_json else format_table(run.result))
-    server = run.server
-    if server is None:
-        return
-    try:  # the server that served the run serves its final state: the page never went away
-        _wait_for_a_stop_signal(
-            f"serving the final estimates at {page_url(server.port)} (Ctrl-C to stop)"
-        )
-    finally:
-        server.stop()
-
-
-def _wait_for_a_stop_signal(announce: str) -> None:
-    """Print ``announce`` (on stderr) and sleep until SIGINT (Ctrl-C) or SIGTERM, also where
-    the shell started this process with SIGINT ignored (in the background). The handlers are
-    in place before the line is printed: a signal sent on reading it stops cleanly."""
-
-    def stop(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        typer.echo(announce, err=True)
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+app.command("demo")(demo)  # after `simulate`: `coco --help` lists them in this order
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """Offline simulation, vectorised (no MQTT): data -> encode -> randomise -> estimate.
 
 * :func:`simulate`: the paper's random s-sparse ternary vectors; errors against theory.
-* :func:`simulate_sensors`: real-valued readings of a :class:`~sim.sensors.SensorFleet`
+* :func:`simulate_sensors`: real-valued readings of a :class:`~sim.models.sensors.SensorFleet`
   through the sensor encoder; per trial and channel the decoded estimate, the half-width of
   its 95% interval and the fleet's true mean, so anyone can measure the intervals' coverage.
 """
@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from aggregator.estimators import AggregateState
+from aggregator.estimation.estimators import AggregateState
 from edge import LocalMechanism, MechanismSpec
-from sim.sensors import SensorFleet
-from sim.synthetic import random_sparse, sparse_totals
+from sim.models.sensors import SensorFleet
+from sim.models.synthetic import random_sparse, sparse_totals
 
 CHUNK = 100_000
 """Reports generated and aggregated at a time, so memory stays flat as n grows."""
@@ -183,7 +183,7 @@ def simulate_sensors(
 ) -> SensorSimulationResult:
     """Sensor readings -> :class:`~edge.encoders.SensorEncoder` -> ``spec``'s mechanism ->
     decoded means with 95% intervals, for ``trials`` trials of a fleet of ``n`` devices with
-    ``spec.d`` channels (:func:`~sim.sensors.channel_table`) each keeping ``spec.s`` of them
+    ``spec.d`` channels (:func:`~sim.models.sensors.channel_table`) each keeping ``spec.s`` of them
     (class docs)."""
     if n < 1 or trials < 1:
         raise ValueError(f"need n >= 1 and trials >= 1, got n={n}, trials={trials}")

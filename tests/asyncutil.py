@@ -1,16 +1,20 @@
 """Helpers for tests that drive the async services from synchronous pytest tests
-(pytest-asyncio is not used): bounded ``asyncio.run``, polling, metric reads. Waits are
-tests/waiting.py's: they fail when progress stops, not when a clock runs out."""
+(pytest-asyncio is not used): bounded ``asyncio.run``, polling, metric reads. The polling
+wait is tests/waiting.py's :func:`~tests.waiting.until`: it fails when progress stops, not
+when a clock runs out."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry
 
 from tests import waiting
+from tests.waiting import until as wait_until
+
+__all__ = ["run", "value", "wait_until"]
 
 T = TypeVar("T")
 
@@ -31,16 +35,3 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     """A sample of ``registry``; 0 for a series that does not exist yet."""
     sample = registry.get_sample_value(name, labels)
     return 0.0 if sample is None else sample
-
-
-async def wait_until(
-    predicate: Callable[[], object],
-    timeout: float | None = None,
-    *,
-    progress: waiting.Progress | None = None,
-    what: str = "",
-) -> None:
-    """Poll ``predicate`` every 20 ms until it holds; :class:`waiting.StalledError` when
-    ``progress()`` stood still for ``timeout`` s (from the start without a ``progress``);
-    see :func:`waiting.until`."""
-    await waiting.until(predicate, progress=progress, stall=timeout, what=what)

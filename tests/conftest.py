@@ -1,6 +1,8 @@
 """Shared fixtures: a real Mosquitto broker per test, on a free port, that tests can stop and
-restart (integration tests never use a broker they did not start); ``nats_cluster``, a
-3-node NATS cluster with JetStream and MQTT listeners (tests/clusters.py)."""
+restart (integration tests never use a broker they did not start): open, persistent, or the
+shipped deploy/mosquitto/mosquitto.conf with its dynamic-security plugin
+(:func:`shipped_broker`); ``nats_cluster``, a 3-node NATS cluster with JetStream and MQTT
+listeners (tests/clusters.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,18 @@ from tests import waiting
 from tests.clusters import nats_cluster
 from tests.ports import free_port
 
-__all__ = ["MOSQUITTO", "Broker", "free_port", "nats_cluster"]
+__all__ = [
+    "IMAGE_PLUGIN",
+    "MOSQUITTO",
+    "PLUGIN",
+    "SHIPPED_CONFIG",
+    "Broker",
+    "adapted_config",
+    "free_port",
+    "nats_cluster",
+    "persistent_broker",
+    "shipped_broker",
+]
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 
@@ -87,6 +100,69 @@ class Broker:
         self.start()
 
 
+SHIPPED_CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "mosquitto" / "mosquitto.conf"
+"""The Mosquitto configuration deployed (compose.yaml), which :func:`adapted_config` adapts."""
+IMAGE_PLUGIN = "/usr/lib/mosquitto_dynamic_security.so"  # in eclipse-mosquitto:2
+PLUGIN = next(
+    (
+        path
+        for path in (
+            Path(IMAGE_PLUGIN),
+            *sorted(Path("/usr/lib").glob("*/mosquitto_dynamic_security.so")),  # Debian
+        )
+        if path.exists()
+    ),
+    None,
+)
+
+
+def adapted_config(port: int, plugin: Path, dynsec: Path, store: Path, log: Path) -> str:
+    """deploy/mosquitto/mosquitto.conf with this test's listener, plugin, paths and log."""
+    replaced = {"listener", "plugin", "plugin_opt_config_file", "persistence_location", "log_dest"}
+    kept = [
+        line
+        for line in SHIPPED_CONFIG.read_text().splitlines()
+        if line.split(" ", 1)[0] not in replaced
+    ]
+    return "\n".join(
+        [
+            f"user {getpass.getuser()}",  # as in Broker: no privilege drop
+            *kept,
+            f"listener {port} 127.0.0.1",
+            f"plugin {plugin}",
+            f"plugin_opt_config_file {dynsec}",
+            f"persistence_location {store}/",
+            f"log_dest file {log}",
+            "",
+        ]
+    )
+
+
+def shipped_broker(workdir: Path, plugin: Path, dynsec: Path, extra_config: str = "") -> Broker:
+    """A (not yet started) Mosquitto running :func:`adapted_config` on a free port, then
+    ``extra_config`` (later lines win)."""
+    store = workdir / "store"
+    store.mkdir()
+    broker = Broker(workdir, free_port())
+    config = adapted_config(broker.port, plugin, dynsec, store, broker.log)
+    broker.config.write_text(config + extra_config)
+    return broker
+
+
+def persistent_broker(workdir: Path) -> Broker:
+    """A (not yet started) Mosquitto that keeps sessions, subscriptions and queued QoS 1
+    messages across :meth:`Broker.restart` (``persistence true``, saved on shutdown and
+    every second)."""
+    store = workdir / "mosquitto-store"
+    store.mkdir()
+    # Later lines win in Mosquitto's config, so this overrides the base `persistence false`.
+    return Broker(
+        workdir,
+        free_port(),
+        extra_config=(f"persistence true\npersistence_location {store}/\nautosave_interval 1\n"),
+    )
+
+
 @pytest.fixture
 def mosquitto(tmp_path: Path) -> Iterator[Broker]:
     """A fresh Mosquitto on a free port; stopped at the end of the test."""
@@ -102,18 +178,10 @@ def mosquitto(tmp_path: Path) -> Iterator[Broker]:
 
 @pytest.fixture
 def mosquitto_persistent(tmp_path: Path) -> Iterator[Broker]:
-    """A Mosquitto that keeps sessions, subscriptions and queued QoS 1 messages across
-    :meth:`Broker.restart` (``persistence true``, saved on shutdown and every second)."""
+    """:func:`persistent_broker`, started."""
     if not Path(MOSQUITTO).exists():
         pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
-    store = tmp_path / "mosquitto-store"
-    store.mkdir()
-    # Later lines win in Mosquitto's config, so this overrides the base `persistence false`.
-    broker = Broker(
-        tmp_path,
-        free_port(),
-        extra_config=(f"persistence true\npersistence_location {store}/\nautosave_interval 1\n"),
-    )
+    broker = persistent_broker(tmp_path)
     broker.start()
     try:
         yield broker

@@ -1,7 +1,7 @@
 """The project's three MQTT client libraries behind one small synchronous interface, for
-tests that check a broker (tests/test_broker_compat.py): paho-mqtt 2.x (edge/publisher.py,
-broker/announce_cli.py), aiomqtt 2.x (the aggregator, the shuffler's publishing connection)
-and gmqtt (the shuffler's ingest, sim/fleet.py).
+tests that check a broker (tests/test_broker_compat.py): paho-mqtt 2.x (edge/publisher_link.py,
+broker/service/announce_cli.py), aiomqtt 2.x (the aggregator, the shuffler's publishing connection)
+and gmqtt (the shuffler's ingest, sim/fleet/).
 
 Each adapter connects to one URL with a client id and a clean-session flag, subscribes,
 publishes (returning once the PUBACK of a QoS 1 message arrived), records what it receives
@@ -43,15 +43,8 @@ class Received:
     dup: bool | None  # None where the library does not say
 
 
-def wait_for(
-    predicate: Callable[[], object],
-    timeout: float = TIMEOUT,
-    what: str = "",
-    *,
-    progress: waiting.Progress | None = None,
-) -> None:
-    """:func:`tests.waiting.wait_until` with ``timeout`` as its stall window."""
-    waiting.wait_until(predicate, progress=progress, stall=timeout, what=what)
+wait_for = waiting.Waits(TIMEOUT).wait_until
+"""tests/waiting.py's wait, :data:`TIMEOUT` its default stall window."""
 
 
 class Adapter(Protocol):
@@ -236,7 +229,7 @@ class AiomqttAdapter:
 
 
 class GmqttAdapter:
-    """gmqtt, configured as the shuffler and sim/fleet.py configure it: no reconnection of
+    """gmqtt, configured as the shuffler and sim/fleet/ configure it: no reconnection of
     its own (``reconnect_retries`` -2), unless ``gmqtt_reconnects``."""
 
     name = "gmqtt"

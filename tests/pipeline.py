@@ -17,8 +17,8 @@ from typing import Any
 
 import aiomqtt
 
-from aggregator.service import Aggregator
-from broker.shuffler import Shuffler
+from aggregator.service.service import Aggregator
+from broker.service.shuffler import Shuffler
 from edge.topics import batches_topic
 from tests import waiting
 

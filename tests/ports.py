@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -37,3 +39,13 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         fallback: int = sock.getsockname()[1]
         return fallback
+
+
+@contextlib.contextmanager
+def busy_port(host: str = "127.0.0.1") -> Iterator[int]:
+    """A port with a listener on ``host`` for the block (a "port in use" error's test)."""
+    with socket.socket() as busy:
+        busy.bind((host, 0))
+        busy.listen()
+        port: int = busy.getsockname()[1]
+        yield port

@@ -201,11 +201,11 @@ def test_gmqtt_mqtt5_silently_falls_back_to_3_1_1(cluster: NatsCluster) -> None:
 def test_gmqtt_mqtt5_without_its_reconnection_never_completes_connect(
     cluster: NatsCluster, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """As the shuffler and sim/fleet.py configure gmqtt (``reconnect_retries`` -2), the
+    """As the shuffler and sim/fleet/ configure gmqtt (``reconnect_retries`` -2), the
     fallback cannot reconnect: gmqtt logs the CONNACK code and gives up, and connect() neither
     returns nor raises. A caller must bound it with a timeout and treat that as a refusal."""
     # an in-process `coco fleet` earlier in the session sets the gmqtt logger to CRITICAL,
-    # and broker/ingest.py, once imported, withholds the text of gmqtt's records
+    # and broker/service/ingest.py, once imported, withholds the text of gmqtt's records
     caplog.set_level(logging.DEBUG, logger="gmqtt")
     for name in list(logging.root.manager.loggerDict):
         if name == "gmqtt" or name.startswith("gmqtt."):

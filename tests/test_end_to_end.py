@@ -13,7 +13,7 @@ import asyncio
 import logging
 import shutil
 import struct
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,18 +22,19 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
-from aggregator.cli import PrivacyMechanism, privacy_rows
-from aggregator.config import AggregatorConfig
-from aggregator.estimators import AggregateState
-from aggregator.service import Aggregator
-from broker.metrics import DROP_REASONS, REJECT_REASONS
-from broker.shuffler import Shuffler, ShufflerConfig
+from aggregator.estimation.estimators import AggregateState
+from aggregator.ledger.privacy_cli import PrivacyMechanism, privacy_rows
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.service import Aggregator
+from broker.service.metrics import DROP_REASONS, REJECT_REASONS
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge import LocalMechanism, MechanismSpec
 from edge.batch_auth import SIGNATURE_SIZE, BatchSigner
 from edge.codec import decode_batch
 from edge.rounds import current_round
 from edge.topics import ingress_topic
-from sim.demo import DemoConfig, DemoRun, run_pipeline
+from sim.demo.config import DemoConfig, DemoRun
+from sim.demo.pipeline import run_pipeline
 from tests import asyncutil, pipeline, waiting
 from tests.asyncutil import value
 from tests.conftest import Broker
@@ -46,14 +47,7 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 45.0) -> T:
     return asyncutil.run(coro, timeout)
 
 
-async def wait_until(
-    predicate: Callable[[], bool],
-    timeout: float = 15.0,
-    *,
-    progress: waiting.Progress | None = None,
-    what: str = "",
-) -> None:
-    await asyncutil.wait_until(predicate, timeout, progress=progress, what=what)
+wait_until = waiting.Waits(15.0).until
 
 
 async def pipeline_with_batches(

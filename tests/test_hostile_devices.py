@@ -4,7 +4,7 @@ devices report: every row of issue 9's table, over a real Mosquitto and the real
 Each test runs a broker, the shuffler (durable state directory, signed batches; in this
 process, or as ``coco shuffler``), the aggregator (verifying, ``min_batch`` enforced, from a
 checkpoint), a recorder of the batch topic and a
-:class:`~sim.fleet.Fleet` of :data:`HONEST` devices (one MQTT connection each, 2 s wall-clock
+:class:`~sim.fleet.run.Fleet` of :data:`HONEST` devices (one MQTT connection each, 2 s wall-clock
 rounds), makes its attack alongside and then checks, exactly:
 
 * every honest report the broker acknowledged (``Fleet(on_acked=...)``: its ``(round, seed,
@@ -20,7 +20,7 @@ rounds), makes its attack alongside and then checks, exactly:
 
 Where identity or size limits matter the broker runs the shipped
 deploy/mosquitto/mosquitto.conf with the dynamic-security accounts that ``coco
-credentials`` writes (:mod:`tests.deploy.test_acl`), every device with its own account;
+credentials`` writes (as :mod:`tests.deploy.test_acl` does), every device with its own account;
 the rows about the services' own checks (a 65-character device id has no account there)
 use an open broker, as a deployment whose ACL failed would be.
 
@@ -49,7 +49,6 @@ import socket
 import struct
 import subprocess
 import sys
-import urllib.request
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -59,16 +58,15 @@ import aiomqtt
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 from typer.testing import CliRunner
 
-from aggregator import accountant_process
 from aggregator.accountant import amplify_spec
-from aggregator.config import AggregatorConfig
-from aggregator.metrics import REJECT_REASONS as BATCH_REJECT_REASONS
-from aggregator.service import Aggregator
-from broker.metrics import DROP_REASONS, REJECT_REASONS
-from broker.shuffler import Shuffler, ShufflerConfig
+from aggregator.ledger import accountant_process
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.metrics import REJECT_REASONS as BATCH_REJECT_REASONS
+from aggregator.service.service import Aggregator
+from broker.service.metrics import DROP_REASONS, REJECT_REASONS
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge.batch_auth import (
     SIGNATURE_SIZE,
     BatchAuthError,
@@ -82,14 +80,13 @@ from edge.rounds import current_round
 from edge.spec import MechanismSpec
 from edge.topics import batches_topic, ingress_topic
 from sim.cli import app
-from sim.credentials import SERVICE_ACCOUNTS, device_id, device_password, service_password
-from sim.fleet import Fleet, FleetConfig
+from sim.credentials.accounts import SERVICE_ACCOUNTS, device_id, device_password, service_password
+from sim.fleet.run import Fleet, FleetConfig
 from tests import pipeline as scaffolding
-from tests import waiting
+from tests import service_http, waiting
 from tests.asyncutil import run, value, wait_until
-from tests.conftest import MOSQUITTO, Broker, free_port
-from tests.deploy.test_acl import PLUGIN
-from tests.deploy.test_acl import shipped_broker as start_shipped_broker
+from tests.conftest import MOSQUITTO, PLUGIN, Broker, free_port
+from tests.conftest import shipped_broker as start_shipped_broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -173,16 +170,13 @@ class ShufflerProcess:
     metrics_port: int
     log: Path
 
-    def samples(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        """Every sample of its ``/metrics``, by name and labels."""
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as response:
-            text = response.read().decode()
-        return {
-            (sample.name, tuple(sorted(sample.labels.items()))): float(sample.value)
-            for family in text_string_to_metric_families(text)
-            for sample in family.samples
-        }
+    def samples(self) -> dict[tuple[str, service_http.Labels], float]:
+        """Every sample of its ``/metrics``, by name and labels (:class:`OSError` while it
+        does not answer)."""
+        found = service_http.samples(self.metrics_port, timeout=5)
+        if found is None:
+            raise OSError(f"coco shuffler's /metrics on port {self.metrics_port} does not answer")
+        return found
 
     def metric(self, name: str, **labels: str) -> float:
         return self.samples().get((name, tuple(sorted(labels.items()))), 0.0)
@@ -527,10 +521,11 @@ async def run_fleet(p: Pipeline, attack: Callable[[], object], *, seed: int) -> 
 
 
 def check_honest_reports_all_aggregated(
-    p: Pipeline, extra: Counter[tuple[int, int]] | None = None
+    p: Pipeline, extra: Counter[tuple[int, int]] | None = None, *, charged: int | None = None
 ) -> None:
     """Every acknowledged honest report (and ``extra``, the attacker's legitimate ones) is
-    released once and aggregated once; nothing else is."""
+    released once and aggregated once; nothing else is. ``charged``: the size of a smaller
+    release signed by the trusted key and refused (never applied, yet charged)."""
     extra = extra or Counter()
     # Every honest device's every report was acknowledged: none was lost to the attack.
     assert len(p.acked) == HONEST * ROUNDS
@@ -545,12 +540,13 @@ def check_honest_reports_all_aggregated(
     assert p.shuffled("coco_shuffler_reports_released_total") == expected.total()
     assert all(size >= MIN_BATCH for size in p.batch_sizes())
     assert not any(p.shuffled("coco_shuffler_dropped_total", reason=r) for r in DROP_REASONS)
-    # epsilon_central certifies the smallest genuine batch, nothing smaller.
+    # epsilon_central certifies the smallest genuine release, nothing smaller.
     smallest = min(p.batch_sizes())
     assert p.aggregator.smallest_batch == smallest
+    level = smallest if charged is None else min(smallest, charged)
     assert value(
         p.aggregator_registry, "coco_aggregator_epsilon_central", batch="smallest"
-    ) == pytest.approx(amplify_spec(SPEC, n=smallest, delta=DELTA).epsilon_central)
+    ) == pytest.approx(amplify_spec(SPEC, n=level, delta=DELTA).epsilon_central)
 
 
 _NUMBER = re.compile(r"(?<![0-9A-Za-z])[0-9]+(?![0-9A-Za-z])")
@@ -1025,8 +1021,10 @@ def test_forged_and_replayed_batches_are_rejected_and_move_no_epsilon(  # noqa: 
     with the shuffler's own key, as a buggy shuffler would release it), a full
     batch under another key, a genuine batch with one record changed, and a byte-exact
     replay of a genuine batch, and the replay again after the aggregator restarted from its
-    checkpoint. All are rejected by reason or ignored as duplicates; ``epsilon_central``
-    does not move."""
+    checkpoint. All are rejected by reason or ignored as duplicates; nothing forged moves
+    ``epsilon_central``. The 1-record batch under the shuffler's own key was released to
+    whoever listens, so it is charged at its real size: ``epsilon_central`` (the smallest
+    release's) becomes that of one report, before and after the restart."""
     before: list[float] = []
     after: list[float] = []
 
@@ -1108,10 +1106,10 @@ def test_forged_and_replayed_batches_are_rejected_and_move_no_epsilon(  # noqa: 
     assert duplicates(p) == 2
     assert len(p.aggregator_registries) == 2
     assert len(p.foreign) == 4
-    assert after == before * 2
+    assert after == [amplify_spec(SPEC, n=1, delta=DELTA).epsilon_central] * 2
     assert before[0] == pytest.approx(amplify_spec(SPEC, n=HONEST, delta=DELTA).epsilon_central)
     assert p.rejected() == {}
-    check_honest_reports_all_aggregated(p)
+    check_honest_reports_all_aggregated(p, charged=1)  # the planted 1-record batch
     check_logs_link_nothing(debug_logs.records, p)
 
 

@@ -3,90 +3,33 @@ directory (the README's command) and with ``--state-dir``, and ``coco demo --ser
 the run is over and it serves the final state. The aggregator's own test is in
 tests/aggregator/test_operability.py.
 
-Each measures the CPU time (user + system, ``/proc/<pid>/stat``) of the real process and
-of its children (the demo's accountant worker) over an idle window and bounds it as a share
-of that window: a CPU ratio, not a wall-clock assertion. A loaded machine slows a busy
-process down, it does not make an idle one busier.
+Each measures the CPU time (user + system, ``/proc/<pid>/stat``: tests/cputime.py) of the
+real process and of its children (the demo's accountant worker) over an idle window and
+bounds it as a share of that window: a CPU ratio, not a wall-clock assertion. A loaded
+machine slows a busy process down, it does not make an idle one busier.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import signal
-import subprocess
 import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.aggregator.test_operability import IDLE_SECONDS, IDLE_SHARE, ready
-from tests.aggregator.test_single_writer import COCO, ROOT, wait_for
 from tests.conftest import Broker, free_port
+from tests.cputime import IDLE_SHARE, idle_share
+from tests.processes import COCO, coco, env, service, wait_running
+from tests.service_http import ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 DEP = "idle"
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            found += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            continue
-    return found
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of ``pid`` and its live descendants."""
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
-            todo += _children(current)
-        except OSError:  # gone meanwhile
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
-def idle_share(pid: int) -> tuple[float, float]:
-    """CPU seconds used over an idle window of :data:`IDLE_SECONDS`, and the window."""
-    before, start = tree_cpu_seconds(pid), time.monotonic()
-    time.sleep(IDLE_SECONDS)  # the window measured, not a wait for anything
-    used, elapsed = tree_cpu_seconds(pid) - before, time.monotonic() - start
-    print(f"idle: {used:.3f} s of CPU in {elapsed:.2f} s")
-    return used, elapsed
-
-
-def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "COCO_LOG_LEVEL": "info"}
-
-
-@contextmanager
-def process(args: list[str], cwd: Path) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(
-        args, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=30)
-
-
-def coco(args: list[str], cwd: Path) -> str:
-    done = subprocess.run(
-        [*COCO, *args], cwd=cwd, env=env(), capture_output=True, text=True, timeout=60,
-        check=False,
-    )  # fmt: skip
+def coco_ok(args: list[str], cwd: Path) -> str:
+    done = coco(*args, cwd=cwd, env=env(), timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -99,7 +42,7 @@ def test_an_idle_shuffler_idles(mosquitto: Broker, tmp_path: Path, layout: str) 
     renewed while it idles; docs/operations.md, "Sharded shufflers")."""
     keys = [tmp_path / "batch-key", tmp_path / "batch-key-1"]
     for directory in keys:
-        coco(["credentials", "--batch-key-dir", str(directory)], tmp_path)
+        coco_ok(["credentials", "--batch-key-dir", str(directory)], tmp_path)
     announce = [
         "announce", "--deployment", DEP, "--mechanism", "coco", "--d", "6", "--s", "2",
         "--epsilon", "1", "--min-batch", "100", "--delta", "1e-6", "--round-seconds", "10",
@@ -110,7 +53,7 @@ def test_an_idle_shuffler_idles(mosquitto: Broker, tmp_path: Path, layout: str) 
             announce += ["--shard-key", str(directory / "public" / "signing.pub")]
     else:
         announce += ["--batch-public-key", str(keys[0] / "public" / "signing.pub")]
-    coco(announce, tmp_path)
+    coco_ok(announce, tmp_path)
     port = free_port()
     args = [*COCO, "shuffler", "--deployment", DEP, "--broker", mosquitto.url]
     args += ["--signing-key", str(keys[0] / "private" / "signing.key")]
@@ -122,8 +65,8 @@ def test_an_idle_shuffler_idles(mosquitto: Broker, tmp_path: Path, layout: str) 
     elif layout == "shard":
         state_dir = tmp_path / "coco-state" / DEP / "shuffler-g0s0"
         args += ["--shard", "g0s0"]
-    with process(args, tmp_path) as proc:
-        wait_for(lambda: ready(port) == 200, proc, timeout=60)
+    with service(args, tmp_path) as proc:
+        wait_running(lambda: ready(port) == 200, proc, stall=60)
         assert (state_dir / "effects.log").exists()
         used, elapsed = idle_share(proc.pid)
         proc.send_signal(signal.SIGTERM)
@@ -137,7 +80,7 @@ def test_demo_serving_its_final_state_idles(mosquitto: Broker, tmp_path: Path) -
         str(Path(sys.executable).with_name("coco")), "demo", "--devices", "300", "--rounds",
         "2", "--min-batch", "100", "--broker", mosquitto.url, "--timeout", "60", "--serve",
     ]  # fmt: skip
-    with process(command, tmp_path) as proc:
+    with service(command, tmp_path) as proc:
         assert proc.stderr is not None
         progress = []
         for line in proc.stderr:

@@ -141,7 +141,7 @@ def test_kill_9_of_one_node_loses_no_acknowledged_report(
         total = PUBLISHERS * PER_PUBLISHER
         wait_for(lambda: sum(map(len, acked)) >= total // 3, what="a third acknowledged")
         cluster.kill(victim)
-        wait_for(lambda: sum(map(len, acked)) == total, timeout=300, what="every PUBACK")
+        wait_for(lambda: sum(map(len, acked)) == total, 300, what="every PUBACK")
         expected = {payload(i, mids[i][mid]) for i in range(PUBLISHERS) for mid in acked[i]}
         assert len(expected) == total
 
@@ -149,7 +149,7 @@ def test_kill_9_of_one_node_loses_no_acknowledged_report(
             with sub.lock:
                 return expected - set(sub.seen)
 
-        wait_for(lambda: not missing(), timeout=300, what="every acknowledged report")
+        wait_for(lambda: not missing(), 300, what="every acknowledged report")
     finally:
         for fc in publishers:
             fc.close()

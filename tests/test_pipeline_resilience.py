@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,11 +28,11 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from prometheus_client import CollectorRegistry
 
-from aggregator.config import AggregatorConfig
-from aggregator.estimators import AggregateState
-from aggregator.service import Aggregator
-from broker.metrics import DROP_REASONS, REJECT_REASONS
-from broker.shuffler import Shuffler, ShufflerConfig
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.service import Aggregator
+from broker.service.metrics import DROP_REASONS, REJECT_REASONS
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge import MechanismSpec
 from edge.batch_auth import SIGNATURE_SIZE, BatchSigner
 from edge.codec import decode_batch
@@ -55,14 +55,7 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 75.0) -> T:
     return asyncutil.run(coro, timeout)
 
 
-async def wait_until(
-    predicate: Callable[[], bool],
-    timeout: float = 20.0,
-    *,
-    progress: waiting.Progress | None = None,
-    what: str = "",
-) -> None:
-    await asyncutil.wait_until(predicate, timeout, progress=progress, what=what)
+wait_until = waiting.Waits(20.0).until
 
 
 class Fleet:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -23,12 +22,10 @@ import pytest
 
 from tests import waiting
 from tests.conftest import Broker, free_port
+from tests.processes import COCO, ROOT
 from tests.service_http import estimates
 
 pytestmark = pytest.mark.integration
-
-ROOT = Path(__file__).resolve().parents[1]
-COCO = [sys.executable, "-c", "from sim.cli import main; main()"]
 
 
 def readme_commands() -> list[str]:

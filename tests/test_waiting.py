@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests import waiting
-from tests.waiting import StalledError, until, wait_until
+from tests.waiting import StalledError, Waits, until, wait_until
 
 REAL_ASYNC_SLEEP = asyncio.sleep
 
@@ -112,6 +112,34 @@ def test_the_async_wait_lets_the_loop_run() -> None:
 def test_the_async_wait_fails_when_progress_stops() -> None:
     with pytest.raises(StalledError, match="stuck at 7"):
         asyncio.run(until(lambda: False, progress=lambda: 7, stall=2.0))
+
+
+def test_the_stall_window_is_the_second_argument(clock: FakeClock) -> None:
+    with pytest.raises(StalledError, match="gave it 7 s"):
+        wait_until(lambda: False, 7.0)
+    assert 1007.0 <= clock.now < 1008.0
+
+
+def test_a_suites_waits_bind_its_window_and_interval(clock: FakeClock) -> None:
+    """``Waits(5.0, interval=0.5)``: 5 s unless a call gives its own window, polled every
+    0.5 s, in both the blocking and the async wait."""
+    waits = Waits(5.0, interval=0.5)
+    polls = itertools.count()
+
+    def never() -> bool:
+        next(polls)
+        return False
+
+    with pytest.raises(StalledError, match="gave it 5 s"):
+        waits.wait_until(never)
+    assert clock.now == 1005.5  # the first poll past the window, on the 0.5 s grid
+    assert next(polls) == 13  # twice at the start, then after each of the 11 pauses of 0.5 s
+    with pytest.raises(StalledError, match="gave it 8 s"):
+        waits.wait_until(lambda: False, 8.0)
+    assert clock.now == 1005.5 + 8.5
+    with pytest.raises(StalledError, match=r"stuck at 3\b.*for 5 s"):
+        asyncio.run(waits.until(lambda: False, progress=lambda: 3))
+    assert clock.now == 1014.0 + 5.5
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "fast"])

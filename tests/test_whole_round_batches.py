@@ -8,12 +8,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from aggregator.accountant import amplify_spec
-from aggregator.config import AggregatorConfig
-from aggregator.service import Aggregator
-from broker.shuffler import Shuffler, ShufflerConfig
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.service import Aggregator
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge.batch_auth import BatchSigner
 from edge.spec import MechanismSpec
-from sim.fleet import Fleet, FleetConfig
+from sim.fleet.run import Fleet, FleetConfig
 from tests import pipeline
 from tests.asyncutil import run, value, wait_until
 from tests.conftest import Broker

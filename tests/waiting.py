@@ -7,6 +7,10 @@ or applied, a metric, a file's size, the number of log lines) and the wait fails
 value has not changed for ``stall`` seconds, or, as a guard against a hang, after a generous
 absolute ``ceiling``. A wait without a ``progress`` gives its condition ``stall`` seconds.
 
+:func:`wait_until` (blocking) and :func:`until` (a coroutine) are the one wait of every suite,
+the stall window their second argument; a suite with its own default window binds it once
+with :class:`Waits` (``wait_until = Waits(15.0).until``) instead of wrapping them.
+
 Every window is multiplied by ``COCO_TEST_TIMEOUT_SCALE`` (default 1): a slower machine sets
 it higher instead of editing tests.
 
@@ -20,17 +24,23 @@ import asyncio
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
+
+from tests import cputime
 
 __all__ = [
     "CEILING",
     "SCALE",
     "STALL",
+    "Condition",
+    "Options",
     "Progress",
+    "Stall",
     "StalledError",
+    "Waits",
     "cpu_seconds",
     "file_size",
     "scaled",
@@ -63,19 +73,14 @@ def scaled(seconds: float) -> float:
 
 
 def cpu_seconds(pid: int | None, grain: float = 0.5) -> float | None:
-    """CPU time (user + system) process ``pid`` has used so far, in whole ``grain`` s: the
-    progress of a process that computes (the accountant's worker, a service at work). The
-    grain keeps a process that merely idles (a few ms a second) from counting as progress
-    for ever; ``grain=0`` gives the exact time. ``None`` for no process or one that is
-    gone."""
-    if pid is None:
+    """CPU time (user + system, tests/cputime.py) process ``pid`` has used so far, in whole
+    ``grain`` s: the progress of a process that computes (the accountant's worker, a service
+    at work). The grain keeps a process that merely idles (a few ms a second) from counting
+    as progress for ever; ``grain=0`` gives the exact time. ``None`` for no process or one
+    that is gone."""
+    seconds = None if pid is None else cputime.cpu_seconds(pid)
+    if seconds is None:
         return None
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    # after the command: state is field 3, utime 14 and stime 15 (proc(5))
-    seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return math.floor(seconds / grain) * grain if grain > 0 else seconds
 
 
@@ -92,6 +97,10 @@ class StalledError(AssertionError):
 
 
 Progress = Callable[[], Any]
+Condition = Callable[[], object]
+"""What a wait waits for: it ends once this returns something true."""
+Stall = float | None
+"""A stall window in seconds; ``None`` for the default (:data:`STALL`, or a suite's)."""
 
 # The clock and the pauses, as names of this module so that tests/test_waiting.py can fake them.
 _monotonic = time.monotonic
@@ -145,55 +154,78 @@ class _Watch:
             )
 
 
-def _watch(
-    predicate: Callable[[], object],
-    progress: Progress | None,
-    stall: float | None,
-    ceiling: float | None,
-    what: str,
-) -> _Watch:
-    return _Watch(
+class Options(TypedDict, total=False):
+    """What a wait takes beside its condition and its stall window."""
+
+    progress: Progress | None
+    """A comparable measure of the work done: the wait fails when it stops changing."""
+    ceiling: float | None
+    """Seconds the wait may take in all (default :data:`CEILING`)."""
+    what: str
+    """What is waited for, in the failure's message (default: the condition's name)."""
+
+
+def _pending(
+    predicate: Condition,
+    stall: Stall,
+    *,
+    progress: Progress | None = None,
+    ceiling: float | None = None,
+    what: str = "",
+) -> Iterator[None]:
+    """The one loop of every wait: yields (the caller pauses between polls) until
+    ``predicate`` holds; raises :class:`StalledError` when the watch says so."""
+    if predicate():
+        return
+    watch = _Watch(
         what=what or getattr(predicate, "__qualname__", repr(predicate)),
         progress=progress,
         stall=scaled(STALL if stall is None else stall),
         ceiling=scaled(CEILING if ceiling is None else ceiling),
     )
+    while not predicate():
+        watch.check()
+        yield
 
 
 def wait_until(
-    predicate: Callable[[], object],
+    predicate: Condition,
+    stall: Stall = None,
     *,
-    progress: Progress | None = None,
-    stall: float | None = None,
-    ceiling: float | None = None,
-    what: str = "",
     interval: float = 0.02,
+    **options: Unpack[Options],
 ) -> None:
     """Poll ``predicate`` every ``interval`` s until it is true. Fails with :class:`StalledError`
     when ``progress()`` has returned the same value for ``stall`` s (default :data:`STALL`;
     counted from the start when there is no ``progress``), or after ``ceiling`` s in all
     (default :data:`CEILING`); both scaled by ``COCO_TEST_TIMEOUT_SCALE``."""
-    if predicate():
-        return
-    watch = _watch(predicate, progress, stall, ceiling, what)
-    while not predicate():
-        watch.check()
+    for _ in _pending(predicate, stall, **options):
         _sleep(interval)
 
 
 async def until(
-    predicate: Callable[[], object],
+    predicate: Condition,
+    stall: Stall = None,
     *,
-    progress: Progress | None = None,
-    stall: float | None = None,
-    ceiling: float | None = None,
-    what: str = "",
     interval: float = 0.02,
+    **options: Unpack[Options],
 ) -> None:
     """:func:`wait_until` for a coroutine: the event loop runs between polls."""
-    if predicate():
-        return
-    watch = _watch(predicate, progress, stall, ceiling, what)
-    while not predicate():
-        watch.check()
+    for _ in _pending(predicate, stall, **options):
         await _async_sleep(interval)
+
+
+@dataclass(frozen=True)
+class Waits:
+    """:func:`wait_until` and :func:`until` with a suite's own default stall window and poll
+    interval, for a suite to bind once (``wait_until = Waits(15.0).until``) and call as
+    ``await wait_until(predicate)`` (15 s) or ``await wait_until(predicate, 60)``."""
+
+    stall: float = STALL
+    interval: float = 0.02
+
+    def wait_until(self, predicate: Condition, stall: Stall = None, **kw: Unpack[Options]) -> None:
+        wait_until(predicate, self.stall if stall is None else stall, interval=self.interval, **kw)
+
+    async def until(self, predicate: Condition, stall: Stall = None, **kw: Unpack[Options]) -> None:
+        await until(predicate, self.stall if stall is None else stall, interval=self.interval, **kw)

@@ -1,7 +1,7 @@
 """How a deployment's history is accounted: one participation per round, composed.
 
 This is the one place where the product decides what ``epsilon_total`` composes. The
-aggregator's ledger (:mod:`aggregator.privacy_ledger`), ``coco privacy --rounds`` and
+aggregator's ledger (:mod:`aggregator.ledger.privacy_ledger`), ``coco privacy --rounds`` and
 ``coco privacy calibrate`` all call :func:`epsilon_total_rounds`, so a deployment that runs
 exactly as it was planned reports exactly the planned number.
 
@@ -11,7 +11,7 @@ A device sends at most one report per round, to one shard, and every release (on
 pool of one shard, shuffled once, maybe cut into slices) is a uniform shuffle of its pool.
 So a round is ONE participation of a device, whose level is that of the round's smallest
 release (docs/privacy-model.md, "Privacy over time"; the argument is written out in
-:mod:`aggregator.privacy_ledger`). A history is therefore a multiset of release sizes, one
+:mod:`aggregator.ledger.privacy_ledger`). A history is therefore a multiset of release sizes, one
 per round: ``{size: rounds}``.
 
 Accounting sizes

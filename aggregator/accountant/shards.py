@@ -3,7 +3,7 @@
 With ``K`` shufflers, each round's ``N`` reports are split by a hash of the device id
 (docs/protocol.md, sharding) and each shard's release is a shuffle of its own reports: a
 device's guarantee for a round is that of the smallest shard's release
-(:mod:`aggregator.privacy_ledger`). :func:`shard_plan` answers, for ``K = 1, 2, ...``, how
+(:mod:`aggregator.ledger.privacy_ledger`). :func:`shard_plan` answers, for ``K = 1, 2, ...``, how
 large the worst shard is and what it costs, and the largest ``K`` that meets a target:
 ``epsilon_central`` per round, or ``epsilon_total`` over ``rounds`` rounds as the ledger
 accounts them (:func:`aggregator.accountant.history.epsilon_total_rounds`).

@@ -130,6 +130,9 @@ static int string(cursor *c, char *buf, size_t cap, size_t *n) {
 static int scan_number(cursor *c, number *out) {
     int ch = peek(c);
     const uint8_t *after;
+    out->text = c->p; /* set on every path: GCC -O3 cannot prove callers read it only on OK */
+    out->len = 0;
+    out->is_int = 0;
     if (ch != '-' && !(ch >= '0' && ch <= '9')) {
         return wrong_type(c);
     }
@@ -137,7 +140,6 @@ static int scan_number(cursor *c, number *out) {
     if (after == NULL) {
         return COCO_ERR_JSON;
     }
-    out->text = c->p;
     out->len = (size_t)(after - c->p);
     c->p = after;
     return COCO_OK;
@@ -314,7 +316,9 @@ static int spec_member(cursor *c, int index, void *state) {
     case 2:
         return uint32_value(c, 0, 0xFFFFFFFFu, &spec->s);
     case 3: { /* 0 < epsilon <= 20; its cost in ledger units, rounded up */
-        cursor start = *c;
+        cursor start;
+        start.p = c->p; /* member by member: GCC -O3 copies a struct with memcpy */
+        start.end = c->end;
         rc = decimal_value(c, 1, &a->epsilon_units);
         if (rc == COCO_OK) {
             rc = decimal_value(&start, 0, &v);
@@ -438,7 +442,9 @@ static int root_member(cursor *c, int index, void *state) {
     case 2:
         return uint32_value(c, 1, 0xFFFFFFFFu, &a->min_batch);
     case 3: { /* 0 < delta < 1 */
-        cursor start = *c;
+        cursor start;
+        start.p = c->p; /* member by member: GCC -O3 copies a struct with memcpy */
+        start.end = c->end;
         rc = decimal_value(c, 1, &up);
         if (rc == COCO_OK) {
             rc = decimal_value(&start, 0, &down);

@@ -16,6 +16,7 @@ from sim.experiments.privacy_cli import amplification, tightness
 experiment_app = typer.Typer(
     help="Reproduce the paper's experiments: CSV and PNG per figure (docs/results.md).",
     no_args_is_help=True,
+    add_completion=False,
 )
 
 experiment_app.command("amplification")(amplification)

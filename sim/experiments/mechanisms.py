@@ -2,11 +2,11 @@
 
 Collision and CoCo run the product's own code: the vectorised randomiser of :mod:`edge`
 (:meth:`edge.LocalMechanism.randomise_sparse`, bit-identical in law to the device path) and
-the aggregator's streaming estimator (:class:`aggregator.estimators.AggregateState`). Both
-estimate the ``2d`` item frequencies as well as the means: from the aggregator's mean ``m_j``
-and non-missing frequency ``f_j``, ``f(j+) = (f_j + m_j) / 2`` and ``f(j-) = (f_j - m_j) / 2``
-(for Collision this is exactly the item estimator ``(a_j/n - 1/t) / (p - 1/t)`` of the paper;
-for CoCo it is unbiased too, since both ``m_j`` and ``f_j`` are).
+the aggregator's streaming estimator (:class:`aggregator.estimation.estimators.AggregateState`).
+Both estimate the ``2d`` item frequencies as well as the means: from the aggregator's mean ``m_j``
+and non-missing frequency ``f_j``, ``f(j+) = (f_j + m_j) / 2`` and ``f(j-) = (f_j - m_j) / 2`` (for
+Collision this is exactly the item estimator ``(a_j/n - 1/t) / (p - 1/t)`` of the paper; for CoCo it
+is unbiased too, since both ``m_j`` and ``f_j`` are).
 
 ``t`` (the output domain size) is by default the product's: the value that minimises the
 closed-form mean MSE (:func:`edge.theory.optimal_t`). ``t_rule="paper"`` uses the paper's rule
@@ -26,7 +26,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from aggregator.estimators import AggregateState
+from aggregator.estimation.estimators import AggregateState
 from edge import LocalMechanism, MechanismSpec
 from edge.theory import Mechanism, paper_t
 from sim.experiments.baselines import BASELINES

@@ -12,8 +12,8 @@ m_j)^2``, the loss of the minimax bound ``O(ds/(n eps^2))`` and of the closed fo
 
 Post-processing ("projected"): every user holds exactly ``s`` elements, so the ``1/s``-scaled
 item frequencies lie on the probability simplex of dimension ``2d``; the estimate is projected
-onto it (:func:`aggregator.projection.project_to_simplex`) and scaled back by ``s``. Projected
-means are derived from the projected items, ``f(j+) - f(j-)``, as in the paper's section
+onto it (:func:`aggregator.estimation.projection.project_to_simplex`) and scaled back by ``s``.
+Projected means are derived from the projected items, ``f(j+) - f(j-)``, as in the paper's section
 "Effects of post-processing". A mechanism without item estimates (SUCCINCT) has no projected
 variant.
 """
@@ -26,7 +26,7 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from aggregator.projection import project_to_simplex
+from aggregator.estimation.projection import project_to_simplex
 from sim.experiments.baselines.base import KVEstimate
 
 F64 = NDArray[np.float64]

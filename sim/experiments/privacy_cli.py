@@ -1,7 +1,7 @@
 """``coco experiment amplification`` and ``coco experiment tightness``: the privacy figures.
 
 Thin commands over :func:`sim.experiments.amplification.run_amplification` and
-:func:`sim.experiments.tightness.run_tightness`. With ``--update-doc`` the markdown summary
+:func:`sim.experiments.tightness_report.run_tightness`. With ``--update-doc`` the markdown summary
 the run writes is also pasted into the given file between
 ``<!-- <name>-summary:begin -->`` and ``<!-- <name>-summary:end -->`` (so the numbers in
 docs/results.md are the ones the command computed, never typed by hand).
@@ -108,7 +108,7 @@ def tightness(
     try:
         if update_doc is not None:
             _markers(update_doc, "tightness")  # fail before the work, not after
-        from sim.experiments.tightness import SUMMARY_NAME, run_tightness  # noqa: PLC0415
+        from sim.experiments.tightness_report import SUMMARY_NAME, run_tightness  # noqa: PLC0415
 
         paths = run_tightness(out, full=full, seed=seed, progress=not quiet)
         _finish("tightness", paths, SUMMARY_NAME, update_doc, t0)

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from aggregator import accountant_process
-from aggregator.metrics import epsilon_curve
-from aggregator.privacy_ledger import LedgerSnapshot, PrivacyLedger
+from aggregator.ledger import accountant_process
+from aggregator.ledger.levels import LedgerSnapshot, epsilon_curve
+from aggregator.ledger.privacy_ledger import PrivacyLedger
 from edge.spec import MechanismSpec
-from tests import waiting
+from tests import cputime, waiting
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = MechanismSpec(mechanism="coco", d=8, s=2, epsilon=1.0)
@@ -43,8 +43,8 @@ def gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     # a zombie (exited, not yet reaped by its parent) counts as gone
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+    fields = cputime.stat_fields(pid)
+    return fields is None or fields[0] == "Z"
 
 
 def wait_until_gone(pid: int, timeout: float = 10.0) -> bool:
@@ -99,10 +99,10 @@ def test_kill_9_of_the_service_leaves_no_worker_behind() -> None:
     # a script with no __main__ guard: the worker must not re-import the caller's main
     script = (
         "import asyncio, sys, time\n"
-        "from aggregator import accountant_process\n"
+        "from aggregator.ledger import accountant_process\n"
         "from edge.spec import MechanismSpec\n"
         "spec = MechanismSpec(mechanism='coco', d=8, s=2, epsilon=1.0)\n"
-        "from aggregator.privacy_ledger import LedgerSnapshot\n"
+        "from aggregator.ledger.privacy_ledger import LedgerSnapshot\n"
         "snap = LedgerSnapshot(rounds=((100, 1),), smallest=100, latest=100, generation=1)\n"
         "asyncio.run(accountant_process.compute_level(spec, 1e-6, snap))\n"
         "print(accountant_process.worker_pid(), flush=True)\n"

@@ -13,11 +13,14 @@ from typing import Any
 
 import pytest
 
-from aggregator.checkpoint import CHECKPOINT_VERSION, CheckpointError, load_checkpoint
-from aggregator.config import AggregatorConfig, resolve_batch_public_key
-from aggregator.service import Aggregator
+from aggregator.accountant import amplify_spec
+from aggregator.service.checkpoint_files import load_checkpoint
+from aggregator.service.config import AggregatorConfig, resolve_batch_public_key
+from aggregator.service.core.checkpoint import CHECKPOINT_VERSION, CheckpointError
+from aggregator.service.service import Aggregator
 from edge.batch_auth import BatchSigner
 from edge.errors import CocoError
+from tests import waiting
 from tests.aggregator.test_service import (
     DELTA,
     DEPLOYMENT,
@@ -25,6 +28,7 @@ from tests.aggregator.test_service import (
     SIGNER,
     SPEC,
     batch,
+    moving,
     offline,
     reports,
 )
@@ -55,16 +59,36 @@ def outcomes(agg: Aggregator, *payloads: bytes) -> list[str]:
     return asyncio.run(main())
 
 
-def test_one_record_never_moves_epsilon_central() -> None:
+def test_one_forged_record_never_moves_epsilon_central_and_a_signed_one_is_charged() -> None:
     agg = Aggregator(agg_config())
     good = reports(MIN_BATCH, 1)
     assert outcomes(agg, batch(good, 1)) == ["applied"]
+
+    def settled() -> bool:
+        agg.snapshot()  # accounts what is missing, waiting a moment for the accountant
+        return agg.privacy_settled
+
+    # the level of the good batch, not the one before it (the accountant may still be at
+    # work when the first snapshot is taken on a loaded machine)
+    waiting.wait_until(settled, 90, progress=moving(agg))
     eps = agg.snapshot()["epsilon_central"]
+    assert eps is not None
+    forger = BatchSigner.generate(DEPLOYMENT)
+    forged = [batch(reports(n, 2), 10 + n, signer=forger) for n in (1, 2, MIN_BATCH - 1)]
+    assert outcomes(agg, *forged) == ["bad_signature"] * 3
+    assert agg.snapshot()["epsilon_central"] == eps
+    # Signed by the trusted key (a buggy shuffler): refused, never applied, but released to
+    # whoever listens, so charged at its real size: the guarantee of its reports is that of
+    # a release of 1, and epsilon_central (the smallest release's) says so.
     tiny = [batch(reports(n, 2), 10 + n) for n in (1, 2, MIN_BATCH - 1)]
     assert outcomes(agg, *tiny) == ["below_min_batch"] * 3
-    assert agg.snapshot()["epsilon_central"] == eps
     assert agg.smallest_batch == MIN_BATCH
     assert agg.state.n == MIN_BATCH
+    waiting.wait_until(settled, 90, progress=moving(agg))
+    assert agg.snapshot()["epsilon_central"] == {
+        "smallest": amplify_spec(SPEC, n=1, delta=DELTA).epsilon_central,
+        "latest": amplify_spec(SPEC, n=1, delta=DELTA).epsilon_central,
+    }
 
 
 def test_estimates_counters_follow_every_batch_not_only_applied_ones() -> None:

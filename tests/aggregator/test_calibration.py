@@ -17,10 +17,16 @@ from aggregator.accountant import (
     epsilon_total_counts,
     epsilon_total_rounds,
 )
-from aggregator.privacy_ledger import PrivacyLedger
+from aggregator.ledger.privacy_ledger import PrivacyLedger
 from edge.announce import load_spec_file
 from sim.cli import app
 from tests.aggregator.reference import reference_rows
+
+CALIBRATE = [
+    *("privacy", "calibrate", "--mechanism", "collision", "--d", "32", "--s", "4"),
+    *("--n", "1000", "--rounds", "10", "--epsilon-total", "1", "--delta", "1e-6"),
+]
+"""``coco privacy calibrate`` of :data:`TARGET`'s problem with n = 1000 and 10 rounds."""
 
 TARGET = CalibrationTarget(
     mechanism="collision", d=32, s=4, n=1_000, rounds=10, epsilon_total=1.0, delta=1e-6
@@ -87,25 +93,7 @@ def test_unreachable_target_and_validation() -> None:
 
 def test_cli_calibrate_json_and_spec_file(tmp_path: Path) -> None:
     spec_file = tmp_path / "spec.json"
-    args = [
-        "privacy",
-        "calibrate",
-        "--mechanism",
-        "collision",
-        "--d",
-        "32",
-        "--s",
-        "4",
-        "--n",
-        "1000",
-        "--rounds",
-        "10",
-        "--epsilon-total",
-        "1",
-        "--delta",
-        "1e-6",
-        "--json",
-    ]
+    args = [*CALIBRATE, "--json"]
     result = CliRunner().invoke(app, [*args, "--spec-out", str(spec_file)])
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
@@ -208,3 +196,23 @@ def test_the_ledger_accounting_against_the_reference_composition() -> None:
         reference = float(row["eps_total"])
         assert ours >= reference * 0.99, row
         assert ours <= reference * 1.04, row
+
+
+@pytest.mark.parametrize("where", ["missing/p.json", "."])
+def test_cli_calibrate_refuses_an_unwritable_spec_out_before_the_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """--spec-out in a missing directory (or naming a directory) is refused in one line,
+    before the plan is computed (it took seconds, then a traceback)."""
+
+    def no_work(*_: object, **__: object) -> None:
+        raise AssertionError("the plan was computed before --spec-out was checked")
+
+    monkeypatch.setattr("aggregator.accountant.calibrate", no_work)
+    spec_out = tmp_path / where
+    result = CliRunner().invoke(app, [*CALIBRATE, "--spec-out", str(spec_out)])
+    assert result.exit_code == 1, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: --spec-out ")
+    assert str(spec_out) in line
+    assert not (tmp_path / "missing").exists()

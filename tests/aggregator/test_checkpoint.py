@@ -8,9 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from aggregator.checkpoint import Checkpoint, Counters, decode_checkpoint, encode_checkpoint
-from aggregator.estimators import AggregateState
-from aggregator.manifests import Reconciler
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.core.checkpoint import (
+    Checkpoint,
+    Counters,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+from aggregator.service.core.manifests import Reconciler
 from edge import MechanismSpec
 
 SPEC = MechanismSpec(mechanism="coco", d=12, s=2, epsilon=2.0)

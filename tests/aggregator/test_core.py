@@ -21,18 +21,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregator.acks import AckGenerations
-from aggregator.batch_codec import encode_batch_arrays
-from aggregator.checkpoint import (
-    CheckpointError,
-    decode_checkpoint,
-    encode_checkpoint,
-    previous_path,
-    recover_checkpoint,
-    write_checkpoint,
-)
-from aggregator.core import AggregatorCore, CoreRules
-from aggregator.estimators import AggregateState
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.checkpoint_files import previous_path, recover_checkpoint, write_checkpoint
+from aggregator.service.core.acks import AckGenerations
+from aggregator.service.core.batch_codec import encode_batch_arrays
+from aggregator.service.core.checkpoint import CheckpointError, decode_checkpoint, encode_checkpoint
+from aggregator.service.core.rules import AggregatorCore, CoreRules
 from edge import MechanismSpec
 from edge.batch_auth import BatchSigner
 

@@ -27,11 +27,11 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from aggregator.estimators import AggregateState
+from aggregator.estimation.estimators import AggregateState
 from edge import LocalMechanism, MechanismSpec
-from sim.sensors import SensorFleet
+from sim.models.sensors import SensorFleet
+from sim.models.synthetic import sparse_totals
 from sim.simulate import Z95, simulate_sensors
-from sim.synthetic import sparse_totals
 
 CHECKS = 30
 FAMILY_ERROR = 1e-3

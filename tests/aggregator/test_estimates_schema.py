@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from aggregator.service import Aggregator
-from sim.demo import sensor_channels
+from aggregator.service.service import Aggregator
+from sim.demo.pipeline import sensor_channels
 from tests.aggregator.test_service import (
     ROOT,
     batch,
@@ -24,10 +24,10 @@ from tests.aggregator.test_service import (
     publish,
     reports,
     run,
-    until,
     with_aggregator,
 )
 from tests.conftest import Broker
+from tests.waiting import until
 
 pytestmark = pytest.mark.integration
 
@@ -95,7 +95,7 @@ def test_a_live_document_has_exactly_the_documented_keys(
         if key in fetched:
             assert isinstance(fetched[key], TYPES[kind]), (key, fetched[key])
     # two batches without a manifest: a participation each, since nothing tells which
-    # rounds their reports were sent in (aggregator/privacy_ledger.py)
+    # rounds their reports were sent in (aggregator/ledger/privacy_ledger.py)
     assert fetched["counters"]["batches"] == 2
     assert fetched["batches_accounted"] == 2
     assert fetched["epsilon_total"] >= fetched["epsilon_central"]["smallest"] > 0

@@ -14,11 +14,11 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from aggregator.estimators import AggregateState, estimate, fieller_interval
-from aggregator.projection import project_to_simplex
+from aggregator.estimation.estimators import AggregateState, estimate, fieller_interval
+from aggregator.estimation.projection import project_to_simplex
 from edge import CoCo, Collision, LocalMechanism, MechanismSpec, ReportError, device
 from edge.encoders import KeyValueEncoder, SensorEncoder
-from sim.synthetic import random_sparse, sparse_totals
+from sim.models.synthetic import random_sparse, sparse_totals
 
 K_ONE = 4.0
 K_MANY = 5.0

@@ -20,7 +20,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from aggregator.estimators import (
+from aggregator.estimation.estimators import (
     AggregateState,
     frequency_intervals,
     normal_count_threshold,

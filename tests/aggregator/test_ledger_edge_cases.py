@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from aggregator import privacy_ledger
 from aggregator.accountant import BlanketPair
 from aggregator.accountant import history as history_module
 from aggregator.accountant.blanket import MAX_N
-from aggregator.privacy_ledger import PrivacyLedger
+from aggregator.ledger import privacy_ledger
+from aggregator.ledger.privacy_ledger import PrivacyLedger
 from edge.codec import encode_manifest
 from edge.spec import MechanismSpec
 from tests.aggregator.test_shards_and_manifests import (
@@ -232,7 +232,7 @@ def test_overflow_sized_counts_are_recorded_exactly_and_composed_at_max_n(
 
 
 def test_overflow_sized_counts_survive_the_ledger_file_or_are_refused(tmp_path: Any) -> None:
-    from aggregator import ledger_file  # noqa: PLC0415
+    from aggregator.ledger import ledger_file  # noqa: PLC0415
 
     led = ledger()
     led.record_manifest(round=1, shard="", release_id=rid(1),

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregator.ledger_file import (
+from aggregator.ledger.ledger_file import (
     LedgerFileError,
     decode_ledger,
     encode_ledger,
@@ -22,7 +22,7 @@ from aggregator.ledger_file import (
     previous_path,
     save_ledger,
 )
-from aggregator.privacy_ledger import PrivacyLedger
+from aggregator.ledger.privacy_ledger import PrivacyLedger
 from edge.spec import MechanismSpec
 
 SPEC = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
@@ -112,7 +112,7 @@ def test_a_damaged_file_falls_back_to_the_previous_generation(
     path.write_text(damaged)
     with pytest.raises(LedgerFileError, match="field 'sha256' does not match"):
         decode_ledger(damaged, path=path, spec=SPEC, delta=DELTA)
-    with caplog.at_level(logging.WARNING, logger="aggregator.ledger_file"):
+    with caplog.at_level(logging.WARNING, logger="aggregator.ledger.ledger_file"):
         loaded = load_ledger(path, spec=SPEC, delta=DELTA)
     assert loaded is not None
     assert loaded.to_dict() == older.to_dict()
@@ -166,7 +166,8 @@ def test_a_well_sealed_but_invalid_content_names_its_field(mutate: object, field
     document = json.loads(encode_ledger(sample_ledger(3)))
     content = document["ledger"]
     mutate(content)  # type: ignore[operator]
-    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    sealed = {"checkpoint": document["checkpoint"], "ledger": content}  # version 2
+    canonical = json.dumps(sealed, sort_keys=True, separators=(",", ":"))
     document["sha256"] = hashlib.sha256(canonical.encode()).hexdigest()
     with pytest.raises(LedgerFileError, match=re.escape(f"field '{field}")):
         decode_ledger(json.dumps(document), path=Path("x"), spec=SPEC, delta=DELTA)

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from aggregator.http import MetricsServer
-from aggregator.service import Aggregator
-from tests.aggregator.test_service import batch, config, publish, reports, run, until
+from aggregator.service.http import MetricsServer
+from aggregator.service.service import Aggregator
+from tests.aggregator.test_service import batch, config, publish, reports, run
 from tests.conftest import Broker
+from tests.waiting import until
 
 pytestmark = pytest.mark.integration
 

@@ -15,18 +15,18 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from aggregator.accountant import amplify_spec
-from aggregator.config import AggregatorConfig
-from aggregator.http import MetricsServer
-from aggregator.live_page import CONTENT_SECURITY_POLICY, PAGE
-from aggregator.metrics import (
+from aggregator.ledger.levels import epsilon_curve
+from aggregator.page.live_page import CONTENT_SECURITY_POLICY, PAGE
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.http import MetricsServer
+from aggregator.service.metrics import (
     CURVE_DEFAULT_START,
     CURVE_MAX_N,
     MAX_CURVE_POINTS,
     AggregatorMetrics,
-    epsilon_curve,
     epsilon_curve_grid,
 )
-from aggregator.service import Aggregator
+from aggregator.service.service import Aggregator
 from edge import MechanismSpec
 from edge.batch_auth import BatchSigner
 from tests.asyncutil import run, wait_until
@@ -149,7 +149,7 @@ def test_service_exports_curve_and_target(mosquitto: Broker) -> None:
         async with Aggregator(config, registry=registry) as agg:
             task = asyncio.create_task(agg.run())
             try:
-                await wait_until(exported, timeout=30)
+                await wait_until(exported, 30)
             finally:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)

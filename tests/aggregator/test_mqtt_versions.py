@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.checkpoint import load_checkpoint
-from aggregator.service import Aggregator
-from aggregator.session import SessionTakenOverError, fetch_announcement, make_client
-from aggregator.session import mqtt_connection as connection_of
+from aggregator.service.checkpoint_files import load_checkpoint
+from aggregator.service.service import Aggregator
+from aggregator.service.session import SessionTakenOverError, fetch_announcement, make_client
+from aggregator.service.session import mqtt_connection as connection_of
 from edge.announce import encode_announcement
 from edge.errors import CocoError
 from edge.topics import batches_topic, spec_topic
@@ -37,9 +37,9 @@ from tests.aggregator.test_service import (
     moving,
     offline,
     reports,
-    until,
 )
 from tests.conftest import Broker, free_port
+from tests.waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

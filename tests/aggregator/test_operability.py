@@ -5,7 +5,6 @@ path (issue 18's aggregator rows, issue 19 item 5)."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import struct
 import subprocess
@@ -17,52 +16,31 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from aggregator.http import MetricsServer
+from aggregator.service.http import MetricsServer
 from tests.aggregator.test_service import SIGNER, SPEC
-from tests.aggregator.test_single_writer import (
+from tests.aggregator.test_single_writer import coco_run
+from tests.conftest import MOSQUITTO, Broker, free_port
+from tests.cputime import IDLE_SHARE, idle_share
+from tests.processes import (
     COCO,
     ROOT,
-    coco_run,
     env,
     error_lines,
     service,
     stop,
-    wait_for,
+    wait_running,
 )
-from tests.conftest import MOSQUITTO, Broker, free_port
+from tests.service_http import ready
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 KEY = ["--batch-public-key", SIGNER.public_key_hex]
-IDLE_SECONDS = 6.0
-IDLE_SHARE = 0.1
-"""The most CPU time an idle service may use, as a share of the wall-clock interval (it
-used to spin at ~46% of a core without --checkpoint). Generous: a loaded machine slows a
-busy process down, it does not make an idle one busier."""
-
-
-def ready(port: int) -> int | None:
-    """The status of ``GET /ready``; ``None`` while nothing answers."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as exc:
-        exc.close()
-        return exc.code
-    except OSError:
-        return None
 
 
 def metric_lines(port: int) -> list[str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text: str = response.read().decode()
     return [line for line in text.splitlines() if not line.startswith("#")]
-
-
-def cpu_seconds(pid: int) -> float:
-    """User plus system CPU time of process ``pid`` (``/proc/<pid>/stat``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_ready_only_once_subscribed_and_no_counter_before_recovery(tmp_path: Path) -> None:
@@ -75,14 +53,14 @@ def test_ready_only_once_subscribed_and_no_counter_before_recovery(tmp_path: Pat
     args = coco_run(broker, tmp_path, *KEY, "--metrics-port", str(port), "--checkpoint")
     args += [str(tmp_path / "ckpt.json")]
     with service(args) as proc:
-        wait_for(lambda: ready(port) == 503, proc)
+        wait_running(lambda: ready(port) == 503, proc)
         assert "coco_aggregator_ready 0.0" in metric_lines(port)
         broker.start()
         try:
-            wait_for(lambda: ready(port) == 200, proc)
+            wait_running(lambda: ready(port) == 200, proc)
             assert "coco_aggregator_ready 1.0" in metric_lines(port)
             broker.stop()
-            wait_for(lambda: ready(port) == 503, proc)
+            wait_running(lambda: ready(port) == 503, proc)
             rc, err = stop(proc)
         finally:
             broker.stop()
@@ -114,11 +92,9 @@ def test_an_idle_service_idles(mosquitto: Broker, tmp_path: Path, checkpoint: bo
     port = free_port()
     extra = ["--checkpoint", str(tmp_path / "ckpt.json")] if checkpoint else []
     with service(coco_run(mosquitto, tmp_path, *KEY, "--metrics-port", str(port), *extra)) as proc:
-        wait_for(lambda: ready(port) == 200, proc)
+        wait_running(lambda: ready(port) == 200, proc)
         time.sleep(2.0)  # the first privacy level and the epsilon curve, computed at start
-        before, start = cpu_seconds(proc.pid), time.monotonic()
-        time.sleep(IDLE_SECONDS)
-        used, elapsed = cpu_seconds(proc.pid) - before, time.monotonic() - start
+        used, elapsed = idle_share(proc.pid, descendants=False)
         rc, err = stop(proc)
     assert rc == 0, err
     assert used / elapsed < IDLE_SHARE, (used, elapsed)
@@ -146,7 +122,7 @@ def test_scrapers_that_hang_up_leave_no_traceback_and_snapshot_finds_estimates(
 ) -> None:
     port = free_port()
     with service(coco_run(mosquitto, tmp_path, *KEY, "--metrics-port", str(port))) as proc:
-        wait_for(lambda: ready(port) == 200, proc)
+        wait_running(lambda: ready(port) == 200, proc)
         for _ in range(40):  # ask, then reset the connection before reading the answer
             with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
                 sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -196,7 +172,7 @@ def test_channels_name_the_dimensions_or_are_refused_in_one_line(
     port = free_port()
     args = coco_run(mosquitto, tmp_path, *KEY, "--metrics-port", str(port), "--channels")
     with service([*args, str(good)]) as proc:
-        wait_for(lambda: ready(port) == 200, proc)
+        wait_running(lambda: ready(port) == 200, proc)
         url = f"http://127.0.0.1:{port}/estimates"
         with urllib.request.urlopen(url, timeout=5) as response:
             doc = json.loads(response.read())

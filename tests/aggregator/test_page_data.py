@@ -1,4 +1,4 @@
-"""The live page's data (aggregator/page_data.py): channels in physical units, the privacy
+"""The live page's data (aggregator/page/page_data.py): channels in physical units, the privacy
 history's bound, and what is refused."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from aggregator.page_data import (
+from aggregator.page.page_data import (
     MAX_POINTS,
     Channel,
     PrivacyHistory,
@@ -18,8 +18,8 @@ from aggregator.page_data import (
     check_channels,
 )
 from edge.encoders import SensorEncoder
-from sim.demo import sensor_channels
-from sim.sensors import channel_table
+from sim.demo.pipeline import sensor_channels
+from sim.models.sensors import channel_table
 
 
 def test_channel_estimates_are_the_encoders_decoding() -> None:

@@ -11,8 +11,9 @@ import pytest
 
 from aggregator.accountant import amplify_spec, blanket_pair_for_spec, epsilon_total_batches
 from aggregator.accountant.history import epsilon_total_rounds
-from aggregator.checkpoint import CheckpointError, load_checkpoint
-from aggregator.privacy_ledger import SIGNIFICANT_BITS, PrivacyLedger, accounting_size
+from aggregator.ledger.privacy_ledger import SIGNIFICANT_BITS, PrivacyLedger, accounting_size
+from aggregator.service.checkpoint_files import load_checkpoint
+from aggregator.service.core.checkpoint import CheckpointError
 from edge.spec import MechanismSpec
 
 SPEC = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
@@ -60,7 +61,7 @@ def test_levels_are_the_accountant_s_for_the_batches_recorded() -> None:
 
 def _checkpoint(tmp_path: Path, **fields: object) -> Path:
     """A minimal valid version-2 checkpoint of 3 applied batches, with ``fields`` replaced."""
-    from aggregator.estimators import AggregateState  # noqa: PLC0415
+    from aggregator.estimation.estimators import AggregateState  # noqa: PLC0415
 
     state = AggregateState(SPEC)
     doc: dict[str, object] = {
@@ -340,8 +341,12 @@ def test_compaction_keeps_the_cost_and_counts_late_records_pessimistically() -> 
     assert after.epsilon_total == before.epsilon_total  # composed at accounting sizes anyway
     assert after.sizes == {"smallest": 700, "latest": 1200}
     assert ledger.compact(1) == 0  # already folded
-    # a manifest of a compacted round cannot be told from one counted: counted again
-    outcome = ledger.record_manifest(round=1, shard="", release_id=bid(1), batches=[(bid(51), 700)])
+    # a replay of a folded manifest: its id is remembered (a bounded memory), not charged
+    replay = ledger.record_manifest(round=1, shard="", release_id=bid(1), batches=[(bid(51), 700)])
+    assert replay == "duplicate"
+    assert sum(ledger.rounds().values()) == 4
+    # another manifest of a compacted round cannot be told from one counted: counted again
+    outcome = ledger.record_manifest(round=1, shard="", release_id=bid(9), batches=[(bid(59), 700)])
     assert outcome == "late"
     assert ledger.rounds()[700] == 1
     assert sum(ledger.rounds().values()) == 5

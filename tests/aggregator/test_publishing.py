@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from aggregator.accountant import amplify_spec
-from aggregator.service import Aggregator
+from aggregator.service.service import Aggregator
 from tests.aggregator.test_batch_rules import agg_config
 from tests.aggregator.test_service import DELTA, MIN_BATCH, SPEC, batch, reports
 

@@ -1,4 +1,4 @@
-"""Per-round accounting checked by exact enumeration (aggregator/privacy_ledger.py, "What a
+"""Per-round accounting checked by exact enumeration (aggregator/ledger/privacy_ledger.py, "What a
 release is, and why a round is one participation").
 
 For tiny fleets the law of what the aggregator sees is enumerated exactly, under every
@@ -26,9 +26,9 @@ import pytest
 
 from aggregator.accountant import BlanketPair, blanket_delta, epsilon_total_counts
 from aggregator.accountant.history import epsilon_total_rounds
-from aggregator.privacy_ledger import PrivacyLedger
-from broker.core import Admitted, BatchMaker, CoreConfig, Effect, Released, ShufflerCore
-from broker.effects import is_manifest
+from aggregator.ledger.privacy_ledger import PrivacyLedger
+from broker.core.effects import is_manifest
+from broker.core.machine import Admitted, BatchMaker, CoreConfig, Effect, Released, ShufflerCore
 from edge.codec import decode_batch, decode_manifest
 from edge.spec import MechanismSpec
 
@@ -43,7 +43,7 @@ def krr(k: int, p: Fraction, x: int) -> list[Fraction]:
 
 
 def slice_sizes(n: int, slices: int) -> list[int]:
-    """The shuffler's cut (broker/core.py): near-equal consecutive pieces."""
+    """The shuffler's cut (broker/core/release.py): near-equal consecutive pieces."""
     return [(j + 1) * n // slices - j * n // slices for j in range(slices)]
 
 
@@ -210,7 +210,7 @@ Release = tuple[int, list[tuple[bytes, list[int]]], tuple[object, ...]]
 def _run_shuffler(
     config: CoreConfig, script: Sequence[tuple[float, str, int, int, int]]
 ) -> tuple[list[Release], list[str]]:
-    """Drive the real shuffler core (broker/core.py) through ``script`` as the service does
+    """Drive the real shuffler core (broker/core/machine.py) through ``script`` as the service does
     (``("report", token, round, seed)``: accepted, applied piece by piece and released
     early when due; ``("tick", ...)``: its effects applied in order) and return every
     release and every rejection reason."""
@@ -342,7 +342,7 @@ def test_a_carried_report_and_a_fresh_one_in_two_releases_of_one_round(scenario:
 
 def test_a_late_report_of_a_released_round_is_refused() -> None:
     """The other way a round could leave in two releases: a report of a round whose pool
-    has left. A released round is closed (broker/core.py), so it is ``round_too_old``."""
+    has left. A released round is closed (broker/core/release.py), so it is ``round_too_old``."""
     spec = MechanismSpec(mechanism="collision", d=3, s=1, t=3, epsilon=math.log(2))
     config = CoreConfig(
         fingerprint=spec.fingerprint_int,

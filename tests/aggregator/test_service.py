@@ -26,20 +26,21 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from numpy.typing import NDArray
 from prometheus_client import CollectorRegistry
 
-from aggregator import accountant_process
 from aggregator.accountant import amplify_spec
-from aggregator.batch_codec import encode_batch_arrays
-from aggregator.checkpoint import CheckpointError
-from aggregator.config import AggregatorConfig
-from aggregator.estimators import AggregateState
-from aggregator.ledger_file import ledger_path_for, load_ledger
-from aggregator.metrics import REJECT_REASONS
-from aggregator.service import Aggregator
+from aggregator.estimation.estimators import AggregateState
+from aggregator.ledger import accountant_process
+from aggregator.ledger.ledger_file import ledger_path_for, load_ledger
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.core.batch_codec import encode_batch_arrays
+from aggregator.service.core.checkpoint import CheckpointError
+from aggregator.service.metrics import REJECT_REASONS
+from aggregator.service.service import Aggregator
 from edge import LocalMechanism, MechanismSpec
 from edge.batch_auth import BatchSigner
 from edge.topics import batches_topic
 from tests import waiting
 from tests.conftest import MOSQUITTO, Broker, free_port
+from tests.waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -111,19 +112,6 @@ async def publish(broker: Broker, *payloads: bytes) -> None:
     async with asyncio.timeout(10), aiomqtt.Client("127.0.0.1", broker.port) as client:
         for payload in payloads:
             await client.publish(batches_topic(DEPLOYMENT), payload, qos=1)
-
-
-async def until(
-    predicate: Callable[[], bool],
-    timeout: float = 30.0,
-    *,
-    progress: waiting.Progress | None = None,
-    what: str = "",
-) -> None:
-    """tests/waiting.py's wait, ``timeout`` its stall window: the suite runs on a loaded
-    2-core box, where the accountant's low-priority process can wait for a CPU for many
-    seconds."""
-    await waiting.until(predicate, progress=progress, stall=timeout, what=what)
 
 
 def moving(agg: Aggregator) -> waiting.Progress:
@@ -265,8 +253,10 @@ def test_estimates_metrics_rejections_and_endpoint(mosquitto: Broker) -> None:
     assert value("coco_aggregator_delta") == DELTA
     assert value("coco_aggregator_epsilon_local") == SPEC.epsilon
     # one round: one participation at its smallest release (no manifest: the smallest
-    # batch), which is also the newest round's level
-    smallest = amplify_spec(SPEC, n=120, delta=DELTA).epsilon_central
+    # batch), which is also the newest round's level. The smallest is the one-record batch
+    # signed by the trusted key: refused (below_min_batch), never applied, but released to
+    # whoever listens on the topic, so charged at its real size.
+    smallest = amplify_spec(SPEC, n=1, delta=DELTA).epsilon_central
     latest = smallest
     assert value("coco_aggregator_epsilon_central", {"batch": "smallest"}) == smallest
     assert value("coco_aggregator_epsilon_central", {"batch": "latest"}) == latest
@@ -460,7 +450,8 @@ def test_a_cancelled_checkpoint_finishes_its_write_before_releasing(
 _CHILD = """
 import asyncio, json, sys
 from pathlib import Path
-from aggregator.service import AggregatorConfig, run_aggregator
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.service import run_aggregator
 from edge import MechanismSpec
 a = json.loads(sys.argv[1])
 cfg = AggregatorConfig(
@@ -561,7 +552,7 @@ def test_broker_restart_reconnects(mosquitto: Broker) -> None:
         await asyncio.to_thread(mosquitto.restart)
         await until(
             lambda: agg.connections >= 2 and agg.subscribed.is_set(),
-            timeout=20,
+            20,
             progress=moving(agg),
         )
         await publish(mosquitto, batch(rs[1], 301))

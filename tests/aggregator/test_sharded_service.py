@@ -14,7 +14,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from aggregator.trust import load_pins, trust_path
+from aggregator.service.trust import load_pins, trust_path
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner
 from edge.codec import encode_manifest
@@ -29,19 +29,19 @@ from tests.aggregator.test_service import (
     raw_batch,
     reports,
 )
-from tests.aggregator.test_single_writer import (
+from tests.aggregator.test_single_writer import coco_run
+from tests.conftest import Broker, free_port
+from tests.processes import (
     COCO,
     ROOT,
-    coco_run,
     env,
     estimates,
     service,
     started,
     stop,
-    wait_for,
+    wait_running,
 )
-from tests.conftest import Broker, free_port
-from tests.faults.test_exactly_once import metrics
+from tests.service_http import metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -123,7 +123,7 @@ def test_a_sharded_deployment_end_to_end(mosquitto: Broker, tmp_path: Path) -> N
             document = estimates(port) or {}
             return bool(document.get("manifests", {}).get("reports_missing") == 70)
 
-        wait_for(reconciled, proc)
+        wait_running(reconciled, proc)
         document = estimates(port)
         assert document is not None
         assert document["n"] == size[0] + size[1] + size[3]
@@ -179,12 +179,12 @@ def reshard(
     # a reshard: a second layout from the next round on; refused until accepted
     resharded = ShardPlan((plan.layouts[0], layout(1, new, round_ + 1)))
     asyncio.run(announce(mosquitto, resharded))
-    wait_for(
+    wait_running(
         lambda: (metrics(port) or {}).get("coco_aggregator_announcements_refused_total") == 1,
         proc,
     )
     asyncio.run(send(mosquitto, (batches_topic(DEPLOYMENT, "g1s2"), sealed(6))))
-    wait_for(
+    wait_running(
         lambda: (
             (estimates(port) or {}).get("counters", {}).get("rejected", {}).get("unknown_shard")
             == 1
@@ -200,9 +200,61 @@ def reshard(
     pins = load_pins(trust_path(checkpoint))
     assert pins is not None
     assert "g1s2" not in pins.trusted  # the layouts as JSON: keys, not labels
-    wait_for(lambda: "g1s2=" in (estimates(port) or {}).get("batch_public_key", ""), proc)
+    wait_running(lambda: "g1s2=" in (estimates(port) or {}).get("batch_public_key", ""), proc)
     asyncio.run(send(mosquitto, (batches_topic(DEPLOYMENT, "g1s2"), sealed(7))))
-    wait_for(
+    wait_running(
         lambda: (estimates(port) or {}).get("shards", {}).get("g1s2", {}).get("batches") == 1,
         proc,
     )
+
+
+def test_a_shard_silent_while_the_others_release_is_logged_and_exported(
+    mosquitto: Broker, tmp_path: Path
+) -> None:
+    """Shard g0s2's shuffler never started: after 3 rounds the others released, one WARNING
+    and the gauges say so; its first release, one INFO line."""
+    round_ = int(time.time() // 60)
+    signers = [BatchSigner.generate(DEPLOYMENT, f"g0s{i}") for i in range(3)]
+    plan = ShardPlan((layout(0, signers, round_ - 10),))
+    port = free_port()
+    args = coco_run(
+        mosquitto, tmp_path, "--metrics-port", str(port), "--silent-shard-rounds", "3",
+        spec=False,
+    )  # fmt: skip
+    rep = reports(MIN_BATCH, 400)
+
+    def sealed(shard: int, batch_id: int, at: int) -> tuple[str, bytes]:
+        topic = batches_topic(DEPLOYMENT, f"g0s{shard}")
+        return topic, signers[shard].seal(raw_batch(rep, batch_id, round_=at))
+
+    def gauge(shard: str) -> float | None:
+        samples = metrics(port) or {}
+        return samples.get(f"coco_aggregator_shard_silent{{shard={shard}}}")
+
+    asyncio.run(announce(mosquitto, plan))
+    with service(args) as proc:
+        started(proc, port)
+        asyncio.run(
+            send(
+                mosquitto,
+                *(
+                    sealed(shard, 10 * k + shard, round_ - 3 + k)
+                    for k in range(3)
+                    for shard in (0, 1)
+                ),
+            )
+        )
+        wait_running(lambda: gauge("g0s2") == 1, proc)
+        samples = metrics(port)
+        assert samples is not None
+        assert samples["coco_aggregator_shard_silent_rounds{shard=g0s2}"] == 3
+        assert samples["coco_aggregator_shard_silent{shard=g0s0}"] == 0
+        asyncio.run(send(mosquitto, sealed(2, 99, round_ - 1)))
+        wait_running(lambda: gauge("g0s2") == 0, proc)
+        rc, err = stop(proc)
+    assert rc == 0, err
+    warnings = [line for line in err.splitlines() if "has released nothing" in line]
+    assert len(warnings) == 1, err
+    assert "WARNING" in warnings[0]
+    assert "shard g0s2 has released nothing for 3 rounds" in warnings[0]
+    assert sum("shard g0s2 released again" in line for line in err.splitlines()) == 1, err

@@ -18,7 +18,7 @@ from aggregator.accountant.shards import (
     shard_plan,
     worst_shard_size,
 )
-from aggregator.privacy_ledger import PrivacyLedger
+from aggregator.ledger.privacy_ledger import PrivacyLedger
 from edge.spec import MechanismSpec
 from sim.cli import app
 

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregator.batch_codec import encode_batch_arrays
-from aggregator.checkpoint import decode_checkpoint, encode_checkpoint
-from aggregator.core import AggregatorCore, CoreRules
-from aggregator.keys import anchor_of, describe_anchor, is_anchor
+from aggregator.service.core.batch_codec import encode_batch_arrays
+from aggregator.service.core.checkpoint import decode_checkpoint, encode_checkpoint
+from aggregator.service.core.keys import anchor_of, describe_anchor, is_anchor
+from aggregator.service.core.rules import AggregatorCore, CoreRules
 from edge import MechanismSpec
 from edge.batch_auth import BatchSigner
 from edge.codec import encode_manifest
@@ -53,13 +53,13 @@ PLAN = ShardPlan(
 SIGNERS = {**OLD, **NEW}
 
 
-def core(grace: float = GRACE) -> AggregatorCore:
+def core(grace: float = GRACE, retention_rounds: int = 100) -> AggregatorCore:
     rules = CoreRules(
         spec=SPEC,
         deployment=DEP,
         trusted=anchor_of(None, PLAN),
         min_batch=MIN_BATCH,
-        retention_rounds=100,
+        retention_rounds=retention_rounds,
         round_seconds=60,
         manifest_grace=grace,
     )

@@ -8,28 +8,22 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import aiomqtt
 import pytest
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.reasoncodes import ReasonCode
 
-from aggregator.checkpoint import load_checkpoint
-from aggregator.session import SESSION_TAKEN_OVER, session_taken_over
+from aggregator.service.checkpoint_files import load_checkpoint
+from aggregator.service.session import SESSION_TAKEN_OVER, session_taken_over
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner
 from edge.topics import spec_topic
-from tests import waiting
 from tests.aggregator.test_service import (
     DELTA,
     DEPLOYMENT,
@@ -41,12 +35,19 @@ from tests.aggregator.test_service import (
     reports,
 )
 from tests.conftest import Broker, free_port
-from tests.service_http import estimates as read_estimates
+from tests.processes import (
+    COCO,
+    ROOT,
+    env,
+    error_lines,
+    estimates,
+    service,
+    started,
+    stop,
+    wait_running,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
-
-ROOT = Path(__file__).resolve().parents[2]
-COCO = [sys.executable, "-c", "from sim.cli import main; main()"]
 
 
 def coco_run(broker: Broker, tmp_path: Path, *args: str, spec: bool = True) -> list[str]:
@@ -58,61 +59,6 @@ def coco_run(broker: Broker, tmp_path: Path, *args: str, spec: bool = True) -> l
         options += ["--spec", str(spec_file), "--delta", str(DELTA)]
         options += ["--min-batch", str(MIN_BATCH)]
     return [*COCO, "aggregator", "run", *options, *args]
-
-
-def estimates(port: int) -> dict[str, Any] | None:
-    return read_estimates(port, timeout=2)
-
-
-def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "COCO_LOG_LEVEL": "info"}
-
-
-def wait_for(
-    predicate: Any, proc: subprocess.Popen[str] | None = None, timeout: float = 30
-) -> None:
-    """Until ``predicate``; fails when ``proc`` exits, or when its CPU time stands still for
-    ``timeout`` s (tests/waiting.py)."""
-
-    def holds() -> bool:
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the service exited: {proc.communicate()[1]}")
-        return bool(predicate())
-
-    waiting.wait_until(
-        holds,
-        progress=None if proc is None else lambda: waiting.cpu_seconds(proc.pid),
-        stall=timeout,
-        interval=0.05,
-    )
-
-
-@contextmanager
-def service(args: list[str]) -> Iterator[subprocess.Popen[str]]:
-    proc = subprocess.Popen(
-        args, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=20)
-
-
-def started(proc: subprocess.Popen[str], port: int) -> None:
-    """Until the service is subscribed to the batches (its /estimates says so)."""
-    wait_for(lambda: (estimates(port) or {}).get("subscribed") is True, proc)
-
-
-def stop(proc: subprocess.Popen[str]) -> tuple[int, str]:
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=30)
-    return proc.returncode, err
-
-
-def error_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("error:")]
 
 
 def test_a_second_aggregator_on_the_same_checkpoint_refuses_to_start(
@@ -143,7 +89,7 @@ def test_a_second_aggregator_on_the_same_checkpoint_refuses_to_start(
         assert f"(pid {first.pid})" in errors[0]
         # the first one is unaffected and applies batches
         asyncio.run(publish(mosquitto, batch(reports(MIN_BATCH, 1), 1)))
-        wait_for(lambda: (estimates(first_port) or {}).get("n") == MIN_BATCH, first)
+        wait_running(lambda: (estimates(first_port) or {}).get("n") == MIN_BATCH, first)
         first.send_signal(signal.SIGKILL)  # a crashed holder leaves no stale lock
         first.communicate(timeout=20)
 
@@ -152,7 +98,7 @@ def test_a_second_aggregator_on_the_same_checkpoint_refuses_to_start(
         # the crash came before any checkpoint: the broker redelivers the unacknowledged
         # batch to the session of the first one's account, and it is applied once
         started(third, third_port)
-        wait_for(lambda: (estimates(third_port) or {}).get("n") == MIN_BATCH, third)
+        wait_running(lambda: (estimates(third_port) or {}).get("n") == MIN_BATCH, third)
         rc, err = stop(third)
     assert rc == 0, err
     assert f"stopping: this run applied 1 batches ({MIN_BATCH} reports)" in err
@@ -179,7 +125,7 @@ def test_a_session_taken_over_stops_the_service_and_no_batch_counts_twice(
     with service(aggregator(first_port, first_ckpt)) as first:
         started(first, first_port)
         asyncio.run(publish(mosquitto, batch(rep1, 1)))
-        wait_for(lambda: (estimates(first_port) or {}).get("n") == MIN_BATCH, first)
+        wait_running(lambda: (estimates(first_port) or {}).get("n") == MIN_BATCH, first)
         with service(aggregator(second_port, second_ckpt)) as second:
             _, err = first.communicate(timeout=30)
             assert first.returncode == 1
@@ -208,7 +154,7 @@ def test_a_session_taken_over_stops_the_service_and_no_batch_counts_twice(
                 duplicates = document.get("counters", {}).get("duplicates", 0)
                 return document.get("n") == 2 * MIN_BATCH + 10 and duplicates in (1, 2)
 
-            wait_for(both_seen, second)
+            wait_running(both_seen, second)
             time.sleep(1.0)  # a reconnecting first service would take the session back here
             assert second.poll() is None
             document = estimates(second_port)
@@ -264,7 +210,7 @@ def test_the_batch_key_comes_from_the_option_or_the_announcement(
     ) as announced:
         started(announced, port)
         asyncio.run(publish(mosquitto, batch(reports(MIN_BATCH, 3), 1)))
-        wait_for(lambda: (estimates(port) or {}).get("n") == MIN_BATCH, announced)
+        wait_running(lambda: (estimates(port) or {}).get("n") == MIN_BATCH, announced)
         rc, err = stop(announced)
     assert rc == 0, err
 

@@ -17,24 +17,23 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.trust import load_pins, trust_path
+from aggregator.service.trust import load_pins, trust_path
 from edge.batch_auth import BatchSigner
 from tests.aggregator.test_service import DEPLOYMENT, MIN_BATCH, SIGNER, batch, publish, reports
-from tests.aggregator.test_single_writer import (
-    COCO,
+from tests.aggregator.test_single_writer import announce, coco_run
+from tests.conftest import Broker, free_port
+from tests.processes import (
     ROOT,
-    announce,
-    coco_run,
+    coco,
     env,
     error_lines,
     estimates,
     service,
     started,
     stop,
-    wait_for,
+    wait_running,
 )
-from tests.conftest import Broker, free_port
-from tests.faults.test_exactly_once import metrics
+from tests.service_http import metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -42,10 +41,8 @@ FORGER = BatchSigner.generate(DEPLOYMENT)
 
 
 def trust_cli(checkpoint: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*COCO, "aggregator", "trust", "--checkpoint", str(checkpoint), *args],
-        check=False, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    trust = ["aggregator", "trust", "--checkpoint", str(checkpoint), *args]
+    return coco(*trust, cwd=ROOT, env=env(), timeout=60)
 
 
 def test_a_replayed_announcement_with_another_key_changes_nothing_until_the_operator_accepts(
@@ -63,7 +60,7 @@ def test_a_replayed_announcement_with_another_key_changes_nothing_until_the_oper
     with service(args) as first:  # first use: the announced key is pinned
         started(first, port)
         asyncio.run(publish(mosquitto, batch(genuine[0], 1)))
-        wait_for(lambda: (estimates(port) or {}).get("n") == MIN_BATCH, first)
+        wait_running(lambda: (estimates(port) or {}).get("n") == MIN_BATCH, first)
         rc, err = stop(first)
     assert rc == 0, err
     pins = load_pins(trust_path(checkpoint))
@@ -77,7 +74,7 @@ def test_a_replayed_announcement_with_another_key_changes_nothing_until_the_oper
         forged = batch(reports(200, 7), 99, signer=FORGER)
         asyncio.run(publish(mosquitto, forged, batch(genuine[1], 2), batch(genuine[2], 3)))
         expected = MIN_BATCH + sum(len(r[0]) for r in genuine[1:3])
-        wait_for(lambda: (estimates(port) or {}).get("n") == expected, second)
+        wait_running(lambda: (estimates(port) or {}).get("n") == expected, second)
         document = estimates(port)
         assert document is not None
         assert document["counters"]["rejected"] == {"bad_signature": 1}
@@ -99,13 +96,13 @@ def test_a_replayed_announcement_with_another_key_changes_nothing_until_the_oper
             f"old: {SIGNER.public_key_hex}",
             f"new: {FORGER.public_key_hex}",
         ]
-        wait_for(
+        wait_running(
             lambda: (estimates(port) or {}).get("batch_public_key") == FORGER.public_key_hex,
             second,
         )
         asyncio.run(publish(mosquitto, batch(genuine[3], 4, signer=FORGER), batch(genuine[3], 5)))
         expected += len(genuine[3][0])
-        wait_for(
+        wait_running(
             lambda: (
                 (estimates(port) or {}).get("counters", {}).get("rejected") == {"bad_signature": 2}
             ),
@@ -155,7 +152,7 @@ def test_a_lost_trust_file_pins_the_checkpoint_s_key_not_the_announcement_s(
     with service(args) as first:
         started(first, port)
         asyncio.run(publish(mosquitto, batch(reports(MIN_BATCH, 1), 1)))
-        wait_for(lambda: (estimates(port) or {}).get("n") == MIN_BATCH, first)
+        wait_running(lambda: (estimates(port) or {}).get("n") == MIN_BATCH, first)
         assert stop(first)[0] == 0
     trust_path(checkpoint).unlink()
     asyncio.run(announce(mosquitto, FORGER.public_key_hex))

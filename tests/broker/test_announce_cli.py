@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import time
@@ -9,10 +10,11 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from broker.service.cli import read_announcement
 from edge import MechanismSpec
 from edge.announce import decode_announcement
 from sim.cli import app
-from tests.conftest import Broker
+from tests.conftest import Broker, free_port
 
 runner = CliRunner()
 ARGS = [
@@ -187,6 +189,34 @@ def test_a_sharded_announcement_and_a_reshard(mosquitto: Broker) -> None:
     assert (newest["generation"], newest["from_round"]) == (2, now + 100)
 
 
+def test_a_layout_whose_first_round_has_begun_is_refused(mosquitto: Broker) -> None:
+    """A reshard (or a first layout) whose --shards-from-round is not ahead of the current
+    round would have two layouts serve one round: refused with one line naming the current
+    round and a later one, exit 1, and the retained announcement stays as it was."""
+    args = [*ARGS, "--broker", mosquitto.url, "--round-seconds", "60"]
+    first = runner.invoke(app, [*args, "--shard-key", _keys(1)[0]])
+    assert first.exit_code == 0, first.output
+    announced = json.loads(first.output)
+    key = bytes([20]).hex() * 32
+    for late in ("past", "current"):
+        now = int(time.time() // 60)
+        start = now if late == "current" else now - 1
+        for reshard in (["--reshard"], []):
+            result = runner.invoke(
+                app, [*args, *reshard, "--shard-key", key, "--shards-from-round", str(start)]
+            )
+            assert result.exit_code == 1, result.output
+            errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+            assert len(errors) == 1, result.output
+            assert f"--shards-from-round {start} is not ahead of the current round" in errors[0]
+            assert "or later" in errors[0]
+    retained = asyncio.run(read_announcement(mosquitto.url, "plant-7", 5.0))
+    assert retained["shards"] == announced["shards"]  # nothing published
+    # a first layout from round 0 (a deployment sharded from the start) is not "late"
+    from_zero = runner.invoke(app, [*args, "--shard-key", key, "--shards-from-round", "0"])
+    assert from_zero.exit_code == 0, from_zero.output
+
+
 def test_shard_options_are_checked(mosquitto: Broker) -> None:
     key = _keys(1)[0]
     both = runner.invoke(app, [*ARGS, "--shard-key", key, "--batch-public-key", key, "--dry-run"])
@@ -228,3 +258,58 @@ def test_an_announcement_the_broker_does_not_retain_is_an_error(tmp_path: Path) 
     assert MOSQUITTO
     assert result.exit_code == 1
     assert "nothing was announced" in result.output
+
+
+def test_announce_takes_a_cluster_s_node_list(mosquitto: Broker) -> None:
+    """``--broker`` as the nodes of a cluster, the first one down: the announcement goes to
+    the next node, and a reshard reads the current one through the same list."""
+    nodes = f"mqtt://127.0.0.1:{free_port()},{mosquitto.url}"
+    result = runner.invoke(app, [*ARGS, "--broker", nodes, "--timeout", "5"])
+    assert result.exit_code == 0, result.output
+    announced = asyncio.run(read_announcement(mosquitto.url, "plant-7", 10))
+    assert announced["min_batch"] == 100
+    args = [*ARGS, "--broker", nodes, "--round-seconds", "60", "--shard-seed", "9"]
+    sharded = runner.invoke(app, [*args, "--shard-key", "ab" * 32])
+    assert sharded.exit_code == 0, sharded.output
+    dead = f"mqtt://127.0.0.1:{free_port()},mqtt://127.0.0.1:{free_port()}"
+    refused = runner.invoke(app, [*ARGS, "--broker", dead, "--timeout", "5"])
+    assert refused.exit_code == 1
+    assert "cannot connect to the broker at" in refused.output
+    assert "Traceback" not in refused.output
+
+
+def test_what_announce_prints_is_accepted_by_every_spec_option(tmp_path: Path) -> None:
+    """``coco announce --dry-run > a.json`` then ``--spec a.json``: every command reads the
+    file (its ``topic`` key ignored) and goes on to its next check, which names no spec."""
+    printed = runner.invoke(app, [*ARGS, "--dry-run"])
+    assert printed.exit_code == 0, printed.output
+    assert "topic" in json.loads(printed.stdout)
+    spec_file = tmp_path / "a.json"
+    spec_file.write_text(printed.stdout)
+    again = runner.invoke(
+        app,
+        [*ARGS[:3], "--min-batch", "100", "--delta", "1e-7", "--spec", str(spec_file), "--dry-run"],
+    )
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout) == json.loads(printed.stdout)
+    unreachable = ["--broker", f"mqtt://127.0.0.1:{free_port()}", "--deployment", "plant-7"]
+    cases = [
+        (
+            ["fleet", "--devices", "2", "--no-progress", "--round-seconds", "61"],
+            f"--round-seconds 61 does not match the round_seconds 60 of the spec file {spec_file}",
+        ),
+        (
+            [
+                *("device", "--device-id", "d1", "--lo", "0", "--hi", "1", "--budget", "5"),
+                *("--ledger", str(tmp_path / "missing" / "ledger.json")),
+            ],
+            "privacy ledger",
+        ),
+        (["shuffler"], "--round-seconds is required with --spec"),
+        (["aggregator", "run"], "--delta is required with --spec"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(app, [*args, *unreachable, "--spec", str(spec_file)])
+        assert result.exit_code == 1, result.output
+        assert message in result.stderr, (args, result.stderr)
+        assert "announcement must have the keys" not in result.stderr

@@ -1,12 +1,14 @@
-"""broker/broker_stats.py against a real Mosquitto: the loss that happens after a PUBACK
+"""broker/service/broker_stats.py against a real Mosquitto: the loss that happens after a PUBACK
 (a persistent session's queue over ``max_queued_messages``) shows in the metrics."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import aiomqtt
 import paho.mqtt.client as mqtt
@@ -14,7 +16,12 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 from prometheus_client import CollectorRegistry
 
-from broker.broker_stats import MosquittoSysStats, parse_sys_value
+from broker.service.broker_stats import (
+    DROPPED_TOPIC,
+    DROPPED_WARNING,
+    MosquittoSysStats,
+    parse_sys_value,
+)
 from tests import waiting
 from tests.asyncutil import run
 from tests.conftest import MOSQUITTO, Broker, free_port
@@ -92,7 +99,10 @@ def test_parse_sys_value() -> None:
     assert parse_sys_value(b"mosquitto version 2.0.11") is None
 
 
-def test_dropped_after_puback_shows_on_its_own_connection(small_queue_broker: Broker) -> None:
+def test_dropped_after_puback_shows_on_its_own_connection(
+    small_queue_broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="broker.broker_stats")
     registry = CollectorRegistry()
     stats = MosquittoSysStats(registry)
     assert registry.get_sample_value(DROPPED) is None
@@ -116,6 +126,32 @@ def test_dropped_after_puback_shows_on_its_own_connection(small_queue_broker: Br
             await asyncio.gather(watcher, return_exceptions=True)
 
     run(scenario(), timeout=180)
+    # each increase said once at WARNING, with what it means; together, the 7 dropped
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings, caplog.text
+    assert all(r.msg == DROPPED_WARNING for r in warnings)
+    increases = [cast(tuple[int, int], r.args) for r in warnings]
+    assert sum(increase for increase, _ in increases) == 7
+    assert increases[-1][1] == 7  # the broker's count since it started
+    assert "acknowledged reports" in warnings[0].getMessage()
+    assert "raise max_queued_messages" in warnings[0].getMessage()
+
+
+def test_each_increase_of_the_dropped_counter_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="broker.broker_stats")
+    stats = MosquittoSysStats(CollectorRegistry())
+    stats.handle(DROPPED_TOPIC, b"3")  # already there: INFO, not this run's loss for sure
+    stats.handle(DROPPED_TOPIC, b"3")  # unchanged: nothing
+    stats.handle(DROPPED_TOPIC, b"10")
+    stats.handle(DROPPED_TOPIC, b"2")  # the broker restarted: 2 new
+    levels = [(r.levelno, r.args) for r in caplog.records]
+    assert levels == [
+        (logging.INFO, (3,)),
+        (logging.WARNING, (7, 10)),
+        (logging.WARNING, (2, 2)),
+    ]
 
 
 def test_on_a_shared_client_only_sys_messages_are_taken(small_queue_broker: Broker) -> None:
@@ -169,3 +205,23 @@ def test_watch_retries_until_the_broker_is_up(tmp_path: Path) -> None:
         run(scenario(), timeout=120)
     finally:
         broker.stop()
+
+
+def test_watch_takes_a_node_list_and_moves_past_a_node_that_is_down(
+    small_queue_broker: Broker,
+) -> None:
+    """``--broker`` as a cluster's node list: the first node refuses connections, so the
+    watcher moves on to the next and its statistics arrive."""
+    registry = CollectorRegistry()
+    stats = MosquittoSysStats(registry)
+    nodes = f"mqtt://127.0.0.1:{free_port()},{small_queue_broker.url}"
+
+    async def scenario() -> None:
+        watcher = asyncio.create_task(stats.watch(nodes, retry_seconds=0.1))
+        try:
+            await wait_for_sample(registry, "coco_mosquitto_uptime_seconds", lambda v: v >= 0)
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
+    run(scenario(), timeout=120)

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.core import (
+from broker.core.machine import (
     Acked,
     Admitted,
     BatchMaker,
@@ -33,7 +33,7 @@ from broker.core import (
     ShufflerCore,
     batch_id_of,
 )
-from broker.records import FILE_HEADER_SIZE, encode_effect, file_header, scan
+from broker.store.records import FILE_HEADER_SIZE, encode_effect, file_header, scan
 from edge.codec import KIND_MANIFEST, decode_batch, encode_batch
 
 L = 10  # round_seconds

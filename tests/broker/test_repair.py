@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from broker.core import Admitted, Closed, Configured, CoreConfig, ShufflerCore
-from broker.effects import Effect
-from broker.records import FILE_HEADER_SIZE
-from broker.repair import repair
-from broker.store import EffectLog, LogDamagedError, StateDir
+from broker.core.effects import Effect
+from broker.core.machine import Admitted, Closed, Configured, CoreConfig, ShufflerCore
+from broker.store.records import FILE_HEADER_SIZE
+from broker.store.repair import repair
+from broker.store.wal import EffectLog, LogDamagedError, StateDir
 from sim.cli import app
 
 CONFIG = CoreConfig(fingerprint=1, t=8, round_seconds=10, min_batch=2)
@@ -105,3 +105,20 @@ def test_repair_refuses_a_running_shuffler_s_state(tmp_path: Path) -> None:
 
 def test_header_size_is_what_the_format_says() -> None:
     assert FILE_HEADER_SIZE == 20
+
+
+@pytest.mark.parametrize("made", [False, True])
+def test_repair_refuses_a_directory_without_shuffler_state(tmp_path: Path, made: bool) -> None:
+    """A mistyped --state-dir (missing, or a directory with no log) is refused in one line
+    and nothing is created in it."""
+    state = tmp_path / "typo"
+    if made:
+        state.mkdir()
+    result = CliRunner().invoke(app, ["shuffler", "repair", "--state-dir", str(state)])
+    assert result.exit_code == 1, result.output
+    assert result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ")
+    assert str(state) in line
+    assert "not a shuffler state directory" in line
+    assert (list(state.iterdir()) == []) if made else not state.exists()

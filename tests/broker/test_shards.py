@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -19,8 +19,8 @@ import aiomqtt
 import pytest
 from prometheus_client import CollectorRegistry
 
-from broker.lease import Lease, LeaseRefusedError
-from broker.shuffler import Shuffler, ShufflerConfig
+from broker.service.lease import Lease, LeaseRefusedError
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner, BatchVerifier
 from edge.codec import decode_batch, decode_manifest, encode_report
@@ -37,6 +37,7 @@ from edge.topics import (
 from tests import waiting
 from tests.broker.test_shuffler import run, value, wait_until
 from tests.conftest import Broker
+from tests.processes import COCO
 
 pytestmark = pytest.mark.integration
 
@@ -337,7 +338,7 @@ def test_a_reshard_from_one_to_two_shards_loses_and_doubles_nothing(
 
 def coco_shuffler(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", "from sim.cli import main; main()", "shuffler", *args],
+        [*COCO, "shuffler", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -456,3 +457,32 @@ def lease_held(broker: Broker) -> bool:
         return False
 
     return asyncio.run(read())
+
+
+def test_a_new_session_warns_only_when_a_shard_may_have_lost_reports(
+    mosquitto: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A first layout's shard (from round 0) starting: INFO, however late the clock; a
+    reshard's shard subscribing first after its layout's first round began: WARNING (devices
+    sent it reports no session queued)."""
+    caplog.set_level(logging.INFO, logger="broker.shuffler")
+    keys = signers(["g0s0", "g1s0", "g1s1"])
+
+    async def scenario() -> None:
+        registry = CollectorRegistry()
+        async with running(config(mosquitto, "g0s0", plan_of(keys), keys["g0s0"]), registry):
+            pass
+        assert registry.get_sample_value("coco_shuffler_sessions_new_total") == 1
+        said = [(r.levelno, r.getMessage()) for r in caplog.records if "session" in r.getMessage()]
+        assert said == [(logging.INFO, "a new session on the broker (first start)")]
+        caplog.clear()
+        registry = CollectorRegistry()
+        plan = plan_of(keys, second_from=current_round(L) - 1)  # begun before its start
+        async with running(config(mosquitto, "g1s0", plan, keys["g1s0"]), registry):
+            pass
+        assert registry.get_sample_value("coco_shuffler_sessions_new_total") == 1
+        lost = [r for r in caplog.records if "held no session" in r.getMessage()]
+        assert [r.levelno for r in lost] == [logging.WARNING], lost
+        assert "its shard's first round had begun" in lost[0].getMessage()
+
+    run(scenario())

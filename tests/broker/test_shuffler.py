@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,9 +27,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 from scipy import stats
 
-from broker.metrics import DROP_REASONS, REJECT_REASONS
-from broker.shuffler import Shuffler, ShufflerConfig
-from broker.store import StoreError
+from broker.service.metrics import DROP_REASONS, REJECT_REASONS
+from broker.service.shuffler import Shuffler, ShufflerConfig
+from broker.store.wal import StoreError
 from edge.batch_auth import BatchAuthError, BatchSigner, BatchVerifier
 from edge.codec import decode_batch, encode_report
 from edge.rounds import current_round
@@ -66,6 +66,7 @@ def config(broker: Broker, **overrides: Any) -> ShufflerConfig:
         "reconnect_max": 0.5,
         "drain_timeout": 5.0,
         "create_signing_key": True,
+        "lease_settle": 0.3,  # a shuffler with a state directory holds the deployment's lease
         **overrides,
     }
     return ShufflerConfig(**settings)
@@ -76,15 +77,8 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return 0.0 if sample is None else sample
 
 
-async def wait_until(
-    predicate: Callable[[], bool],
-    timeout: float = 15.0,
-    *,
-    progress: waiting.Progress | None = None,
-    what: str = "",
-) -> None:
-    """tests/waiting.py's wait: fails when ``progress`` stood still for ``timeout`` s."""
-    await waiting.until(predicate, progress=progress, stall=timeout, what=what)
+wait_until = waiting.Waits(15.0).until
+"""tests/waiting.py's wait: fails when ``progress`` stood still for 15 s (or the window given)."""
 
 
 async def round_start() -> int:
@@ -395,14 +389,21 @@ def test_restart_keeps_pools_and_duplicate_state(mosquitto: Broker, tmp_path: Pa
 
 
 def test_reports_published_while_down_are_queued_by_the_session(
-    mosquitto: Broker, tmp_path: Path
+    mosquitto: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="broker.shuffler")
     registry = CollectorRegistry()
     cfg = config(mosquitto, state_dir=tmp_path / "state", round_seconds=60)
 
     async def scenario() -> None:
         async with running(cfg, registry):
             pass  # the first run creates the persistent session
+        # a healthy first start: said at INFO, no warning to learn to ignore
+        new = [r for r in caplog.records if "session" in r.getMessage()]
+        assert [(r.levelno, r.getMessage()) for r in new] == [
+            (logging.INFO, "a new session on the broker (first start)")
+        ]
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
         r = current_round(60)
         await publish(mosquitto, [(f"q{i}", report(r, i)) for i in range(6)])
         again_registry = CollectorRegistry()
@@ -413,6 +414,33 @@ def test_reports_published_while_down_are_queued_by_the_session(
 
     run(scenario())
     assert value(registry, "coco_shuffler_sessions_new_total") == 1  # the first run's
+    assert not [r for r in caplog.records if "held no session" in r.getMessage()]
+
+
+def test_a_new_session_for_a_state_directory_that_had_one_is_a_warning(
+    mosquitto: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The broker (no persistence here) restarted while the shuffler was stopped: the next
+    start on the same state directory finds no session, a loss the state directory tells
+    from a first start."""
+    caplog.set_level(logging.INFO, logger="broker.shuffler")
+    cfg = config(mosquitto, state_dir=tmp_path / "state", round_seconds=60)
+    registry = CollectorRegistry()
+
+    async def scenario() -> None:
+        async with running(cfg, CollectorRegistry()):
+            pass
+        await asyncio.to_thread(mosquitto.restart)
+        caplog.clear()
+        async with running(cfg, registry):
+            pass
+
+    run(scenario())
+    assert value(registry, "coco_shuffler_sessions_new_total") == 1
+    lost = [r for r in caplog.records if "held no session" in r.getMessage()]
+    assert [r.levelno for r in lost] == [logging.WARNING], lost
+    assert "it lost the session" in lost[0].getMessage()
+    assert not [r for r in caplog.records if "first start" in r.getMessage()]
 
 
 def test_second_shuffler_on_the_same_state_refuses(mosquitto: Broker, tmp_path: Path) -> None:
@@ -430,9 +458,17 @@ def test_second_shuffler_on_the_same_state_refuses(mosquitto: Broker, tmp_path: 
 def test_two_shufflers_with_one_client_id_do_not_fight(mosquitto: Broker, tmp_path: Path) -> None:
     """Two shufflers of one account (on two hosts: two state directories) take the session
     over from each other; within a few takeovers one of them stops with a clear error and
-    the other keeps the session and keeps running."""
+    the other keeps the session and keeps running. (Of one deployment, the second would not
+    start: the deployment's lease refuses it, tests/broker/test_unsharded_lease.py; two
+    deployments here, so that the session, which knows no deployment, is what they fight
+    over.)"""
     configs = [
-        config(mosquitto, client_id="coco-shuffler-x", state_dir=tmp_path / name)
+        config(
+            mosquitto,
+            client_id="coco-shuffler-x",
+            deployment=f"{DEP}-{name}",
+            state_dir=tmp_path / name,
+        )
         for name in ("a", "b")
     ]
 

@@ -7,10 +7,9 @@ the signing key (never created by accident, refused when it is not the announced
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import json
 import logging
 import math
-import os
 import subprocess
 import urllib.error
 import urllib.request
@@ -20,27 +19,48 @@ from pathlib import Path
 import aiomqtt
 import pytest
 from prometheus_client import CollectorRegistry
+from typer.testing import CliRunner
 
-from broker.keys import SigningKeyError
-from broker.metrics import serve_http
-from broker.shuffler import Shuffler
+from broker.service.keys import SigningKeyError, load_signer
+from broker.service.metrics import serve_http
+from broker.service.shuffler import Shuffler
 from edge.batch_auth import BatchSigner, BatchVerifier, load_or_create_signing_key, public_key_hex
 from edge.codec import decode_batch, decode_manifest
+from edge.errors import CocoError
 from edge.rounds import current_round
 from edge.topics import batches_topic, manifests_topic
-from tests.broker.test_shuffler import config, publish, report, run, running, value, wait_until
+from sim.cli import app
+from tests.broker.test_shuffler import (
+    SPEC,
+    config,
+    publish,
+    report,
+    run,
+    running,
+    value,
+    wait_until,
+)
+from tests.broker.test_store import fill
 from tests.conftest import Broker, free_port
 from tests.edge.test_mqtt_version import NATS_SERVER, _nats_mqtt
+from tests.ports import busy_port
+from tests.processes import COCO, ROOT, env, error_lines
 
 pytestmark = pytest.mark.integration
 
 
 def ready(port: int) -> int:
+    return ready_answer(port)[0]
+
+
+def ready_answer(port: int) -> tuple[int, str]:
+    """``GET /ready``: its status and body."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=5) as response:
-            return int(response.status)
+            return int(response.status), response.read().decode()
     except urllib.error.HTTPError as exc:
-        return exc.code
+        with exc:
+            return exc.code, exc.read().decode()
 
 
 def test_readiness_only_once_recovered_and_subscribed(mosquitto: Broker, tmp_path: Path) -> None:
@@ -59,8 +79,15 @@ def test_readiness_only_once_recovered_and_subscribed(mosquitto: Broker, tmp_pat
         assert value(registry, "coco_shuffler_ready") == 0
         assert math.isnan(registry.get_sample_value("coco_shuffler_buffer_reports") or 0.0)
         assert math.isnan(registry.get_sample_value("coco_shuffler_outbox_reports") or 0.0)
+        # not "nothing recovered" either
+        assert math.isnan(registry.get_sample_value("coco_shuffler_recovered_reports") or 0.0)
+        assert await asyncio.to_thread(ready_answer, port) == (
+            503,
+            "not ready: recovering the state\n",
+        )
         async with shuffler:
             assert value(registry, "coco_shuffler_buffer_reports") == 7  # recovered
+            assert value(registry, "coco_shuffler_recovered_reports") == 7
             assert await asyncio.to_thread(ready, port) == 503  # not subscribed yet
             task = asyncio.create_task(shuffler.run())
             await wait_until(
@@ -98,16 +125,6 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-def fill(directory: Path) -> Path:
-    filler = directory / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    with contextlib.suppress(OSError):
-        while True:
-            os.write(fd, b"\0" * 4096)
-    os.close(fd)
-    return filler
-
-
 def test_a_full_disk_pauses_acknowledgements_and_loses_or_doubles_nothing(
     mosquitto: Broker, small_fs: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -117,6 +134,8 @@ def test_a_full_disk_pauses_acknowledgements_and_loses_or_doubles_nothing(
     none twice, none lost (the broker kept what was not acknowledged)."""
     caplog.set_level(logging.INFO)
     registry = CollectorRegistry()
+    port = free_port()
+    server = serve_http(port, registry, "127.0.0.1")
     cfg = config(mosquitto, state_dir=small_fs / "state", round_seconds=60, min_batch=5)
 
     def accepted() -> float:
@@ -139,6 +158,11 @@ def test_a_full_disk_pauses_acknowledgements_and_loses_or_doubles_nothing(
                 progress=lambda: value(registry, "coco_shuffler_log_paused"),
             )
             assert value(registry, "coco_shuffler_ready") == 0
+            assert await asyncio.to_thread(ready_answer, port) == (
+                503,
+                "not ready: the state directory's disk is full: acknowledgements paused, "
+                "retrying\n",
+            )
             assert shuffler.failure is None  # paused, not stopped
             await asyncio.sleep(1.0)
             assert value(registry, "coco_shuffler_log_paused") == 1  # still retrying
@@ -149,6 +173,8 @@ def test_a_full_disk_pauses_acknowledgements_and_loses_or_doubles_nothing(
                 lambda: value(registry, "coco_shuffler_ready") == 1,
                 progress=lambda: value(registry, "coco_shuffler_ready"),
             )
+            assert await asyncio.to_thread(ready, port) == 200
+            assert value(registry, "coco_shuffler_log_paused") == 0
             await asyncio.sleep(0.5)  # anything delivered twice would be counted by now
             assert accepted() == 450
             assert shuffler.buffered == 450
@@ -160,10 +186,39 @@ def test_a_full_disk_pauses_acknowledgements_and_loses_or_doubles_nothing(
         async with running(cfg, CollectorRegistry()) as again:
             assert again.buffered == 450  # all of it in the log
 
-    run(scenario(), 120)
+    try:
+        run(scenario(), 120)
+    finally:
+        server.shutdown()
+        server.server_close()
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("acknowledgements paused" in line for line in errors)
     assert any("writable again" in line for line in errors)
+
+
+def test_a_shuffler_started_on_a_full_disk_names_the_file_in_one_line(
+    mosquitto: Broker, small_fs: Path, tmp_path: Path
+) -> None:
+    """Exit 1 and one ``error:`` line naming the file; no short key file left behind
+    (the next start, with space, would refuse it)."""
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(SPEC.to_dict()))
+    state = small_fs / "state"
+    args = [*COCO, "shuffler", "--deployment", "test", "--broker", mosquitto.url]
+    args += ["--spec", str(spec), "--min-batch", "10", "--round-seconds", "60"]
+    args += ["--state-dir", str(state), "--signing-key", str(tmp_path / "signing.key")]
+    args += ["--create-signing-key"]
+    filler = fill(small_fs)
+    done = subprocess.run(
+        args, check=False, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60
+    )
+    filler.unlink()
+    assert done.returncode == 1
+    assert error_lines(done.stderr) == [
+        f"error: cannot write {state / 'token.key'}: No space left on device"
+    ]
+    assert "Traceback" not in done.stderr
+    assert not (state / "token.key").exists()
 
 
 def test_a_signing_key_is_never_created_by_a_typo_and_must_be_the_announced_one(
@@ -336,7 +391,7 @@ def test_the_hold_ends_once_per_subscription(mosquitto: Broker) -> None:
 
 def test_the_shuffler_exports_mosquitto_s_loss_counters(tmp_path: Path) -> None:
     """With ``broker_stats`` (the CLI's default) the shuffler's /metrics carries Mosquitto's
-    ``$SYS`` counters, the dropped-message one included (broker/broker_stats.py)."""
+    ``$SYS`` counters, the dropped-message one included (broker/service/broker_stats.py)."""
     broker = Broker(tmp_path, free_port(), extra_config="sys_interval 1\n")
     broker.start()
     registry = CollectorRegistry()
@@ -357,3 +412,32 @@ def test_the_shuffler_exports_mosquitto_s_loss_counters(tmp_path: Path) -> None:
         broker.stop()
     assert registry.get_sample_value("coco_mosquitto_publish_messages_dropped_total") == 0
     assert registry.get_sample_value("coco_mosquitto_uptime_seconds") is not None
+
+
+def test_a_busy_metrics_port_names_the_port_and_the_option(tmp_path: Path) -> None:
+    """Issue 25: "[Errno 98] Address already in use", without the port or the option (the
+    aggregator's wording now)."""
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(SPEC.to_dict()))
+    with busy_port("") as port:
+        result = CliRunner().invoke(
+            app,
+            [
+                *("shuffler", "--deployment", "busy", "--spec", str(spec_file)),
+                *("--round-seconds", "60", "--min-batch", "2"),
+                *("--state-dir", str(tmp_path / "state"), "--metrics-port", str(port)),
+                *("--broker", f"mqtt://127.0.0.1:{free_port()}"),  # never reached
+            ],
+        )
+    assert result.exit_code == 1, result.output
+    assert result.stderr.strip().splitlines() == [
+        f"error: port {port} is in use: choose another with --metrics-port (COCO_METRICS_PORT)"
+    ]
+
+
+def test_a_binary_signing_key_is_not_a_key_file(tmp_path: Path) -> None:
+    """Issue 25: a binary --signing-key said "'ascii' codec can't decode byte 0x8a"."""
+    key = tmp_path / "signing.key"
+    key.write_bytes(bytes([0x8A, 0x00, 0xFF]) * 20)
+    with pytest.raises(CocoError, match=rf"^{key} is not a signing key file: .*binary"):
+        load_signer(key, "testdep")

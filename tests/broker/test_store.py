@@ -23,7 +23,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.core import (
+from broker.core.machine import (
     Acked,
     Admitted,
     Carried,
@@ -38,9 +38,9 @@ from broker.core import (
     Seen,
     ShufflerCore,
 )
-from broker.records import FILE_HEADER_SIZE, encode_effect, file_header, scan
-from broker.repair import repair
-from broker.store import (
+from broker.store.records import FILE_HEADER_SIZE, encode_effect, file_header, scan
+from broker.store.repair import repair
+from broker.store.wal import (
     EffectLog,
     LogDamagedError,
     LogFullError,
@@ -219,6 +219,17 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+def fill(directory: Path) -> Path:
+    """Fill the filesystem of ``directory`` with a file (returned: unlink it to free it)."""
+    filler = directory / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    with contextlib.suppress(OSError):
+        while True:
+            os.write(fd, b"\0" * 4096)
+    os.close(fd)
+    return filler
+
+
 def test_a_full_disk_writes_nothing_and_can_be_retried(small_fs: Path) -> None:
     """A write that does not fit (ENOSPC, partly written or not) leaves the log as it was:
     no torn record in its middle; once space is freed the same write succeeds."""
@@ -227,12 +238,7 @@ def test_a_full_disk_writes_nothing_and_can_be_retried(small_fs: Path) -> None:
     log.replay()
     log.append(EFFECTS[0])
     size = path.stat().st_size
-    filler = small_fs / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    with contextlib.suppress(OSError):
-        while True:
-            os.write(fd, b"\0" * 4096)
-    os.close(fd)
+    filler = fill(small_fs)
     big = Admitted(5, *cols(*range(1, 2001)))  # 28 KB: cannot fit
     with pytest.raises(LogFullError) as caught:
         log.append(big)
@@ -243,6 +249,35 @@ def test_a_full_disk_writes_nothing_and_can_be_retried(small_fs: Path) -> None:
     log.append(big)  # space is back
     log.close()
     assert EffectLog(path).replay() == [EFFECTS[0], big]
+
+
+def test_a_compaction_or_a_key_that_does_not_fit_leaves_nothing_behind(small_fs: Path) -> None:
+    """On a full disk a compaction is a retryable :class:`LogFullError` naming its file,
+    the log as it was; a state directory's key file that cannot be written is a one-line
+    :class:`StoreError` naming it, and no empty file is left that the next start would
+    refuse."""
+    path = small_fs / "effects.log"
+    log = EffectLog(path)
+    log.replay()
+    log.extend([Admitted(5, *cols(*range(1, 101)))] * 4)
+    before = path.read_bytes()
+    filler = fill(small_fs)
+    with pytest.raises(LogFullError) as caught:
+        log.compact([Admitted(5, *cols(*range(1, 201)))])  # smaller than the log, too big
+    assert str(caught.value) == f"cannot write {path}.compact: No space left on device"
+    assert log.failure is None
+    assert path.read_bytes() == before
+    assert not (small_fs / "effects.log.compact").exists()
+    with StateDir(small_fs / "state") as state, pytest.raises(StoreError) as refused:
+        state.token_key()
+    assert str(refused.value) == (
+        f"cannot write {small_fs / 'state' / 'token.key'}: No space left on device"
+    )
+    assert not (small_fs / "state" / "token.key").exists()
+    filler.unlink()
+    assert log.compact([Admitted(5, *cols(*range(1, 201)))])  # space is back
+    log.close()
+    assert EffectLog(path).replay() == [Admitted(5, *cols(*range(1, 201)))]
 
 
 def test_another_write_error_sticks(tmp_path: Path) -> None:

@@ -27,8 +27,8 @@ key of its shard. After each run, exactly:
    :data:`ROUNDS` reports, some runs in a hundred have such a collision, in one round or
    across two). So "released twice" is "released more often than the fleet's devices drew
    it in that round": the fleet's reports are a function of its seed, the device and the
-   round only (:meth:`sim.fleet.Fleet.reports`), so the test draws them again. Collisions
-   are printed, never failed;
+   round only (:meth:`sim.fleet.run.Fleet.reports`), so the test draws them again.
+   Collisions are printed, never failed;
 2. no shard released a report of a device it does not serve (the shufflers' ``wrong_shard``
    is 0: a device's report of a round is in one shard only, so no device is in two batches
    of one round);
@@ -42,10 +42,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import random
 import signal
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -58,16 +56,32 @@ import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
 
-from aggregator.checkpoint import load_checkpoint
-from aggregator.estimators import AggregateState
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.checkpoint_files import load_checkpoint
 from edge.batch_auth import BatchAuthError, BatchVerifier
 from edge.codec import CodecError, decode_batch, decode_manifest
 from edge.spec import MechanismSpec
-from sim.fleet import Fleet, FleetConfig
+from sim.fleet.config import FleetConfig
+from sim.fleet.run import Fleet
 from tests.clusters import NatsCluster, nats_server_or_skip
-from tests.faults.test_exactly_once import COCO, Process, estimates, metrics, wait_for
 from tests.mqtt_adapters import FailoverClient
 from tests.ports import free_port
+from tests.processes import (
+    Process,
+    aggregator_args,
+    aggregator_ready,
+    announce_args,
+    coco,
+    estimates,
+    fleet_args,
+    offline,
+    read_acked_reports,
+    rng_for,
+    shuffler_args,
+    shuffler_ready,
+    wait_until,
+)
+from tests.service_http import metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -87,15 +101,9 @@ RESHARD_LEAD = 5
 two shufflers to start and subscribe on a loaded machine."""
 RESHARD_ROUNDS = RESHARD_LEAD + 3
 """The reshard case's fleet rounds: the old layout's and at least one of the new one's."""
-SEED = int(os.environ.get("FAULT_SEED", str(random.SystemRandom().randrange(2**32))))
 
 Report = tuple[int, int, int]
 """``(round, seed, z)``: a report as a device sends it and a batch releases it."""
-
-
-def rng_for(case: str) -> random.Random:
-    print(f"FAULT_SEED={SEED} (case {case})")  # shown by pytest on failure
-    return random.Random(f"{SEED}:{case}")
 
 
 def label(generation: int, index: int) -> str:
@@ -119,7 +127,7 @@ class Recorder:
             urls, 0, "cluster-recorder", clean_session=False, on_connected=self._subscribe
         )
         self.client.client.on_message = self._on_message
-        wait_for("the recorder", self.client.connected.is_set, 60)
+        wait_until(self.client.connected.is_set, 60, what="the recorder")
 
     def trust(self, keys: dict[str, str]) -> None:
         with self.lock:
@@ -170,12 +178,9 @@ class Recorder:
             return {b: c for _, _, entries in self.manifests.values() for b, c in entries}
 
     def offline(self) -> AggregateState:
-        state = AggregateState(SPEC)
         with self.lock:
-            seeds = [s for _, _, batch_seeds, _ in self.batches.values() for s in batch_seeds]
-            zs = [z for _, _, _, batch_zs in self.batches.values() for z in batch_zs]
-        state.add(np.array(seeds, dtype=np.uint32), np.array(zs, dtype=np.int64))
-        return state
+            batches = [(seeds, zs) for _, _, seeds, zs in self.batches.values()]
+        return offline(SPEC, batches)
 
     def close(self) -> None:
         self.client.close()
@@ -205,24 +210,20 @@ class Stack:
 
     def __post_init__(self) -> None:
         self.checkpoint = self.workdir / "aggregator.json"
-        args = ["aggregator", "run", "--deployment", DEP, "--broker", self.broker]
-        args += ["--checkpoint", str(self.checkpoint), "--checkpoint-interval", "0.5"]
-        args += ["--metrics-port", str(self.aggregator_port), "--manifest-grace", "30"]
+        args = aggregator_args(
+            DEP, self.broker, checkpoint=self.checkpoint, metrics_port=self.aggregator_port
+        )
+        args += ["--checkpoint-interval", "0.5", "--manifest-grace", "30"]
         self.aggregator = Process("aggregator", args, self.workdir)
 
     @property
     def broker(self) -> str:
         return ",".join(self.cluster.urls)
 
-    def coco(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [*COCO, *args], check=False, capture_output=True, text=True, timeout=timeout
-        )
-
     def make_shard(self, generation: int, index: int) -> Shard:
         name = label(generation, index)
         key_dir = self.workdir / f"key-{name}"
-        done = self.coco("credentials", "--batch-key-dir", str(key_dir))
+        done = coco("credentials", "--batch-key-dir", str(key_dir))
         assert done.returncode == 0, done.stderr
         state_dir = self.workdir / f"state-{name}"
         port = free_port()
@@ -234,10 +235,14 @@ class Stack:
         return shard
 
     def shuffler_args(self, name: str, state_dir: Path, key_dir: Path, port: int) -> list[str]:
-        args = ["shuffler", "--deployment", DEP, "--broker", self.broker, "--shard", name]
-        args += ["--state-dir", str(state_dir)]
-        args += ["--signing-key", str(key_dir / "private" / "signing.key")]
-        args += ["--metrics-port", str(port), "--flush-interval", "0.2"]
+        args = shuffler_args(
+            DEP,
+            self.broker,
+            state_dir=state_dir,
+            signing_key=key_dir / "private" / "signing.key",
+            metrics_port=port,
+        )
+        args += ["--shard", name, "--flush-interval", "0.2"]
         # A report in flight to a shuffler when a node dies comes back after NATS's ack_wait
         # (30 s): its round must still be open then (docs/brokers.md), so the rounds are
         # released MAX_SKEW seconds after they end.
@@ -250,45 +255,43 @@ class Stack:
         return (shard.key_dir / "public" / "signing.pub").read_text().strip()
 
     def announce(self, shards: list[Shard], *extra: str) -> dict[str, Any]:
-        args = ["announce", "--deployment", DEP, "--mechanism", "coco", "--d", "6", "--s", "2"]
-        args += ["--epsilon", "1", "--min-batch", str(MIN_BATCH), "--delta", "1e-6"]
-        args += ["--round-seconds", str(ROUND_SECONDS), "--shard-seed", "12345"]
-        args += ["--broker", self.cluster.urls[0], "--mqtt-version", "auto"]
+        args = announce_args(
+            DEP, SPEC, self.cluster.urls[0], min_batch=MIN_BATCH, round_seconds=ROUND_SECONDS
+        )
+        args += ["--shard-seed", "12345", "--mqtt-version", "auto"]
         for shard in shards:
             args += ["--shard-key", str(shard.key_dir / "public" / "signing.pub")]
-        done = self.coco(*args, *extra)
+        done = coco(*args, *extra)
         assert done.returncode == 0, done.stderr
         return dict(json.loads(done.stdout))
 
     def shuffler_ready(self, shard: Shard) -> bool:
-        samples = metrics(shard.port)
-        return samples is not None and samples.get("coco_shuffler_ready") == 1
+        return shuffler_ready(shard.port, "coco_shuffler_ready")
 
     def start_shuffler(self, shard: Shard) -> None:
         shard.process.start()
-        wait_for(f"shuffler {shard.label}", lambda: self.shuffler_ready(shard), TIMEOUT)
-
-    def aggregator_ready(self) -> bool:
-        document = estimates(self.aggregator_port)
-        return document is not None and bool(document.get("subscribed"))
+        wait_until(lambda: self.shuffler_ready(shard), TIMEOUT, what=f"shuffler {shard.label}")
 
     def start_aggregator(self) -> None:
         self.aggregator.start()
-        wait_for("the aggregator", self.aggregator_ready, TIMEOUT)
+        wait_until(lambda: aggregator_ready(self.aggregator_port), TIMEOUT, what="the aggregator")
 
     def fleet(self, acked_log: Path, seed: int, rounds: int = ROUNDS) -> Process:
-        args = ["fleet", "--deployment", DEP, "--broker", self.broker]
-        args += ["--devices", str(DEVICES), "--rounds", str(rounds), "--seed", str(seed)]
-        args += ["--round-spread", str(SPREAD_SECONDS), "--acked-log", str(acked_log)]
-        args += ["--json", "--no-progress", "--mode", "multiplexed", "--connections", "12"]
+        args = fleet_args(
+            DEP,
+            self.broker,
+            devices=DEVICES,
+            rounds=rounds,
+            seed=seed,
+            round_spread=SPREAD_SECONDS,
+            acked_log=acked_log,
+        )
+        args += ["--mode", "multiplexed", "--connections", "12"]
         return Process("fleet", args, self.workdir, capture=True)
 
     def close(self) -> None:
         for process in [self.aggregator, *(s.process for s in self.shards.values())]:
-            if process.alive():
-                assert process.proc is not None
-                process.proc.kill()
-                process.proc.wait()
+            process.kill()
         if self.recorder is not None:
             self.recorder.close()
 
@@ -317,10 +320,10 @@ def run_fleet(stack: Stack, rng: random.Random, rounds: int = ROUNDS) -> tuple[P
     acked_log = stack.workdir / "acked.log"
     fleet = stack.fleet(acked_log, seed=rng.randrange(2**31), rounds=rounds)
     fleet.start()
-    wait_for(
-        "the fleet's first PUBACK",
+    wait_until(
         lambda: acked_log.exists() and acked_log.stat().st_size > 0,
         TIMEOUT,
+        what="the fleet's first PUBACK",
     )
     return fleet, acked_log
 
@@ -333,19 +336,10 @@ def finish_fleet(fleet: Process) -> dict[str, Any]:
     return summary
 
 
-def read_acked(path: Path) -> Counter[Report]:
-    """The fleet's ``--acked-log``: one ``round seed z`` line per acknowledged report."""
-    acked: Counter[Report] = Counter()
-    for line in path.read_text().splitlines():
-        round_, seed, z = line.split()
-        acked[int(round_), int(seed), int(z)] += 1
-    return acked
-
-
 def drawn(summary: dict[str, Any]) -> Counter[Report]:
     """Every report the fleet's devices drew in the rounds it ran (from its summary's seed
-    and rounds, as :meth:`sim.fleet.Fleet.reports` gives them again): how often a report
-    can be released at most."""
+    and rounds, as :meth:`sim.fleet.run.Fleet.reports` gives them again): how often a
+    report can be released at most."""
     config = FleetConfig(
         broker="mqtt://127.0.0.1:1",  # never connected: only its reports are drawn
         deployment=DEP,
@@ -393,7 +387,7 @@ def settle(stack: Stack, acked: Counter[Report], shards: list[Shard]) -> str:
         return state == (0, 0, 0) and len(history) >= 20 and set(history[-20:]) == {state}
 
     try:
-        wait_for("the pipeline to settle", done, 180)
+        wait_until(done, 180, what="the pipeline to settle")
         settled = "settled"
     except AssertionError:
         last = history[-1] if history else None
@@ -530,8 +524,8 @@ def test_kill_a_broker_node_a_shard_and_the_aggregator(tmp_path: Path) -> None:
                 stack.aggregator.wait()
                 stack.start_aggregator()
         summary = finish_fleet(fleet)
-        wait_for("every node", lambda: len(stack.cluster.running()) == 3, TIMEOUT)
-        acked = read_acked(acked_log)
+        wait_until(lambda: len(stack.cluster.running()) == 3, TIMEOUT, what="every node")
+        acked = read_acked_reports(acked_log)
         settled = settle(stack, acked, list(stack.shards.values()))
         counters = aggregator_counters(stack)
         assert stack.aggregator.stop() == 0, stack.aggregator.output()[-3000:]
@@ -569,10 +563,12 @@ def test_a_second_shuffler_on_an_owned_shard_and_a_reshard(tmp_path: Path) -> No
             shard.process.start()
         intruder.start()
         for shard in new:
-            wait_for(
-                f"shuffler {shard.label}", functools.partial(stack.shuffler_ready, shard), TIMEOUT
+            wait_until(
+                functools.partial(stack.shuffler_ready, shard),
+                TIMEOUT,
+                what=f"shuffler {shard.label}",
             )
-        done = stack.coco(
+        done = coco(
             "aggregator", "trust", "--checkpoint", str(stack.checkpoint), "--accept-announced"
         )
         assert done.returncode == 0, done.stderr
@@ -581,7 +577,7 @@ def test_a_second_shuffler_on_an_owned_shard_and_a_reshard(tmp_path: Path) -> No
         assert intruder.wait(TIMEOUT) != 0
         assert "held by another shuffler" in intruder.output(), intruder.output()[-2000:]
         summary = finish_fleet(fleet)
-        acked = read_acked(acked_log)
+        acked = read_acked_reports(acked_log)
         old = [s for s in stack.shards.values() if s.label.startswith("g0")]
         # the old layout's shufflers retire once their last round is out
         for shard in old:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
 import json
 import re
 import threading
@@ -35,23 +34,37 @@ from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
-from aggregator.session import fetch_announcement
-from broker.shuffler import Shuffler, ShufflerConfig
+from aggregator.service.session import fetch_announcement
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge import CocoError
 from edge.batch_auth import SIGNATURE_SIZE
 from edge.codec import decode_batch, encode_report
 from edge.rounds import current_round
 from edge.spec import MechanismSpec
-from edge.topics import batches_topic, ingress_filter, ingress_topic, lease_topic, spec_topic
+from edge.topics import (
+    batches_topic,
+    ingress_filter,
+    ingress_topic,
+    lease_topic,
+    shard_lease_topic,
+    spec_topic,
+)
 from sim.cli import app
-from sim.credentials import SERVICE_ACCOUNTS, device_id, device_password, service_password
+from sim.credentials.accounts import SERVICE_ACCOUNTS, device_id, device_password, service_password
 from tests import waiting
 from tests.asyncutil import run, value, wait_until
-from tests.conftest import MOSQUITTO, Broker, free_port
+from tests.conftest import (
+    IMAGE_PLUGIN,
+    MOSQUITTO,
+    PLUGIN,
+    SHIPPED_CONFIG,
+    Broker,
+    adapted_config,
+    shipped_broker,
+)
 
 pytestmark = pytest.mark.integration
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto"
 DEP = "fleet"  # the deployment name of compose.yaml
 SPEC = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
 SECRET = b"test deployment secret"
@@ -59,50 +72,6 @@ NOT_AUTHORIZED = 0x87
 ACCEPTED = (0x00, 0x10)  # PUBACK: Success, No matching subscribers
 GRANTED_QOS_1 = 0x01
 TIMEOUT = 30.0
-
-IMAGE_PLUGIN = "/usr/lib/mosquitto_dynamic_security.so"  # in eclipse-mosquitto:2
-PLUGIN = next(
-    (
-        path
-        for path in (
-            Path(IMAGE_PLUGIN),
-            *sorted(Path("/usr/lib").glob("*/mosquitto_dynamic_security.so")),  # Debian
-        )
-        if path.exists()
-    ),
-    None,
-)
-
-
-def adapted_config(port: int, plugin: Path, dynsec: Path, store: Path, log: Path) -> str:
-    """deploy/mosquitto/mosquitto.conf with this test's listener, plugin, paths and log."""
-    replaced = {"listener", "plugin", "plugin_opt_config_file", "persistence_location", "log_dest"}
-    kept = [
-        line
-        for line in (DEPLOY / "mosquitto.conf").read_text().splitlines()
-        if line.split(" ", 1)[0] not in replaced
-    ]
-    return "\n".join(
-        [
-            f"user {getpass.getuser()}",  # as in tests/conftest.py: no privilege drop
-            *kept,
-            f"listener {port} 127.0.0.1",
-            f"plugin {plugin}",
-            f"plugin_opt_config_file {dynsec}",
-            f"persistence_location {store}/",
-            f"log_dest file {log}",
-            "",
-        ]
-    )
-
-
-def shipped_broker(tmp_path: Path, plugin: Path, dynsec: Path) -> Broker:
-    """A (not yet started) Mosquitto running :func:`adapted_config` on a free port."""
-    store = tmp_path / "store"
-    store.mkdir()
-    broker = Broker(tmp_path, free_port())
-    broker.config.write_text(adapted_config(broker.port, plugin, dynsec, store, broker.log))
-    return broker
 
 
 def write_dynsec(tmp_path: Path) -> Path:
@@ -154,7 +123,7 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
 
 
 def test_adapted_config_keeps_the_deployed_security_settings() -> None:
-    deployed = (DEPLOY / "mosquitto.conf").read_text()
+    deployed = SHIPPED_CONFIG.read_text()
     assert re.search(rf"^plugin {re.escape(IMAGE_PLUGIN)}$", deployed, re.MULTILINE)
     assert not re.search(r"^(password_file|acl_file) ", deployed, re.MULTILINE)
     text = adapted_config(1, Path("/plug.so"), Path("/d.json"), Path("/s"), Path("/l"))
@@ -284,6 +253,30 @@ async def probe(stack: Stack, user: str) -> AsyncIterator[Probe]:
         yield client
     finally:
         client.close()
+
+
+def test_only_the_shuffler_reads_and_claims_the_shuffler_leases(stack: Stack) -> None:
+    """A shard's lease (shards/<L>/lease) and an unsharded deployment's (shards/-/lease):
+    the shuffler's account subscribes to each one (a literal grant of shards/+/lease would
+    refuse both) and publishes its claim; a device or the aggregator may do neither."""
+
+    async def scenario() -> None:
+        async with (
+            probe(stack, "shuffler") as bridge,
+            probe(stack, "aggregator") as aggregator,
+            probe(stack, DEVICES[0]) as device,
+        ):
+            for lease in (shard_lease_topic(DEP, None), shard_lease_topic(DEP, "g0s1")):
+                assert await bridge.subscribe(lease) == [GRANTED_QOS_1], lease
+                assert await bridge.publish(lease, b"{}") in ACCEPTED, lease
+                got = lambda topic=lease: topic in {t for t, _, _ in bridge.messages}  # noqa: E731
+                await wait_until(got, TIMEOUT)
+                for other in (device, aggregator):
+                    assert await other.subscribe(lease) == [NOT_AUTHORIZED], lease
+                    assert await other.publish(lease, b"forged") == NOT_AUTHORIZED, lease
+            assert device.messages == aggregator.messages == []
+
+    run(scenario(), 4 * TIMEOUT)
 
 
 @contextlib.asynccontextmanager

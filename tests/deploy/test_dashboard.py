@@ -16,11 +16,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from aggregator.estimators import AggregateState
-from aggregator.metrics import AggregatorMetrics
-from broker.metrics import ShufflerMetrics
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.metrics import AggregatorMetrics
+from broker.service.metrics import ShufflerMetrics
 from edge import MechanismSpec
-from sim.fleet_metrics import FleetMetrics
+from sim.fleet.metrics import FleetMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "coco-fleet.json"

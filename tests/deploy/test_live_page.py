@@ -1,7 +1,7 @@
 """The live page at ``/`` in a real headless browser, against a real aggregator.
 
 A real Mosquitto (tests/conftest.py) carries sealed batches to an
-:class:`~aggregator.service.Aggregator`; Debian's ``chromium`` then loads the page with
+:class:`~aggregator.service.service.Aggregator`; Debian's ``chromium`` then loads the page with
 ``--headless=new --dump-dom`` under a virtual-time budget (the page's first read of
 ``/estimates`` completes within it: virtual time waits for pending fetches) and prints the
 DOM after the script ran. Every element with ``data-field`` carries the raw number in
@@ -32,14 +32,14 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from aggregator.estimators import AggregateState
-from aggregator.http import MetricsServer
-from aggregator.live_page import CONTENT_SECURITY_POLICY, POLL_SECONDS
-from aggregator.page_data import Channel
-from aggregator.publishing import estimates_document
-from aggregator.service import Aggregator
+from aggregator.estimation.estimators import AggregateState
+from aggregator.page.live_page import CONTENT_SECURITY_POLICY, POLL_SECONDS
+from aggregator.page.page_data import Channel
+from aggregator.service.http import MetricsServer
+from aggregator.service.publishing import estimates_document
+from aggregator.service.service import Aggregator
 from edge.batch_auth import BatchSigner
-from sim.demo import sensor_channels
+from sim.demo.pipeline import sensor_channels
 from tests.aggregator.test_service import (
     DELTA,
     DEPLOYMENT,
@@ -51,11 +51,11 @@ from tests.aggregator.test_service import (
     raw_batch,
     reports,
     run,
-    until,
     with_aggregator,
 )
 from tests.conftest import Broker
 from tests.deploy.debian_tools import debian_binary
+from tests.waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -269,7 +269,7 @@ def test_the_page_shows_what_estimates_holds(mosquitto: Broker, tmp_path: Path) 
     counters = doc["counters"]
     assert (doc["n"], counters["batches"], counters["duplicates"]) == (620, 3, 1)
     assert counters["rejected"] == {"bad_signature": 2}
-    # one round, one participation (aggregator/privacy_ledger.py): epsilon_total is that
+    # one round, one participation (aggregator/ledger/privacy_ledger.py): epsilon_total is that
     # round's level
     assert doc["epsilon_total"] >= doc["epsilon_central"]["smallest"] > 0
     assert_page_matches(page_fields(seen["dom"]), doc)

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from aggregator.metrics import epsilon_curve_grid
+from aggregator.service.metrics import epsilon_curve_grid
 from edge.batch_auth import load_or_create_signing_key, public_key_hex
 from tests.asyncutil import run, wait_until
 from tests.conftest import Broker, free_port
@@ -188,7 +188,7 @@ def poll(predicate: Any, timeout: float, processes: Processes, interval: float =
         return bool(predicate())
 
     try:
-        run(wait_until(paced, timeout=timeout), timeout=timeout + 30)
+        run(wait_until(paced, timeout), timeout=timeout + 30)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{processes.logs()}") from None
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from aggregator import batch_codec
+from aggregator.service.core import batch_codec
 from edge import codec, wire_vectors
 from edge.announce import PROTOCOL, decode_announcement, encode_announcement, load_spec_file
 from edge.errors import SpecError

@@ -139,6 +139,7 @@ def test_topics_of_a_shard() -> None:
     assert topics.batches_topic("lab", "g1s0") == "coco/v1/lab/batches/g1s0"
     assert topics.manifests_topic("lab") == "coco/v1/lab/manifests"
     assert topics.shard_lease_topic("lab", "g0s0") == "coco/v1/lab/shards/g0s0/lease"
+    assert topics.shard_lease_topic("lab", None) == "coco/v1/lab/shards/-/lease"
     assert topics.shard_of_topic("lab", "coco/v1/lab/batches/g1s0", "batches") == "g1s0"
     assert topics.shard_of_topic("lab", "coco/v1/lab/batches", "batches") == ""
     assert topics.shard_of_topic("lab", "coco/v1/lab/batches/x", "batches") is None

@@ -54,6 +54,9 @@ SANITIZE = (
 # Exact IEEE double evaluation, as the Python reference computes (libcoco/CMakeLists.txt
 # sets the same for its own builds).
 FLOAT = ("-ffp-contract=off",)
+# What libcoco/CMakeLists.txt and library.json pass to every library source: FLOAT, and
+# -ffreestanding so that GCC turns no loop into a call to memset or strlen (nothing from libc).
+LIBRARY_FLAGS = (*FLOAT, "-ffreestanding")
 RUN_TIMEOUT_S = 600.0  # a guard against a hung process, not a measurement
 
 
@@ -217,6 +220,18 @@ def run_qemu(elf: Path, board: Board) -> list[str]:
     output = proc.stdout + proc.stderr  # semihosting writes to QEMU's stderr
     assert proc.returncode == 0, f"{board.name} firmware failed ({proc.returncode}):\n{output}"
     return output.splitlines()
+
+
+def compile_library(out: Path, compiler: str, flags: Sequence[str]) -> list[Path]:
+    """Every libcoco source compiled on its own into ``out`` with ``compiler`` and ``flags``
+    (and the library's own :data:`LIBRARY_FLAGS`)."""
+    out.mkdir(parents=True, exist_ok=True)
+    objects = []
+    for source in SOURCES:
+        obj = out / f"{source.stem}.o"
+        _run([compiler, *flags, *LIBRARY_FLAGS, f"-I{INCLUDE}", "-c", str(source), "-o", str(obj)])
+        objects.append(obj)
+    return objects
 
 
 def _run(cmd: Sequence[str]) -> None:

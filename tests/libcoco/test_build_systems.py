@@ -23,7 +23,9 @@ def cmake(*args: str) -> None:
 def test_cmake_builds_the_library_and_the_example(tmp_path: Path) -> None:
     build.tool("cc", "gcc")
     with_example = Path("/usr/include/mosquitto.h").exists()
+    # Release is -O3, where GCC warns the most; -Werror makes a warning fail the build
     cmake("-S", str(build.LIBCOCO), "-B", str(tmp_path), "-DCOCO_MAX_S=48",
+          "-DCMAKE_BUILD_TYPE=Release", "-DCMAKE_C_FLAGS=-Werror",
           f"-DCOCO_BUILD_EXAMPLES={'ON' if with_example else 'OFF'}")  # fmt: skip
     cmake("--build", str(tmp_path))
     assert (tmp_path / "libcoco.a").is_file()
@@ -33,6 +35,48 @@ def test_cmake_builds_the_library_and_the_example(tmp_path: Path) -> None:
         )
         assert usage.returncode == 2
         assert "usage: mosquitto_publish" in usage.stderr
+
+
+CONSUMER_CMAKE = """cmake_minimum_required(VERSION 3.13)
+project(consumer LANGUAGES C)
+find_package(coco 1.0 CONFIG REQUIRED)
+add_executable(consumer main.c)
+target_link_libraries(consumer PRIVATE coco::coco)
+"""
+CONSUMER_MAIN = """#include <stdio.h>
+#include <coco.h>
+#if COCO_MAX_S != 48
+#error "the installed target does not carry the library's COCO_MAX_S"
+#endif
+int main(void) {
+    printf("%s %s\\n", COCO_VERSION, coco_strerror(COCO_ERR_SPEC_S_MAX));
+    return 0;
+}
+"""
+
+
+def test_cmake_install_is_a_config_package(tmp_path: Path) -> None:
+    """cmake --install writes coco-config.cmake beside the exported targets: a separate
+    project finds the installed library with find_package(coco CONFIG REQUIRED), links
+    coco::coco and inherits its public COCO_MAX_S."""
+    build.tool("cc", "gcc")
+    prefix = tmp_path / "prefix"
+    cmake("-S", str(build.LIBCOCO), "-B", str(tmp_path / "lib"), "-DCOCO_MAX_S=48",
+          f"-DCMAKE_INSTALL_PREFIX={prefix}")  # fmt: skip
+    cmake("--build", str(tmp_path / "lib"))
+    cmake("--install", str(tmp_path / "lib"))
+    assert (prefix / "lib" / "cmake" / "coco" / "coco-config.cmake").is_file()
+    consumer = tmp_path / "consumer"
+    consumer.mkdir()
+    (consumer / "CMakeLists.txt").write_text(CONSUMER_CMAKE)
+    (consumer / "main.c").write_text(CONSUMER_MAIN)
+    cmake("-S", str(consumer), "-B", str(consumer / "build"), f"-DCMAKE_PREFIX_PATH={prefix}")
+    cmake("--build", str(consumer / "build"))
+    run = subprocess.run(
+        [str(consumer / "build" / "consumer")], capture_output=True, text=True, check=True
+    )
+    assert run.stdout.split(" ", 1)[0] == "1.0.0"
+    assert run.stdout.split(" ", 1)[1].strip()  # the library's own name for the error
 
 
 def test_cmake_cross_builds_for_a_cortex_m(tmp_path: Path) -> None:
@@ -55,6 +99,57 @@ def test_cmake_cross_builds_for_a_cortex_m(tmp_path: Path) -> None:
         [objdump, "-f", str(archive)], capture_output=True, text=True, check=True
     )
     assert "elf32-littlearm" in headers.stdout
+
+
+def _toolchain(target: str) -> tuple[str, str, tuple[str, ...]]:
+    """The compiler, nm and CPU flags for ``host`` or a board of :data:`build.BOARDS`."""
+    if target == "host":
+        return build.tool("cc", "gcc"), build.tool("nm", "binutils"), ()
+    return (
+        build.tool("arm-none-eabi-gcc", "gcc-arm-none-eabi"),
+        build.tool("arm-none-eabi-nm", "binutils-arm-none-eabi"),
+        build.BOARDS[target].cpu_flags,
+    )
+
+
+def _symbols(nm: str, *args: str) -> set[str]:
+    listing = subprocess.run([nm, *args], capture_output=True, text=True, check=True).stdout
+    return {line.split()[-1] for line in listing.splitlines() if line.strip() and ":" not in line}
+
+
+@pytest.mark.parametrize("opt", ["-Os", "-O2", "-O3"])
+@pytest.mark.parametrize("target", ["host", *build.BOARDS])
+def test_the_library_needs_nothing_from_libc(tmp_path: Path, target: str, opt: str) -> None:
+    """Every source compiled with the library's flags and linked into one object with
+    -nostdlib: what is still undefined comes from libgcc (soft-float and 64-bit helpers on
+    a Cortex-M), never memset, memcpy or strlen, which GCC emits for plain loops and struct
+    copies unless told it is freestanding. The sources compile with the harness's warnings
+    and -Werror at every level: -O3 (CMake's Release) is where GCC's flow analysis warns
+    -Wmaybe-uninitialized."""
+    gcc, nm, cpu_flags = _toolchain(target)
+    objects = build.compile_library(tmp_path, gcc, [*cpu_flags, opt, *build.WARNINGS])
+    combined = tmp_path / "libcoco-all.o"
+    subprocess.run(
+        [gcc, *cpu_flags, "-r", "-nostdlib", *map(str, objects), "-o", str(combined)],
+        check=True,
+        capture_output=True,
+    )
+    undefined = _symbols(nm, "-u", str(combined))
+    libgcc = subprocess.run(
+        [gcc, *cpu_flags, "-print-libgcc-file-name"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    helpers = _symbols(nm, "--defined-only", libgcc)
+    assert sorted(undefined - helpers) == []
+
+
+def test_the_build_manifests_pass_the_library_flags() -> None:
+    """CMake and PlatformIO compile libcoco with the flags the tests compile it with."""
+    cmake_lists = (build.LIBCOCO / "CMakeLists.txt").read_text()
+    options = cmake_lists.split("target_compile_options(coco PRIVATE", 1)[1].split(")", 1)[0]
+    manifest = json.loads((build.LIBCOCO / "library.json").read_text())
+    for flag in build.LIBRARY_FLAGS:
+        assert flag in options.split()
+        assert flag in manifest["build"]["flags"]
 
 
 def test_cmake_lists_every_source() -> None:

@@ -27,10 +27,11 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from aggregator.estimators import AggregateState
-from aggregator.service import Aggregator, AggregatorConfig
-from broker.metrics import REJECT_REASONS
-from broker.shuffler import Shuffler, ShufflerConfig
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.config import AggregatorConfig
+from aggregator.service.service import Aggregator
+from broker.service.metrics import REJECT_REASONS
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge import device
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner

@@ -25,7 +25,7 @@ from aggregator.accountant import (
 from edge import MechanismSpec
 from edge.cli_options import apply_deprecated_env
 from sim.cli import app
-from sim.sensors import SensorFleet
+from sim.models.sensors import SensorFleet
 
 runner = CliRunner()
 
@@ -429,13 +429,14 @@ def test_service_and_device_help_imports_no_heavy_module(command: tuple[str, ...
 
 
 def test_listed_help_is_each_lazy_command_own() -> None:
-    from sim import demo  # noqa: PLC0415
-    from sim.cli import DEMO_DEVICES, LAZY_COMMANDS, load_command  # noqa: PLC0415
+    from sim.cli import LAZY_COMMANDS, load_command  # noqa: PLC0415
+    from sim.demo import config as demo_config  # noqa: PLC0415
+    from sim.demo.cli import DEMO_DEVICES  # noqa: PLC0415
 
     for name, (_, _, listed) in LAZY_COMMANDS.items():
         command = load_command(name)
         assert command.get_short_help_str(limit=1000) == listed, name
-    assert DEMO_DEVICES == demo.DEFAULT_DEVICES
+    assert DEMO_DEVICES == demo_config.DEFAULT_DEVICES
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
     for name in LAZY_COMMANDS:
@@ -522,3 +523,45 @@ def test_every_option_of_every_command_has_a_help_text() -> None:
         line = next(x for x in result.output.splitlines() if option + " " in x)
         assert "<path>" in line
         assert line.split("<path>", 1)[1].strip(" │")  # a help text beside the option
+
+
+def test_version_prints_the_package_version() -> None:
+    from importlib.metadata import version  # noqa: PLC0415
+
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"coco {version('coco-fleet')}\n"
+
+
+def test_no_subcommand_offers_shell_completion() -> None:
+    """``coco`` has no completion (add_completion=False): neither has any subcommand's help."""
+    from sim.cli import LAZY_COMMANDS  # noqa: PLC0415
+
+    names = [*LAZY_COMMANDS, "simulate", "demo", "aggregator run", "privacy calibrate"]
+    for name in names:
+        result = CliRunner().invoke(app, [*name.split(), "--help"])
+        assert result.exit_code == 0, (name, result.output)
+        assert "completion" not in result.output, name
+
+
+def test_the_aggregator_prints_its_url_only_once_it_serves(tmp_path: Path) -> None:
+    """A busy port: the one error line, not the URL of a server that never listened."""
+    from tests.ports import busy_port, free_port  # noqa: PLC0415
+
+    spec_file = tmp_path / "spec.json"
+    spec = MechanismSpec(mechanism="coco", d=8, s=2, epsilon=1.0)
+    spec_file.write_text(json.dumps(spec.to_dict()))
+    with busy_port() as port:
+        result = CliRunner().invoke(
+            app,
+            [
+                *("aggregator", "run", "--deployment", "busy", "--spec", str(spec_file)),
+                *("--delta", "1e-6", "--min-batch", "2", "--metrics-port", str(port)),
+                *("--batch-public-key", "ab" * 32),
+                *("--broker", f"mqtt://127.0.0.1:{free_port()}"),  # never reached
+            ],
+        )
+    assert result.exit_code == 1, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: port {port} on 127.0.0.1 is in use")
+    assert "http://" not in result.stderr

@@ -20,16 +20,18 @@ from typer.testing import CliRunner
 from edge import CocoError
 from edge.batch_auth import load_or_create_signing_key, public_key_hex
 from sim.cli import app
-from sim.credentials import (
+from sim.credentials.accounts import (
     create_secret,
     device_id,
     device_password,
+    read_secret,
+    service_password,
+)
+from sim.credentials.mosquitto import (
     dynsec_config,
     dynsec_password,
     mosquitto_password_file,
     mosquitto_password_line,
-    read_secret,
-    service_password,
     verify_mosquitto_password_line,
 )
 from tests.conftest import MOSQUITTO, Broker, free_port

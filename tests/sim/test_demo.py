@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from aggregator.live_page import CONTENT_SECURITY_POLICY
+from aggregator.page.live_page import CONTENT_SECURITY_POLICY
 from sim.cli import app
-from sim.sensors import CHANNELS, MORE_CHANNELS, SensorFleet, channel_table
+from sim.models.sensors import CHANNELS, MORE_CHANNELS, SensorFleet, channel_table
 from tests.conftest import Broker, free_port
 
 
@@ -169,7 +169,7 @@ def test_demo_serve_keeps_the_live_page_up_until_ctrl_c(mosquitto: Broker) -> No
     assert proc.returncode == 0, stderr
     doc = json.loads(estimates)
     assert doc["n"] == doc["counters"]["reports"] == 600
-    # one participation per round (aggregator/privacy_ledger.py), at most one per batch
+    # one participation per round (aggregator/ledger/privacy_ledger.py), at most one per batch
     assert 1 <= doc["batches_accounted"] <= doc["counters"]["batches"]
     # the page's units: the sensor model's channels, and the privacy level over time
     assert [(c["name"], c["unit"]) for c in doc["channels"]] == [

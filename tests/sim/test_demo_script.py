@@ -13,14 +13,11 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
-import sys
-from pathlib import Path
 
-from sim.demo import EMBEDDED_BROKER_KIND, EMBEDDED_DEFAULT_DEVICES
+from sim.demo.brokers import EMBEDDED_BROKER_KIND, EMBEDDED_DEFAULT_DEVICES
+from tests.processes import COCO, ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "demo"
-COCO = [sys.executable, "-c", "from sim.cli import main; main()"]
 
 
 def pipeline_step() -> list[str]:

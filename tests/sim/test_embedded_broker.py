@@ -1,4 +1,4 @@
-"""The embedded amqtt broker (``sim.embedded_broker``) and ``coco demo --embedded-broker``.
+"""The embedded amqtt broker (``sim.demo.embedded_broker``) and ``coco demo --embedded-broker``.
 
 No external process: these run wherever the Python dependencies are installed.
 """
@@ -20,10 +20,12 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from typer.testing import CliRunner
 
-from sim import demo
 from sim.cli import app
-from sim.demo import EMBEDDED_BROKER_KIND, EMBEDDED_DEFAULT_DEVICES, DemoConfig, run_pipeline
-from sim.embedded_broker import EmbeddedBroker
+from sim.demo import brokers
+from sim.demo.brokers import EMBEDDED_BROKER_KIND, EMBEDDED_DEFAULT_DEVICES
+from sim.demo.config import DemoConfig
+from sim.demo.embedded_broker import EmbeddedBroker
+from sim.demo.pipeline import run_pipeline
 
 
 def _port_is_closed(port: int) -> bool:
@@ -170,7 +172,7 @@ def test_without_mosquitto_the_fallback_runs_a_reduced_default_fleet(
 ) -> None:
     """No Mosquitto binary: the embedded broker runs, and without an explicit fleet size
     the fleet is ``EMBEDDED_DEFAULT_DEVICES``, with a note saying so."""
-    monkeypatch.setattr(demo, "find_mosquitto", lambda: None)
+    monkeypatch.setattr(brokers, "find_mosquitto", lambda: None)
     config = DemoConfig(
         devices=EMBEDDED_DEFAULT_DEVICES + 500,
         auto_devices=True,

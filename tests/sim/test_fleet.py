@@ -29,19 +29,20 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from aggregator.estimators import AggregateState
+from aggregator.estimation.estimators import AggregateState
 from edge.announce import encode_announcement
 from edge.codec import decode_report
 from edge.spec import MechanismSpec
 from edge.topics import spec_topic
 from sim.cli import app
-from sim.credentials import device_id, mosquitto_password_file
-from sim.fleet import Fleet, FleetConfig, ensure_fd_limit, next_round
-from sim.fleet_cli import EXIT_NOT_SENT
-from sim.fleet_connection import backoff_delay
-from sim.fleet_metrics import CONNECT_FAILURE_REASONS, PUBLISH_FAILURE_REASONS
-from sim.fleet_models import FleetModel
-from sim.fleet_truth import (
+from sim.credentials.accounts import device_id
+from sim.credentials.mosquitto import mosquitto_password_file
+from sim.fleet.cli import EXIT_NOT_SENT
+from sim.fleet.connection import backoff_delay
+from sim.fleet.metrics import CONNECT_FAILURE_REASONS, PUBLISH_FAILURE_REASONS
+from sim.fleet.models import FleetModel
+from sim.fleet.run import Fleet, FleetConfig, ensure_fd_limit, next_round
+from sim.fleet.truth import (
     GroundTruth,
     GroundTruthFileError,
     merge_documents,
@@ -371,7 +372,7 @@ def test_merging_ground_truth_documents(tmp_path: Path) -> None:
 
 def _auth_broker(tmp_path: Path, secret: bytes, n: int) -> Broker:
     passwords = tmp_path / "passwords"
-    from sim.credentials import device_password  # noqa: PLC0415
+    from sim.credentials.accounts import device_password  # noqa: PLC0415
 
     accounts = [(device_id(i), device_password(secret, device_id(i))) for i in range(n)]
     accounts.append(("gateway", "gateway-password"))
@@ -474,7 +475,7 @@ def test_fd_limit_too_low_is_a_clear_error() -> None:
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY:
         pytest.skip("no hard limit")
-    from sim.fleet import FleetError  # noqa: PLC0415
+    from sim.fleet.run import FleetError  # noqa: PLC0415
 
     with pytest.raises(FleetError, match="hard limit RLIMIT_NOFILE"):
         ensure_fd_limit(hard + 1)
@@ -766,3 +767,23 @@ def test_cli_fails_when_the_broker_acknowledged_no_report(
     assert result.exit_code == EXIT_NOT_SENT == 3, result.output
     assert "error: the broker acknowledged no report" in result.output
     assert "not_authorized" in result.output
+
+
+@pytest.mark.parametrize("option", ["--ground-truth", "--acked-log"])
+def test_an_unwritable_output_file_is_refused_before_anything_is_published(
+    mosquitto: Broker, tmp_path: Path, option: str
+) -> None:
+    """Issue 25: --ground-truth in a missing directory published the whole run (the devices'
+    budget spent) and failed at the end. Now the output files are checked first: one line,
+    exit 1, no summary (nothing was published)."""
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(SENSORS.to_dict()))
+    path = tmp_path / "missing" / "out.json"
+    result = fleet_cli(mosquitto, spec_file, option, str(path))
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines() == [
+        f"error: {option} {path}: the directory {path.parent} does not exist"
+    ]
+    assert not path.parent.exists()

@@ -32,7 +32,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from edge.codec import decode_report
 from edge.spec import MechanismSpec
-from sim.fleet_cli import EXIT_NOT_SENT
+from sim.fleet.cli import EXIT_NOT_SENT
 from tests import waiting
 from tests.conftest import Broker
 

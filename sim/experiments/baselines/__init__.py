@@ -1,7 +1,14 @@
 """The paper's baselines for key-value / sparse ternary vector aggregation under eps-LDP.
 
 :data:`BASELINES` maps each baseline's name (as the paper's figures label it) to a factory
-``(d, s, epsilon) -> KVMechanism`` with the defaults of ``docs/baselines.md``.
+``(d, s, epsilon) -> KVMechanism`` with the defaults of ``docs/baselines.md``: PrivKV
+(:mod:`~sim.experiments.baselines.privkv`), PCKV-UE/GRR/AGRR
+(:mod:`~sim.experiments.baselines.pckv`) and SUCCINCT
+(:mod:`~sim.experiments.baselines.succinct`), each behind the protocol of
+:mod:`~sim.experiments.baselines.base`.
+
+Imports: numpy and :mod:`edge` (exact ``e^eps`` weights) only, so that each baseline stands
+apart from the product it is compared with.
 """
 
 from __future__ import annotations

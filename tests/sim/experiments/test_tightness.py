@@ -22,16 +22,16 @@ from aggregator.accountant import generic_clone_probability, hockey_stick
 from edge import Collision, device
 from sim.experiments.privacy_cli import tightness
 from sim.experiments.tightness import (
-    Setting,
     WorstCase,
     _estimate,
     class_laws,
     epsilon_at,
     exact_divergences,
     monte_carlo,
-    run_tightness,
     sample_counts,
 )
+from sim.experiments.tightness_audit import Setting
+from sim.experiments.tightness_report import run_tightness
 from tests.aggregator.test_shuffle_brute_force import canonical_ids, divergence, shuffled_law
 
 EPS_FRACTIONS = [0.1, 0.3, 0.5, 0.7, 0.9]

@@ -1,0 +1,546 @@
+"""Unbiased streaming estimators with closed-form error bars (Algorithm 2 of the paper).
+
+The state is two integer vectors of length ``d`` and a count, whatever the number of
+reports: ``sum_u[j] = sum_i (a_ij - b_ij)`` and ``sum_v[j] = sum_i (a_ij + b_ij)`` with
+``a_ij = [H_i(j+) = z_i]``, ``b_ij = [H_i(j-) = z_i]``. Integer sums make adding reports in
+any order, or merging states, give bit-identical estimates. From them, with the per-report
+moments of :mod:`edge.theory`:
+
+* mean:        ``m_j = sum_u[j] / (n D_mean)``
+* frequency:   ``f_j = (sum_v[j] / n - c0) / D_freq``   (share of reports with ``x_j != 0``)
+* conditional: ``m_j / f_j``                            (mean of ``x_j`` where it is present)
+
+Each report's estimate of ``x_j`` is unbiased with a variance that depends only on whether
+``x_j`` is zero, so ``Var(m_j) = (f_j V_nz + (1 - f_j) V_z) / n``; the standard errors plug in
+the estimated ``f_j`` (clipped to ``[0, 1]``). Intervals: ``+- z SE`` for means; for
+frequencies ``+- z SE`` where the dimension's bucket count is large enough for the normal
+approximation, and the score interval where it is not (:func:`frequency_intervals`); for the
+conditional mean, Fieller's set (the ``theta`` in ``[-1, 1]`` that a
+z-test of ``m_j - theta f_j = 0`` accepts), defined even where ``f_j <= 0``; the delta
+method's ``cond_mean_se`` is kept for information only. Optional post-processing projects the
+item frequencies onto the simplex, as in the paper's experiments; projected estimates have no
+standard errors and keep the raw estimates' intervals (docs/estimates.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from aggregator.estimation.projection import project_to_simplex
+from edge import hashing
+from edge._mechanism import SEED_SPACE
+from edge.errors import ReportError
+from edge.spec import MechanismSpec
+from edge.theory import ReportMoments
+
+F64 = NDArray[np.float64]
+_CHUNK_ELEMENTS = 1 << 17
+"""Hash matrix elements per chunk (512 KiB of uint32, reused): the chunk's few buffers stay
+near the cache, and numpy's per-call cost is amortised (bench/README.md)."""
+_LANE_ROWS = 255
+"""Rows summed at once in byte lanes (:func:`_column_counts`): a byte cannot overflow."""
+
+
+def _column_counts(mask: NDArray[np.bool_], d: int, out: NDArray[np.int64]) -> None:
+    """Add the column sums of ``mask[:, :d]`` to ``out``.
+
+    ``mask`` is C-contiguous with a row width that is a multiple of 8, so each row is a run
+    of ``uint64`` words holding 8 columns each, one per byte. Summing up to 255 rows of
+    words adds the 8 columns in parallel without a carry crossing bytes (SWAR); the bytes of
+    the sum are then the column counts. About 5x faster than ``sum(axis=0)`` of the bytes.
+    """
+    if mask.shape[0] > 4 * _LANE_ROWS:  # many short rows (small d): one sum beats many
+        out += mask[:, :d].view(np.uint8).sum(axis=0, dtype=np.int64)
+        return
+    words = mask.view(np.uint64)
+    for start in range(0, words.shape[0], _LANE_ROWS):
+        lanes = np.add.reduce(words[start : start + _LANE_ROWS], axis=0)
+        out += lanes.view(np.uint8)[:d]
+
+
+def validate_reports(
+    spec: MechanismSpec, seeds: ArrayLike, z: ArrayLike
+) -> tuple[NDArray[np.uint32], NDArray[np.int64]]:
+    """Check a batch of reports against ``spec``; :class:`ReportError` names the first bad one."""
+    s = np.asarray(seeds)
+    zz = np.asarray(z)
+    if s.ndim != 1 or zz.shape != s.shape:
+        raise ReportError(
+            f"seeds and z must be 1-D of one length, got {s.shape} and {zz.shape}", reason="shape"
+        )
+    if s.size == 0:
+        return s.astype(np.uint32), zz.astype(np.int64)
+    if not (np.issubdtype(s.dtype, np.integer) and np.issubdtype(zz.dtype, np.integer)):
+        raise ReportError("seeds and z must be integers", reason="type")
+    if zz.min() < 0 or zz.max() >= spec.t:  # the common case costs two reductions
+        bad = np.flatnonzero((zz < 0) | (zz >= spec.t))
+        raise ReportError(
+            f"z must be in [0, {spec.t}); report {int(bad[0])} has z={int(zz[bad[0]])}",
+            reason="z_out_of_range",
+        )
+    if s.min() < 0 or s.max() >= SEED_SPACE:
+        bad = np.flatnonzero((s < 0) | (s >= SEED_SPACE))
+        raise ReportError(
+            f"seed must be in [0, 2^32); report {int(bad[0])} has {int(s[bad[0]])}",
+            reason="seed_out_of_range",
+        )
+    return s.astype(np.uint32, copy=False), zz.astype(np.int64, copy=False)
+
+
+class _Buffers:
+    """Scratch arrays of one chunk, allocated once per kernel and thread."""
+
+    def __init__(self, rows: int, d: int) -> None:
+        width = -(-d // 8) * 8  # rows of whole uint64 words for _column_counts
+        self.h = np.empty((rows, d), dtype=np.uint32)
+        self.tmp = np.empty((rows, d), dtype=np.uint32)
+        self.mask = np.zeros((rows, width), dtype=np.bool_)
+
+
+class _Kernel:
+    """Per-spec precomputed key terms and the chunked hash-and-match loop.
+
+    Both mechanisms reduce to counting, per dimension, the reports whose hash falls in one
+    of two windows ``[lo, lo + width)`` (:func:`edge.hashing.preimage_bounds`): ``a_ij`` and
+    ``b_ij`` of the module docs. The chunk's buffers are reused (one set per thread, since
+    states of one spec may be filled in several threads at once): no allocation of the
+    size of the hash matrix per chunk.
+    """
+
+    def __init__(self, mechanism: str, d: int, t: int) -> None:
+        self.mechanism, self.d, self.t = mechanism, d, t
+        j = np.arange(d, dtype=np.int64)
+        if mechanism == "coco":
+            self.terms = [hashing.key_terms(j)]
+        else:
+            self.terms = [hashing.key_terms(2 * j + 1), hashing.key_terms(2 * j)]
+        self.chunk = max(1, _CHUNK_ELEMENTS // d)
+        self._local = threading.local()
+
+    def _buffers(self) -> _Buffers:
+        buffers: _Buffers | None = getattr(self._local, "buffers", None)
+        if buffers is None:
+            buffers = self._local.buffers = _Buffers(self.chunk, self.d)
+        return buffers
+
+    def sums(
+        self, seeds: NDArray[np.uint32], z: NDArray[np.int64]
+    ) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        d = self.d
+        a = np.zeros(d, dtype=np.int64)
+        b = np.zeros(d, dtype=np.int64)
+        # The windows of the whole batch first (O(n)), then the hash matrix chunk by chunk.
+        passes: list[tuple[NDArray[np.uint32], list[tuple[NDArray[np.uint32], NDArray[np.int64]]]]]
+        if self.mechanism == "coco":
+            half = self.t // 2
+            # H(j+) = z iff H1(j) is z's pair (low 31 bits in the preimage of z % half) and
+            # the top bit is the sign z's half implies; H(j-) = z iff the top bit is the
+            # other one. So a and b are two windows of the full 32-bit hash.
+            low, width = hashing.preimage_bounds(z % half, half, 31)
+            lo_a = low + np.where(z >= half, np.uint32(1 << 31), np.uint32(0))
+            lo_b = lo_a ^ np.uint32(1 << 31)
+            passes = [(self.terms[0], [(lo_a, a), (lo_b, b)])]
+        else:
+            lo, width = hashing.preimage_bounds(z, self.t, 32)
+            passes = [(self.terms[0], [(lo, a)]), (self.terms[1], [(lo, b)])]  # j+, j-
+        buf = self._buffers()
+        for start in range(0, seeds.size, self.chunk):
+            sl = slice(start, start + self.chunk)
+            chunk = seeds[sl]
+            m = chunk.size
+            h, tmp, mask = buf.h[:m], buf.tmp[:m], buf.mask[:m]
+            w = width[sl, None]
+            for terms, windows in passes:
+                hashing.xxh32_into(chunk, terms, out=h, tmp=tmp)
+                for lo_, out in windows:
+                    # out[j] += #{i : (h[i, j] - lo[i]) mod 2^32 < width[i]}
+                    np.subtract(h, lo_[sl, None], out=tmp)
+                    np.less(tmp, w, out=mask[:, :d])
+                    _column_counts(mask, d, out)
+        return a - b, a + b
+
+
+@functools.lru_cache(maxsize=16)
+def _kernel(mechanism: str, d: int, t: int) -> _Kernel:
+    """One kernel (and its buffers) per hash family, shared by every state of it: the
+    service makes a state per batch."""
+    return _Kernel(mechanism, d, t)
+
+
+class AggregateState:
+    """Streaming, mergeable sufficient statistics of reports for one spec.
+
+    Memory is ``O(d)`` whatever the number of reports. Reports may be added in any order and
+    states merged: the integer sums are exact, so the estimates are identical to one pass.
+    """
+
+    def __init__(self, spec: MechanismSpec) -> None:
+        self.spec = spec
+        self.n = 0
+        self.sum_u = np.zeros(spec.d, dtype=np.int64)
+        self.sum_v = np.zeros(spec.d, dtype=np.int64)
+        self._kernel = _kernel(spec.mechanism, spec.d, spec.t)
+
+    def add(self, seeds: ArrayLike, z: ArrayLike) -> None:
+        """Add a batch of reports (all or none: a bad report raises before any is counted)."""
+        s, zz = validate_reports(self.spec, seeds, z)
+        if s.size == 0:
+            return
+        u, v = self._kernel.sums(s, zz)
+        self.sum_u += u
+        self.sum_v += v
+        self.n += int(s.size)
+
+    def merge(self, other: AggregateState) -> None:
+        """Fold another state of the same spec into this one."""
+        if other.spec.canonical() != self.spec.canonical():
+            raise ReportError(
+                f"cannot merge states of different specs ({other.spec.fingerprint} into "
+                f"{self.spec.fingerprint})",
+                reason="spec_mismatch",
+            )
+        self.n += other.n
+        self.sum_u += other.sum_u
+        self.sum_v += other.sum_v
+
+    def copy(self) -> AggregateState:
+        out = AggregateState(self.spec)
+        out.merge(self)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready state (for checkpoints)."""
+        return {
+            "spec": self.spec.to_dict(),
+            "n": self.n,
+            "sum_u": self.sum_u.tolist(),
+            "sum_v": self.sum_v.tolist(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> AggregateState:
+        spec = MechanismSpec.from_dict(data["spec"])
+        state = cls(spec)
+        sum_u = np.asarray(data["sum_u"], dtype=np.int64)
+        sum_v = np.asarray(data["sum_v"], dtype=np.int64)
+        n = int(data["n"])
+        if sum_u.shape != (spec.d,) or sum_v.shape != (spec.d,) or n < 0:
+            raise ReportError("state arrays do not match the spec", reason="bad_state")
+        state.n, state.sum_u, state.sum_v = n, sum_u, sum_v
+        return state
+
+    def estimate(
+        self,
+        *,
+        confidence: float = 0.95,
+        projection: bool = False,
+        signs_from_values: bool = False,
+    ) -> Estimates:
+        """Current estimates (see :func:`estimate`)."""
+        return estimate(
+            self,
+            confidence=confidence,
+            projection=projection,
+            signs_from_values=signs_from_values,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Estimates:
+    """Per-dimension estimates, standard errors and ``confidence`` intervals.
+
+    ``mean[j]`` estimates the average of ``x_j`` over reports, ``freq[j]`` the share of
+    reports with ``x_j != 0``, ``cond_mean[j]`` the average of ``x_j`` over those reports
+    (NaN where the estimated ``freq[j] <= 0``). ``*_lo``/``*_hi`` bound intervals that hold
+    the true value with probability ``confidence`` (docs/estimates.md): ``mean``'s is ``+-``
+    the halfwidth around the raw estimate, ``freq``'s too where ``freq_score[j]`` is false
+    and the score interval where it is true (small bucket counts, :func:`frequency_intervals`;
+    not centred on ``freq``), ``cond_mean``'s is
+    Fieller's, within ``[-1, 1]`` and defined even where ``cond_mean`` is not (NaN only when
+    it is empty), for the mean of the signs or, with ``signs_from_values``, of the values.
+    The intervals always come from the raw, unbiased estimates, so they hold with
+    ``projected`` too; the projected point estimates are biased and have no standard error
+    (``*_se`` are NaN then). ``cond_mean_se`` is the delta method's, for information only:
+    ``cond_mean +- z cond_mean_se`` is not a calibrated interval. With ``n == 0`` every value
+    is NaN.
+    """
+
+    n: int
+    confidence: float
+    projected: bool
+    mean: F64
+    mean_se: F64
+    mean_lo: F64
+    mean_hi: F64
+    freq: F64
+    freq_se: F64
+    freq_lo: F64
+    freq_hi: F64
+    freq_score: NDArray[np.bool_]
+    """Per dimension: ``freq_lo``/``freq_hi`` are the score interval (the bucket count's
+    estimated variance is below :func:`normal_count_threshold`), not ``freq +- z freq_se``."""
+    cond_mean: F64
+    cond_mean_se: F64
+    cond_mean_lo: F64
+    cond_mean_hi: F64
+
+    @property
+    def z_score(self) -> float:
+        return z_score(self.confidence)
+
+    @property
+    def mean_halfwidth(self) -> F64:
+        """Half the width of the mean's interval (also when ``projected``)."""
+        half: F64 = (self.mean_hi - self.mean_lo) / 2
+        return half
+
+    @property
+    def freq_halfwidth(self) -> F64:
+        """Half the width of the frequency's interval (also when ``projected``)."""
+        half: F64 = (self.freq_hi - self.freq_lo) / 2
+        return half
+
+    def to_dict(self) -> dict[str, Any]:
+        def arr(a: F64) -> list[float | None]:
+            values: list[float | None] = np.asarray(a, dtype=np.float64).tolist()
+            for i in np.flatnonzero(~np.isfinite(a)).tolist():  # JSON has no NaN
+                values[i] = None
+            return values
+
+        out: dict[str, Any] = {
+            "n": self.n,
+            "confidence": self.confidence,
+            "projected": self.projected,
+        }
+        for name in _ARRAY_FIELDS:
+            out[name] = arr(getattr(self, name))
+        out["freq_interval"] = ["score" if b else "normal" for b in self.freq_score.tolist()]
+        return out
+
+
+_ARRAY_FIELDS = (
+    "mean",
+    "mean_se",
+    "mean_lo",
+    "mean_hi",
+    "freq",
+    "freq_se",
+    "freq_lo",
+    "freq_hi",
+    "cond_mean",
+    "cond_mean_se",
+    "cond_mean_lo",
+    "cond_mean_hi",
+)
+"""The per-dimension arrays of :class:`Estimates`, in the order of ``to_dict``."""
+
+
+def z_score(confidence: float) -> float:
+    """Two-sided normal quantile of ``confidence`` (1.95996... for 0.95)."""
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def normal_count_threshold(confidence: float) -> float:
+    """Smallest estimated variance of a dimension's bucket count ``sum_v`` at which its
+    frequency gets the normal interval ``freq +- z freq_se`` (below it: the score interval of
+    :func:`frequency_intervals`). 74.9 at ``confidence = 0.95``.
+
+    The frequency is an affine map of the count ``V = sum_v``, a sum of independent
+    Bernoulli indicators (one per report for CoCo, two for Collision) whose variance
+    ``sigma^2 = n (f A + (1 - f) B)`` is affine in the true frequency ``f``. The normal
+    interval is ``|V - E V| <= z sigma(f_hat)``: its standard deviation moves with the
+    estimate, by ``b = d sigma^2 / d E[V]`` (``1 - p1 - p0`` for CoCo, ``1 - p - q`` for
+    Collision, in ``(-1, 1)``). The Edgeworth expansion of ``V`` (skewness ``g / sigma`` with
+    ``g = kappa_3 / sigma^2`` in ``[-1, 1]``) gives its coverage as that of the score
+    interval, which puts ``sigma(f)`` at the tested ``f``, plus
+
+        phi(z) z^3 ((1 - z^2) b^2 / 4 + (z^2 - 3) b g / 6) / sigma^2,
+
+    both up to the same terms in ``1/sigma`` (the lattice's oscillation, which averages out
+    over the true count) and ``1/sigma^2`` (the count's own shape). Its size is at most
+    ``C(z) / sigma^2``, ``C(z) = phi(z) z^3 (|z^2 - 1| / 4 + |z^2 - 3| / 6)`` (0.374 at
+    ``z = 1.96``, a shortfall: the normal interval shrinks where the count came out low).
+    The threshold keeps it within a tenth of the nominal miss rate ``alpha = 1 -
+    confidence``: ``sigma^2 >= 10 C(z) / alpha`` (docs/estimates.md, "Frequencies at small
+    counts").
+    """
+    z = z_score(confidence)
+    phi = math.exp(-z * z / 2) / math.sqrt(2 * math.pi)
+    c = phi * z**3 * (abs(z * z - 1) / 4 + abs(z * z - 3) / 6)
+    return 10 * c / (1 - confidence)
+
+
+def frequency_intervals(
+    count: ArrayLike, n: int, moments: ReportMoments, *, confidence: float
+) -> tuple[F64, F64, NDArray[np.bool_]]:
+    """``(lo, hi, score)``: the frequency intervals of dimensions whose bucket counts
+    ``sum_v`` are ``count`` after ``n`` reports; ``score[j]`` where the score interval was used.
+
+    ``E[V] = n (c0 + D f)`` and ``Var V = n (B + f (A - B))`` with ``D = d_freq``,
+    ``A = var_v_nonzero``, ``B = var_v_zero``. Where the estimated variance (at the
+    estimate clipped to ``[0, 1]``) is at least :func:`normal_count_threshold`, the interval
+    is ``f_hat +- z SE``, as for means. Below it, the score interval: the ``f`` that the
+    z-test of ``V`` with the variance *at* ``f`` accepts, ``(y - D f)^2 <= z^2 (B + f (A -
+    B)) / n`` with ``y = V/n - c0`` (Wilson's interval, moved through the estimator's affine
+    map), a quadratic in ``f`` whose leading coefficient ``D^2`` is positive and which is
+    negative at ``f_hat`` (the variance is positive for every count), so always an interval
+    around ``f_hat``. Like the normal interval it is not clipped to ``[0, 1]``.
+    """
+    v = np.asarray(count, dtype=np.float64)
+    z = z_score(confidence)
+    d_freq, c0 = moments.d_freq, moments.c0
+    a_var, b_var = moments.var_v_nonzero, moments.var_v_zero
+    freq = (v / n - c0) / d_freq
+    f_plug = np.clip(freq, 0.0, 1.0)
+    count_var = n * (f_plug * a_var + (1.0 - f_plug) * b_var)
+    score: NDArray[np.bool_] = count_var < normal_count_threshold(confidence)
+    freq_se = np.sqrt(moments.freq_variance(f_plug) / n)  # as estimate() computes it
+    lo: F64 = freq - z * freq_se
+    hi: F64 = freq + z * freq_se
+    if score.any():
+        y = v[score] / n - c0
+        qa = d_freq * d_freq  # qa f^2 - 2 qb f + qc <= 0
+        qb = y * d_freq + z * z * (a_var - b_var) / (2 * n)
+        qc = y * y - z * z * b_var / n
+        # qb^2 - qa qc > 0 (the variance at f_hat is positive); stable roots q/qa and qc/q
+        root = np.sqrt(np.maximum(qb * qb - qa * qc, 0.0))
+        q = qb + np.where(qb >= 0, root, -root)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            other = np.where(q != 0, qc / q, q / qa)
+        lo[score] = np.minimum(q / qa, other)
+        hi[score] = np.maximum(q / qa, other)
+    return lo, hi, score
+
+
+def fieller_interval(
+    mean: F64, freq: F64, *, var_mean: F64, var_freq: F64, cov_unit: F64, z: float
+) -> tuple[F64, F64]:
+    """Hull of Fieller's confidence set for ``theta = mean / freq`` within ``[-1, 1]``.
+
+    At the true ``theta`` the raw estimates satisfy ``E[mean - theta freq] = 0``, with
+    variance ``V(theta) = var_mean + theta^2 (var_freq - 2 cov_unit)`` (the covariance of the
+    estimates is ``theta * cov_unit`` there, :meth:`ReportMoments.mean_freq_covariance`).
+    The set ``{theta in [-1, 1]: (mean - theta freq)^2 <= z^2 V(theta)}`` inverts that
+    test: a quadratic inequality ``A theta^2 - 2 B theta + C <= 0``. Its hull's ends are
+    among ``-1``, ``1`` and the real roots in between; an empty set gives NaN.
+    """
+    a = freq**2 - z**2 * (var_freq - 2 * cov_unit)
+    b = mean * freq
+    c = mean**2 - z**2 * var_mean
+    disc = np.maximum(b**2 - a * c, 0.0)
+    real = b**2 - a * c >= 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = b + np.where(b >= 0, 1.0, -1.0) * np.sqrt(disc)  # stable roots q/a and c/q
+        roots = np.stack([q / a, c / q])
+    ends = np.array([-1.0, 1.0])[:, None] * np.ones_like(mean)
+    g = a * ends**2 - 2 * b * ends + c
+    inside = real & np.isfinite(roots) & (np.abs(roots) <= 1.0)
+    cand = np.concatenate([ends, roots])
+    ok = np.concatenate([g <= 0, inside])
+    lo: F64 = np.where(ok, cand, np.inf).min(axis=0)
+    hi: F64 = np.where(ok, cand, -np.inf).max(axis=0)
+    empty = ~ok.any(axis=0)
+    lo[empty] = np.nan
+    hi[empty] = np.nan
+    return lo, hi
+
+
+def estimate(
+    state: AggregateState,
+    *,
+    confidence: float = 0.95,
+    projection: bool = False,
+    signs_from_values: bool = False,
+) -> Estimates:
+    """Unbiased estimates, closed-form standard errors and intervals from ``state``.
+
+    ``signs_from_values=True``: the non-zero ``x_j`` are signs drawn from values in
+    ``[-1, 1]`` with ``E[sign] = value`` (the key-value and sensor encoders), and the
+    conditional-mean interval is for the holders' mean *value* ``theta``, not the mean of
+    their signs: the sign draw adds ``1 - value^2`` per holder, at most ``f (1 - theta^2) / n``
+    in all (Jensen), to Fieller's variance (docs/maths.md, "Intervals").
+
+    ``projection=True`` applies the paper's post-processing: the item frequencies
+    ``(f + m)/2`` and ``(f - m)/2`` of the ``2d`` elements, divided by ``s``, are projected onto
+    the probability simplex (each report holds exactly ``s`` elements). This lowers the total
+    squared error but makes the estimates biased, with no closed-form standard error: the
+    ``*_se`` are NaN and the intervals stay those of the raw estimates (:class:`Estimates`).
+    """
+    z = z_score(confidence)
+    spec, n = state.spec, state.n
+    d = spec.d
+    if n == 0:
+        nan = np.full(d, np.nan)
+        return Estimates(
+            n=0,
+            confidence=confidence,
+            projected=projection,
+            freq_score=np.zeros(d, dtype=np.bool_),
+            **dict.fromkeys(_ARRAY_FIELDS, nan),
+        )
+    mo = spec.moments
+    mean = state.sum_u / (n * mo.d_mean)
+    freq = (state.sum_v / n - mo.c0) / mo.d_freq
+    f_plug = np.clip(freq, 0.0, 1.0)
+    m_plug = np.clip(mean, -f_plug, f_plug)
+    var_mean = mo.mean_variance(f_plug) / n
+    var_freq = mo.freq_variance(f_plug) / n
+    cov = mo.mean_freq_covariance(m_plug) / n
+    mean_se, freq_se = np.sqrt(var_mean), np.sqrt(var_freq)
+    # Sign noise f (1 - theta^2) / n: a constant in V(theta) and -f/n in its theta^2 term.
+    sign_noise = f_plug / n if signs_from_values else np.zeros(d)
+    cond_lo, cond_hi = fieller_interval(
+        mean,
+        freq,
+        var_mean=var_mean + sign_noise,
+        var_freq=var_freq,
+        cov_unit=mo.mean_freq_covariance(f_plug) / n + sign_noise / 2,
+        z=z,
+    )
+    freq_lo, freq_hi, freq_score = frequency_intervals(state.sum_v, n, mo, confidence=confidence)
+    intervals = {
+        "mean_lo": mean - z * mean_se,
+        "mean_hi": mean + z * mean_se,
+        "freq_lo": freq_lo,
+        "freq_hi": freq_hi,
+        "cond_mean_lo": cond_lo,
+        "cond_mean_hi": cond_hi,
+    }
+    if projection:
+        items = np.concatenate([(freq + mean) / 2, (freq - mean) / 2]) / spec.s
+        proj = project_to_simplex(items) * spec.s
+        mean = proj[:d] - proj[d:]
+        freq = proj[:d] + proj[d:]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cond = mean / freq
+        ratio = np.clip(cond, -1.0, 1.0)
+        var_cond = (var_mean - 2 * ratio * cov + ratio**2 * var_freq) / freq**2
+        cond_se = np.sqrt(np.maximum(var_cond, 0.0))
+    bad = ~(freq > 0)
+    cond[bad] = np.nan
+    cond_se[bad] = np.nan
+    if projection:
+        mean_se, freq_se, cond_se = (np.full(d, np.nan) for _ in range(3))
+    return Estimates(
+        n=n,
+        confidence=confidence,
+        projected=projection,
+        mean=mean,
+        mean_se=mean_se,
+        freq=freq,
+        freq_se=freq_se,
+        freq_score=freq_score,
+        cond_mean=cond,
+        cond_mean_se=cond_se,
+        **intervals,
+    )

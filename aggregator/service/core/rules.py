@@ -1,0 +1,600 @@
+"""The aggregator's rules, with no I/O: what is applied, what is refused, what is remembered.
+
+Everything the aggregator decides about a batch lives here, as pure code driven by explicit
+inputs (the sealed payload, the time, the sums of its records); the MQTT session, the
+lease, the HTTP endpoint, the files and the timers (:mod:`aggregator.service.service`,
+:mod:`aggregator.service.session`, :mod:`aggregator.service.checkpoint_files`) are shells around it.
+Like the shuffler's :mod:`broker.core`, it is property-tested (tests/aggregator/test_core.py): any
+interleaving of deliveries, redeliveries, forged and replayed batches, crashes and restarts from the
+last durable checkpoint applies each genuine batch exactly once and never a forged one.
+
+Checks, in order (:meth:`AggregatorCore.check`)
+-----------------------------------------------
+1. The topic's shard has a trusted key (``unknown_shard``), and the signature verifies under
+   it (:class:`~edge.batch_auth.BatchVerifier`), before anything of the message is read:
+   ``bad_length``, ``bad_signature``.
+2. The wire format (:func:`~aggregator.service.core.batch_codec.decode_batch_arrays`):
+   ``bad_version``, ``bad_kind``, ``bad_count``, ``bad_field``.
+3. The spec and size: ``fingerprint_mismatch``, ``empty``, ``below_min_batch``.
+4. The round: ``wrong_shard`` (one its shard's layout does not serve), ``stale_round``
+   (below the retained horizon, whose ids may be forgotten), ``future_round`` (more than
+   ``retention_rounds`` ahead of the clock's round).
+5. The batch id: one applied before is a duplicate (ignored, acknowledged).
+6. The records (:meth:`AggregatorCore.partial`): ``z_out_of_range``,
+   ``seed_out_of_range``.
+
+Batch-id memory and the retained horizon
+----------------------------------------
+The ids of applied batches are kept per round for the newest ``retention_rounds`` rounds
+applied (:class:`BatchMemory`): a replay of a retained round is a duplicate, a batch of an
+older round is ``stale_round``. Memory follows the traffic of the window, not the age of
+the deployment.
+
+Trusted keys and shards
+-----------------------
+What is trusted is one pinned anchor (:mod:`aggregator.service.core.keys`): the batch key of an
+unsharded deployment, or the announced shard layouts, whose shard ``L`` signs only the
+batches and manifests of its own topic and of its layout's rounds (``unknown_shard``,
+``wrong_shard``). Applied batches are also counted per shard (:class:`ShardStats`): the
+smallest batch of every shard is the guarantee each report has.
+
+Manifests
+---------
+Each release's signed manifest is checked like a batch (signature under its shard's key,
+wire format, spec, round) and reconciled against the batches
+(:mod:`aggregator.service.core.manifests`): missing reports counted after a grace period, unlisted
+batches counted, a manifest that disagrees rejected as ``manifest_mismatch``.
+
+Acknowledgements across checkpoint generations: :mod:`aggregator.service.core.acks`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from aggregator.estimation.estimators import AggregateState
+from aggregator.ledger.privacy_ledger import PrivacyLedger
+from aggregator.service.core.batch_codec import decode_batch_arrays
+from aggregator.service.core.checkpoint import CHECKPOINT_VERSION, Checkpoint, Counters
+from aggregator.service.core.keys import TrustedKeys
+from aggregator.service.core.manifests import Loss, Reconciler
+from aggregator.service.core.silence import DEFAULT_SILENT_SHARD_ROUNDS, SilenceWatch
+from edge.batch_auth import BatchAuthError
+from edge.codec import CodecError, decode_manifest
+from edge.errors import ReportError
+from edge.rounds import ClockError, check_round_seconds, round_of
+from edge.spec import MechanismSpec
+
+__all__ = [
+    "AggregatorCore",
+    "BatchMemory",
+    "CoreRules",
+    "Outcome",
+    "RejectedError",
+    "ShardStats",
+    "Verified",
+]
+
+ACCOUNTED_REFUSALS = frozenset({"future_round", "stale_round", "wrong_shard"})
+"""Verified batches and manifests refused for their round, yet released by a trusted
+shuffler (whoever listens on the batches topic has them): the privacy ledger accounts them
+all the same. A stale round's detail is usually compacted in the ledger: the record is then
+charged as an extra participation, and its id remembered in the ledger's bounded memory
+(:data:`~aggregator.ledger.privacy_ledger.FORGOTTEN_KEPT` ids, saved in its file), so a
+replay is not charged again until that id is forgotten; after that it is, pessimistically.
+A verified batch below ``min_batch`` is accounted too, at its real size (:meth:`check`)."""
+
+Outcome = Literal["applied", "duplicate"] | str
+"""What :meth:`AggregatorCore.handle` did: ``"applied"``, ``"duplicate"`` or the reason a
+batch was rejected (:data:`aggregator.service.metrics.REJECT_REASONS`)."""
+
+
+class RejectedError(Exception):
+    """A batch refused for ``reason``; ``reports`` is its record count when its signature
+    verified (an unverified count means nothing), else 0."""
+
+    def __init__(self, reason: str, reports: int = 0) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.reports = reports
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoreRules:
+    """What a batch must satisfy (module docs)."""
+
+    spec: MechanismSpec
+    deployment: str
+    trusted: str
+    """The trusted anchor: the batch key, or the announced shard layouts as JSON
+    (:mod:`aggregator.service.core.keys`)."""
+    min_batch: int
+    retention_rounds: int
+    round_seconds: int | None = None
+    """The announced round length; ``None`` (a spec file without it) skips the
+    ``future_round`` check: there is no clock to judge by."""
+    manifest_grace: float = 120.0
+    """Seconds a manifest waits for its batches before the missing ones are counted."""
+    silent_shard_rounds: int = DEFAULT_SILENT_SHARD_ROUNDS
+    """Rounds others released while a shard released nothing, from which it is silent
+    (:mod:`aggregator.service.core.silence`)."""
+
+    @property
+    def ledger_lag_rounds(self) -> int:
+        """Rounds the privacy ledger keeps in detail behind the newest one: twice the
+        grace period in rounds, and two more (ten without a round length)."""
+        if self.round_seconds is None:
+            return 10
+        return math.ceil(2 * self.manifest_grace / self.round_seconds) + 2
+
+    def __post_init__(self) -> None:
+        TrustedKeys(self.trusted, self.deployment)  # CocoError if malformed
+        if self.min_batch < 1:
+            raise ValueError(f"min_batch must be >= 1, got {self.min_batch}")
+        if self.retention_rounds < 1:
+            raise ValueError(f"retention_rounds must be >= 1, got {self.retention_rounds}")
+        if self.round_seconds is not None:
+            check_round_seconds(self.round_seconds)
+        if self.silent_shard_rounds < 1:
+            raise ValueError(f"silent_shard_rounds must be >= 1, got {self.silent_shard_rounds}")
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A batch that passed every check but the records' (:meth:`AggregatorCore.partial`)."""
+
+    batch_id: bytes
+    round: int
+    seeds: npt.NDArray[np.uint32]
+    z: npt.NDArray[np.uint16]
+    shard: str | None = None
+
+    @property
+    def size(self) -> int:
+        return int(self.seeds.size)
+
+
+class BatchMemory:
+    """Applied batch ids by round, for the newest ``retention_rounds`` rounds applied."""
+
+    def __init__(self, retention_rounds: int) -> None:
+        self.retention_rounds = retention_rounds
+        self.newest_round: int | None = None
+        self._seen: dict[bytes, int] = {}
+        self._rounds: dict[int, list[bytes]] = {}
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def __contains__(self, batch_id: object) -> bool:
+        return batch_id in self._seen
+
+    @property
+    def oldest_round(self) -> int | None:
+        """The oldest round still accepted; ``None`` before the first batch."""
+        if self.newest_round is None:
+            return None
+        return max(0, self.newest_round - self.retention_rounds + 1)
+
+    def stale(self, round_: int) -> bool:
+        oldest = self.oldest_round
+        return oldest is not None and round_ < oldest
+
+    def remember(self, batch_id: bytes, round_: int) -> None:
+        self._seen[batch_id] = round_
+        self._rounds.setdefault(round_, []).append(batch_id)
+        if self.newest_round is None or round_ > self.newest_round:
+            self.newest_round = round_
+            self._evict()
+
+    def _evict(self) -> None:
+        """Forget the ids of rounds below the horizon (those batches are now stale)."""
+        oldest = self.oldest_round
+        if oldest is None:
+            return
+        for round_ in [r for r in self._rounds if r < oldest]:
+            for batch_id in self._rounds.pop(round_):
+                self._seen.pop(batch_id, None)
+
+    def by_round(self) -> dict[int, tuple[bytes, ...]]:
+        """A copy: round -> ids applied in it."""
+        return {r: tuple(ids) for r, ids in self._rounds.items()}
+
+    def restore(self, rounds: dict[int, list[bytes]]) -> None:
+        self._seen.clear()
+        self._rounds.clear()
+        self.newest_round = None
+        for round_, ids in sorted(rounds.items()):
+            for batch_id in ids:
+                self.remember(batch_id, round_)
+
+
+@dataclass
+class ShardStats:
+    """Batches applied of one shard: the smallest is the guarantee its reports have."""
+
+    batches: int = 0
+    reports: int = 0
+    smallest: int | None = None
+    latest: int | None = None
+
+    def add(self, size: int) -> None:
+        self.batches += 1
+        self.reports += size
+        self.smallest = size if self.smallest is None else min(self.smallest, size)
+        self.latest = size
+
+    def to_json(self) -> dict[str, int | None]:
+        return dict(self.__dict__)
+
+
+class AggregatorCore:
+    """The state the aggregator keeps and the rules that change it (module docs).
+
+    ``dirty`` is set by every change a checkpoint must hold and cleared by
+    :meth:`content`; ``changed`` by every change that anything published must show, and
+    cleared by the shell that publishes.
+    """
+
+    def __init__(self, rules: CoreRules, *, delta: float) -> None:
+        self.rules = rules
+        self.spec = rules.spec
+        self.delta = delta
+        self.keys = TrustedKeys(rules.trusted, rules.deployment)
+        self.shards: dict[str, ShardStats] = {}
+        """Per shard label (the trusted ones only: a bounded set)."""
+        self.reconciler = Reconciler(grace=rules.manifest_grace, min_batch=rules.min_batch)
+        self.silence = SilenceWatch(rules.silent_shard_rounds)
+        """Which shard of the layout in force released nothing for a while (not in the
+        checkpoint: it starts afresh with each run)."""
+        self.state = AggregateState(rules.spec)
+        self.counters = Counters()
+        self.memory = BatchMemory(rules.retention_rounds)
+        self.ledger = PrivacyLedger(rules.spec, delta=delta)
+        self.smallest_batch: int | None = None
+        self.latest_batch: int | None = None
+        self.last_batch_timestamp: float | None = None
+        self.dirty = False
+        self.changed = True
+
+    def trust(self, anchor: str) -> None:
+        """Verify batches under ``anchor`` from now on (the pin in force:
+        :mod:`aggregator.service.trust`)."""
+        self.keys = TrustedKeys(anchor, self.rules.deployment)
+        self.rules = replace(self.rules, trusted=anchor)
+        self._touch()
+
+    def _open(self, payload: bytes, shard: str | None, *, manifest: bool) -> memoryview:
+        verifier = self.keys.verifier(shard)
+        if verifier is None:
+            raise RejectedError("unknown_shard")
+        try:
+            return verifier.open_manifest(payload) if manifest else verifier.open(payload)
+        except BatchAuthError as exc:
+            raise RejectedError(exc.reason) from None
+
+    def _check_round(self, shard: str | None, round_: int, size: int, now: float | None) -> None:
+        if not self.keys.serves(shard, round_):
+            raise RejectedError("wrong_shard", size)
+        if self.memory.stale(round_):
+            raise RejectedError("stale_round", size)
+        if self._future(round_, now):
+            raise RejectedError("future_round", size)
+
+    # -- the checks ------------------------------------------------------------------------
+
+    def check(
+        self, payload: bytes, *, now: float | None, shard: str | None = None
+    ) -> Verified | None:
+        """The checks 1-5 of the module docs for a batch that came on ``shard``'s topic
+        (``None``: the unsharded topic): a :class:`Verified` batch to apply, ``None`` for
+        one already applied; :class:`RejectedError` otherwise. ``now`` is the Unix time of
+        the ``future_round`` check (``None``: no clock to judge by)."""
+        inner = self._open(payload, shard, manifest=False)
+        try:
+            fingerprint, round_, batch_id, seeds, z = decode_batch_arrays(inner)
+        except CodecError as exc:
+            raise RejectedError(exc.reason) from None
+        size = int(seeds.size)
+        if fingerprint != self.spec.fingerprint_int:
+            raise RejectedError("fingerprint_mismatch", size)
+        if size == 0:
+            raise RejectedError("empty")
+        if size < self.rules.min_batch:
+            # released all the same (signed): accounted at its real size, like any batch
+            self._account_batch(round_, shard, batch_id, size)
+            self._touch()
+            raise RejectedError("below_min_batch", size)
+        try:
+            self._check_round(shard, round_, size, now)
+        except RejectedError as rejected:
+            if rejected.reason in ACCOUNTED_REFUSALS:  # released all the same: accounted
+                self._account_batch(round_, shard, batch_id, size)
+                self._touch()
+            raise
+        if batch_id in self.memory:
+            return None
+        return Verified(batch_id, round_, seeds, z, shard)
+
+    def _future(self, round_: int, now: float | None) -> bool:
+        round_seconds = self.rules.round_seconds
+        if round_seconds is None or now is None:
+            return False
+        try:
+            current = round_of(now, round_seconds)
+        except ClockError:  # a clock that is not set cannot judge
+            return False
+        return round_ > current + self.rules.retention_rounds
+
+    def partial(self, batch: Verified) -> AggregateState:
+        """The sums of ``batch``'s records (check 6): :class:`RejectedError` for a record outside
+        the spec. ``O(size * d)``, numpy: the shell may run it in a thread."""
+        partial = AggregateState(self.spec)
+        try:
+            partial.add(batch.seeds, batch.z)
+        except ReportError as exc:
+            raise RejectedError(exc.reason, batch.size) from None
+        return partial
+
+    # -- the changes -----------------------------------------------------------------------
+
+    def apply(self, batch: Verified, partial: AggregateState, *, now: float) -> bool:
+        """Fold ``partial`` (:meth:`partial` of ``batch``) into the state, with its id:
+        ``True``; ``False`` if the id was applied meanwhile (the shell may have awaited
+        since :meth:`check`), :class:`RejectedError` (``stale_round``) if the horizon moved
+        past its round. Nothing is counted for ``False``: see :meth:`duplicate`."""
+        if batch.batch_id in self.memory:
+            return False
+        if self.memory.stale(batch.round):  # released all the same: accounted
+            self._account_batch(batch.round, batch.shard, batch.batch_id, batch.size)
+            self._touch()
+            raise RejectedError("stale_round", batch.size)
+        self.state.merge(partial)
+        self.memory.remember(batch.batch_id, batch.round)
+        size = partial.n
+        self.counters.reports += size
+        self.counters.batches += 1
+        self.smallest_batch = (
+            size if self.smallest_batch is None else min(self.smallest_batch, size)
+        )
+        self.latest_batch = size
+        self.last_batch_timestamp = now
+        self._account_batch(batch.round, batch.shard, batch.batch_id, size)
+        if batch.shard is not None:
+            self.shards.setdefault(batch.shard, ShardStats()).add(size)
+            self.silence.released(batch.shard, batch.round)
+        agrees = self.reconciler.batch(
+            batch.batch_id, shard=batch.shard, round_=batch.round, count=size, now=now
+        )
+        if not agrees:
+            self.counters.manifests_rejected["manifest_mismatch"] = (
+                self.counters.manifests_rejected.get("manifest_mismatch", 0) + 1
+            )
+        oldest = self.memory.oldest_round
+        if oldest is not None:
+            self.reconciler.forget_before(oldest)
+        self._touch()
+        return True
+
+    # -- manifests -------------------------------------------------------------------------
+
+    def manifest(self, payload: bytes, *, now: float, shard: str | None = None) -> Outcome:
+        """Check and reconcile one sealed manifest: ``"accepted"``, ``"duplicate"`` or the
+        reason it is rejected (counted in ``counters.manifests_rejected``)."""
+        try:
+            inner = self._open(payload, shard, manifest=True)
+            try:
+                fingerprint, round_, release_id, entries, sources = decode_manifest(inner)
+            except CodecError as exc:
+                raise RejectedError(exc.reason) from None
+            if fingerprint != self.spec.fingerprint_int:
+                raise RejectedError("fingerprint_mismatch")
+            try:
+                self._check_round(shard, round_, 0, now)
+            except RejectedError as rejected:
+                if rejected.reason in ACCOUNTED_REFUSALS:  # released all the same
+                    self._account_release(shard, round_, release_id, entries, sources)
+                raise
+            outcome = self.reconciler.manifest(
+                release_id,
+                entries,
+                shard=shard,
+                round_=round_,
+                now=now,
+                known=self.memory.__contains__,
+            )
+            if outcome == "manifest_mismatch":
+                # verified (signed), so released: charged all the same, pessimistically
+                self._charge_unplaced(entries)
+                raise RejectedError(outcome)
+            if outcome == "accepted":
+                self._account_release(shard, round_, release_id, entries, sources)
+                self.silence.released(shard, round_)
+        except RejectedError as rejected:
+            rejects = self.counters.manifests_rejected
+            rejects[rejected.reason] = rejects.get(rejected.reason, 0) + 1
+            self._touch()
+            return rejected.reason
+        if outcome == "duplicate":
+            self.counters.manifests_duplicate += 1
+        self._touch()
+        return outcome
+
+    def _account_release(
+        self,
+        shard: str | None,
+        round_: int,
+        release_id: bytes,
+        entries: list[tuple[bytes, int]],
+        sources: list[tuple[int, int, int]],
+    ) -> None:
+        """A verified release goes into the privacy ledger, applied here or not. One the
+        ledger cannot place (it contradicts a record, or a field is out of its range: an
+        empty release, a zero count, an unknown round with a length) is charged as an
+        extra participation at the smallest size a release can have (or the size it
+        claims, if smaller: :meth:`_charge_unplaced`), and counted
+        (``ledger_conflict``): its claimed counts are not to be trusted."""
+        try:
+            outcome = self.ledger.record_manifest(
+                round=round_,
+                shard=shard or "",
+                release_id=release_id,
+                batches=entries,
+                sources=[(r, length) for r, length, count in sources if count > 0],
+            )
+        except ValueError:
+            outcome = "mismatch"
+        if outcome == "mismatch":
+            self._charge_unplaced(entries)
+            self._count_conflict()
+
+    def _account_batch(self, round_: int, shard: str | None, batch_id: bytes, size: int) -> None:
+        """A verified batch goes into the privacy ledger; one that contradicts a record is
+        charged as an extra participation at its own (real) size, and counted."""
+        outcome = self.ledger.record_batch(
+            round=round_, shard=shard or "", batch_id=batch_id, size=size
+        )
+        if outcome == "mismatch":
+            self.ledger.record_extra(size=size)
+            self._count_conflict()
+
+    def _charge_unplaced(self, entries: list[tuple[bytes, int]]) -> None:
+        """One extra participation for a verified release the ledger cannot place: at
+        ``min_batch``, or at the smallest count its manifest lists if that is smaller (a
+        smaller release amplifies less, and claims the ledger could not place are not
+        trusted to be larger: never a size above the real one)."""
+        counts = [count for _, count in entries if count > 0]
+        size = min([self.rules.min_batch, *counts])
+        self.ledger.record_extra(size=size)
+
+    def _count_conflict(self) -> None:
+        rejects = self.counters.manifests_rejected
+        rejects["ledger_conflict"] = rejects.get("ledger_conflict", 0) + 1
+
+    def compact_ledger(self) -> None:
+        """Fold the ledger's rounds older than ``ledger_lag_rounds`` behind the newest
+        round applied (their cost kept, their ids dropped: the ledger stays small). A
+        record that arrives later for such a round is counted again, pessimistically."""
+        newest = self.memory.newest_round
+        if newest is not None and newest > self.rules.ledger_lag_rounds:
+            self.ledger.compact(newest - self.rules.ledger_lag_rounds)
+
+    def reconcile(self, now: float) -> list[Loss]:
+        """Count what the grace period did not bring (:meth:`Reconciler.reconcile`)."""
+        before = self.reconciler.counts.to_json()
+        losses = self.reconciler.reconcile(now, self.memory.__contains__)
+        if losses or self.reconciler.counts.to_json() != before:
+            self._touch()
+        return losses
+
+    def handle(self, payload: bytes, *, now: float, shard: str | None = None) -> Outcome:
+        """Every check and the change in one synchronous call (the shell splits it to run
+        the records' sums in a thread): ``"applied"``, ``"duplicate"`` or the reason."""
+        try:
+            batch = self.check(payload, now=now, shard=shard)
+            if batch is not None and self.apply(batch, self.partial(batch), now=now):
+                return "applied"
+        except RejectedError as rejected:
+            return self.reject(rejected)
+        return self.duplicate()
+
+    def reject(self, rejected: RejectedError) -> Outcome:
+        """Count ``rejected`` by its reason (and its verified reports)."""
+        reason = rejected.reason
+        self.counters.rejected[reason] = self.counters.rejected.get(reason, 0) + 1
+        if rejected.reports:
+            reports = self.counters.rejected_reports
+            reports[reason] = reports.get(reason, 0) + rejected.reports
+        self._touch()
+        return reason
+
+    def duplicate(self) -> Outcome:
+        self.counters.duplicates += 1
+        self._touch()
+        return "duplicate"
+
+    def unacknowledged(self, reason: str, count: int) -> None:
+        """``count`` batches left without a PUBACK for ``reason`` (the broker redelivers)."""
+        if count <= 0:
+            return
+        unacked = self.counters.unacknowledged
+        unacked[reason] = unacked.get(reason, 0) + count
+        self._touch()
+
+    def _touch(self) -> None:
+        self.dirty = True
+        self.changed = True
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def content(self, *, generation: int, written_at: float) -> Checkpoint:
+        """What a checkpoint holds, as copies (O(d) for the sums, O(retained ids) for the
+        ids), to serialise later in another thread; clears ``dirty``."""
+        self.dirty = False
+        self.compact_ledger()
+        return Checkpoint(
+            version=CHECKPOINT_VERSION,
+            generation=generation,
+            fingerprint=self.spec.fingerprint,
+            deployment=self.rules.deployment,
+            delta=self.delta,
+            trusted=self.rules.trusted,
+            state=self.state.copy(),
+            batch_rounds={r: list(ids) for r, ids in self.memory.by_round().items()},
+            retention_rounds=self.rules.retention_rounds,
+            counters=self.counters.copy(),
+            smallest_batch=self.smallest_batch,
+            latest_batch=self.latest_batch,
+            batch_sizes={int(n): int(c) for n, c in self.ledger.sizes.items()},
+            last_batch_timestamp=self.last_batch_timestamp,
+            written_at=written_at,
+            shards={label: stats.to_json() for label, stats in sorted(self.shards.items())},
+            reconciliation=self.reconciler.to_json(),
+        )
+
+    def restore(self, checkpoint: Checkpoint) -> None:
+        """Resume from ``checkpoint`` (already checked: :func:`check_resumable`)."""
+        self.state = checkpoint.state.copy()
+        self.memory.restore(checkpoint.batch_rounds)
+        self.counters = checkpoint.counters.copy()
+        self.smallest_batch = checkpoint.smallest_batch
+        self.latest_batch = checkpoint.latest_batch
+        self.ledger.restore(checkpoint.batch_sizes, checkpoint.latest_batch)
+        self.last_batch_timestamp = checkpoint.last_batch_timestamp
+        self.shards = {
+            label: ShardStats(
+                batches=int(stats["batches"] or 0),
+                reports=int(stats["reports"] or 0),
+                smallest=stats["smallest"],
+                latest=stats["latest"],
+            )
+            for label, stats in checkpoint.shards.items()
+        }
+        if checkpoint.reconciliation is not None:
+            self.reconciler = Reconciler.from_json(
+                checkpoint.reconciliation,
+                grace=self.rules.manifest_grace,
+                min_batch=self.rules.min_batch,
+            )
+        self.dirty = checkpoint.version != CHECKPOINT_VERSION  # rewrite an older version
+        self.changed = True
+
+
+def check_resumable(core: AggregatorCore, checkpoint: Checkpoint) -> str | None:
+    """Why ``core`` must not resume from ``checkpoint`` (a one-line problem, naming the
+    field), or ``None``. (The batch key is the trust file's to decide:
+    :func:`aggregator.service.trust.decide`.)"""
+    spec = core.spec
+    if checkpoint.fingerprint != spec.fingerprint:
+        return (
+            f"is for spec {checkpoint.fingerprint}, not {spec.fingerprint}; move it away or "
+            "run with its spec"
+        )
+    if checkpoint.state.spec.canonical() != spec.canonical():
+        return "field 'state' is for another spec"
+    return None

@@ -1,0 +1,322 @@
+"""The shuffler log's file format (version 2): a checked header, then framed records.
+
+::
+
+    file header  "COCOSLOG" | version u16 = 2 | flags u16 = 0 | salt u32 | crc32 u32
+    record       marker u32 = "COCR" | type u8 | length u32 | head crc u32 | body | body crc u32
+
+All integers little-endian. ``head crc`` is the CRC-32 of ``marker | type | length``
+started from the file's random ``salt``; ``body crc`` the CRC-32 of the body started from
+the head crc. So damage is found wherever it is: a flipped bit in a length fails the head
+crc (the length is never trusted before that), one in a body fails the body crc, and a
+record can be recognised on its own, which is what tells damage from a torn tail
+(:func:`scan`): after the last good record, the rest of the file is a torn tail only if no
+valid record starts anywhere after it. The salt makes a record of another log file, or one
+a device could smuggle into a pooled report's bytes, fail its crc.
+
+A body is packed columns (one record holds every report of a socket read, a whole pool or a
+round's tokens), so replaying a log is a few numpy calls per record, not a Python object
+per report. Version-1 logs (no header) are still read (:mod:`broker.store.logv1`).
+"""
+
+from __future__ import annotations
+
+import secrets
+import struct
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from broker.core.effects import (
+    Acked,
+    Admitted,
+    Carried,
+    Closed,
+    Configured,
+    Dropped,
+    Effect,
+    Outboxed,
+    Pooled,
+    Released,
+    Seen,
+    Sourced,
+)
+
+__all__ = [
+    "FILE_HEADER_SIZE",
+    "MAGIC",
+    "Problem",
+    "Scan",
+    "decode_record",
+    "encode_effect",
+    "file_header",
+    "read_header",
+    "scan",
+]
+
+MAGIC = b"COCOSLOG"
+VERSION = 2
+_FILE = struct.Struct("<8sHHI")
+_CRC = struct.Struct("<I")
+FILE_HEADER_SIZE = _FILE.size + _CRC.size
+MARKER = b"COCR"
+_HEAD = struct.Struct("<4sBI")
+HEAD_SIZE = _HEAD.size + _CRC.size
+MAX_RECORD = 1 << 30
+_U32 = struct.Struct("<I")
+_TWO = struct.Struct("<II")
+_THREE = struct.Struct("<III")
+_U64 = struct.Struct("<Q")
+
+(ADMITTED, SEEN, POOLED, RELEASED, OUTBOXED, CARRIED, DROPPED, CLOSED, ACKED, CONFIGURED) = range(
+    1, 11
+)
+SOURCED = 11
+TYPE_NAMES = {
+    ADMITTED: "admitted",
+    SEEN: "seen",
+    POOLED: "pooled",
+    RELEASED: "released",
+    OUTBOXED: "outboxed",
+    CARRIED: "carried",
+    DROPPED: "dropped",
+    CLOSED: "closed",
+    ACKED: "acked",
+    CONFIGURED: "configured",
+    SOURCED: "sourced",
+}
+
+
+def file_header(salt: int | None = None) -> tuple[bytes, int]:
+    """A new file header and its salt (random unless given)."""
+    salt = secrets.randbits(32) if salt is None else salt
+    head = _FILE.pack(MAGIC, VERSION, 0, salt)
+    return head + _CRC.pack(zlib.crc32(head)), salt
+
+
+def read_header(data: bytes | memoryview) -> int | None:
+    """The salt of a valid version-2 header at the start of ``data``, else ``None``."""
+    if len(data) < FILE_HEADER_SIZE:
+        return None
+    magic, version, _flags, salt = _FILE.unpack_from(data)
+    if magic != MAGIC or version != VERSION:
+        return None
+    if zlib.crc32(bytes(data[: _FILE.size])) != _CRC.unpack_from(data, _FILE.size)[0]:
+        return None
+    return int(salt)
+
+
+def _messages(messages: tuple[bytes, ...]) -> bytes:
+    return _U32.pack(len(messages)) + b"".join(_U32.pack(len(m)) + m for m in messages)
+
+
+def _read_messages(body: bytes, offset: int) -> tuple[bytes, ...]:
+    (count,) = _U32.unpack_from(body, offset)
+    offset += 4
+    out = []
+    for _ in range(count):
+        (size,) = _U32.unpack_from(body, offset)
+        offset += 4
+        if offset + size > len(body):
+            raise ValueError("a batch message runs past the record")
+        out.append(body[offset : offset + size])
+        offset += size
+    if offset != len(body):
+        raise ValueError("trailing bytes after the batch messages")
+    return tuple(out)
+
+
+def _body(effect: Effect) -> tuple[int, bytes]:
+    match effect:
+        case Admitted(round_, tokens, seeds, zs):
+            return ADMITTED, _TWO.pack(round_, len(seeds) // 4) + tokens + seeds + zs
+        case Seen(round_, tokens):
+            return SEEN, _TWO.pack(round_, len(tokens) // 8) + tokens
+        case Pooled(round_, carried, tokens, seeds, zs):
+            return POOLED, _THREE.pack(round_, carried, len(seeds) // 4) + tokens + seeds + zs
+        case Released(round_, messages):
+            return RELEASED, _U32.pack(round_) + _messages(messages)
+        case Outboxed(messages):
+            return OUTBOXED, _messages(messages)
+        case Carried(source, target):
+            return CARRIED, _TWO.pack(source, target)
+        case Dropped(round_, reason):
+            return DROPPED, _U32.pack(round_) + reason.encode("ascii")
+        case Closed(until):
+            return CLOSED, _U64.pack(until)
+        case Acked(batch_id):
+            return ACKED, bytes(batch_id)
+        case Configured(round_seconds, fingerprint):
+            return CONFIGURED, _TWO.pack(round_seconds, fingerprint)
+        case Sourced(round_, keys):
+            return SOURCED, _U32.pack(round_) + keys
+    raise TypeError(f"not an effect: {effect!r}")  # pragma: no cover
+
+
+def encode_effect(effect: Effect, salt: int) -> bytes:
+    """One framed record of ``effect`` in a log whose header has ``salt``."""
+    kind, body = _body(effect)
+    head = _HEAD.pack(MARKER, kind, len(body))
+    head_crc = zlib.crc32(head, salt)
+    return head + _CRC.pack(head_crc) + body + _CRC.pack(zlib.crc32(body, head_crc))
+
+
+def encode_effects(effects: Iterable[Effect], salt: int) -> bytes:
+    return b"".join(encode_effect(effect, salt) for effect in effects)
+
+
+def _columns(body: bytes, offset: int, n: int, *, seeds: bool = True) -> tuple[bytes, ...]:
+    width = 14 if seeds else 8
+    if len(body) != offset + width * n:
+        raise ValueError(f"{n} entries do not fill a body of {len(body)} bytes")
+    tokens = body[offset : offset + 8 * n]
+    if not seeds:
+        return (tokens,)
+    return tokens, body[offset + 8 * n : offset + 12 * n], body[offset + 12 * n :]
+
+
+def decode_record(kind: int, body: bytes) -> Effect:
+    """The effect of one record's body (``ValueError``/``struct.error`` if malformed)."""
+    if kind == ADMITTED:
+        round_, n = _TWO.unpack_from(body)
+        return Admitted(round_, *_columns(body, 8, n))
+    if kind == SEEN:
+        round_, n = _TWO.unpack_from(body)
+        return Seen(round_, *_columns(body, 8, n, seeds=False))
+    if kind == POOLED:
+        round_, carried, n = _THREE.unpack_from(body)
+        if carried > n:
+            raise ValueError("more carried entries than entries")
+        return Pooled(round_, carried, *_columns(body, 12, n))
+    if kind == RELEASED:
+        return Released(_U32.unpack_from(body)[0], _read_messages(body, 4))
+    if kind == OUTBOXED:
+        return Outboxed(_read_messages(body, 0))
+    if kind == CARRIED:
+        return Carried(*_TWO.unpack(body))
+    if kind == DROPPED:
+        return Dropped(_U32.unpack_from(body)[0], body[4:].decode("ascii"))
+    if kind == CLOSED:
+        return Closed(_U64.unpack(body)[0])
+    if kind == ACKED and len(body) == 16:
+        return Acked(body)
+    if kind == CONFIGURED:
+        return Configured(*_TWO.unpack(body))
+    if kind == SOURCED and len(body) >= 4 and (len(body) - 4) % 8 == 0:
+        return Sourced(_U32.unpack_from(body)[0], body[4:])
+    raise ValueError(f"unknown record type {kind}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Where a log stops being readable: ``offset`` of the first bad byte, ``reason``,
+    ``kind``/``length`` from the record's head if that head is intact, and ``next_good``:
+    the offset of the next valid record after it, or ``None`` (a torn tail)."""
+
+    offset: int
+    reason: str
+    next_good: int | None
+    kind: int | None = None
+    length: int | None = None
+
+
+@dataclass
+class Scan:
+    """Records read from ``start`` up to ``end`` (whole records), then the first problem."""
+
+    effects: list[Effect]
+    end: int
+    records: int
+    problem: Problem | None
+
+
+def _record_at(data: memoryview, offset: int, salt: int) -> tuple[int, int, bytes] | str:
+    """``(kind, end, body)`` of a valid record at ``offset``, else why not."""
+    size = len(data)
+    if size - offset < HEAD_SIZE:
+        return "cut short"
+    marker, kind, length = _HEAD.unpack_from(data, offset)
+    if marker != MARKER:
+        return "no record marker"
+    head_crc = zlib.crc32(data[offset : offset + _HEAD.size], salt)
+    if _CRC.unpack_from(data, offset + _HEAD.size)[0] != head_crc:
+        return "bad head checksum"
+    if length > MAX_RECORD:
+        return f"implausible length {length}"
+    start = offset + HEAD_SIZE
+    end = start + length + _CRC.size
+    if end > size:
+        return "cut short"
+    body = bytes(data[start : start + length])
+    if zlib.crc32(body, head_crc) != _CRC.unpack_from(data, start + length)[0]:
+        return "bad body checksum"
+    return kind, end, body
+
+
+def next_valid(data: memoryview, start: int, salt: int) -> int | None:
+    """The offset of the first valid record at or after ``start`` (a body that decodes
+    included), else ``None``."""
+    raw = data.obj if isinstance(data.obj, bytes | bytearray) else bytes(data)
+    position = start
+    while True:
+        position = raw.find(MARKER, position)
+        if position < 0:
+            return None
+        found = _record_at(data, position, salt)
+        if not isinstance(found, str):
+            kind, _, body = found
+            try:
+                decode_record(kind, body)
+            except (ValueError, struct.error, UnicodeDecodeError):
+                pass
+            else:
+                return position
+        position += 1
+
+
+def scan(data: bytes | bytearray, start: int, salt: int) -> Scan:
+    """Read records from ``start`` until the end or the first problem (module docstring:
+    the problem is a torn tail if no valid record follows it)."""
+    view = memoryview(data)
+    effects: list[Effect] = []
+    offset, size, records = start, len(data), 0
+    while offset < size:
+        found = _record_at(view, offset, salt)
+        kind: int | None = None
+        length: int | None = None
+        if isinstance(found, str):
+            reason = found
+            if size - offset >= _HEAD.size + _CRC.size and reason in (
+                "bad body checksum",
+                "cut short",
+            ):
+                _, kind, length = _HEAD.unpack_from(view, offset)
+        else:
+            kind, end, body = found
+            try:
+                effects.append(decode_record(kind, body))
+            except (ValueError, struct.error, UnicodeDecodeError) as exc:
+                reason = f"bad {TYPE_NAMES.get(kind, f'type-{kind}')} record: {exc}"
+            else:
+                offset = end
+                records += 1
+                continue
+        problem = Problem(offset, reason, next_valid(view, offset + 1, salt), kind, length)
+        return Scan(effects, offset, records, problem)
+    return Scan(effects, offset, records, None)
+
+
+def record_spans(data: bytes, salt: int) -> list[tuple[int, int, int]]:
+    """``(offset, kind, end)`` of each whole record from the header on, up to the first
+    problem (tools and tests: where to look in a log)."""
+    view = memoryview(data)
+    spans = []
+    offset = FILE_HEADER_SIZE
+    while offset < len(data):
+        found = _record_at(view, offset, salt)
+        if isinstance(found, str):
+            break
+        kind, end, _ = found
+        spans.append((offset, kind, end))
+        offset = end
+    return spans

@@ -1,0 +1,127 @@
+"""What one demo run is given (:class:`DemoConfig`) and what it leaves behind
+(:class:`DemoRun`), and the few names every part of the demo shares."""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from prometheus_client import CollectorRegistry
+
+from aggregator.estimation.estimators import AggregateState
+from aggregator.service.http import MetricsServer
+from broker.service.shuffler import parse_broker_url
+from edge import CocoError, MechanismSpec
+
+__all__ = [
+    "DEFAULT_DEVICES",
+    "HTTP_HOST",
+    "DemoConfig",
+    "DemoError",
+    "DemoRun",
+    "ReportSink",
+    "page_url",
+    "progress",
+]
+
+DEFAULT_DEVICES = 2000
+HTTP_HOST = "127.0.0.1"
+"""Where the demo's aggregator serves its page (``http_port``): this machine only."""
+
+ReportSink = Callable[[str, int, int, int], None]
+"""Called with ``(device_id, round, seed, z)`` for every report before it is published."""
+
+
+class DemoError(CocoError):
+    """The demo cannot run (no broker binary, broker unreachable, services failed)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoConfig:
+    """Parameters of one demo run.
+
+    Rounds are wall-clock rounds of ``round_seconds`` (:mod:`edge.rounds`): the fleet
+    publishes round ``k`` of its readings in the ``k``-th round from its start, and the
+    shuffler releases each round whole, as one batch, when it closes (the last one at the
+    drain). ``release_size`` (unset by default) would cap a pool's size before its round
+    ends.
+    """
+
+    devices: int = DEFAULT_DEVICES
+    rounds: int = 3
+    mechanism: Literal["coco", "collision"] = "coco"
+    epsilon: float = 1.0
+    channels: int = 6
+    s: int = 2
+    min_batch: int = 500
+    delta: float = 1e-6
+    seed: int = 1
+    broker: str | None = None
+    embedded_broker: bool = False
+    """Use the embedded amqtt broker even when Mosquitto is installed (ignored with ``broker``)."""
+    auto_devices: bool = False
+    """``devices`` was not chosen by the user: the embedded broker may reduce it."""
+    connections: int = 4
+    window: int = 500
+    round_seconds: int = 2
+    flush_interval: float = 0.2
+    release_size: int | None = None
+    timeout: float = 60.0
+    http_port: int | None = None
+    """Serve the aggregator's live page, ``/metrics`` and ``/estimates`` on 127.0.0.1 at this
+    port during the run (``0``: a free one); ``None``: no HTTP server."""
+    progress: bool = True
+    deployment: str = field(default_factory=lambda: f"demo-{secrets.token_hex(4)}")
+
+    def __post_init__(self) -> None:
+        if self.devices < 2 or self.rounds < 1:
+            raise ValueError(
+                f"need devices >= 2 and rounds >= 1, got {self.devices}, {self.rounds}"
+            )
+        if not 2 <= self.min_batch <= self.devices:
+            raise ValueError(
+                f"min_batch must be in [2, devices={self.devices}], got {self.min_batch}"
+            )
+        if self.connections < 1 or self.window < 1:
+            raise ValueError("connections and window must be >= 1")
+        if not self.timeout > 0:
+            raise ValueError(f"timeout must be > 0, got {self.timeout}")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ValueError(f"http_port must be in [0, 65535], got {self.http_port}")
+        if self.broker is not None:
+            parse_broker_url(self.broker)
+
+    def spec(self) -> MechanismSpec:
+        return MechanismSpec(
+            mechanism=self.mechanism, d=self.channels, s=self.s, epsilon=self.epsilon
+        )
+
+
+@dataclass
+class DemoRun:
+    """What a run leaves behind: the result document and the live objects (for tests)."""
+
+    result: dict[str, Any]
+    state: AggregateState
+    shuffler_registry: CollectorRegistry
+    aggregator_registry: CollectorRegistry
+    estimates: dict[str, Any] = field(default_factory=dict)
+    """The aggregator's final ``/estimates`` document."""
+    http_port: int | None = None
+    """The port the aggregator served on during the run (``None``: it did not serve)."""
+    server: MetricsServer | None = None
+    """With ``http_port``: the run's HTTP server, still serving the final state; stop it."""
+
+
+def page_url(port: int) -> str:
+    """The live page of an aggregator serving on :data:`HTTP_HOST` at ``port``."""
+    return f"http://{HTTP_HOST}:{port}/"
+
+
+def progress(enabled: bool, line: str) -> None:
+    """A progress line on stderr, where :attr:`DemoConfig.progress` asks for them."""
+    if enabled:
+        print(line, file=sys.stderr, flush=True)

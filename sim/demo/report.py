@@ -1,0 +1,165 @@
+"""The result of a demo run: the document (``coco demo --json``) and the table printed for
+people.
+
+``reports_sent = reports_aggregated + reports_rejected + reports_dropped + reports_buffered +
+reports_unaccounted``, where the last term (reports lost at the broker or after a timeout) is
+0 in a healthy run.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from aggregator.service.service import Aggregator
+from broker.service.metrics import DROP_REASONS, REJECT_REASONS
+from edge import MechanismSpec
+from sim.demo.config import DemoConfig, page_url
+from sim.demo.publisher import DemoFleet
+
+__all__ = ["format_table", "metric_value", "result_document"]
+
+
+def metric_value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    """The value of a sample in ``registry`` (0 where it has none yet)."""
+    sample = registry.get_sample_value(name, labels)
+    return 0.0 if sample is None else sample
+
+
+def result_document(
+    *,
+    config: DemoConfig,
+    spec: MechanismSpec,
+    fleet: DemoFleet,
+    aggregator: Aggregator,
+    registry: CollectorRegistry,
+    broker_kind: str,
+    url: str,
+    publish_seconds: float,
+    http_port: int | None,
+) -> dict[str, Any]:
+    """The run's result: what was sent and what became of it (every report accounted for),
+    the estimates beside the simulation-only ground truth, and the privacy level."""
+    rejected = {
+        r: int(metric_value(registry, "coco_shuffler_reports_rejected_total", reason=r))
+        for r in REJECT_REASONS
+    }
+    dropped = {
+        r: int(metric_value(registry, "coco_shuffler_dropped_total", reason=r))
+        for r in DROP_REASONS
+    }
+    buffered = int(metric_value(registry, "coco_shuffler_buffer_reports")) + int(
+        metric_value(registry, "coco_shuffler_outbox_reports")
+    )
+    state = aggregator.state
+    n = state.n
+    agg_rejected_batches = sum(aggregator.counters.rejected.values())
+    accounted = n + sum(rejected.values()) + sum(dropped.values()) + buffered
+    est = state.estimate()
+    encoder = fleet.sensors.encoder(config.s)
+    sent = fleet.sent
+    xbar = fleet.total / max(sent, 1)
+    mse = float(np.sum((est.mean - xbar) ** 2)) if n else math.nan
+    mse_theory = spec.moments.mean_mse(spec.d, spec.s) / n if n else math.nan
+    value, se = encoder.decode_mean(est.mean, est.mean_se, n=n)
+    truth = fleet.truth_sum / max(sent, 1)
+    smallest = aggregator.smallest_batch
+    privacy = aggregator.ledger.compute(aggregator.ledger.snapshot())  # the one accountant call
+    channels = [
+        {
+            "name": ch.name,
+            "unit": ch.unit,
+            "estimate": None if not n else float(value[j]),
+            "ci95_halfwidth": None if not n else float(1.96 * se[j]),
+            "ground_truth": float(truth[j]),
+        }
+        for j, ch in enumerate(fleet.sensors.channel_specs)
+    ]
+    return {
+        "broker": f"{broker_kind} at {url}",
+        "deployment": config.deployment,
+        "mechanism": spec.mechanism,
+        "d": spec.d,
+        "s": spec.s,
+        "t": spec.t,
+        "devices": config.devices,
+        "rounds": config.rounds,
+        "faulty_devices": fleet.sensors.faulty_devices,
+        "min_batch": config.min_batch,
+        "reports_sent": sent,
+        "reports_aggregated": n,
+        "reports_rejected": sum(rejected.values()),
+        "reports_rejected_by_reason": {k: v for k, v in rejected.items() if v},
+        "reports_dropped": sum(dropped.values()),
+        "reports_dropped_by_reason": {k: v for k, v in dropped.items() if v},
+        "reports_buffered": buffered,
+        "reports_unaccounted": sent - accounted,
+        "batches": aggregator.counters.batches,
+        "batches_rejected": agg_rejected_batches,
+        "batch_size_smallest": smallest,
+        "n": n,
+        "epsilon_local": spec.epsilon,
+        "epsilon_local_effective": spec.epsilon_effective,
+        "epsilon_central": privacy.epsilon_central["smallest"],
+        "epsilon_central_generic": privacy.epsilon_central_generic["smallest"],
+        "epsilon_central_certified": True,
+        "epsilon_total": privacy.epsilon_total,
+        "epsilon_total_batches": privacy.batches,
+        "delta": config.delta,
+        "mse_mean": mse,
+        "mse_mean_theory": mse_theory,
+        "mse_mean_note": (
+            "sum over channels of squared errors of the ternary-vector means (estimate vs the "
+            "realised mean of the encoded vectors sent); theory = closed form / n"
+        ),
+        "channels": channels,
+        "ground_truth_note": "simulation only: the exact fleet mean of the readings",
+        "throughput_reports_per_s": sent / publish_seconds if publish_seconds > 0 else None,
+        **({} if http_port is None else {"url": page_url(http_port)}),
+    }
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The result as a table for people."""
+    lines = [
+        f"broker: {result['broker']}",
+        *([f"note: {result['note']}"] if result.get("note") else []),
+        f"{result['mechanism']} d={result['d']} s={result['s']} t={result['t']}: "
+        f"{result['devices']} devices x {result['rounds']} rounds "
+        f"({result['faulty_devices']} with a stuck channel)",
+        "",
+        f"{'channel':<12} {'unit':<6} {'estimate':>12} {'+- 1.96 SE':>11} "
+        f"{'truth (sim)':>12} {'error':>10}",
+    ]
+    for ch in result["channels"]:
+        est, half, truth = ch["estimate"], ch["ci95_halfwidth"], ch["ground_truth"]
+        if est is None:
+            lines.append(f"{ch['name']:<12} {ch['unit']:<6} {'n/a':>12}")
+            continue
+        lines.append(
+            f"{ch['name']:<12} {ch['unit']:<6} {est:>12.4g} {half:>11.3g} {truth:>12.4g} "
+            f"{est - truth:>10.3g}"
+        )
+    eps_c, eps_t = result["epsilon_central"], result["epsilon_total"]
+    lines += [
+        "",
+        f"reports: sent {result['reports_sent']}, aggregated {result['reports_aggregated']}, "
+        f"rejected {result['reports_rejected']}, dropped {result['reports_dropped']}"
+        f"{' ' + str(result['reports_dropped_by_reason']) if result['reports_dropped'] else ''}, "
+        f"buffered {result['reports_buffered']}, "
+        f"unaccounted {result['reports_unaccounted']}",
+        f"batches: {result['batches']} (smallest {result['batch_size_smallest']}, "
+        f"min_batch {result['min_batch']})",
+        f"MSE of the ternary means (sum over channels): {result['mse_mean']:.4g}  "
+        f"closed form {result['mse_mean_theory']:.4g}",
+        f"epsilon_local {result['epsilon_local']:g}  epsilon_central (certified, smallest "
+        f"batch) {'n/a' if eps_c is None else f'{eps_c:.4g}'}  delta {result['delta']:g}",
+        f"epsilon_total (a device in all {result['epsilon_total_batches']} rounds) "
+        f"{'n/a' if eps_t is None else f'{eps_t:.4g}'}",
+        f"throughput: {result['throughput_reports_per_s'] or 0:.0f} reports/s published",
+        *([f"live page: {result['url']}"] if result.get("url") else []),
+    ]
+    return "\n".join(lines)
