@@ -3,9 +3,10 @@
 Real processes only: a 3-node NATS cluster (JetStream, replicas 3, an MQTT 3.1.1 listener per
 node: tests/clusters.py) and the ``coco`` command line in subprocesses, each given every
 node's URL (``--broker mqtt://n1,mqtt://n2,mqtt://n3``): ``coco announce`` with one key per
-shard, ``coco shuffler --shard g0s<i>`` with its own state directory and key, one ``coco
-aggregator run --checkpoint``, and ``coco fleet`` (:data:`DEVICES` devices, :data:`ROUNDS`
-rounds, multiplexed over connections spread on the nodes). Faults come at moments drawn
+shard, ``coco shuffler --shard g0s<i>`` with its own state directory and key (and its broker
+statistics on, over the same node list), one ``coco aggregator run --checkpoint``, and
+``coco fleet`` (:data:`DEVICES` devices, :data:`ROUNDS` rounds, multiplexed over connections
+spread on the nodes). Faults come at moments drawn
 from a seeded generator whose seed is printed (``FAULT_SEED=... pytest`` replays a run):
 
 * ``kill -9`` of one broker node (restarted a few seconds later), of one shard's shuffler
@@ -248,7 +249,7 @@ class Stack:
         # released MAX_SKEW seconds after they end.
         args += ["--max-batch", str(MAX_BATCH), "--max-skew", str(MAX_SKEW)]
         args += ["--late-seconds", "60"]
-        args += ["--lease-ttl", "10", "--no-broker-stats"]
+        args += ["--lease-ttl", "10"]  # broker statistics on: --broker is the node list
         return args
 
     def public(self, shard: Shard) -> str:
