@@ -51,11 +51,16 @@ def result_document(
         r: int(metric_value(registry, "coco_shuffler_dropped_total", reason=r))
         for r in DROP_REASONS
     }
-    buffered = int(metric_value(registry, "coco_shuffler_buffer_reports")) + int(
-        metric_value(registry, "coco_shuffler_outbox_reports")
-    )
     state = aggregator.state
     n = state.n
+    # A batch the aggregator applied before the broker's PUBACK reached the stopping
+    # shuffler is still in its outbox: count it once, as aggregated (the acknowledged
+    # batches' reports are in coco_shuffler_reports_released_total).
+    acknowledged = int(metric_value(registry, "coco_shuffler_reports_released_total"))
+    outbox = int(metric_value(registry, "coco_shuffler_outbox_reports"))
+    buffered = int(metric_value(registry, "coco_shuffler_buffer_reports")) + max(
+        0, outbox - max(0, n - acknowledged)
+    )
     agg_rejected_batches = sum(aggregator.counters.rejected.values())
     accounted = n + sum(rejected.values()) + sum(dropped.values()) + buffered
     est = state.estimate()
