@@ -67,6 +67,7 @@ CORES: dict[str, tuple[str, ...]] = {
     "aggregator.accountant": ("aggregator.service",),
     "aggregator.ledger.privacy_ledger": ("aggregator.service", *LEDGER_SHELL),
     "aggregator.ledger.levels": ("aggregator.service", *LEDGER_SHELL),
+    "aggregator.ledger.records": ("aggregator.service", *LEDGER_SHELL),
 }
 """Pure cores, each with the shell modules it must not reach."""
 

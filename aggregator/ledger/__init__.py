@@ -4,6 +4,8 @@ recorded, kept, computed and planned.
 * :mod:`~aggregator.ledger.privacy_ledger`: :class:`PrivacyLedger`, the record of every
   release, plain data with no I/O (its docstring holds the argument for one participation
   per source round);
+* :mod:`~aggregator.ledger.records`: what it records (release and batch records, the
+  participations they charge, their digest) and the checks on every field;
 * :mod:`~aggregator.ledger.levels`: the values that cross from it, immutable: the snapshot
   the accountant's process computes from, the :class:`PrivacyLevel` it returns, and
   :func:`~aggregator.ledger.levels.epsilon_curve`;
@@ -22,5 +24,5 @@ levels; the ledger knows nothing of the service.
 
 May import: :mod:`aggregator.accountant`, :mod:`aggregator.durable`, ``edge``, typer (the
 command line) and the standard library; nothing of :mod:`aggregator.service`. Its pure
-modules (``privacy_ledger``, ``levels``) do no I/O: the service's core uses them.
+modules (``privacy_ledger``, ``records``, ``levels``) do no I/O: the service's core uses them.
 """
