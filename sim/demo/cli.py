@@ -40,6 +40,14 @@ def demo(
     min_batch: Annotated[int, typer.Option(help="Smallest batch the shuffler releases.")] = 500,
     delta: Annotated[float, typer.Option(help="Target delta of the accountant.")] = 1e-6,
     seed: Annotated[int, typer.Option(help="Seed of the sensor model and randomisers.")] = 1,
+    day_seconds: Annotated[
+        int | None,
+        typer.Option(
+            help="Compress the sensor model's day into this many seconds (each 2-s round "
+            "reads its hour of that day; at least 4), so the estimate follows the daily "
+            "cycle; default: one hour a round."
+        ),
+    ] = None,
     broker: Annotated[
         str | None,
         typer.Option(
@@ -90,6 +98,7 @@ def demo(
             min_batch=min_batch,
             delta=delta,
             seed=seed,
+            day_seconds=day_seconds,
             broker=broker,
             embedded_broker=embedded_broker,
             timeout=timeout,

@@ -15,6 +15,7 @@ from aggregator.estimation.estimators import AggregateState
 from aggregator.service.http import MetricsServer
 from broker.service.shuffler import parse_broker_url
 from edge import CocoError, MechanismSpec
+from sim.models.day import check_day_seconds
 
 __all__ = [
     "DEFAULT_DEVICES",
@@ -59,6 +60,10 @@ class DemoConfig:
     min_batch: int = 500
     delta: float = 1e-6
     seed: int = 1
+    day_seconds: int | None = None
+    """Compress the sensor model's day into this many wall-clock seconds, each round's
+    readings those of its hour (:func:`~sim.models.day.hour_of_day`); ``None``: the
+    model's own clock, one hour a round."""
     broker: str | None = None
     embedded_broker: bool = False
     """Use the embedded amqtt broker even when Mosquitto is installed (ignored with ``broker``)."""
@@ -93,6 +98,8 @@ class DemoConfig:
             raise ValueError(f"http_port must be in [0, 65535], got {self.http_port}")
         if self.broker is not None:
             parse_broker_url(self.broker)
+        if self.day_seconds is not None:
+            check_day_seconds(self.day_seconds, self.round_seconds)
 
     def spec(self) -> MechanismSpec:
         return MechanismSpec(
