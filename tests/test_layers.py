@@ -68,6 +68,8 @@ CORES: dict[str, tuple[str, ...]] = {
     "aggregator.ledger.privacy_ledger": ("aggregator.service", *LEDGER_SHELL),
     "aggregator.ledger.levels": ("aggregator.service", *LEDGER_SHELL),
     "aggregator.ledger.records": ("aggregator.service", *LEDGER_SHELL),
+    "aggregator.page.truth": ("aggregator.service",),
+    "aggregator.page.series_plot": ("aggregator.service",),
 }
 """Pure cores, each with the shell modules it must not reach."""
 

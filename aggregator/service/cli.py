@@ -1,5 +1,6 @@
-"""``coco aggregator run | snapshot | trust`` (:data:`aggregator_app`): the streaming
-service, an offline snapshot of its checkpoint, and the pinned batch keys. ``coco privacy``
+"""``coco aggregator run | snapshot | trust | plot`` (:data:`aggregator_app`): the
+streaming service, an offline snapshot of its checkpoint, the pinned batch keys, and the
+series as a PNG (:mod:`aggregator.service.plot_cli`). ``coco privacy``
 lives in :mod:`aggregator.ledger.privacy_cli`."""
 
 from __future__ import annotations
@@ -429,3 +430,13 @@ def aggregator_trust(
     typer.echo(f"old: {describe_anchor(old) if old else '-'}")
     typer.echo(f"new: {describe_anchor(new)}")
     typer.echo(f"pinned in {path}")
+
+
+def _register_plot() -> None:
+    """``coco aggregator plot`` (:mod:`aggregator.service.plot_cli`)."""
+    from aggregator.service.plot_cli import aggregator_plot  # noqa: PLC0415
+
+    aggregator_app.command("plot")(aggregator_plot)
+
+
+_register_plot()
