@@ -161,6 +161,14 @@ def aggregator_run(
             help="MQTT protocol: auto (5, else 3.1.1 if the broker refuses 5), 5 or 3.1.1.",
         ),
     ] = "auto",
+    truth: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="COCO_TRUTH_FILE",
+            help="SIMULATION ONLY: a fleet's --ground-truth file, served at /truth (read "
+            "again when it changes) and drawn on the live page as the simulation truth.",
+        ),
+    ] = None,
 ) -> None:
     """Consume shuffled batches; serve estimates, metrics and the certified central epsilon.
 
@@ -245,6 +253,7 @@ def aggregator_run(
             round_seconds=round_seconds,
             client_id=client_id,
             epsilon_target=epsilon_target,
+            truth_file=truth,
             username=username,
             password=password,
             ca_file=ca_file,

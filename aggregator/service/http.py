@@ -8,7 +8,9 @@ live page at ``/``
 (:mod:`aggregator.page.live_page`), ``/metrics`` (Prometheus text format) and
 ``/estimates`` (JSON: spec, n, estimates, certified central epsilon for the smallest and the
 latest batch, delta, the counters and the retained horizon; rebuilt for every request, so
-they never lag ``/metrics``). It is a stdlib ``ThreadingHTTPServer`` in a daemon thread:
+they never lag ``/metrics``) and, SIMULATION ONLY, ``/truth`` (a simulated fleet's per-round
+ground truth: :mod:`aggregator.service.truth_file`). It is a stdlib ``ThreadingHTTPServer``
+in a daemon thread:
 the handler asks the event loop for a fresh snapshot (an immutable document the loop
 replaces; :mod:`aggregator.service.publishing`) and waits for it, so no lock is needed
 and a slow scraper never blocks the event loop.
@@ -27,6 +29,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -96,6 +99,10 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/estimates":
                 body = json.dumps(source.estimates()).encode()
                 content_type = "application/json"
+            elif path == "/truth":
+                status, content_type, body = _truth(source, self.path)
+                self._send(status, body, content_type, {"Cache-Control": "no-cache"})
+                return
             else:
                 self.send_error(404, "try /, /metrics, /estimates or /ready")
                 return
@@ -118,6 +125,15 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("http: " + format, *args)
 
 
+def _truth(source: Source, target: str) -> tuple[int, str, bytes]:
+    """``/truth``: the source's answer, or a 404 where it has no simulation truth."""
+    if source.truth is None:
+        line = "no simulation truth: the aggregator was started without --truth (simulation only)"
+        return 404, "text/plain; charset=utf-8", f"{line}\n".encode()
+    query = target.split("?", 1)[1] if "?" in target else ""
+    return source.truth(query, time.time())
+
+
 @dataclass(frozen=True)
 class Source:
     """What a :class:`MetricsServer` serves: a registry and four callables (module docs;
@@ -128,6 +144,9 @@ class Source:
     ready: Callable[[], bool] = lambda: True
     recovered: Callable[[], bool] = lambda: True
     not_ready: Callable[[], str | None] = lambda: None
+    truth: Callable[[str, float], tuple[int, str, bytes]] | None = None
+    """SIMULATION ONLY: ``/truth`` (query, now) -> (status, content type, body), with
+    ``--truth`` (:mod:`aggregator.service.truth_file`); ``None``: 404."""
 
 
 class _Server(ThreadingHTTPServer):
@@ -159,9 +178,10 @@ class MetricsServer:
         ready: Callable[[], bool] = lambda: True,
         recovered: Callable[[], bool] = lambda: True,
         not_ready: Callable[[], str | None] = lambda: None,
+        truth: Callable[[str, float], tuple[int, str, bytes]] | None = None,
         option: str = "--metrics-port (COCO_METRICS_PORT)",
     ) -> None:
-        source = Source(registry, estimates, ready, recovered, not_ready)
+        source = Source(registry, estimates, ready, recovered, not_ready, truth)
         try:
             self._server = _Server((host, port), source)
         except OSError as exc:

@@ -97,6 +97,7 @@ from aggregator.service.metrics import AggregatorMetrics
 from aggregator.service.publishing import Publisher, RefreshOnCollect, log_shutdown
 from aggregator.service.session import Ack, BatchSession
 from aggregator.service.trust import KeyGuard
+from aggregator.service.truth_file import TruthFile
 from edge.errors import CocoError
 
 __all__ = ["Aggregator", "run_aggregator"]
@@ -177,6 +178,9 @@ class Aggregator:
         self._lock_fd: int | None = None
         self._http: MetricsServer | None = None
         self._lent_http = http
+        truth = config.truth_file
+        self.truth = None if truth is None else TruthFile(truth, registry=self.registry).answer
+        """SIMULATION ONLY: what ``/truth`` serves (``config.truth_file``)."""
 
     # -- what tests, the demo and dashboards read ----------------------------------------
 
@@ -320,6 +324,7 @@ class Aggregator:
                         ready=lambda: self.ready,
                         recovered=lambda: self.recovered,
                         not_ready=self.not_ready,
+                        truth=self.truth,
                     )
                 )
             elif self.config.http_port is not None:
@@ -331,6 +336,7 @@ class Aggregator:
                     ready=lambda: self.ready,
                     recovered=lambda: self.recovered,
                     not_ready=self.not_ready,
+                    truth=self.truth,
                 )
                 self._http.start()
             if path is not None:
@@ -461,7 +467,9 @@ class Aggregator:
             self._stop_http()
             self._release_lock()
             if self._lent_http is not None and self.recovered:  # the final state, served on
-                self._lent_http.serve(Source(self.registry, self.snapshot, ready=lambda: False))
+                self._lent_http.serve(
+                    Source(self.registry, self.snapshot, ready=lambda: False, truth=self.truth)
+                )
             self.recovered = False
             self._entered = self.publisher.entered = False
 

@@ -9,6 +9,7 @@ import json
 import signal
 import time
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -76,6 +77,14 @@ def demo(
     port: Annotated[
         int, typer.Option(help="Port of the live page with --serve (0: a free one).")
     ] = 0,
+    ground_truth: Annotated[
+        Path | None,
+        typer.Option(
+            help="SIMULATION ONLY: write the per-round ground truth here after every round "
+            "(coco fleet's format; with --serve and no path, a temporary file), served at "
+            "/truth and drawn on the live page."
+        ),
+    ] = None,
 ) -> None:
     """Run devices -> shuffler -> aggregator on this machine and compare the private
     estimates with the (simulation-only) ground truth."""
@@ -103,6 +112,7 @@ def demo(
             embedded_broker=embedded_broker,
             timeout=timeout,
             http_port=port if serve else None,
+            truth_file=ground_truth,
         )
         run = asyncio.run(run_pipeline(config))
     except (DemoError, CocoError, ValueError) as exc:
@@ -118,6 +128,8 @@ def demo(
         )
     finally:
         server.stop()
+        if run.truth_dir is not None:
+            run.truth_dir.cleanup()
 
 
 def _wait_for_a_stop_signal(announce: str) -> None:

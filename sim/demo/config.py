@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import secrets
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry
@@ -78,6 +80,10 @@ class DemoConfig:
     http_port: int | None = None
     """Serve the aggregator's live page, ``/metrics`` and ``/estimates`` on 127.0.0.1 at this
     port during the run (``0``: a free one); ``None``: no HTTP server."""
+    truth_file: Path | None = None
+    """SIMULATION ONLY: write the per-round ground truth here after every round (the format
+    of ``coco fleet --ground-truth``) and serve it at the aggregator's ``/truth``; with
+    ``http_port`` and no file, a temporary one (:attr:`DemoRun.truth_file`)."""
     progress: bool = True
     deployment: str = field(default_factory=lambda: f"demo-{secrets.token_hex(4)}")
 
@@ -121,6 +127,13 @@ class DemoRun:
     """The port the aggregator served on during the run (``None``: it did not serve)."""
     server: MetricsServer | None = None
     """With ``http_port``: the run's HTTP server, still serving the final state; stop it."""
+    truth_file: Path | None = None
+    """Where the run wrote its per-round ground truth (``None``: nowhere)."""
+    truth: Callable[[str, float], tuple[int, str, bytes]] | None = None
+    """The aggregator's ``/truth`` of it (served on after the run)."""
+    truth_dir: tempfile.TemporaryDirectory[str] | None = None
+    """The temporary directory of :attr:`truth_file` when the run chose it (removed when
+    this is cleaned up or collected)."""
 
 
 def page_url(port: int) -> str:

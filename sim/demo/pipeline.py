@@ -23,8 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 from typing import Any, Literal
 
 import aiomqtt
@@ -69,6 +72,10 @@ async def run_pipeline(config: DemoConfig, *, on_report: ReportSink | None = Non
     same socket and without a pause, the run's final state: the returned run holds it
     (:attr:`DemoRun.server`, started); the caller stops it. A run that fails stops it.
     """
+    truth_dir = None
+    if config.http_port is not None and config.truth_file is None:
+        truth_dir = tempfile.TemporaryDirectory(prefix="coco-demo-truth-")
+        config = replace(config, truth_file=Path(truth_dir.name) / "truth.json")
     server = None
     if config.http_port is not None:  # a busy port fails here, before any work
         server = MetricsServer(
@@ -96,9 +103,10 @@ async def run_pipeline(config: DemoConfig, *, on_report: ReportSink | None = Non
         raise
     if broker.note is not None:
         run.result["note"] = broker.note
+    run.truth_dir = truth_dir
     if server is not None:
         final = run.estimates
-        server.serve(Source(run.aggregator_registry, lambda: final))
+        server.serve(Source(run.aggregator_registry, lambda: final, truth=run.truth))
         run.server = server
     return run
 
@@ -165,6 +173,7 @@ def _services(
             session_expiry=60,
             metrics_dims=spec.d,
             channels=sensor_channels(config.channels),
+            truth_file=config.truth_file,
         ),
         registry=CollectorRegistry(),
         http=server,
@@ -213,6 +222,7 @@ async def _run(
         spec=spec,
         sensors=SensorFleet(n_devices=config.devices, channels=config.channels, seed=config.seed),
         ids=[f"sensor-{secrets.token_hex(6)}" for _ in range(config.devices)],
+        truth_path=config.truth_file,
     )
     rng = np.random.default_rng(np.random.SeedSequence(config.seed).spawn(3)[2])
 
@@ -300,6 +310,8 @@ async def _run(
         aggregator_registry=aggregator.registry,
         estimates=aggregator.snapshot(),
         http_port=http_port,
+        truth_file=config.truth_file,
+        truth=aggregator.truth,
     )
 
 

@@ -14,6 +14,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiomqtt
@@ -26,7 +27,7 @@ from edge.codec import encode_report
 from edge.rounds import current_round, seconds_to_next_round
 from edge.topics import ingress_topic
 from sim.demo.config import DemoConfig, ReportSink
-from sim.fleet.truth import GroundTruth
+from sim.fleet.truth import GroundTruth, write_onto
 from sim.models.day import DAY_SECONDS, hour_of_day
 from sim.models.sensors import SensorFleet
 from sim.models.synthetic import sparse_totals
@@ -45,6 +46,8 @@ class DemoFleet:
     sent: int = 0
     total: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     truth_sum: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    truth_path: Path | None = None
+    """Where to write :meth:`truth_document` after every round (``None``: nowhere)."""
     truth: GroundTruth = field(init=False)
     """SIMULATION-ONLY: the sums of the ternary vectors sent, per wall-clock round (the
     document of ``coco fleet --ground-truth``: :meth:`truth_document`)."""
@@ -114,6 +117,8 @@ class DemoFleet:
                 window=self.config.window,
                 on_sent=sent_one,
             )
+            if self.truth_path is not None:
+                write_onto(self.truth_path, None, self.truth_document())
         return time.monotonic() - start
 
 
