@@ -81,8 +81,8 @@ def demo(
         Path | None,
         typer.Option(
             help="SIMULATION ONLY: write the per-round ground truth here after every round "
-            "(coco fleet's format; with --serve and no path, a temporary file), served at "
-            "/truth and drawn on the live page."
+            "(coco fleet's format), served at /truth and drawn on the live page (with "
+            "--serve they are, from memory, without it)."
         ),
     ] = None,
 ) -> None:
@@ -128,8 +128,6 @@ def demo(
         )
     finally:
         server.stop()
-        if run.truth_dir is not None:
-            run.truth_dir.cleanup()
 
 
 def _wait_for_a_stop_signal(announce: str) -> None:

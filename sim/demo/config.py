@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import secrets
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,7 +82,7 @@ class DemoConfig:
     truth_file: Path | None = None
     """SIMULATION ONLY: write the per-round ground truth here after every round (the format
     of ``coco fleet --ground-truth``) and serve it at the aggregator's ``/truth``; with
-    ``http_port`` and no file, a temporary one (:attr:`DemoRun.truth_file`)."""
+    ``http_port`` and no file, the aggregator serves the run's truth from memory."""
     progress: bool = True
     deployment: str = field(default_factory=lambda: f"demo-{secrets.token_hex(4)}")
 
@@ -131,9 +130,6 @@ class DemoRun:
     """Where the run wrote its per-round ground truth (``None``: nowhere)."""
     truth: Callable[[str, float], tuple[int, str, bytes]] | None = None
     """The aggregator's ``/truth`` of it (served on after the run)."""
-    truth_dir: tempfile.TemporaryDirectory[str] | None = None
-    """The temporary directory of :attr:`truth_file` when the run chose it (removed when
-    this is cleaned up or collected)."""
 
 
 def page_url(port: int) -> str:

@@ -23,11 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import replace
-from pathlib import Path
 from typing import Any, Literal
 
 import aiomqtt
@@ -38,6 +35,7 @@ from aggregator.page.page_data import Channel
 from aggregator.service.config import AggregatorConfig
 from aggregator.service.http import MetricsServer, Source
 from aggregator.service.service import Aggregator
+from aggregator.service.truth_file import TruthMemory
 from broker.core.machine import MAX_BATCH_LIMIT
 from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge import MechanismSpec
@@ -72,10 +70,6 @@ async def run_pipeline(config: DemoConfig, *, on_report: ReportSink | None = Non
     same socket and without a pause, the run's final state: the returned run holds it
     (:attr:`DemoRun.server`, started); the caller stops it. A run that fails stops it.
     """
-    truth_dir = None
-    if config.http_port is not None and config.truth_file is None:
-        truth_dir = tempfile.TemporaryDirectory(prefix="coco-demo-truth-")
-        config = replace(config, truth_file=Path(truth_dir.name) / "truth.json")
     server = None
     if config.http_port is not None:  # a busy port fails here, before any work
         server = MetricsServer(
@@ -103,7 +97,6 @@ async def run_pipeline(config: DemoConfig, *, on_report: ReportSink | None = Non
         raise
     if broker.note is not None:
         run.result["note"] = broker.note
-    run.truth_dir = truth_dir
     if server is not None:
         final = run.estimates
         server.serve(Source(run.aggregator_registry, lambda: final, truth=run.truth))
@@ -181,6 +174,21 @@ def _services(
     return shuffler, aggregator, signer
 
 
+def _fleet(config: DemoConfig, spec: MechanismSpec, aggregator: Aggregator) -> DemoFleet:
+    """The run's devices; the aggregator serves their per-round truth at ``/truth`` (from
+    ``config.truth_file``, else, when it serves its page, from memory)."""
+    fleet = DemoFleet(
+        config=config,
+        spec=spec,
+        sensors=SensorFleet(n_devices=config.devices, channels=config.channels, seed=config.seed),
+        ids=[f"sensor-{secrets.token_hex(6)}" for _ in range(config.devices)],
+        truth_path=config.truth_file,
+    )
+    if config.http_port is not None and aggregator.truth is None:
+        aggregator.truth = TruthMemory(fleet.latest_truth, registry=aggregator.registry).answer
+    return fleet
+
+
 def sensor_channels(count: int) -> tuple[Channel, ...]:
     """The live page's channels of the sensor model with ``count`` channels: names, units
     and ranges (:func:`sim.models.sensors.channel_table`), nothing about any device."""
@@ -217,13 +225,7 @@ async def _run(
     progress(config.progress, f"broker: {broker_kind} at {url}; deployment {dep}")
     shuffler, aggregator, signer = _services(config, url, spec, mqtt5=mqtt5, server=server)
     shuffler_registry = shuffler.metrics.registry
-    fleet = DemoFleet(
-        config=config,
-        spec=spec,
-        sensors=SensorFleet(n_devices=config.devices, channels=config.channels, seed=config.seed),
-        ids=[f"sensor-{secrets.token_hex(6)}" for _ in range(config.devices)],
-        truth_path=config.truth_file,
-    )
+    fleet = _fleet(config, spec, aggregator)
     rng = np.random.default_rng(np.random.SeedSequence(config.seed).spawn(3)[2])
 
     def received() -> int:

@@ -54,6 +54,11 @@ class DemoFleet:
 
     def __post_init__(self) -> None:
         self.truth = GroundTruth(d=self.spec.d)
+        self._latest_truth: dict[str, Any] | None = None
+
+    def latest_truth(self) -> dict[str, Any] | None:
+        """The truth document of the rounds published so far (``None`` before the first)."""
+        return self._latest_truth
 
     def truth_document(self) -> dict[str, Any]:
         """The per-round ground truth so far, as ``coco fleet --ground-truth`` writes it."""
@@ -117,8 +122,9 @@ class DemoFleet:
                 window=self.config.window,
                 on_sent=sent_one,
             )
+            self._latest_truth = self.truth_document()  # one reference: read by HTTP threads
             if self.truth_path is not None:
-                write_onto(self.truth_path, None, self.truth_document())
+                write_onto(self.truth_path, None, self._latest_truth)
         return time.monotonic() - start
 
 

@@ -532,6 +532,7 @@ class Fleet:
     def _round_done(self, round_: int) -> None:
         """The truth of a round the fleet finished publishing: its gauges, ``on_round``."""
         self.metrics.set_truth(self.truth)
+        self.metrics.set_round_truth(self.truth, round_)
         if self._on_round is not None:
             self._on_round(round_)
 
