@@ -43,7 +43,7 @@ def test_coverage_and_error_match_the_closed_form_when_the_estimates_do() -> Non
     assert abs(out["coverage"] - 0.95) <= k * out["coverage_se"]
     # the sum of d squared normal errors: mean d sd^2, SE sqrt(2 d) sd^2 / sqrt(rounds)
     theory = out["mse_per_round_theory"]
-    assert theory == SPEC.moments.mean_mse(SPEC.d, SPEC.s) / 500
+    assert theory == pytest.approx(SPEC.moments.mean_mse(SPEC.d, SPEC.s) / 500, rel=1e-12)
     assert abs(out["mse_per_round"] - theory) <= k * theory * math.sqrt(2 / SPEC.d / 400)
     assert out["halfwidth_mean"] == pytest.approx(out["halfwidth_theory"], rel=1e-12)
     lines = format_tracking(out)
