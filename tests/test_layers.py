@@ -69,6 +69,7 @@ CORES: dict[str, tuple[str, ...]] = {
     "aggregator.ledger.privacy_ledger": ("aggregator.service", *LEDGER_SHELL),
     "aggregator.ledger.levels": ("aggregator.service", *LEDGER_SHELL),
     "aggregator.ledger.records": ("aggregator.service", *LEDGER_SHELL),
+    "aggregator.ledger.timeline": ("aggregator.service", *LEDGER_SHELL),
 }
 """Pure cores, each with the shell modules it must not reach."""
 
