@@ -68,6 +68,8 @@ CORES: dict[str, tuple[str, ...]] = {
     "aggregator.ledger.privacy_ledger": ("aggregator.service", *LEDGER_SHELL),
     "aggregator.ledger.levels": ("aggregator.service", *LEDGER_SHELL),
     "aggregator.ledger.records": ("aggregator.service", *LEDGER_SHELL),
+    "aggregator.series.cusum": ("aggregator.service",),
+    "aggregator.series.detector": ("aggregator.service",),
 }
 """Pure cores, each with the shell modules it must not reach."""
 
@@ -77,6 +79,7 @@ AGGREGATOR_PACKAGES: dict[str, tuple[str, ...]] = {
     "aggregator.accountant": ("aggregator.accountant",),
     "aggregator.durable": (),
     "aggregator.page": ("aggregator.page",),
+    "aggregator.series": ("aggregator.series", "aggregator.estimation"),
     "aggregator.ledger": ("aggregator.ledger", "aggregator.accountant", "aggregator.durable"),
     "aggregator.service.core": (
         "aggregator.service.core",

@@ -1,0 +1,1 @@
+"""Estimates over time: per-round sufficient statistics, their windows and change detection."""
