@@ -65,11 +65,11 @@ CORES: dict[str, tuple[str, ...]] = {
     ),
     "aggregator.estimation": ("aggregator.service",),
     "aggregator.accountant": ("aggregator.service",),
+    "aggregator.series": ("aggregator.service",),
     "aggregator.ledger.privacy_ledger": ("aggregator.service", *LEDGER_SHELL),
     "aggregator.ledger.levels": ("aggregator.service", *LEDGER_SHELL),
     "aggregator.ledger.records": ("aggregator.service", *LEDGER_SHELL),
-    "aggregator.series.cusum": ("aggregator.service",),
-    "aggregator.series.detector": ("aggregator.service",),
+    "aggregator.ledger.timeline": ("aggregator.service", *LEDGER_SHELL),
 }
 """Pure cores, each with the shell modules it must not reach."""
 
@@ -78,12 +78,13 @@ AGGREGATOR_PACKAGES: dict[str, tuple[str, ...]] = {
     "aggregator.estimation": ("aggregator.estimation",),
     "aggregator.accountant": ("aggregator.accountant",),
     "aggregator.durable": (),
-    "aggregator.page": ("aggregator.page",),
     "aggregator.series": ("aggregator.series", "aggregator.estimation"),
+    "aggregator.page": ("aggregator.page",),
     "aggregator.ledger": ("aggregator.ledger", "aggregator.accountant", "aggregator.durable"),
     "aggregator.service.core": (
         "aggregator.service.core",
         "aggregator.estimation",
+        "aggregator.series",
         "aggregator.ledger.privacy_ledger",
         "aggregator.ledger.levels",
     ),
