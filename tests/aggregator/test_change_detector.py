@@ -16,6 +16,7 @@ a family-wise error of 1e-3 over the ``CHECKS`` simulated checks here (Bonferron
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from statistics import NormalDist
 from typing import Any
 
@@ -34,6 +35,7 @@ from aggregator.series.detector import (
 from edge import MechanismSpec
 from sim.models.sensors import SensorFleet
 from tests.aggregator.fleet_rounds import FleetRounds
+from tests.aggregator.test_window_width import SETTINGS, TEMPERATURE, sensor_halfwidth
 
 CHECKS = 4
 K = NormalDist().inv_cdf(1 - 1e-3 / (2 * CHECKS))
@@ -174,3 +176,34 @@ def test_an_alarm_shows_for_hold_rows_and_a_channel_is_charted_alone() -> None:
     assert not any(x.alarm[0] for x in results)
     assert results[0].statistic[1] == pytest.approx(20 / math.sqrt(1.5) - 0.5)
     assert results[1].statistic.tolist() == [0.0, 0.0]
+
+
+def delay_table() -> str:
+    """Expected delay (rounds, from the onset, zero state) of the default chart after a
+    +3 degC step of the fleet's mean temperature, CoCo d = 6, s = 2, with ``m`` reports per
+    round and three learned days (the residual's scale ``sigma sqrt(1 + 1/3)``)."""
+    design = CusumDesign.for_arl(1e4)
+    half = (TEMPERATURE.hi - TEMPERATURE.lo) / 2
+    vbar = 2 * (TEMPERATURE.base - TEMPERATURE.lo) / (TEMPERATURE.hi - TEMPERATURE.lo) - 1
+    lines = [
+        "| ε | m | sd of a round (degC) | shift (sd of z) | delay (rounds) | its sd |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for eps, m in SETTINGS:
+        spec = MechanismSpec(mechanism="coco", d=CHANNELS, s=S, epsilon=eps)
+        sigma = sensor_halfwidth(spec, half, vbar, m) / 1.959963984540054
+        shift = HEAT / (sigma * math.sqrt(1 + 1 / 3))
+        delay = design.delay(shift)
+        lines.append(
+            f"| {eps:g} | {m} | {sigma:.2f} | {shift:.2f} | {delay.mean:.1f} | {delay.sd:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def test_the_documented_delays_are_the_theory() -> None:
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "estimates.md").read_text("utf-8")
+    assert delay_table() in docs
+
+
+if __name__ == "__main__":
+    print(delay_table())
