@@ -47,6 +47,7 @@ from typing import Any, Final
 
 from aggregator.durable import write_atomically
 from aggregator.ledger.privacy_ledger import ID_BYTES, MAX_ROUND, PrivacyLedger
+from aggregator.ledger.timeline import Timeline
 from edge.errors import CocoError
 from edge.spec import MechanismSpec
 
@@ -278,8 +279,26 @@ def _parse(spec: MechanismSpec, delta: float, data: Mapping[str, Any]) -> Privac
         if outcome not in ("recorded", "covered"):
             raise _FieldError(name, f"contradicts an earlier entry ({outcome})")
     ledger.restore_forgotten(_forgotten(data.get("forgotten", [])))
+    ledger.timeline = _timeline(data.get("timeline"), read.counts("compacted"))
     ledger.generation = read.integer("generation", read.get("generation"), high=_BIG)
     return ledger
+
+
+def _timeline(raw: object, compacted: Mapping[int, int]) -> Timeline:
+    """The dates of compacted participations (:mod:`aggregator.ledger.timeline`). A file
+    written before them has every compacted participation undated: counted in every
+    rolling period, pessimistically, until it ages out of none (it never does)."""
+    if raw is None:
+        timeline = Timeline()
+        for size, count in compacted.items():
+            timeline.add(None, size, count)
+        return timeline
+    if not isinstance(raw, dict):
+        raise _FieldError("timeline", "must be an object")
+    try:
+        return Timeline.from_json(raw)
+    except ValueError as exc:
+        raise _FieldError("timeline", str(exc)) from None
 
 
 def _forgotten(raw: object) -> list[tuple[bytes, bytes]]:

@@ -13,7 +13,7 @@ the service that shows them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aggregator.accountant import amplify_spec
 from edge.spec import MechanismSpec
@@ -41,6 +41,8 @@ class LedgerSnapshot:
     ledger: str = ""
     """The id of the ledger it was taken from (random per ledger object): levels computed
     for one ledger are never served for another."""
+    periods: tuple[tuple[str, tuple[tuple[int, int], ...]], ...] = ()
+    """Per labelled rolling period, its ``rounds`` (a device present in every round of it)."""
 
     @property
     def participations(self) -> int:
@@ -66,6 +68,9 @@ class PrivacyLevel:
     generation: int = 0
     """The ledger generation this level was computed from (settled while it is current)."""
     releases: int = 0
+    epsilon_periods: dict[str, float | None] = field(default_factory=dict)
+    """``epsilon_total`` of a device present in every round of each labelled rolling period
+    (:meth:`~aggregator.ledger.privacy_ledger.PrivacyLedger.period_rounds`)."""
 
     def for_sizes(self, *, smallest: int | None, latest: int | None) -> PrivacyLevel:
         """This level with each per-release epsilon kept only where its size is still the
@@ -84,15 +89,19 @@ class PrivacyLevel:
             sizes=current,
             generation=self.generation,
             releases=self.releases,
+            epsilon_periods=self.epsilon_periods,
         )
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "epsilon_central": self.epsilon_central,
             "epsilon_central_generic": self.epsilon_central_generic,
             "epsilon_total": self.epsilon_total,
             "batches_accounted": self.batches,
         }
+        if self.epsilon_periods:
+            out["epsilon_total_period"] = dict(self.epsilon_periods)
+        return out
 
 
 def epsilon_curve(spec: MechanismSpec, *, delta: float, grid: Sequence[int]) -> dict[int, float]:

@@ -136,6 +136,7 @@ from aggregator.ledger.records import check_shard as _check_shard
 from aggregator.ledger.records import check_size as _check_size
 from aggregator.ledger.records import check_source as _check_source
 from aggregator.ledger.records import digest as _digest
+from aggregator.ledger.timeline import DEFAULT_KEEP_SECONDS, Timeline
 from edge.spec import MechanismSpec
 
 __all__ = [
@@ -178,9 +179,21 @@ class _History:
 class PrivacyLedger:
     """Releases recorded, and the central privacy they amount to (module docstring)."""
 
-    def __init__(self, spec: MechanismSpec, *, delta: float) -> None:
+    def __init__(
+        self,
+        spec: MechanismSpec,
+        *,
+        delta: float,
+        round_seconds: int | None = None,
+        keep_seconds: float = DEFAULT_KEEP_SECONDS,
+    ) -> None:
         self.spec = spec
         self.delta = delta
+        self.round_seconds = round_seconds
+        """The deployment's round length, which dates a release known only by its round
+        number (a release without sources, a batch without manifest); ``None``: such
+        participations count in every period (:mod:`aggregator.ledger.timeline`)."""
+        self.timeline = Timeline(keep_seconds)
         self.generation = 0
         self.id = os.urandom(8).hex()
         self._manifests: dict[bytes, _Manifest] = {}
@@ -318,7 +331,8 @@ class PrivacyLedger:
         for round_ in sorted(r for r in self._rounds if r <= through_round):
             folded_ids |= self._rounds.pop(round_)
         levels = self._levels_of(folded_ids)
-        for size in levels.values():
+        for participation, size in levels.items():
+            self.timeline.add(self._end_of(participation), size)
             history.compacted[accounting_size(size)] += 1
             if history.compacted_smallest is None or size < history.compacted_smallest:
                 history.compacted_smallest = size
@@ -334,6 +348,7 @@ class PrivacyLedger:
             if batch is not None:
                 self._forget(b"b" + key, _digest(batch))
         history.compacted_through = through_round
+        self.timeline.trim()
         self.generation += 1
         return len(levels)
 
@@ -368,6 +383,34 @@ class PrivacyLedger:
         levels = self._levels_of()
         self._levels_cache = (self.generation, levels)
         return levels
+
+    def _end_of(self, key: _Key) -> int | None:
+        """When participation ``key``'s round ended (Unix seconds), if known."""
+        kind, ident = key[0], key[1]
+        if kind == "s":
+            round_, length = int(str(ident)), int(str(key[2]))
+            return (round_ + 1) * length
+        record: _Manifest | _Batch | None = None
+        if isinstance(ident, bytes):
+            record = self._manifests.get(ident) if kind == "r" else self._batches.get(ident)
+        if record is None or self.round_seconds is None:
+            return None
+        return (record.round + 1) * self.round_seconds
+
+    def period_rounds(self, start: float, end: float) -> dict[int, int]:
+        """:meth:`rounds` of a device present in every round that ended in ``(start, end]``:
+        the participations dated in it, detailed or compacted, and every one whose time is
+        not known (late and extra records, the old per-batch records, the undated): counted
+        in every period, pessimistically."""
+        out: Counter[int] = Counter()
+        for key, size in self._round_levels().items():
+            when = self._end_of(key)
+            if when is None or start < when <= end:
+                out[size] += 1
+        out.update(self.timeline.between(start, end))
+        out.update(self._history.late)
+        out.update(self.sizes)
+        return {size: count for size, count in sorted(out.items()) if count > 0}
 
     def rounds(self) -> dict[int, int]:
         """``{release size: participations}`` of everything recorded: detailed rounds at
@@ -411,9 +454,14 @@ class PrivacyLedger:
         derived = sum(1 for k in self._batches if k not in self._listed)
         return len(self._manifests) + derived
 
-    def snapshot(self) -> LedgerSnapshot:
-        """An immutable copy to hand to :meth:`compute` in another thread or process."""
+    def snapshot(self, periods: Mapping[str, tuple[float, float]] | None = None) -> LedgerSnapshot:
+        """An immutable copy to hand to :meth:`compute` in another thread or process, with
+        the participations of each labelled period ``(start, end]`` (:meth:`period_rounds`)."""
         return LedgerSnapshot(
+            periods=tuple(
+                (label, tuple(self.period_rounds(start, end).items()))
+                for label, (start, end) in sorted((periods or {}).items())
+            ),
             rounds=tuple(self.rounds().items()),
             smallest=self.smallest,
             latest=self.latest,
@@ -446,7 +494,14 @@ class PrivacyLedger:
             central[label], generic[label] = blanket, clone
         rounds = dict(snapshot.rounds)
         total = epsilon_total_rounds(self.spec, rounds, delta=self.delta) if rounds else None
+        periods = {
+            label: epsilon_total_rounds(self.spec, dict(counts), delta=self.delta)
+            if counts
+            else None
+            for label, counts in snapshot.periods
+        }
         return PrivacyLevel(
+            epsilon_periods=periods,
             epsilon_central=central,
             epsilon_central_generic=generic,
             epsilon_total=total,
@@ -501,6 +556,7 @@ class PrivacyLedger:
             "per_batch": _counts(self.sizes),
             "per_batch_latest": self._legacy_latest,
             "forgotten": [[key.hex(), digest.hex()] for key, digest in self._forgotten.items()],
+            "timeline": self.timeline.to_json(),
         }
 
     def restore_history(

@@ -130,6 +130,7 @@ def test_every_bind_mount_exists_in_the_repository(model: dict[str, Any]) -> Non
     mounted = {str(source.relative_to(ROOT)) for _, source in binds}
     assert {
         "deploy/prometheus/prometheus.yml",
+        "deploy/prometheus/coco-alerts.yml",
         "deploy/grafana/provisioning",
         "deploy/grafana/dashboards",
         "deploy/mosquitto/mosquitto.conf",

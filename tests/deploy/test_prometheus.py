@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -54,6 +55,7 @@ COMPOSE_TARGETS = {
     "fleet": "fleet:9110",
 }
 EXPORTED_DIMS = 4
+ALERT_RULES = PROMETHEUS_CONFIG.with_name("coco-alerts.yml")
 ANNOUNCEMENT = (
     *("--mechanism", "coco", "--d", "6", "--s", "2", "--epsilon", "1.0"),
     *("--min-batch", "100", "--delta", "1e-6"),
@@ -91,6 +93,19 @@ def scrape_config(ports: dict[str, int]) -> str:
     text, count = re.subn(r"(?m)^(\s+)scrape_interval: \S+$", r"\1scrape_interval: 1s", text)
     assert count == 1
     return text
+
+
+def write_config(directory: Path, ports: dict[str, int]) -> Path:
+    """:func:`scrape_config` as ``directory/prometheus.yml``, the alert rules beside it (its
+    ``rule_files`` are relative to it)."""
+    config = directory / "prometheus.yml"
+    config.write_text(scrape_config(ports))
+    shutil.copy(ALERT_RULES, directory / ALERT_RULES.name)
+    return config
+
+
+def rule_names(api: PrometheusApi) -> list[str]:
+    return [rule["name"] for group in api.get("rules")["groups"] for rule in group["rules"]]
 
 
 @dataclass
@@ -250,8 +265,7 @@ def test_every_dashboard_query_returns_data(
         "--epsilon-target",
         "0.5",
     )
-    config = tmp_path / "prometheus.yml"
-    config.write_text(scrape_config(ports))
+    config = write_config(tmp_path, ports)
     start = time.time()
     processes.start(
         "prometheus",
@@ -297,6 +311,7 @@ def test_every_dashboard_query_returns_data(
     poll(lambda: api.up() == dict.fromkeys(JOBS, 1.0), 60, processes)
     targets = api.get("targets")["activeTargets"]
     assert sorted(t["labels"]["job"] for t in targets) == sorted(JOBS)
+    assert rule_names(api) == ["CocoFleetMeanChanged"]  # the alert rules load
 
     # The dashboard's $dim comes from label_values(coco_aggregator_estimate_mean, dim).
     dims = api.get("label/dim/values", **{"match[]": "coco_aggregator_estimate_mean"})
