@@ -15,9 +15,11 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from typer.testing import CliRunner
 
 from aggregator.accountant.history import epsilon_total_rounds
 from aggregator.series.documents import COLUMNS, ESTIMATE_FIELDS
+from aggregator.service.cli import aggregator_app
 from aggregator.service.service import Aggregator
 from tests.aggregator.test_service import (
     DELTA,
@@ -127,6 +129,20 @@ def test_series_windows_and_gauges(mosquitto: Broker) -> None:  # noqa: PLR0915 
         await publish(mosquitto, batch(reports(100, 4), 9, round_=newest))
         await until(lambda: agg.counters.batches == 4, progress=moving(agg))
         fetched["after"] = await ask("/series?dims=0")
+        # `coco aggregator series` prints the same answer; a malformed query, its one line
+        fetched["cli"] = await asyncio.to_thread(
+            CliRunner().invoke, aggregator_app, ["series", "--url", base, "--dims", "2,0"]
+        )
+        fetched["cli_doc"] = await ask("/series?dims=2,0")
+        fetched["cli_csv"] = await asyncio.to_thread(
+            CliRunner().invoke,
+            aggregator_app,
+            ["series", "--url", base + "/", "--step", "1h", "--format", "csv"],
+        )
+        fetched["csv_doc"] = await ask("/series?step=1h&format=csv")
+        fetched["cli_bad"] = await asyncio.to_thread(
+            CliRunner().invoke, aggregator_app, ["series", "--url", base, "--dims", "99"]
+        )
 
     cfg = config(mosquitto, None, round_seconds=R, windows=("1h", "r2"), metrics_dims=SPEC.d)
     run(with_aggregator(cfg, body, registry))
@@ -172,11 +188,17 @@ def test_series_windows_and_gauges(mosquitto: Broker) -> None:  # noqa: PLR0915 
         assert data.decode().count("\n") == 1
         assert len(data) > 10
     for endpoint in ("series", "estimates"):
-        count = sum(1 for _, e in BAD if e == endpoint)
+        count = sum(1 for _, e in BAD if e == endpoint) + (endpoint == "series")  # the CLI's
         got = registry.get_sample_value(
             "coco_aggregator_http_bad_requests_total", {"endpoint": endpoint}
         )
         assert got == count
+    assert fetched["cli"].exit_code == 0
+    assert json.loads(fetched["cli"].stdout) == json.loads(fetched["cli_doc"][2])
+    assert fetched["cli_csv"].exit_code == 0
+    assert fetched["cli_csv"].stdout == fetched["csv_doc"][2].decode()
+    assert fetched["cli_bad"].exit_code == 1
+    assert "HTTP 400: unknown dimension 99" in fetched["cli_bad"].stderr
     after = json.loads(fetched["after"][2])
     assert [row[4] for row in after["rows"]] == [300, 120, 300]
 
