@@ -148,6 +148,7 @@ class Aggregator:
             spec=self.spec,
             dims=config.exported_dims,
             epsilon_target=config.epsilon_target,
+            windows=[window.spec for window in config.exported_windows],
         )
         self.metrics.delta.set(config.delta)
         self.metrics.min_batch.set(config.min_batch)
@@ -320,6 +321,7 @@ class Aggregator:
                         ready=lambda: self.ready,
                         recovered=lambda: self.recovered,
                         not_ready=self.not_ready,
+                        query=self.publisher.series.answer,
                     )
                 )
             elif self.config.http_port is not None:
@@ -331,6 +333,7 @@ class Aggregator:
                     ready=lambda: self.ready,
                     recovered=lambda: self.recovered,
                     not_ready=self.not_ready,
+                    query=self.publisher.series.answer,
                 )
                 self._http.start()
             if path is not None:
@@ -461,7 +464,14 @@ class Aggregator:
             self._stop_http()
             self._release_lock()
             if self._lent_http is not None and self.recovered:  # the final state, served on
-                self._lent_http.serve(Source(self.registry, self.snapshot, ready=lambda: False))
+                self._lent_http.serve(
+                    Source(
+                        self.registry,
+                        self.snapshot,
+                        ready=lambda: False,
+                        query=self.publisher.series.answer,
+                    )
+                )
             self.recovered = False
             self._entered = self.publisher.entered = False
 
