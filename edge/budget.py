@@ -134,7 +134,8 @@ class BudgetState:
 @dataclass(frozen=True)
 class Refusal:
     """Why a charge does not fit: ``kind`` ``"lifetime"`` (for good) or ``"period"`` (until
-    ``renews_at``, the Unix time the next period starts); ``spent`` of ``cap`` so far."""
+    ``renews_at``, the Unix time the next period starts; ``None`` when a report costs more
+    than a whole period's budget, so it never fits); ``spent`` of ``cap`` so far."""
 
     kind: str
     spent: Fraction
@@ -143,6 +144,11 @@ class Refusal:
 
     def message(self, epsilon: float) -> str:
         """One line for people."""
+        if self.renews_at is None and self.kind == "period":
+            return (
+                f"a report costs {epsilon:g}, more than the period's budget "
+                f"{float(self.cap):g}: it never fits"
+            )
         if self.renews_at is None:
             return (
                 f"privacy budget exhausted: spent {round_up(self.spent):g} of {float(self.cap):g}, "
@@ -180,6 +186,8 @@ def decide(
         period_spent, period_reports = current.period_spent, current.period_reports
     else:
         period_spent, period_reports = Fraction(0), 0
+    if epsilon > period.epsilon:  # never fits, whatever the period: no renewal to wait for
+        return Refusal("period", period_spent, period.epsilon, None)
     if period_spent + epsilon > period.epsilon:
         return Refusal("period", period_spent, period.epsilon, period.start(index + 1))
     return replace(

@@ -278,9 +278,14 @@ def device(
     if failed:
         raise typer.Exit(EXIT_FAILED)
     if refused:
+        why = (
+            f"lifetime budget {budget:g}, {book.remaining:g} left"
+            if budget is not None
+            else f"a report costs more than the budget per period {budget_per_period:g}"
+        )
         typer.echo(
             f"error: the privacy budget is spent: the ledger {ledger} refused {refused} "
-            f"row(s) (lifetime budget {budget:g}, {book.remaining:g} left)",
+            f"row(s) ({why})",
             err=True,
         )
         raise typer.Exit(EXIT_BUDGET_SPENT)

@@ -101,9 +101,12 @@ def test_the_lifetime_cap_still_ends_a_device(tmp_path: Path) -> None:
     assert "exhausted" in str(info.value)
 
 
-def test_a_period_cap_of_zero_refuses_everything(tmp_path: Path) -> None:
-    book = BudgetLedger(tmp_path / "l.json", period=PeriodPolicy.of(0.0, "1h"))
-    assert not book.can_afford(0.5, at=T0)
+def test_a_period_cap_below_one_report_never_fits_and_is_not_waited_for(tmp_path: Path) -> None:
+    book = BudgetLedger(tmp_path / "l.json", period=PeriodPolicy.of(0.25, "1h"))
+    refusal = book.refusal(0.5, at=T0)
+    assert refusal is not None
+    assert (refusal.kind, refusal.renews_at) == ("period", None)
+    assert "never fits" in refusal.message(0.5)
 
 
 def test_a_changed_period_length_forgets_nothing_before_the_old_period_ends() -> None:

@@ -42,6 +42,12 @@ def test_error_paths_return_documented_codes(host: Path) -> None:
     run(host, scripts.error_paths())
 
 
+def test_period_budgets_match_the_reference(host: Path) -> None:
+    """The ledger's period cap: refused at the cap, renewed at the boundary, across a reopen,
+    never renewed by a clock set back, the lifetime cap final, damage refused."""
+    run(host, scripts.ledger_periods())
+
+
 def test_random_cases_match_the_reference(host: Path) -> None:
     """Seeded random specs, inputs (valid, colliding, invalid), readings, key-value pairs,
     wire messages, clocks, decimal numbers, device ids, topics and announcements (valid and
