@@ -225,6 +225,7 @@ def device(
     policy = _period_policy(budget, budget_per_period, period)
     published = refused = failed = 0
     error: str | None = None
+    publisher: DevicePublisher | None = None
     try:
         config = PublisherConfig(
             broker=broker,
@@ -271,7 +272,10 @@ def device(
         error = f"{exc}; not reporting (set the clock, e.g. by NTP, first)"
     except (CocoError, ValueError, OSError) as exc:
         error = str(exc)
-    typer.echo(f"published {published}, refused by ledger {refused}, failed {failed}")
+    sat_out = 0 if publisher is None else publisher.sat_out
+    published -= sat_out
+    not_sampled = f", not sampled {sat_out}" if sat_out else ""
+    typer.echo(f"published {published}, refused by ledger {refused}, failed {failed}{not_sampled}")
     if error is not None:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(EXIT_FAILED)

@@ -13,7 +13,10 @@ every vector:
    period holding the start of the report's round,
 3. randomises on the device path (:meth:`LocalMechanism.randomise_keys` with the ``secrets``
    CSPRNG: the report's privacy rests on randomness the network cannot predict),
-4. encodes the 16-byte report (:func:`edge.codec.encode_report`) for the current round and
+4. in a deployment that announces participation ``q < 1``, decides (before step 2) with the
+   ``secrets`` CSPRNG whether it reports in this round at all (:mod:`edge.participation`;
+   a round sat out is charged nothing),
+5. encodes the 16-byte report (:func:`edge.codec.encode_report`) for the current round and
    publishes it to its own ingress topic ``coco/v1/<deployment>/ingress/<device-id>`` (in
    a sharded deployment ``.../ingress/<shard label>/<device-id>``, the shard of the
    report's round: :mod:`edge.shards`), waiting for the PUBACK.
@@ -51,6 +54,7 @@ The connection, its client id and its reconnection are :mod:`edge.publisher_link
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -59,10 +63,12 @@ from typing import Self
 
 from edge import device
 from edge._mechanism import LocalMechanism
+from edge.announce import participation_of
 from edge.codec import encode_report
 from edge.encoders import SensorEncoder
 from edge.errors import InputError
 from edge.ledger import BudgetExhausted, BudgetLedger
+from edge.participation import participates
 from edge.publisher_link import BrokerLink, PublisherConfig, PublisherError
 from edge.rounds import current_round, round_start, seconds_to_next_round
 from edge.shards import ShardPlan
@@ -115,6 +121,8 @@ class DevicePublisher(BrokerLink):
         self._clock = clock
         self._on_wait = on_wait or (lambda line: logger.warning("%s", line))
         self._last_round: int | None = None
+        self.sat_out = 0
+        """Rounds this publisher sat out by participation sampling (nothing charged or sent)."""
         self._topic = ingress_topic(config.deployment, config.device_id)
         """The unsharded ingress topic (a sharded deployment's depends on the round)."""
         self._publish_lock = threading.Lock()
@@ -134,6 +142,13 @@ class DevicePublisher(BrokerLink):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    @property
+    def participation(self) -> float:
+        """The announced participation probability ``q`` (1 without an announcement or
+        without the key)."""
+        with self._cond:
+            return participation_of(self._announcement)
 
     @property
     def last_round(self) -> int | None:
@@ -183,9 +198,11 @@ class DevicePublisher(BrokerLink):
 
         The round is the clock's (:func:`edge.rounds.current_round`); if this publisher
         already sent a report in it, this waits for the next round first. Returns ``True``
-        once the broker acknowledged the report and ``False`` (publishing nothing) when the
-        ledger has no budget left for it; raises otherwise (module doc), in particular
-        :class:`~edge.rounds.ClockError` when the clock is not set.
+        once the broker acknowledged the report, or when participation sampling (the
+        announced ``q``, :mod:`edge.participation`) has this device sit the round out
+        (nothing charged or sent; :attr:`sat_out` counts them), and ``False`` (publishing
+        nothing) when the ledger has no budget left for it; raises otherwise (module doc),
+        in particular :class:`~edge.rounds.ClockError` when the clock is not set.
         """
         spec = self.spec
         mechanism = self._mechanism
@@ -206,6 +223,11 @@ class DevicePublisher(BrokerLink):
             self._wait_connected(self.config.publish_timeout)
             round_ = self._next_round()  # the round now, after any wait for the connection
             topic = self._topic_for(round_)  # before the charge: no budget for an unservable round
+            if not participates(self.participation, secrets.randbits):
+                self._last_round = round_  # sat out: nothing charged, nothing sent
+                self.sat_out += 1
+                logger.debug("not sampled in round %d", round_)
+                return True
             try:  # the report is charged to the period holding its round's start
                 self.ledger.charge(spec.epsilon, at=round_start(round_, self.round_seconds))
             except BudgetExhausted as exc:

@@ -294,12 +294,14 @@ typedef struct coco_announcement {
     uint8_t batch_public_key[COCO_PUBLIC_KEY_SIZE]; /* raw RFC 8032 Ed25519 key */
     uint8_t layout_count;                           /* 0: unsharded */
     coco_shard_layout layouts[COCO_MAX_LAYOUTS];    /* sorted by from_round */
+    /* participation q in units of 2^-32, rounded down: 2^32 (q = 1) when not announced */
+    uint64_t participation_units;
 } coco_announcement;
 
 /* Parses the retained announcement (UTF-8 JSON of len bytes, not NUL-terminated) in
  * constant memory, without recursion or malloc. Checks every key of protocol 10.5 and of the
  * optional shards layouts: required keys present, no unknown or repeated key, integers in
- * range, the spec's fields (coco_spec_check), hash_version 1 (else
+ * range (the optional participation q in (0, 1]), the spec's fields (coco_spec_check), hash_version 1 (else
  * COCO_ERR_SPEC_HASH_VERSION), unit_weight 2^24, the fingerprint against SHA-256 of the
  * canonical string (COCO_ERR_FINGERPRINT), and epsilon against exp_eps_weight
  * (ln(E/U) <= epsilon < ln((E+1)/U), up to 2^-16, with an integer logarithm). Not checked
@@ -308,6 +310,12 @@ typedef struct coco_announcement {
  * code: COCO_ERR_JSON for syntax, COCO_ERR_ANNOUNCEMENT for a key or value. *out is valid
  * only on COCO_OK. */
 int coco_announcement_parse(const uint8_t *json, size_t len, coco_announcement *out);
+
+/* Participation sampling (protocol 12.2): whether the device reports in this round, decided
+ * once at the start of the round from the CSPRNG: *yes = 1 if a fresh 32-bit word is below
+ * a->participation_units (probability q rounded down to 2^-32), else 0. Draws nothing when
+ * q = 1. A device that sits a round out charges nothing and sends nothing. */
+int coco_participates(const coco_announcement *a, const coco_rng *rng, int *yes);
 
 /* A decimal JSON number (e.g. "0.5", "1e-05") in units of 2^-32, rounded up (round_up != 0)
  * or down, exactly, in integer arithmetic. COCO_ERR_ARG for text that is not exactly one

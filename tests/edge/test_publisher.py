@@ -128,7 +128,11 @@ def shuffler(mosquitto: Broker, tmp_path: Path) -> Iterator[Shuffler]:
 
 
 def announce(
-    broker: Broker, spec: MechanismSpec, round_seconds: int = 1, shards: ShardPlan | None = None
+    broker: Broker,
+    spec: MechanismSpec,
+    round_seconds: int = 1,
+    shards: ShardPlan | None = None,
+    participation: float = 1.0,
 ) -> None:
     """Publish the retained spec announcement and wait for the broker to accept it."""
     client = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2)
@@ -136,7 +140,12 @@ def announce(
     client.loop_start()
     try:
         payload = encode_announcement(
-            spec.to_dict(), min_batch=10, delta=1e-6, round_seconds=round_seconds, shards=shards
+            spec.to_dict(),
+            min_batch=10,
+            delta=1e-6,
+            round_seconds=round_seconds,
+            shards=shards,
+            participation=participation,
         )
         info = client.publish(spec_topic(DEPLOYMENT), payload, qos=1, retain=True)
         info.wait_for_publish(waiting.scaled(WAIT))
@@ -393,6 +402,27 @@ def test_a_spent_period_waits_for_the_next_period_and_says_so(
         assert "the next period starts at" in line
     assert len(shuffler.wait_for(3)) == 3
     assert ledger.state.period == periods[-1]
+
+
+def test_a_device_not_sampled_charges_and_sends_nothing(
+    mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
+) -> None:
+    """An announced participation of 1e-300 (threshold 0: the device never reports): each
+    publish sits its round out, one per round, with nothing charged or sent."""
+    announce(mosquitto, SPEC, participation=1e-300)
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    with DevicePublisher(config(mosquitto), ledger=ledger) as pub:
+        assert pub.participation == 1e-300
+        first = None
+        for _ in range(2):
+            assert pub.publish_keys([0, 1], [1, 1]) is True
+            first = first if first is not None else pub.last_round
+        assert pub.sat_out == 2
+        assert first is not None
+        assert pub.last_round is not None
+        assert pub.last_round > first  # one round each
+    assert ledger.reports == 0
+    assert shuffler.wait_for(1, timeout=0.5) == []
 
 
 def test_publish_after_broker_restart(

@@ -10,6 +10,7 @@ import struct
 from pathlib import Path
 
 from edge import device, doc_vectors
+from edge.participation import participates, threshold
 from edge.spec import MechanismSpec
 from tests.libcoco.announcements import add_announcement, announcement_cases
 from tests.libcoco.commands import (
@@ -471,6 +472,19 @@ def _ledger_records(script: Script, model: Ledger) -> None:
     )
 
 
+def participation_cases(rng: random.Random, count: int) -> Script:
+    """``coco_participates`` over the test stream: the rounds reported in and the words used
+    are edge.participation's, for random q (and q = 1, which draws nothing)."""
+    script = Script()
+    for _ in range(count):
+        q = rng.choice([1.0, 0.5, 0.1, 1e-6, rng.random() or 0.5])
+        seed, rounds_ = rng.getrandbits(32), rng.randint(1, 200)
+        bits = Stream(seed)
+        yes = sum(participates(q, bits) for _ in range(rounds_))
+        script.add(f"part {seed} {threshold(q)} {rounds_}", f"{yes} {bits.used}")
+    return script
+
+
 def mcu_script() -> Script:
     """What the emulated boards run: every published vector and worked example, the
     hand-written announcements and error paths, a sample of the random cases, and the
@@ -480,6 +494,7 @@ def mcu_script() -> Script:
     script.extend(announcement_cases(large=False))
     script.extend(error_paths())
     script.extend(ledger_periods())
+    script.extend(participation_cases(rng, 10))
     script.extend(random_specs(rng, 20))
     script.extend(random_randomisers(rng, 15))
     script.extend(random_encoders(rng, 6))

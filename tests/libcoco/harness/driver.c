@@ -324,6 +324,7 @@ static void cmd_ann(line_t *l) {
         out_u64(announcement.layouts[i].generation);
         out_u64(announcement.layouts[i].seed);
     }
+    out_u64(announcement.participation_units);
 }
 
 /* A NUL-terminated name from hex (names with any byte but NUL). */
@@ -518,6 +519,25 @@ static int run_line(const char *p, const char *end) {
         storage.fail_store = (int)get_u32(&l);
     } else if (word_is(cmd, n, "ledger_open")) {
         out_ledger(coco_ledger_open(&ledger, &mem_io, get_u64(&l)));
+    } else if (word_is(cmd, n, "part")) {
+        /* part <stream seed> <participation units> <count>: rounds reported in, words used */
+        uint32_t seed = get_u32(&l), count, i, yes_count = 0;
+        int yes = 0, rc = COCO_OK;
+        announcement.participation_units = get_u64(&l);
+        count = get_u32(&l);
+        if (!l.bad) {
+            start_stream(seed);
+            for (i = 0; i < count && rc == COCO_OK; i++) {
+                rc = coco_participates(&announcement, &rng, &yes);
+                yes_count += (uint32_t)yes;
+            }
+            if (rc != COCO_OK) {
+                out_err(rc);
+            } else {
+                out_u64(yes_count);
+            }
+            out_u64(stream.index);
+        }
     } else if (word_is(cmd, n, "ledger_open_period")) {
         uint64_t total = get_u64(&l);
         uint32_t seconds = get_u32(&l);
