@@ -376,17 +376,35 @@ def test_ledger_refuses_and_nothing_is_published(
     assert (ledger.reports, ledger.remaining) == (2, 0.0)
 
 
+PERIOD = 6  # seconds: a period cap's test period, of 1-s rounds
+
+
+def period_offset() -> float:
+    """A clock offset that puts the shifted clock 0.2 s into a period of PERIOD seconds now,
+    so that a first report and the next row fall in one period (a loaded machine has
+    PERIOD - 0.2 s to get there), whatever the wall clock reads."""
+    now = time.time()
+    return PERIOD - now % PERIOD + 0.2
+
+
 def test_a_spent_period_waits_for_the_next_period_and_says_so(
     mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
 ) -> None:
-    """A period cap of one report per 2-s period with 1-s rounds: every publish succeeds,
-    each in its own period, and each wait is announced in one line naming when the next
-    period starts; the lifetime cap then refuses for good."""
-    period = PeriodPolicy.of(SPEC.epsilon, "2s")
+    """A period cap of one report per 6-s period with 1-s rounds, on a clock shifted to
+    start just after a period boundary: every publish succeeds, each in its own period, and
+    each wait is announced in one line naming when the next period starts; the lifetime cap
+    then refuses for good."""
+    period = PeriodPolicy.of(SPEC.epsilon, f"{PERIOD}s")
+    offset = period_offset()
     ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=3 * SPEC.epsilon, period=period)
     said: list[str] = []
     with DevicePublisher(
-        config(mosquitto), ledger=ledger, spec=SPEC, round_seconds=1, on_wait=said.append
+        config(mosquitto),
+        ledger=ledger,
+        spec=SPEC,
+        round_seconds=1,
+        on_wait=said.append,
+        clock=lambda: time.time() + offset,
     ) as pub:
         rounds = []
         for _ in range(3):
@@ -396,7 +414,7 @@ def test_a_spent_period_waits_for_the_next_period_and_says_so(
         assert pub.publish_keys([0, 1], [1, 1]) is False  # the lifetime cap: no wait
     periods = [period.index(round_start(r, 1)) for r in rounds]
     assert periods == sorted(set(periods))  # one report per period
-    assert len(said) >= 2  # the second and third publish each waited
+    assert len(said) == 2  # the second and third publish each waited, once
     for line in said:
         assert "privacy budget of this period spent" in line
         assert "the next period starts at" in line
@@ -522,19 +540,22 @@ def test_device_cli_with_a_period_cap_waits_instead_of_exiting(
     """``--budget-per-period`` without ``--budget``: the rows past the period's cap wait for
     the next period (one ``note:`` line each) and are all published; exit 0."""
     announce(mosquitto, SPEC)
-    args = device_args(mosquitto, tmp_path, "--budget-per-period", "1", "--period", "2s")
+    args = device_args(
+        mosquitto, tmp_path, "--budget-per-period", "1", "--period", f"{PERIOD}s",
+        "--clock-offset", str(period_offset()),
+    )  # fmt: skip
     args.remove("--budget")
     args.remove("10")
     result = CliRunner().invoke(cli(), args, input="0.1,10,50,1000\n0.2,10,50,1000\n")
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == "published 2, refused by ledger 0, failed 0"
-    notes = result.stderr.splitlines()
-    assert notes
-    assert all(n.startswith("note: privacy budget of this period spent") for n in notes)
+    (note,) = result.stderr.splitlines()
+    assert note.startswith("note: privacy budget of this period spent: 1 of 1")
+    assert note.endswith(": waiting for it")
     rounds = [decode_report(m.payload)[2] for m in shuffler.wait_for(2)]
-    assert rounds[0] // 2 < rounds[1] // 2  # two periods of 2 s
+    assert rounds[0] // PERIOD + 1 == rounds[1] // PERIOD  # the next period
     data = json.loads((tmp_path / "ledger.json").read_text())
-    assert (data["period_seconds"], data["period"]) == (2, rounds[1] // 2)
+    assert (data["period_seconds"], data["period"]) == (PERIOD, rounds[1] // PERIOD)
     assert data["total_epsilon"] is None
 
 
