@@ -16,8 +16,10 @@ round ``floor(unix_time / round_seconds)`` (:mod:`edge.rounds`). The optional
 every batch (:mod:`edge.batch_auth`); an aggregator may take it from here or pin it in its
 own configuration. The optional ``shards`` (a list of one or two layouts,
 :mod:`edge.shards`) makes the deployment sharded: its shufflers' keys are then per shard, in
-the layouts, and ``batch_public_key`` must be absent. Any other key, or any mismatch, raises
-:class:`~edge.errors.SpecError`.
+the layouts, and ``batch_public_key`` must be absent. The optional ``participation`` (``q``,
+a number in ``(0, 1]``; absent means 1) is the probability with which a device reports in a
+round (:mod:`edge.participation`); a ``q`` outside ``(0, 1]`` is refused. Any other key, or
+any mismatch, raises :class:`~edge.errors.SpecError`.
 """
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ from typing import Any
 
 from edge.codec import U32_MAX
 from edge.errors import SpecError
+from edge.participation import check_participation
 from edge.rounds import check_round_seconds
 from edge.shards import ShardPlan
 from edge.spec import MechanismSpec
 
 PROTOCOL = "coco/v1"
 _KEYS = frozenset({"protocol", "spec", "min_batch", "delta", "round_seconds"})
-_OPTIONAL_KEYS = frozenset({"batch_public_key", "shards"})
+_OPTIONAL_KEYS = frozenset({"batch_public_key", "shards", "participation"})
 DEFAULT_ROUND_SECONDS = 60
 PUBLIC_KEY_HEX = 64
 
@@ -82,6 +85,21 @@ def _check_round_seconds(round_seconds: object) -> int:
         raise SpecError(str(exc)) from None
 
 
+def _check_participation(q: object) -> float:
+    try:
+        return check_participation(q)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
+def participation_of(announcement: dict[str, Any] | None) -> float:
+    """The participation probability ``q`` of a decoded announcement (1 when it has none, or
+    when there is no announcement)."""
+    if announcement is None:
+        return 1.0
+    return float(announcement.get("participation", 1.0))
+
+
 def _check_public_key(key: object) -> str:
     if (
         not isinstance(key, str)
@@ -102,8 +120,12 @@ def encode_announcement(
     round_seconds: int = DEFAULT_ROUND_SECONDS,
     batch_public_key: str | None = None,
     shards: ShardPlan | None = None,
+    participation: float = 1.0,
 ) -> bytes:
-    """The announcement payload for ``spec_dict`` (a :meth:`MechanismSpec.to_dict`)."""
+    """The announcement payload for ``spec_dict`` (a :meth:`MechanismSpec.to_dict`).
+
+    ``participation`` (``q``) is written only when below 1, so that an announcement without
+    sampling stays the bytes it always was."""
     message: dict[str, Any] = {
         "protocol": PROTOCOL,
         "spec": _checked_spec(spec_dict),
@@ -113,6 +135,8 @@ def encode_announcement(
     }
     if batch_public_key is not None:
         message["batch_public_key"] = _check_public_key(batch_public_key)
+    if _check_participation(participation) < 1:
+        message["participation"] = float(participation)
     if shards is not None:
         if batch_public_key is not None:
             raise SpecError(
@@ -124,7 +148,8 @@ def encode_announcement(
 
 def decode_announcement(payload: bytes) -> dict[str, Any]:
     """``{"protocol", "spec", "min_batch", "delta", "round_seconds"}`` (and
-    ``"batch_public_key"`` or ``"shards"`` when announced) of a valid announcement.
+    ``"batch_public_key"`` or ``"shards"``, and ``"participation"``, when announced) of a
+    valid announcement.
 
     ``spec`` is a checked :meth:`MechanismSpec.to_dict` (``MechanismSpec.from_dict`` turns it
     back into a spec); anything else raises :class:`~edge.errors.SpecError`.
@@ -151,6 +176,8 @@ def decode_announcement(payload: bytes) -> dict[str, Any]:
     }
     if "batch_public_key" in message:
         decoded["batch_public_key"] = _check_public_key(message["batch_public_key"])
+    if "participation" in message:
+        decoded["participation"] = _check_participation(message["participation"])
     if "shards" in message:
         if "batch_public_key" in message:
             raise SpecError(

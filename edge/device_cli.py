@@ -23,9 +23,17 @@ stops the run. Exit status (:data:`EXIT_FAILED`, :data:`EXIT_BUDGET_SPENT`):
 * 0: every row was published;
 * 1: a row failed or the run stopped on an error (a one-line ``error:`` on stderr, no
   traceback);
-* 4: nothing failed, but the ledger refused at least one row: the device's budget is spent
-  (``error: the privacy budget is spent ...`` on stderr). The ledger is never reset by the
-  tool, so every later run of this device exits 4 too.
+* 4: nothing failed, but the ledger's lifetime cap (``--budget``) refused at least one row:
+  the device's budget is spent (``error: the privacy budget is spent ...`` on stderr). The
+  ledger is never reset by the tool, so every later run of this device exits 4 too.
+
+Budget: ``--budget`` is a lifetime cap, ``--budget-per-period`` with ``--period`` (default
+``1d``) a cap per period of Unix time (period ``k`` is ``[k P, (k + 1) P)``); either or both
+(:mod:`edge.budget`). A row that the period cap refuses waits for the next period: stderr
+says so in one line naming when it starts (``note: privacy budget of this period spent: ...;
+the next period starts at 2025-08-01T00:00:00Z: waiting for it``), and the row is published
+then. A clock set back does not renew a period's budget. A device that should run for years
+uses a period cap (``--budget-per-period 1 --period 1d``), with or without a lifetime cap.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ from typing import Annotated, TextIO
 import typer
 
 from edge.announce import read_spec_file
+from edge.budget import PeriodPolicy
 from edge.cli_options import (
     DEFAULT_BROKER,
     DEFAULT_MQTT_VERSION,
@@ -73,6 +82,23 @@ def _floats(option: str, text: str) -> tuple[float, ...]:
         raise typer.BadParameter(
             f"must be comma-separated numbers, got {text!r}", param_hint=option
         ) from None
+
+
+def _period_policy(
+    budget: float | None, per_period: float | None, period: str
+) -> PeriodPolicy | None:
+    """The period cap of the options (``None`` without ``--budget-per-period``)."""
+    if budget is None and per_period is None:
+        raise typer.BadParameter(
+            "give --budget (a lifetime cap), --budget-per-period (a period cap) or both",
+            param_hint="--budget",
+        )
+    if per_period is None:
+        return None
+    try:
+        return PeriodPolicy.of(per_period, period)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--budget-per-period/--period") from None
 
 
 def _rows(stream: TextIO, channels: int) -> Iterator[tuple[int, list[str]]]:
@@ -121,8 +147,29 @@ def device(
         Path, typer.Option(envvar="COCO_LEDGER", help="Privacy-budget ledger file (JSON).")
     ],
     budget: Annotated[
-        float, typer.Option(envvar="COCO_BUDGET", help="Total local epsilon of this device.")
-    ],
+        float | None,
+        typer.Option(
+            envvar="COCO_BUDGET",
+            help="Lifetime cap: the total local epsilon of this device (once spent, the "
+            "device stops for good).",
+        ),
+    ] = None,
+    budget_per_period: Annotated[
+        float | None,
+        typer.Option(
+            envvar="COCO_BUDGET_PER_PERIOD",
+            help="Period cap: the local epsilon this device may spend per --period (once "
+            "spent, it waits for the next period).",
+        ),
+    ] = None,
+    period: Annotated[
+        str,
+        typer.Option(
+            envvar="COCO_PERIOD",
+            help="Length of a period of --budget-per-period: 1h, 1d, 7d ... (periods are "
+            "aligned on Unix time).",
+        ),
+    ] = "1d",
     broker: BrokerOption = DEFAULT_BROKER,
     spec: SpecFileOption = None,
     clip: Annotated[
@@ -175,8 +222,10 @@ def device(
 
     lo_values = _floats("--lo", lo)
     hi_values = _floats("--hi", hi)
+    policy = _period_policy(budget, budget_per_period, period)
     published = refused = failed = 0
     error: str | None = None
+    publisher: DevicePublisher | None = None
     try:
         config = PublisherConfig(
             broker=broker,
@@ -194,7 +243,7 @@ def device(
             spec_timeout=timeout,
         )
         given, file_round_seconds = (None, None) if spec is None else read_spec_file(spec)
-        book = BudgetLedger(ledger, total_epsilon=budget)
+        book = BudgetLedger(ledger, total_epsilon=budget, period=policy)
         publisher = DevicePublisher(
             config,
             ledger=book,
@@ -204,6 +253,7 @@ def device(
             clip=clip,
             round_seconds=file_round_seconds if round_seconds is None else round_seconds,
             clock=(lambda: time.time() + clock_offset) if clock_offset else time.time,
+            on_wait=lambda line: typer.echo(f"note: {line}", err=True),
         )
         with publisher, _Input(input_file) as stream:
             for number, cells in _rows(stream, len(lo_values)):
@@ -222,16 +272,24 @@ def device(
         error = f"{exc}; not reporting (set the clock, e.g. by NTP, first)"
     except (CocoError, ValueError, OSError) as exc:
         error = str(exc)
-    typer.echo(f"published {published}, refused by ledger {refused}, failed {failed}")
+    sat_out = 0 if publisher is None else publisher.sat_out
+    published -= sat_out
+    not_sampled = f", not sampled {sat_out}" if sat_out else ""
+    typer.echo(f"published {published}, refused by ledger {refused}, failed {failed}{not_sampled}")
     if error is not None:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(EXIT_FAILED)
     if failed:
         raise typer.Exit(EXIT_FAILED)
     if refused:
+        why = (
+            f"lifetime budget {budget:g}, {book.remaining:g} left"
+            if budget is not None
+            else f"a report costs more than the budget per period {budget_per_period:g}"
+        )
         typer.echo(
             f"error: the privacy budget is spent: the ledger {ledger} refused {refused} "
-            f"row(s) (budget {budget:g}, {book.remaining:g} left)",
+            f"row(s) ({why})",
             err=True,
         )
         raise typer.Exit(EXIT_BUDGET_SPENT)

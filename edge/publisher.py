@@ -9,10 +9,14 @@ every vector:
 1. encodes the readings with :class:`~edge.encoders.SensorEncoder` (or takes keys and signs
    that are already sparse),
 2. charges the device's :class:`~edge.ledger.BudgetLedger` ``spec.epsilon`` *before* anything
-   leaves the device (a crash after the charge wastes budget, never under-counts it),
+   leaves the device (a crash after the charge wastes budget, never under-counts it), in the
+   period holding the start of the report's round,
 3. randomises on the device path (:meth:`LocalMechanism.randomise_keys` with the ``secrets``
    CSPRNG: the report's privacy rests on randomness the network cannot predict),
-4. encodes the 16-byte report (:func:`edge.codec.encode_report`) for the current round and
+4. in a deployment that announces participation ``q < 1``, decides (before step 2) with the
+   ``secrets`` CSPRNG whether it reports in this round at all (:mod:`edge.participation`;
+   a round sat out is charged nothing),
+5. encodes the 16-byte report (:func:`edge.codec.encode_report`) for the current round and
    publishes it to its own ingress topic ``coco/v1/<deployment>/ingress/<device-id>`` (in
    a sharded deployment ``.../ingress/<shard label>/<device-id>``, the shard of the
    report's round: :mod:`edge.shards`), waiting for the PUBACK.
@@ -33,8 +37,11 @@ reconnect); the shuffler keeps one report per device per round, so a duplicate c
 nothing. (QoS 2 works too but buys nothing for that extra round trip; QoS 0 is
 accepted for experiments and then "delivered" only means "written to the socket".)
 
-Failures: ledger exhaustion is an expected, terminal state of a device, so the publish
-methods *return* ``False`` (and publish nothing). Everything else raises a subclass of
+Budget: when the ledger's period cap refuses a report, the publish waits for the next period
+(saying so in one line that names when it starts) and then publishes; a clock set back does
+not shorten the wait (:mod:`edge.budget`). When its lifetime cap refuses, that is an
+expected, terminal state of a device, so the publish methods *return* ``False`` (and publish
+nothing). Everything else raises a subclass of
 :class:`~edge.errors.CocoError`: :class:`PublisherError` for the broker (not connected
 within the timeout, no PUBACK within the timeout, PUBACK with an error reason),
 :class:`~edge.errors.SpecError` for a spec that does not match the announcement,
@@ -47,6 +54,7 @@ The connection, its client id and its reconnection are :mod:`edge.publisher_link
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -55,12 +63,14 @@ from typing import Self
 
 from edge import device
 from edge._mechanism import LocalMechanism
+from edge.announce import participation_of
 from edge.codec import encode_report
 from edge.encoders import SensorEncoder
 from edge.errors import InputError
 from edge.ledger import BudgetExhausted, BudgetLedger
+from edge.participation import participates
 from edge.publisher_link import BrokerLink, PublisherConfig, PublisherError
-from edge.rounds import current_round, seconds_to_next_round
+from edge.rounds import current_round, round_start, seconds_to_next_round
 from edge.shards import ShardPlan
 from edge.spec import MechanismSpec
 from edge.topics import ingress_topic
@@ -68,6 +78,9 @@ from edge.topics import ingress_topic
 __all__ = ["DevicePublisher", "PublisherConfig", "PublisherError"]
 
 logger = logging.getLogger(__name__)
+
+MAX_SLEEP = 60.0
+"""The longest single sleep of a wait for the next period (the clock is read again after)."""
 
 
 class DevicePublisher(BrokerLink):
@@ -80,7 +93,9 @@ class DevicePublisher(BrokerLink):
 
     ``round_seconds`` is the round length to use when no announcement is retained (it must
     equal the announced one when there is); ``clock`` returns Unix seconds (default
-    :func:`time.time`; tests give a fixed or offset clock).
+    :func:`time.time`; tests give a fixed or offset clock). ``on_wait`` receives the one line
+    said when a period cap makes a publish wait for the next period (default: a warning in
+    the log).
     """
 
     def __init__(
@@ -94,6 +109,7 @@ class DevicePublisher(BrokerLink):
         clip: bool = False,
         round_seconds: int | None = None,
         clock: Callable[[], float] = time.time,
+        on_wait: Callable[[str], None] | None = None,
     ) -> None:
         if (lo is None) != (hi is None):
             raise ValueError("give both lo and hi, or neither")
@@ -103,7 +119,10 @@ class DevicePublisher(BrokerLink):
         self._hi = None if hi is None else tuple(hi)
         self._clip = clip
         self._clock = clock
+        self._on_wait = on_wait or (lambda line: logger.warning("%s", line))
         self._last_round: int | None = None
+        self.sat_out = 0
+        """Rounds this publisher sat out by participation sampling (nothing charged or sent)."""
         self._topic = ingress_topic(config.deployment, config.device_id)
         """The unsharded ingress topic (a sharded deployment's depends on the round)."""
         self._publish_lock = threading.Lock()
@@ -123,6 +142,13 @@ class DevicePublisher(BrokerLink):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    @property
+    def participation(self) -> float:
+        """The announced participation probability ``q`` (1 without an announcement or
+        without the key)."""
+        with self._cond:
+            return participation_of(self._announcement)
 
     @property
     def last_round(self) -> int | None:
@@ -172,9 +198,11 @@ class DevicePublisher(BrokerLink):
 
         The round is the clock's (:func:`edge.rounds.current_round`); if this publisher
         already sent a report in it, this waits for the next round first. Returns ``True``
-        once the broker acknowledged the report and ``False`` (publishing nothing) when the
-        ledger has no budget left for it; raises otherwise (module doc), in particular
-        :class:`~edge.rounds.ClockError` when the clock is not set.
+        once the broker acknowledged the report, or when participation sampling (the
+        announced ``q``, :mod:`edge.participation`) has this device sit the round out
+        (nothing charged or sent; :attr:`sat_out` counts them), and ``False`` (publishing
+        nothing) when the ledger has no budget left for it; raises otherwise (module doc),
+        in particular :class:`~edge.rounds.ClockError` when the clock is not set.
         """
         spec = self.spec
         mechanism = self._mechanism
@@ -188,16 +216,20 @@ class DevicePublisher(BrokerLink):
         with self._publish_lock:
             self._check_announcement(spec)
             self._round_now()  # an unset clock fails before anything else
-            if not self.ledger.can_afford(spec.epsilon):  # no wait for a round it cannot use
-                logger.info("report not published: the ledger has no budget left for it")
+            if not self._wait_for_budget(spec.epsilon):  # no wait for a round it cannot use
                 return False
             self._next_round()  # wait (if need be) before the publish timeout starts
             deadline = time.monotonic() + self.config.publish_timeout
             self._wait_connected(self.config.publish_timeout)
             round_ = self._next_round()  # the round now, after any wait for the connection
             topic = self._topic_for(round_)  # before the charge: no budget for an unservable round
-            try:
-                self.ledger.charge(spec.epsilon)
+            if not participates(self.participation, secrets.randbits):
+                self._last_round = round_  # sat out: nothing charged, nothing sent
+                self.sat_out += 1
+                logger.debug("not sampled in round %d", round_)
+                return True
+            try:  # the report is charged to the period holding its round's start
+                self.ledger.charge(spec.epsilon, at=round_start(round_, self.round_seconds))
             except BudgetExhausted as exc:
                 logger.info("report for round %d not published: %s", round_, exc)
                 return False
@@ -213,6 +245,22 @@ class DevicePublisher(BrokerLink):
     def _round_now(self) -> int:
         """The clock's round now (:class:`~edge.rounds.ClockError` if the clock is unset)."""
         return current_round(self.round_seconds, self._clock())
+
+    def _wait_for_budget(self, epsilon: float) -> bool:
+        """``True`` once the ledger affords a report in the current round; ``False`` when its
+        lifetime cap refuses it (for good). A period cap that refuses it is waited out: one
+        line (``on_wait``) names when the next period starts, then this sleeps until then."""
+        while True:
+            round_ = self._round_now()
+            refusal = self.ledger.refusal(epsilon, at=round_start(round_, self.round_seconds))
+            if refusal is None:
+                return True
+            if refusal.renews_at is None:
+                logger.info("report not published: %s", refusal.message(epsilon))
+                return False
+            self._on_wait(f"{refusal.message(epsilon)}: waiting for it")
+            while (remaining := refusal.renews_at - self._clock()) > 0:
+                time.sleep(min(remaining, MAX_SLEEP))
 
     def _next_round(self) -> int:
         """The current round, after waiting for a round this publisher has not reported in."""

@@ -57,6 +57,8 @@ CORES: dict[str, tuple[str, ...]] = {
     # module (or package prefix) -> the shell modules or packages it must not import
     "edge.device": ("edge.publisher", "edge.publisher_link", "edge.device_cli"),
     "edge.codec": ("edge.publisher", "edge.publisher_link", "edge.device_cli"),
+    "edge.participation": ("edge.publisher", "edge.publisher_link", "edge.device_cli"),
+    "edge.budget": ("edge.ledger", "edge.publisher", "edge.publisher_link", "edge.device_cli"),
     "broker.core": ("broker.store", "broker.service"),
     "aggregator.service.core": (
         "aggregator.service.service",

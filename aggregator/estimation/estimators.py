@@ -381,10 +381,11 @@ def normal_count_threshold(confidence: float) -> float:
 
 
 def frequency_intervals(
-    count: ArrayLike, n: int, moments: ReportMoments, *, confidence: float
+    count: ArrayLike, n: int | NDArray[np.int64], moments: ReportMoments, *, confidence: float
 ) -> tuple[F64, F64, NDArray[np.bool_]]:
     """``(lo, hi, score)``: the frequency intervals of dimensions whose bucket counts
     ``sum_v`` are ``count`` after ``n`` reports; ``score[j]`` where the score interval was used.
+    ``n`` may be an array that broadcasts against ``count`` (one count per row of rows).
 
     ``E[V] = n (c0 + D f)`` and ``Var V = n (B + f (A - B))`` with ``D = d_freq``,
     ``A = var_v_nonzero``, ``B = var_v_zero``. Where the estimated variance (at the
@@ -399,6 +400,7 @@ def frequency_intervals(
     v = np.asarray(count, dtype=np.float64)
     z = z_score(confidence)
     d_freq, c0 = moments.d_freq, moments.c0
+    ns = np.broadcast_to(np.asarray(n), v.shape)  # one n, or one per row (estimate_rows)
     a_var, b_var = moments.var_v_nonzero, moments.var_v_zero
     freq = (v / n - c0) / d_freq
     f_plug = np.clip(freq, 0.0, 1.0)
@@ -408,10 +410,11 @@ def frequency_intervals(
     lo: F64 = freq - z * freq_se
     hi: F64 = freq + z * freq_se
     if score.any():
-        y = v[score] / n - c0
+        m = ns[score]
+        y = v[score] / m - c0
         qa = d_freq * d_freq  # qa f^2 - 2 qb f + qc <= 0
-        qb = y * d_freq + z * z * (a_var - b_var) / (2 * n)
-        qc = y * y - z * z * b_var / n
+        qb = y * d_freq + z * z * (a_var - b_var) / (2 * m)
+        qc = y * y - z * z * b_var / m
         # qb^2 - qa qc > 0 (the variance at f_hat is positive); stable roots q/qa and qc/q
         root = np.sqrt(np.maximum(qb * qb - qa * qc, 0.0))
         q = qb + np.where(qb >= 0, root, -root)
@@ -442,7 +445,7 @@ def fieller_interval(
     with np.errstate(divide="ignore", invalid="ignore"):
         q = b + np.where(b >= 0, 1.0, -1.0) * np.sqrt(disc)  # stable roots q/a and c/q
         roots = np.stack([q / a, c / q])
-    ends = np.array([-1.0, 1.0])[:, None] * np.ones_like(mean)
+    ends = np.array([-1.0, 1.0]).reshape((2,) + (1,) * np.ndim(mean)) * np.ones_like(mean)
     g = a * ends**2 - 2 * b * ends + c
     inside = real & np.isfinite(roots) & (np.abs(roots) <= 1.0)
     cand = np.concatenate([ends, roots])
@@ -476,10 +479,10 @@ def estimate(
     squared error but makes the estimates biased, with no closed-form standard error: the
     ``*_se`` are NaN and the intervals stay those of the raw estimates (:class:`Estimates`).
     """
-    z = z_score(confidence)
     spec, n = state.spec, state.n
     d = spec.d
     if n == 0:
+        z_score(confidence)  # a bad confidence is refused all the same
         nan = np.full(d, np.nan)
         return Estimates(
             n=0,
@@ -488,9 +491,77 @@ def estimate(
             freq_score=np.zeros(d, dtype=np.bool_),
             **dict.fromkeys(_ARRAY_FIELDS, nan),
         )
+    fields = _estimate_fields(
+        spec,
+        n,
+        state.sum_u,
+        state.sum_v,
+        confidence=confidence,
+        projection=projection,
+        signs_from_values=signs_from_values,
+    )
+    return Estimates(n=n, confidence=confidence, projected=projection, **fields)
+
+
+def estimate_rows(
+    spec: MechanismSpec,
+    n: NDArray[np.int64],
+    sum_u: NDArray[np.int64],
+    sum_v: NDArray[np.int64],
+    *,
+    confidence: float = 0.95,
+    signs_from_values: bool = False,
+) -> dict[str, NDArray[Any]]:
+    """The estimates of many states at once: row ``i`` of each array (``n`` of shape
+    ``(R,)``, the sums ``(R, d)``) is what :func:`estimate` gives for a state holding
+    ``n[i]``, ``sum_u[i]``, ``sum_v[i]``, bit for bit (the same element-wise operations,
+    broadcast over rows), rows of no report NaN. The sums may hold any ``k <= d`` columns
+    of the ``d`` (each dimension is estimated on its own): those dimensions' estimates.
+    Keys: the array fields of :class:`Estimates` and ``freq_score``, each ``(R, k)``; no
+    projection."""
+    counts = np.asarray(n, dtype=np.int64)
+    rows = len(counts)
+    shape = np.shape(sum_u)
+    if len(shape) != 2 or shape[0] != rows or shape[1] > spec.d or np.shape(sum_v) != shape:
+        raise ValueError(
+            f"sums of shape ({rows}, k <= {spec.d}) expected, got {shape} and {np.shape(sum_v)}"
+        )
+    empty = counts == 0
+    safe = np.where(empty, 1, counts)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        fields = _estimate_fields(
+            spec,
+            safe,
+            np.asarray(sum_u, dtype=np.int64),
+            np.asarray(sum_v, dtype=np.int64),
+            confidence=confidence,
+            projection=False,
+            signs_from_values=signs_from_values,
+        )
+    if empty.any():
+        for name in _ARRAY_FIELDS:
+            fields[name][empty] = np.nan
+        fields["freq_score"][empty] = False
+    return fields
+
+
+def _estimate_fields(
+    spec: MechanismSpec,
+    n: int | NDArray[np.int64],
+    sum_u: NDArray[np.int64],
+    sum_v: NDArray[np.int64],
+    *,
+    confidence: float,
+    projection: bool,
+    signs_from_values: bool,
+) -> dict[str, NDArray[Any]]:
+    """The arrays of :func:`estimate` (``n > 0``): element-wise, so ``n`` may be one count
+    per row of 2-D sums (:func:`estimate_rows`); ``projection`` only for one state."""
+    z = z_score(confidence)
+    d = spec.d
     mo = spec.moments
-    mean = state.sum_u / (n * mo.d_mean)
-    freq = (state.sum_v / n - mo.c0) / mo.d_freq
+    mean = sum_u / (n * mo.d_mean)
+    freq = (sum_v / n - mo.c0) / mo.d_freq
     f_plug = np.clip(freq, 0.0, 1.0)
     m_plug = np.clip(mean, -f_plug, f_plug)
     var_mean = mo.mean_variance(f_plug) / n
@@ -498,7 +569,7 @@ def estimate(
     cov = mo.mean_freq_covariance(m_plug) / n
     mean_se, freq_se = np.sqrt(var_mean), np.sqrt(var_freq)
     # Sign noise f (1 - theta^2) / n: a constant in V(theta) and -f/n in its theta^2 term.
-    sign_noise = f_plug / n if signs_from_values else np.zeros(d)
+    sign_noise = f_plug / n if signs_from_values else np.zeros_like(f_plug)
     cond_lo, cond_hi = fieller_interval(
         mean,
         freq,
@@ -507,7 +578,7 @@ def estimate(
         cov_unit=mo.mean_freq_covariance(f_plug) / n + sign_noise / 2,
         z=z,
     )
-    freq_lo, freq_hi, freq_score = frequency_intervals(state.sum_v, n, mo, confidence=confidence)
+    freq_lo, freq_hi, freq_score = frequency_intervals(sum_v, n, mo, confidence=confidence)
     intervals = {
         "mean_lo": mean - z * mean_se,
         "mean_hi": mean + z * mean_se,
@@ -517,6 +588,8 @@ def estimate(
         "cond_mean_hi": cond_hi,
     }
     if projection:
+        if np.ndim(mean) != 1:
+            raise ValueError("the projection is of one state's estimates")
         items = np.concatenate([(freq + mean) / 2, (freq - mean) / 2]) / spec.s
         proj = project_to_simplex(items) * spec.s
         mean = proj[:d] - proj[d:]
@@ -531,16 +604,13 @@ def estimate(
     cond_se[bad] = np.nan
     if projection:
         mean_se, freq_se, cond_se = (np.full(d, np.nan) for _ in range(3))
-    return Estimates(
-        n=n,
-        confidence=confidence,
-        projected=projection,
-        mean=mean,
-        mean_se=mean_se,
-        freq=freq,
-        freq_se=freq_se,
-        freq_score=freq_score,
-        cond_mean=cond,
-        cond_mean_se=cond_se,
+    return {
+        "mean": mean,
+        "mean_se": mean_se,
+        "freq": freq,
+        "freq_se": freq_se,
+        "freq_score": freq_score,
+        "cond_mean": cond,
+        "cond_mean_se": cond_se,
         **intervals,
-    )
+    }

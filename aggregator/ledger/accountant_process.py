@@ -87,6 +87,7 @@ __all__ = [
     "last_level",
     "level_now",
     "shutdown",
+    "submit_level",
     "worker_pid",
 ]
 
@@ -470,6 +471,13 @@ async def compute_curve(
     """:func:`~aggregator.ledger.levels.epsilon_curve` on ``grid``, in the accountant's process."""
     curve: dict[int, float] = await _call("curve", (spec, delta, tuple(grid)), timeout)
     return curve
+
+
+def submit_level(spec: MechanismSpec, delta: float, snapshot: Snapshot) -> Future[Any]:
+    """:meth:`PrivacyLedger.compute` of ``snapshot`` queued for the accountant's process,
+    from any thread (no event loop needed): a future of the :class:`PrivacyLevel`. It is
+    not remembered as a ledger's level (a window's participations are not the ledger's)."""
+    return _CALLS.submit("level", (spec, delta, snapshot))
 
 
 def last_level(snapshot: Snapshot) -> PrivacyLevel | None:

@@ -1,6 +1,6 @@
-"""``coco aggregator run | snapshot | trust | plot`` (:data:`aggregator_app`): the
-streaming service, an offline snapshot of its checkpoint, the pinned batch keys, and the
-series as a PNG (:mod:`aggregator.service.plot_cli`). ``coco privacy``
+"""``coco aggregator run | snapshot | series | trust | plot`` (:data:`aggregator_app`): the
+streaming service, an offline snapshot of its checkpoint, its estimates over time, the
+pinned batch keys, and the series as a PNG (:mod:`aggregator.service.plot_cli`). ``coco privacy``
 lives in :mod:`aggregator.ledger.privacy_cli`."""
 
 from __future__ import annotations
@@ -161,6 +161,13 @@ def aggregator_run(
             help="MQTT protocol: auto (5, else 3.1.1 if the broker refuses 5), 5 or 3.1.1.",
         ),
     ] = "auto",
+    window: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A window exported as coco_aggregator_window_* gauges: a duration (15m, 1h, "
+            "24h) or rK (the K newest rounds); repeat for more, at most 8.",
+        ),
+    ] = None,
     truth: Annotated[
         Path | None,
         typer.Option(
@@ -257,6 +264,7 @@ def aggregator_run(
             username=username,
             password=password,
             ca_file=ca_file,
+            windows=tuple(window or ()),
         )
     except (CocoError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
@@ -390,6 +398,66 @@ def aggregator_snapshot(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     typer.echo(json.dumps(document, indent=1))
+
+
+@aggregator_app.command("series")
+def aggregator_series(
+    url: Annotated[
+        str,
+        typer.Option(envvar="COCO_AGGREGATOR_URL", help="http://host:port of a service."),
+    ],
+    start: Annotated[
+        str | None, typer.Option("--from", help="Unix seconds: rows that end after it.")
+    ] = None,
+    end: Annotated[
+        str | None, typer.Option("--to", help="Unix seconds: rows that end at or before it.")
+    ] = None,
+    step: Annotated[
+        str | None, typer.Option(help="round (default), or a duration: 15m, 1h, 1d.")
+    ] = None,
+    dims: Annotated[str | None, typer.Option(help="Dimensions, e.g. 0,3,5 (default: all).")] = None,
+    form: Annotated[str, typer.Option("--format", help="json or csv.")] = "json",
+    timeout: Annotated[float, typer.Option(help="HTTP timeout in seconds.")] = 60.0,
+) -> None:
+    """Print the estimates over time (GET /series of a running service): one row per round
+    or step, each with its estimates and intervals (docs/estimates.md)."""
+    query = {
+        name: value
+        for name, value in (
+            ("from", start),
+            ("to", end),
+            ("step", step),
+            ("dims", dims),
+            ("format", form),
+        )
+        if value is not None
+    }
+    try:
+        text = read_series_url(url, query, timeout=timeout)
+    except CocoError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(text, nl=not text.endswith("\n"))
+
+
+def read_series_url(url: str, query: dict[str, str], *, timeout: float) -> str:
+    """The ``/series`` answer of the service at ``url`` (its base, or ``.../series``) for
+    ``query``; :class:`CocoError` (one line) with the service's own line for a 400."""
+    if not url.startswith(("http://", "https://")):
+        raise CocoError(f"--url must be http(s)://host:port, got {url!r}")
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path.rstrip("/")
+    path = path if path.endswith("/series") else path + "/series"
+    full = urllib.parse.urlunsplit(parts._replace(path=path, query=urllib.parse.urlencode(query)))
+    try:
+        with urllib.request.urlopen(full, timeout=timeout) as response:
+            return str(response.read().decode())
+    except urllib.error.HTTPError as exc:
+        with exc:
+            line = exc.read(1000).decode(errors="replace").strip().splitlines()
+        raise CocoError(f"{full}: HTTP {exc.code}: {line[0] if line else exc.reason}") from None
+    except urllib.error.URLError as exc:
+        raise CocoError(f"cannot read {full}: {exc.reason}") from None
 
 
 @aggregator_app.command("trust")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from aggregator.page.page_data import Channel, check_channels
+from aggregator.series.windows import Window, parse_windows
 from aggregator.service.core.keys import anchor_of
 from aggregator.service.core.silence import DEFAULT_SILENT_SHARD_ROUNDS
 from edge import mqtt_url, topics
@@ -141,7 +142,11 @@ class AggregatorConfig:
     one per dimension, where the deployment encodes readings with
     :class:`~edge.encoders.SensorEncoder`: ``/estimates`` and the live page then show each
     channel's mean in its physical unit. ``None``: dimensions ``x0``, ``x1``, ..."""
+    windows: Sequence[str] = ()
+    """Windows exported as ``coco_aggregator_window_*`` gauges (``--window 1h``, ``r10``; at
+    most :data:`~aggregator.series.windows.MAX_WINDOWS`); they need the round length."""
     exported_dims: tuple[int, ...] = field(init=False)
+    exported_windows: tuple[Window, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         mqtt_url.parse_broker_urls(self.broker)
@@ -179,6 +184,13 @@ class AggregatorConfig:
             raise ValueError(f"at most {MAX_METRICS_DIMS} metrics_dims, got {len(dims)}")
         object.__setattr__(self, "exported_dims", dims)
         self._check_channels()
+        self._check_windows()
+
+    def _check_windows(self) -> None:
+        windows = parse_windows(list(self.windows))  # QueryError is a ValueError
+        if windows and self.round_seconds is None:
+            raise ValueError("--window needs the round length (the announced round_seconds)")
+        object.__setattr__(self, "exported_windows", windows)
 
     def _check_channels(self) -> None:
         if self.channels is not None:

@@ -8,12 +8,13 @@ live page at ``/``
 (:mod:`aggregator.page.live_page`), ``/metrics`` (Prometheus text format) and
 ``/estimates`` (JSON: spec, n, estimates, certified central epsilon for the smallest and the
 latest batch, delta, the counters and the retained horizon; rebuilt for every request, so
-they never lag ``/metrics``) and, SIMULATION ONLY, ``/truth`` (a simulated fleet's per-round
-ground truth: :mod:`aggregator.service.truth_file`). It is a stdlib ``ThreadingHTTPServer``
-in a daemon thread:
-the handler asks the event loop for a fresh snapshot (an immutable document the loop
-replaces; :mod:`aggregator.service.publishing`) and waits for it, so no lock is needed
-and a slow scraper never blocks the event loop.
+they never lag ``/metrics``), and the series: ``/series`` and ``/estimates?window=W``
+(:mod:`aggregator.service.series_view`, written piece by piece; 400 with one line for a
+malformed query, 404 where the service keeps no series), and, SIMULATION ONLY, ``/truth`` (a
+simulated fleet's per-round ground truth: :mod:`aggregator.service.truth_file`). It is a stdlib
+``ThreadingHTTPServer`` in a daemon thread: the handler asks the event loop for a fresh
+snapshot (an immutable document the loop replaces; :mod:`aggregator.service.publishing`)
+and waits for it, so no lock is needed and a slow scraper never blocks the event loop.
 
 What it serves is a :class:`Source` (the registry and the callables behind ``/estimates``,
 ``/ready`` and the recovery gate), which :meth:`MetricsServer.serve` replaces on the live
@@ -30,10 +31,11 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Callable
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -41,6 +43,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from aggregator.page.live_page import CONTENT_SECURITY_POLICY, PAGE
 from aggregator.service.metrics import ready_gauge
 from edge.errors import CocoError
+
+if TYPE_CHECKING:
+    from aggregator.service.series_view import Reply
 
 __all__ = ["MetricsServer", "Source"]
 
@@ -64,10 +69,14 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
+        path, _, query = self.path.partition("?")
+        params = urllib.parse.parse_qs(query, keep_blank_values=True)
         headers: dict[str, str] = {}
         source = self.server.source  # read once: a switch of source never splits a request
         recovered = source.recovered()
+        if path == "/series" or (path == "/estimates" and "window" in params):
+            self._query(source, path, params, recovered)
+            return
         try:
             if path == "/ready":
                 why = None if source.ready() else source.not_ready() or ""
@@ -100,17 +109,52 @@ class _Handler(BaseHTTPRequestHandler):
                 body = json.dumps(source.estimates()).encode()
                 content_type = "application/json"
             elif path == "/truth":
-                status, content_type, body = _truth(source, self.path)
+                status, content_type, body = _truth(source, query)
                 self._send(status, body, content_type, {"Cache-Control": "no-cache"})
                 return
             else:
-                self.send_error(404, "try /, /metrics, /estimates or /ready")
+                self.send_error(404, "try /, /metrics, /estimates, /series or /ready")
                 return
         except Exception:  # a failing snapshot must not kill the server thread
             logger.exception("error serving %s", path)
             self.send_error(500)
             return
         self._send(200, body, content_type, headers)
+
+    def _query(
+        self, source: Source, path: str, params: dict[str, list[str]], recovered: bool
+    ) -> None:
+        """``/series`` and ``/estimates?window=W``: the source's :class:`Reply`, written
+        piece by piece (its length is not known before; the connection closes after it)."""
+        if source.query is None:
+            self._send(404, b"no series here\n", "text/plain; charset=utf-8", {})
+            return
+        if not recovered:
+            self._send(503, b"recovering the checkpoint\n", "text/plain; charset=utf-8", {})
+            return
+        try:
+            reply = source.query(path, params)
+        except Exception:  # a failing query must not kill the server thread
+            logger.exception("error serving %s", path)
+            self.send_error(500)
+            return
+        body = reply.body
+        try:
+            self.send_response(reply.status)
+            self.send_header("Content-Type", reply.content_type)
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
+            for piece in body:
+                self.wfile.write(piece)
+        except _GONE:
+            self.close_connection = True
+        except Exception:  # the head is out: end the answer short, keep serving
+            logger.exception("error writing %s", path)
+            self.close_connection = True
+        finally:
+            close = getattr(body, "close", None)
+            if close is not None:
+                close()
 
     def _send(self, status: int, body: bytes, content_type: str, headers: dict[str, str]) -> None:
         self.send_response(status)
@@ -125,12 +169,11 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("http: " + format, *args)
 
 
-def _truth(source: Source, target: str) -> tuple[int, str, bytes]:
+def _truth(source: Source, query: str) -> tuple[int, str, bytes]:
     """``/truth``: the source's answer, or a 404 where it has no simulation truth."""
     if source.truth is None:
         line = "no simulation truth: the aggregator was started without --truth (simulation only)"
         return 404, "text/plain; charset=utf-8", f"{line}\n".encode()
-    query = target.split("?", 1)[1] if "?" in target else ""
     return source.truth(query, time.time())
 
 
@@ -144,6 +187,9 @@ class Source:
     ready: Callable[[], bool] = lambda: True
     recovered: Callable[[], bool] = lambda: True
     not_ready: Callable[[], str | None] = lambda: None
+    query: Callable[[str, Mapping[str, Sequence[str]]], Reply] | None = None
+    """``/series`` and ``/estimates?window=W`` (path, query parameters);
+    :meth:`aggregator.service.series_view.SeriesView.answer`. ``None``: 404."""
     truth: Callable[[str, float], tuple[int, str, bytes]] | None = None
     """SIMULATION ONLY: ``/truth`` (query, now) -> (status, content type, body), with
     ``--truth`` (:mod:`aggregator.service.truth_file`); ``None``: 404."""
@@ -178,10 +224,11 @@ class MetricsServer:
         ready: Callable[[], bool] = lambda: True,
         recovered: Callable[[], bool] = lambda: True,
         not_ready: Callable[[], str | None] = lambda: None,
+        query: Callable[[str, Mapping[str, Sequence[str]]], Reply] | None = None,
         truth: Callable[[str, float], tuple[int, str, bytes]] | None = None,
         option: str = "--metrics-port (COCO_METRICS_PORT)",
     ) -> None:
-        source = Source(registry, estimates, ready, recovered, not_ready, truth)
+        source = Source(registry, estimates, ready, recovered, not_ready, query, truth)
         try:
             self._server = _Server((host, port), source)
         except OSError as exc:

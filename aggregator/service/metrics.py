@@ -123,6 +123,8 @@ session another aggregator took over (``taken_over``: that checkpoint is not wri
 the batches count once, at the new holder). The broker redelivers all of them to the
 persistent session."""
 
+BAD_REQUEST_ENDPOINTS = ("series", "estimates")
+"""Every ``endpoint`` label of ``coco_aggregator_http_bad_requests_total``."""
 CURVE_MAX_N = 10_000_000
 """Largest batch size of the epsilon curve."""
 CURVE_DEFAULT_START = 100
@@ -169,9 +171,11 @@ class AggregatorMetrics:
         spec: MechanismSpec,
         dims: Sequence[int],
         epsilon_target: float | None = None,
+        windows: Sequence[str] = (),
     ) -> None:
         self.registry = registry
         self.dims = tuple(dims)
+        self.windows = tuple(windows)
         self._children: list[tuple[Gauge, Gauge, Gauge]] | None = None
         p = "coco_aggregator"
         self.reports = Counter(
@@ -351,6 +355,7 @@ class AggregatorMetrics:
             "Generation of the newest checkpoint written or recovered (0: none yet).",
             registry=registry,
         )
+        self._window_gauges(registry)
         self.info = Info(f"{p}_mechanism", "The mechanism in force.", registry=registry)
         self.last_batch = Gauge(
             f"{p}_last_batch_timestamp_seconds",
@@ -367,6 +372,66 @@ class AggregatorMetrics:
                 "fingerprint": spec.fingerprint,
             }
         )
+
+    def _window_gauges(self, registry: CollectorRegistry) -> None:
+        p = "coco_aggregator"
+        self.window_mean = Gauge(
+            f"{p}_window_estimate_mean",
+            "Estimated mean of x_j over the rounds of a configured window (--window): the "
+            "rounds whose end lies within the window, or the r newest.",
+            ["window", "dim"],
+            registry=registry,
+        )
+        self.window_mean_halfwidth = Gauge(
+            f"{p}_window_estimate_mean_halfwidth",
+            "Half-width of the confidence interval of a window's mean.",
+            ["window", "dim"],
+            registry=registry,
+        )
+        self.window_n = Gauge(
+            f"{p}_window_n",
+            "Reports in the rounds of a configured window.",
+            ["window"],
+            registry=registry,
+        )
+        self.window_epsilon_total = Gauge(
+            f"{p}_window_epsilon_total",
+            "Composed central epsilon (at delta) of a device present in every round of a "
+            "configured window, each round at its smallest release (NaN until computed, "
+            "and for an empty window).",
+            ["window"],
+            registry=registry,
+        )
+        self.bad_requests = Counter(
+            f"{p}_http_bad_requests",
+            "HTTP queries refused as malformed (400: a bad window, from/to, step, dims or "
+            "format), by endpoint.",
+            ["endpoint"],
+            registry=registry,
+        )
+        for endpoint in BAD_REQUEST_ENDPOINTS:
+            self.bad_requests.labels(endpoint=endpoint)
+        for window in self.windows:
+            self.set_window(window, None, epsilon_total=None)
+
+    def set_window(
+        self, window: str, estimates: Estimates | None, *, epsilon_total: float | None
+    ) -> None:
+        """Export a configured window's estimates of the bounded set of dimensions (NaN for
+        an empty window, ``None``) and its epsilon_total (NaN while unknown)."""
+        self.window_n.labels(window=window).set(0 if estimates is None else estimates.n)
+        self.window_epsilon_total.labels(window=window).set(
+            np.nan if epsilon_total is None else epsilon_total
+        )
+        dims = list(self.dims)
+        if estimates is None:
+            means = halfwidths = [np.nan] * len(dims)
+        else:
+            means = estimates.mean[dims].tolist()
+            halfwidths = estimates.mean_halfwidth[dims].tolist()
+        for j, mean, half in zip(dims, means, halfwidths, strict=True):
+            self.window_mean.labels(window=window, dim=str(j)).set(mean)
+            self.window_mean_halfwidth.labels(window=window, dim=str(j)).set(half)
 
     def sync(self, core: AggregatorCore) -> None:
         """Bring every counter up to the core's counts (which continue across restarts

@@ -20,12 +20,13 @@ both from :mod:`aggregator.page.page_data`).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client.registry import Collector
 
@@ -41,9 +42,11 @@ from aggregator.service.core.binding import check_binding
 from aggregator.service.core.checkpoint import Counters
 from aggregator.service.core.rules import AggregatorCore
 from aggregator.service.metrics import AggregatorMetrics, epsilon_curve_grid
+from aggregator.service.series_view import SeriesView
 from edge.errors import CocoError
 
 logger = logging.getLogger("aggregator.service")
+T = TypeVar("T")
 
 REQUEST_WAIT = 5.0
 """Seconds a scrape or ``/estimates`` request waits for the event loop (and for an
@@ -108,6 +111,8 @@ class Publisher:
         self._loop_thread: int | None = None
         self._computing: int | None = None
         """The ledger generation of the level being computed."""
+        self.series = SeriesView(self)
+        """``/series``, the windows and their gauges (:mod:`aggregator.service.series_view`)."""
 
     def bind_loop(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -169,6 +174,37 @@ class Publisher:
             return
         done.wait(REQUEST_WAIT)
 
+    def snapshot(self) -> dict[str, Any]:
+        """The current ``/estimates`` document, brought up to date first."""
+        self.refresh()
+        return self.document
+
+    def on_loop(self, call: Callable[[], T]) -> T:
+        """``call()`` on the event loop that owns the state (here when this is its thread, or
+        it does not run), waited for up to :data:`REQUEST_WAIT`: :class:`TimeoutError` if
+        the loop did not run it by then."""
+        loop = self._loop
+        if loop is None or not loop.is_running() or self._loop_thread == threading.get_ident():
+            return call()
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except BaseException as exc:  # handed to the caller
+                    future.set_exception(exc)
+
+        try:
+            loop.call_soon_threadsafe(run)
+        except RuntimeError:  # the loop closed meanwhile: nothing changes the state now
+            return call()
+        try:
+            return future.result(REQUEST_WAIT)
+        except TimeoutError:
+            future.cancel()
+            raise
+
     def publish(self) -> None:
         """Rebuild the estimates, the gauges and the ``/estimates`` document (a new dict: the
         HTTP thread reads the old one whole) if anything changed. O(d) plus at most
@@ -181,6 +217,7 @@ class Publisher:
         core.changed = False  # before reading: a change from another thread re-marks it
         estimates = core.state.estimate(confidence=self.config.confidence)
         self.metrics.set_estimates(estimates)
+        self.series.publish()
         # the sizes behind the epsilons: the smallest participation ever and the newest
         # round's (each round at its smallest release, applied here or not)
         smallest, latest = core.ledger.smallest, core.ledger.latest
@@ -292,6 +329,8 @@ class Publisher:
             if generation not in (self.level.generation, self._computing):
                 self.settled.clear()
                 self.privacy_dirty.set()
+            if self.series.due():  # a window's oldest round left it
+                self.core.changed = True
             self.publish()
 
     async def export_epsilon_curve(self) -> None:

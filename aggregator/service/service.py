@@ -149,6 +149,7 @@ class Aggregator:
             spec=self.spec,
             dims=config.exported_dims,
             epsilon_target=config.epsilon_target,
+            windows=[window.spec for window in config.exported_windows],
         )
         self.metrics.delta.set(config.delta)
         self.metrics.min_batch.set(config.min_batch)
@@ -324,6 +325,7 @@ class Aggregator:
                         ready=lambda: self.ready,
                         recovered=lambda: self.recovered,
                         not_ready=self.not_ready,
+                        query=self.publisher.series.answer,
                         truth=self.truth,
                     )
                 )
@@ -336,6 +338,7 @@ class Aggregator:
                     ready=lambda: self.ready,
                     recovered=lambda: self.recovered,
                     not_ready=self.not_ready,
+                    query=self.publisher.series.answer,
                     truth=self.truth,
                 )
                 self._http.start()
@@ -468,7 +471,13 @@ class Aggregator:
             self._release_lock()
             if self._lent_http is not None and self.recovered:  # the final state, served on
                 self._lent_http.serve(
-                    Source(self.registry, self.snapshot, ready=lambda: False, truth=self.truth)
+                    Source(
+                        self.registry,
+                        self.snapshot,
+                        ready=lambda: False,
+                        query=self.publisher.series.answer,
+                        truth=self.truth,
+                    )
                 )
             self.recovered = False
             self._entered = self.publisher.entered = False

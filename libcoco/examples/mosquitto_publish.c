@@ -88,7 +88,8 @@ static int file_load(void *ctx, uint8_t record[COCO_LEDGER_RECORD_SIZE]) {
     }
     n = fread(record, 1, COCO_LEDGER_RECORD_SIZE, f);
     fclose(f);
-    return n == COCO_LEDGER_RECORD_SIZE ? 0 : -1;
+    /* a record of an older libcoco has 24 bytes (version 1): the ledger reads it */
+    return n == COCO_LEDGER_RECORD_SIZE || n == COCO_LEDGER_V1_RECORD_SIZE ? 0 : -1;
 }
 
 static int file_store_record(void *ctx, const uint8_t record[COCO_LEDGER_RECORD_SIZE]) {

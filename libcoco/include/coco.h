@@ -101,7 +101,8 @@ enum coco_status {
     COCO_ERR_BAD_KIND = -27,         /* wire: "bad_kind" */
     COCO_ERR_BAD_COUNT = -28,        /* wire: "bad_count" */
     COCO_ERR_BAD_FIELD = -29,        /* wire: "bad_field" (a field out of range when encoding) */
-    COCO_ERR_ARG = -30               /* another argument out of its documented range */
+    COCO_ERR_ARG = -30,              /* another argument out of its documented range */
+    COCO_ERR_PERIOD_BUDGET = -31     /* the ledger refuses the charge: this period's budget is spent */
 };
 
 /* The name of a status code: "ok", "null", ..., the wire reasons "bad_length" etc. exactly as
@@ -293,12 +294,14 @@ typedef struct coco_announcement {
     uint8_t batch_public_key[COCO_PUBLIC_KEY_SIZE]; /* raw RFC 8032 Ed25519 key */
     uint8_t layout_count;                           /* 0: unsharded */
     coco_shard_layout layouts[COCO_MAX_LAYOUTS];    /* sorted by from_round */
+    /* participation q in units of 2^-32, rounded down: 2^32 (q = 1) when not announced */
+    uint64_t participation_units;
 } coco_announcement;
 
 /* Parses the retained announcement (UTF-8 JSON of len bytes, not NUL-terminated) in
  * constant memory, without recursion or malloc. Checks every key of protocol 10.5 and of the
  * optional shards layouts: required keys present, no unknown or repeated key, integers in
- * range, the spec's fields (coco_spec_check), hash_version 1 (else
+ * range (the optional participation q in (0, 1]), the spec's fields (coco_spec_check), hash_version 1 (else
  * COCO_ERR_SPEC_HASH_VERSION), unit_weight 2^24, the fingerprint against SHA-256 of the
  * canonical string (COCO_ERR_FINGERPRINT), and epsilon against exp_eps_weight
  * (ln(E/U) <= epsilon < ln((E+1)/U), up to 2^-16, with an integer logarithm). Not checked
@@ -307,6 +310,12 @@ typedef struct coco_announcement {
  * code: COCO_ERR_JSON for syntax, COCO_ERR_ANNOUNCEMENT for a key or value. *out is valid
  * only on COCO_OK. */
 int coco_announcement_parse(const uint8_t *json, size_t len, coco_announcement *out);
+
+/* Participation sampling (protocol 12.2): whether the device reports in this round, decided
+ * once at the start of the round from the CSPRNG: *yes = 1 if a fresh 32-bit word is below
+ * a->participation_units (probability q rounded down to 2^-32), else 0. Draws nothing when
+ * q = 1. A device that sits a round out charges nothing and sends nothing. */
+int coco_participates(const coco_announcement *a, const coco_rng *rng, int *yes);
 
 /* A decimal JSON number (e.g. "0.5", "1e-05") in units of 2^-32, rounded up (round_up != 0)
  * or down, exactly, in integer arithmetic. COCO_ERR_ARG for text that is not exactly one
@@ -341,12 +350,23 @@ int coco_device_ingress_topic(const coco_announcement *a, const char *deployment
  * ------------------------------------------------------------------------------------- */
 
 /* Budgets are counted in units of 2^-32 epsilon. A charge is the report's epsilon rounded
- * up (coco_announcement.epsilon_units), a total is rounded down, so the ledger never spends
+ * up (coco_announcement.epsilon_units), a cap is rounded down, so the ledger never spends
  * more than edge/ledger.py's exact arithmetic would allow (exactly the same for epsilons
- * that are multiples of 2^-32, such as 0.5 or 1). */
-#define COCO_LEDGER_RECORD_SIZE 24
+ * that are multiples of 2^-32, such as 0.5 or 1).
+ *
+ * Two caps, either or both (protocol 12.1): a lifetime cap total_units (UINT64_MAX: none),
+ * refused with COCO_ERR_BUDGET for good; and a period cap of period_units per period of
+ * period_seconds, periods aligned on Unix time (period k = [k P, (k + 1) P)), refused with
+ * COCO_ERR_PERIOD_BUDGET until the next period (coco_ledger_renews_at). A charge goes to the
+ * period of the ledger's time (coco_ledger_set_time: the start of the report's round,
+ * round * round_seconds); a time in a period below the highest one charged is charged to
+ * that highest one, so a clock set back never renews a budget. */
+#define COCO_LEDGER_RECORD_SIZE 40
+/* The version-1 record (lifetime only), still read: storage written by an older libcoco
+ * holds 24 bytes, and load may return them followed by anything. */
+#define COCO_LEDGER_V1_RECORD_SIZE 24
 
-/* Persistent storage for one 24-byte record (a flash page, EEPROM, a file). load returns 0
+/* Persistent storage for one 40-byte record (a flash page, EEPROM, a file). load returns 0
  * with the record, 1 when nothing was ever stored (a new device), anything else on error.
  * store returns 0 only once the record is durable (written and flushed: a crash after it
  * returns must not lose it). */
@@ -358,23 +378,47 @@ typedef struct coco_ledger_io {
 
 typedef struct coco_ledger {
     coco_ledger_io io;
-    uint64_t total_units;
-    uint64_t spent_units;
+    uint64_t total_units;        /* the lifetime cap in force */
+    uint64_t spent_units;        /* spent in the device's life */
     uint32_t reports;
+    uint32_t cap_seconds;        /* the period cap in force: its period length, 0 for none */
+    uint64_t cap_units;          /* ... and its budget per period */
+    uint32_t period_seconds;     /* the length the period history was kept with (0: none) */
+    uint32_t period;             /* the highest period index charged */
+    uint64_t period_spent_units; /* what that period spent */
+    int64_t now;                 /* Unix time of the next charge (coco_ledger_set_time) */
 } coco_ledger;
 
 /* Loads the stored record (COCO_ERR_LEDGER_CORRUPT if it fails its checks: the ledger is
- * never silently reset) or starts and stores a new one. */
+ * never silently reset) or starts and stores a new one; a lifetime cap only. */
 int coco_ledger_open(coco_ledger *ledger, const coco_ledger_io *io, uint64_t total_units);
-/* Records one report of cost_units: COCO_ERR_BUDGET (nothing recorded) if spent + cost would
- * exceed the total, COCO_ERR_STORAGE (nothing recorded) if the record cannot be stored. */
+/* As coco_ledger_open, with a period cap of period_units per period_seconds (1 to 31622400,
+ * 366 days; 0: no period cap). A record kept with another period length carries its
+ * period's spending to the new period holding the last second of the old one. */
+int coco_ledger_open_period(coco_ledger *ledger, const coco_ledger_io *io, uint64_t total_units,
+                            uint32_t period_seconds, uint64_t period_units);
+/* The Unix time the next charges are made at: the start of the report's round. Needed
+ * under a period cap (a charge before it is COCO_ERR_CLOCK); COCO_ERR_CLOCK before
+ * 2025-01-01. */
+int coco_ledger_set_time(coco_ledger *ledger, int64_t unix_seconds);
+/* Records one report of cost_units at the ledger's time: COCO_ERR_BUDGET (lifetime cap) or
+ * COCO_ERR_PERIOD_BUDGET (period cap), nothing recorded, if spent + cost would exceed a cap
+ * (the lifetime cap is checked first); COCO_ERR_STORAGE (nothing recorded) if the record
+ * cannot be stored. */
 int coco_ledger_charge(coco_ledger *ledger, uint64_t cost_units);
+/* coco_ledger_set_time, then coco_ledger_charge. */
+int coco_ledger_charge_at(coco_ledger *ledger, uint64_t cost_units, int64_t unix_seconds);
+/* When the period a charge at the ledger's time goes to ends: the Unix time a device refused
+ * with COCO_ERR_PERIOD_BUDGET waits for (COCO_ERR_ARG without a period cap). A cap below one
+ * report's cost never fits, whatever the period: check cost <= cap once at start-up. */
+int coco_ledger_renews_at(const coco_ledger *ledger, int64_t *unix_seconds);
 
 /* ---------------------------------------------------------------------------------------
  * One report, start to finish
  * ------------------------------------------------------------------------------------- */
 
-/* Checks the spec and the input, charges the ledger (durably, before anything is drawn),
+/* Checks the spec and the input, charges the ledger (durably, before anything is drawn, at
+ * the ledger's time: under a period cap call coco_ledger_set_time first),
  * draws a fresh seed, randomises and encodes the 16-byte report of `round` into out.
  * A retry of an unacknowledged publish MUST resend these same bytes, never call this again
  * for the same reading (protocol 11.4). */

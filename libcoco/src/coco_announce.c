@@ -424,7 +424,8 @@ static int shards(cursor *c, coco_announcement *a) {
 /* --- the root object ---------------------------------------------------------------- */
 
 static const char *const ROOT_KEYS[] = {"protocol",      "spec",             "min_batch", "delta",
-                                        "round_seconds", "batch_public_key", "shards"};
+                                        "round_seconds", "batch_public_key", "shards",
+                                        "participation"};
 
 static int root_member(cursor *c, int index, void *state) {
     parse_state *st = (parse_state *)state;
@@ -457,8 +458,19 @@ static int root_member(cursor *c, int index, void *state) {
     case 5:
         a->has_batch_public_key = 1;
         return hex_string(c, COCO_PUBLIC_KEY_SIZE, a->batch_public_key);
-    default:
+    case 6:
         return shards(c, a);
+    default: { /* participation: 0 < q <= 1, kept as floor(q 2^32) */
+        cursor start;
+        start.p = c->p;
+        start.end = c->end;
+        rc = decimal_value(c, 1, &up);
+        if (rc == COCO_OK) {
+            rc = decimal_value(&start, 0, &a->participation_units);
+        }
+        return rc == COCO_OK && (up == 0 || up > (COCO_U64(1) << 32)) ? COCO_ERR_ANNOUNCEMENT
+                                                                      : rc;
+    }
     }
 }
 
@@ -480,7 +492,8 @@ int coco_announcement_parse(const uint8_t *json, size_t len, coco_announcement *
     }
     st.a = out;
     st.epsilon_down = 0;
-    rc = object(&c, ROOT_KEYS, 7, 0x1Fu, root_member, &st);
+    out->participation_units = COCO_U64(1) << 32; /* absent: q = 1 */
+    rc = object(&c, ROOT_KEYS, 8, 0x1Fu, root_member, &st);
     if (rc == COCO_OK && peek(&c) >= 0) {
         rc = COCO_ERR_JSON; /* trailing data */
     }

@@ -297,3 +297,20 @@ int coco_make_report(const coco_spec *spec, uint32_t round, const uint32_t *keys
     }
     return rc;
 }
+
+int coco_participates(const coco_announcement *a, const coco_rng *rng, int *yes) {
+    uint32_t word;
+    int rc;
+    if (a == NULL || rng == NULL || rng->fill == NULL || yes == NULL) {
+        return COCO_ERR_NULL;
+    }
+    if (a->participation_units >= (COCO_U64(1) << 32)) {
+        *yes = 1; /* q = 1: no draw */
+        return COCO_OK;
+    }
+    rc = coco_random_u32(rng, &word);
+    if (rc == COCO_OK) {
+        *yes = word < a->participation_units;
+    }
+    return rc;
+}

@@ -10,7 +10,7 @@ const char *coco_strerror(int status) {
         "round_seconds", "json",         "announcement",   "fingerprint",   "name",
         "buffer",       "no_layout",     "budget",         "storage",       "ledger_corrupt",
         "bad_length",   "bad_version",   "bad_kind",       "bad_count",     "bad_field",
-        "arg"};
+        "arg",          "period_budget"};
     if (status > 0 || status < -(int)(sizeof names / sizeof names[0]) + 1) {
         return "unknown";
     }

@@ -26,12 +26,13 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from typer.testing import CliRunner
 
 from edge.announce import encode_announcement
+from edge.budget import PeriodPolicy
 from edge.codec import REPORT_SIZE, decode_report
 from edge.device_cli import EXIT_BUDGET_SPENT, device
 from edge.errors import InputError, SpecError
 from edge.ledger import BudgetLedger
 from edge.publisher import DevicePublisher, PublisherConfig, PublisherError
-from edge.rounds import ClockError, current_round
+from edge.rounds import ClockError, current_round, round_start
 from edge.shards import ShardLayout, ShardPlan
 from edge.spec import MechanismSpec
 from edge.topics import ingress_filter, ingress_topic, spec_topic
@@ -127,7 +128,11 @@ def shuffler(mosquitto: Broker, tmp_path: Path) -> Iterator[Shuffler]:
 
 
 def announce(
-    broker: Broker, spec: MechanismSpec, round_seconds: int = 1, shards: ShardPlan | None = None
+    broker: Broker,
+    spec: MechanismSpec,
+    round_seconds: int = 1,
+    shards: ShardPlan | None = None,
+    participation: float = 1.0,
 ) -> None:
     """Publish the retained spec announcement and wait for the broker to accept it."""
     client = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2)
@@ -135,7 +140,12 @@ def announce(
     client.loop_start()
     try:
         payload = encode_announcement(
-            spec.to_dict(), min_batch=10, delta=1e-6, round_seconds=round_seconds, shards=shards
+            spec.to_dict(),
+            min_batch=10,
+            delta=1e-6,
+            round_seconds=round_seconds,
+            shards=shards,
+            participation=participation,
         )
         info = client.publish(spec_topic(DEPLOYMENT), payload, qos=1, retain=True)
         info.wait_for_publish(waiting.scaled(WAIT))
@@ -366,6 +376,73 @@ def test_ledger_refuses_and_nothing_is_published(
     assert (ledger.reports, ledger.remaining) == (2, 0.0)
 
 
+PERIOD = 6  # seconds: a period cap's test period, of 1-s rounds
+
+
+def period_offset() -> float:
+    """A clock offset that puts the shifted clock 0.2 s into a period of PERIOD seconds now,
+    so that a first report and the next row fall in one period (a loaded machine has
+    PERIOD - 0.2 s to get there), whatever the wall clock reads."""
+    now = time.time()
+    return PERIOD - now % PERIOD + 0.2
+
+
+def test_a_spent_period_waits_for_the_next_period_and_says_so(
+    mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
+) -> None:
+    """A period cap of one report per 6-s period with 1-s rounds, on a clock shifted to
+    start just after a period boundary: every publish succeeds, each in its own period, and
+    each wait is announced in one line naming when the next period starts; the lifetime cap
+    then refuses for good."""
+    period = PeriodPolicy.of(SPEC.epsilon, f"{PERIOD}s")
+    offset = period_offset()
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=3 * SPEC.epsilon, period=period)
+    said: list[str] = []
+    with DevicePublisher(
+        config(mosquitto),
+        ledger=ledger,
+        spec=SPEC,
+        round_seconds=1,
+        on_wait=said.append,
+        clock=lambda: time.time() + offset,
+    ) as pub:
+        rounds = []
+        for _ in range(3):
+            assert pub.publish_keys([0, 1], [1, 1]) is True
+            assert pub.last_round is not None
+            rounds.append(pub.last_round)
+        assert pub.publish_keys([0, 1], [1, 1]) is False  # the lifetime cap: no wait
+    periods = [period.index(round_start(r, 1)) for r in rounds]
+    assert periods == sorted(set(periods))  # one report per period
+    assert len(said) == 2  # the second and third publish each waited, once
+    for line in said:
+        assert "privacy budget of this period spent" in line
+        assert "the next period starts at" in line
+    assert len(shuffler.wait_for(3)) == 3
+    assert ledger.state.period == periods[-1]
+
+
+def test_a_device_not_sampled_charges_and_sends_nothing(
+    mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
+) -> None:
+    """An announced participation of 1e-300 (threshold 0: the device never reports): each
+    publish sits its round out, one per round, with nothing charged or sent."""
+    announce(mosquitto, SPEC, participation=1e-300)
+    ledger = BudgetLedger(tmp_path / "ledger.json", total_epsilon=10.0)
+    with DevicePublisher(config(mosquitto), ledger=ledger) as pub:
+        assert pub.participation == 1e-300
+        first = None
+        for _ in range(2):
+            assert pub.publish_keys([0, 1], [1, 1]) is True
+            first = first if first is not None else pub.last_round
+        assert pub.sat_out == 2
+        assert first is not None
+        assert pub.last_round is not None
+        assert pub.last_round > first  # one round each
+    assert ledger.reports == 0
+    assert shuffler.wait_for(1, timeout=0.5) == []
+
+
 def test_publish_after_broker_restart(
     mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
 ) -> None:
@@ -448,13 +525,50 @@ def test_device_cli_end_to_end(mosquitto: Broker, shuffler: Shuffler, tmp_path: 
     assert result.stderr.splitlines() == [
         "note: line 1 is not numeric: read as a header of 4 columns and skipped",
         f"error: the privacy budget is spent: the ledger {tmp_path / 'ledger.json'} refused "
-        "1 row(s) (budget 2, 0 left)",
+        "1 row(s) (lifetime budget 2, 0 left)",
     ]
     messages = shuffler.wait_for(2)
     time.sleep(0.2)
     assert len(shuffler.messages) == 2
     rounds = [check_report(msg, SPEC, clock_rounds(1, first)) for msg in messages]
     assert rounds[0] < rounds[1]  # one row per round
+
+
+def test_device_cli_with_a_period_cap_waits_instead_of_exiting(
+    mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
+) -> None:
+    """``--budget-per-period`` without ``--budget``: the rows past the period's cap wait for
+    the next period (one ``note:`` line each) and are all published; exit 0."""
+    announce(mosquitto, SPEC)
+    args = device_args(
+        mosquitto, tmp_path, "--budget-per-period", "1", "--period", f"{PERIOD}s",
+        "--clock-offset", str(period_offset()),
+    )  # fmt: skip
+    args.remove("--budget")
+    args.remove("10")
+    result = CliRunner().invoke(cli(), args, input="0.1,10,50,1000\n0.2,10,50,1000\n")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "published 2, refused by ledger 0, failed 0"
+    (note,) = result.stderr.splitlines()
+    assert note.startswith("note: privacy budget of this period spent: 1 of 1")
+    assert note.endswith(": waiting for it")
+    rounds = [decode_report(m.payload)[2] for m in shuffler.wait_for(2)]
+    assert rounds[0] // PERIOD + 1 == rounds[1] // PERIOD  # the next period
+    data = json.loads((tmp_path / "ledger.json").read_text())
+    assert (data["period_seconds"], data["period"]) == (PERIOD, rounds[1] // PERIOD)
+    assert data["total_epsilon"] is None
+
+
+def test_device_cli_needs_a_cap(mosquitto: Broker, tmp_path: Path) -> None:
+    args = device_args(mosquitto, tmp_path)
+    args.remove("--budget")
+    args.remove("10")
+    result = CliRunner().invoke(cli(), args, input="")
+    assert result.exit_code == 2
+    assert "--budget-per-period" in result.output
+    bad = CliRunner().invoke(cli(), [*args, "--budget-per-period", "1", "--period", "1w"])
+    assert bad.exit_code == 2
+    assert "a period is a whole number" in bad.output
 
 
 def test_device_cli_input_file_and_bad_rows(

@@ -15,6 +15,7 @@ from typing import Any
 from edge import announce, doc_vectors
 from edge.announce import encode_announcement
 from edge.errors import SpecError
+from edge.participation import threshold
 from edge.spec import MechanismSpec
 from tests.libcoco.commands import (
     COCO_MAX_S,
@@ -121,6 +122,7 @@ def announcement_result(payload: bytes) -> str:
     ]
     for layout in decoded["layouts"]:
         fields += [layout["count"], layout["from_round"], layout["generation"], layout["seed"]]
+    fields.append(threshold(decoded.get("participation", 1.0)))
     return " ".join(str(v) for v in fields)
 
 
@@ -199,6 +201,8 @@ def announcement_cases(*, large: bool = True) -> Script:
             f"devtopic {b'lab'.hex()} {b'sensor-7'.hex()} {round_}",
             device_topic(_decoded(two), "lab", "sensor-7", round_),
         )
+    for q in (0.25, 1, 1.0, 0.3, 1e-300, 0.999999999):
+        add_announcement(script, dumps(announcement_doc(participation=q)))
     add_announcement(script, dumps(sharded))
     for i in range(6):
         dev = f"dev-{i}"
@@ -229,6 +233,12 @@ def announcement_cases(*, large: bool = True) -> Script:
         (dumps(announcement_doc(delta=1)), "announcement"),
         (dumps(announcement_doc(delta=0)), "announcement"),
         (dumps(announcement_doc(delta=-1e-6)), "announcement"),
+        (dumps(announcement_doc(participation=0)), "announcement"),
+        (dumps(announcement_doc(participation=-0.5)), "announcement"),
+        (dumps(announcement_doc(participation=1.5)), "announcement"),
+        (dumps(announcement_doc(participation=1.0000001)), "announcement"),
+        (dumps(announcement_doc(participation="0.5")), "announcement"),
+        (dumps(announcement_doc(participation=True)), "announcement"),
         (dumps(announcement_doc(batch_public_key=KEY_A.upper())), "announcement"),
         (dumps(announcement_doc(batch_public_key=KEY_A[:-2])), "announcement"),
         (dumps(announcement_doc(spec={**spec_d, "hash_version": 2})), "spec_hash_version"),
@@ -288,6 +298,8 @@ def random_announcements(rng: random.Random, count: int) -> Script:
             delta=rng.choice([1e-6, 1e-9, 0.5, 1e-300]),
             round_seconds=rng.randint(1, 86400),
         )
+        if rng.random() < 0.2:
+            doc["participation"] = rng.choice([rng.random(), 1, 0.5, 1e-6, 0.1])
         if rng.random() < 0.3:
             doc["batch_public_key"] = KEY_A
         elif rng.random() < 0.3:

@@ -21,6 +21,7 @@ from fractions import Fraction
 import xxhash
 
 from edge import codec, device, rounds, topics
+from edge.budget import MAX_PERIOD_SECONDS, BudgetPolicy, BudgetState, PeriodPolicy, Refusal, decide
 from edge.errors import SpecError
 from edge.spec import MechanismSpec
 
@@ -484,45 +485,128 @@ def random_spec(rng: random.Random) -> MechanismSpec:
 
 # --- the ledger -----------------------------------------------------------------------------
 
+LEDGER_MAGIC_V1 = b"coLd\x01\x00\x00\x00"
+LEDGER_MAGIC = b"coLd\x02\x00\x00\x00"
+CLOCK_FLOOR = rounds.CLOCK_FLOOR
 
-def ledger_record(spent: int, reports: int) -> bytes:
-    head = b"coLd\x01\x00\x00\x00" + struct.pack(">QI", spent, reports)
+
+def ledger_record_v1(spent: int, reports: int) -> bytes:
+    """The 24-byte record of libcoco before period budgets (still read)."""
+    head = LEDGER_MAGIC_V1 + struct.pack(">QI", spent, reports)
     return head + struct.pack(">I", zlib.crc32(head))
+
+
+def ledger_record(
+    spent: int, reports: int, period_seconds: int = 0, period: int = 0, period_spent: int = 0
+) -> bytes:
+    """The 40-byte record (protocol 12.1)."""
+    head = LEDGER_MAGIC + struct.pack(
+        ">QIIIQ", spent, reports, period_seconds, period, period_spent
+    )
+    return head + struct.pack(">I", zlib.crc32(head))
+
+
+def _read_record(rec: bytes) -> BudgetState | None:
+    """The state in a stored record, or ``None`` if libcoco must refuse it."""
+    if rec[:8] == LEDGER_MAGIC_V1 and len(rec) >= 24:
+        if struct.unpack(">I", rec[20:24])[0] != zlib.crc32(rec[:20]):
+            return None
+        spent, reports = struct.unpack(">QI", rec[8:20])
+        return BudgetState(spent=Fraction(spent), reports=reports)
+    if rec[:8] != LEDGER_MAGIC or len(rec) != 40:
+        return None
+    if struct.unpack(">I", rec[36:])[0] != zlib.crc32(rec[:36]):
+        return None
+    spent, reports, seconds, period, period_spent = struct.unpack(">QIIIQ", rec[8:36])
+    if (
+        seconds > MAX_PERIOD_SECONDS
+        or period_spent > spent
+        or (seconds == 0 and (period or period_spent))
+    ):
+        return None
+    return BudgetState(
+        spent=Fraction(spent),
+        reports=reports,
+        period_seconds=seconds or None,
+        period=period if seconds else None,
+        period_spent=Fraction(period_spent),
+    )
 
 
 @dataclass
 class Ledger:
-    """The reference model of the ledger of coco.h over an in-memory record."""
+    """The reference model of the ledger of coco.h over an in-memory record: the caps'
+    arithmetic is edge/budget.py's :func:`~edge.budget.decide`, in units of 2^-32."""
 
     record: bytes | None = None
     total: int = 0
-    spent: int = 0
-    reports: int = 0
+    state: BudgetState = field(default_factory=BudgetState)
+    cap: PeriodPolicy | None = None
+    now: int = 0
     is_open: bool = False
 
-    def open(self, total: int) -> str:
+    @property
+    def spent(self) -> int:
+        return int(self.state.spent)
+
+    @property
+    def reports(self) -> int:
+        return self.state.reports
+
+    def _line(self, status: str, period: bool) -> str:
+        line = f"{status} {self.spent} {self.reports}"
+        if period:
+            st = self.state
+            line += f" {st.period_seconds or 0} {st.period or 0} {int(st.period_spent)}"
+        return line
+
+    def open(self, total: int, seconds: int = 0, units: int = 0, *, period: bool = False) -> str:
+        if seconds > MAX_PERIOD_SECONDS:
+            return self._line(err("arg"), period)
         if self.record is None:
             self.record = ledger_record(0, 0)
-        rec = self.record
-        if (
-            len(rec) != 24
-            or rec[:8] != b"coLd\x01\x00\x00\x00"
-            or struct.unpack(">I", rec[20:])[0] != zlib.crc32(rec[:20])
-        ):
-            return f"{err('ledger_corrupt')} {self.spent} {self.reports}"
+        state = _read_record(self.record)
+        if state is None:
+            return self._line(err("ledger_corrupt"), period)
+        self.cap = PeriodPolicy(Fraction(units), seconds) if seconds else None
+        self.state = state if self.cap is None else state.under(self.cap)
         self.total = total
-        self.spent, self.reports = struct.unpack(">QI", rec[8:20])
+        self.now = 0
         self.is_open = True
-        return f"ok {self.spent} {self.reports}"
+        return self._line("ok", period)
 
-    def charge(self, cost: int) -> str:
+    def charge(self, cost: int, *, period: bool = False) -> str:
         if not self.is_open:
-            return f"{err('null')} {self.spent} {self.reports}"
+            return self._line(err("null"), period)
         if cost == 0:
-            return f"{err('arg')} {self.spent} {self.reports}"
-        if self.spent + cost > self.total:
-            return f"{err('budget')} {self.spent} {self.reports}"
-        self.spent += cost
-        self.reports += 1
-        self.record = ledger_record(self.spent, self.reports)
-        return f"ok {self.spent} {self.reports}"
+            return self._line(err("arg"), period)
+        if self.cap is not None and self.now < CLOCK_FLOOR and self.spent + cost <= self.total:
+            return self._line(err("clock"), period)
+        outcome = decide(
+            self.state, BudgetPolicy(Fraction(self.total), self.cap), Fraction(cost), self.now
+        )
+        if isinstance(outcome, Refusal):
+            kind = "budget" if outcome.kind == "lifetime" else "period_budget"
+            return self._line(err(kind), period)
+        self.state = outcome
+        st = outcome
+        self.record = ledger_record(
+            self.spent, self.reports, st.period_seconds or 0, st.period or 0, int(st.period_spent)
+        )
+        return self._line("ok", period)
+
+    def charge_at(self, cost: int, when: int) -> str:
+        if when < CLOCK_FLOOR:
+            return self._line(err("clock"), True)
+        self.now = when
+        return self.charge(cost, period=True)
+
+    def renews(self) -> str:
+        if self.cap is None:
+            return err("arg")
+        if self.now < CLOCK_FLOOR:
+            return err("clock")
+        index = self.cap.index(self.now)
+        if self.state.period is not None and index < self.state.period:
+            index = self.state.period
+        return str(self.cap.start(index + 1))

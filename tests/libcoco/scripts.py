@@ -10,6 +10,7 @@ import struct
 from pathlib import Path
 
 from edge import device, doc_vectors
+from edge.participation import participates, threshold
 from edge.spec import MechanismSpec
 from tests.libcoco.announcements import add_announcement, announcement_cases
 from tests.libcoco.commands import (
@@ -34,6 +35,7 @@ from tests.libcoco.commands import (
     add_units,
     err,
     ledger_record,
+    ledger_record_v1,
     random_spec,
 )
 
@@ -374,6 +376,115 @@ def error_paths() -> Script:
     return script
 
 
+def ledger_periods() -> Script:
+    """The period cap (protocol 12.1), against edge/budget.py's arithmetic: refusal at the
+    cap, renewal at the boundary, a reopen (a reboot), a clock set back, the lifetime cap
+    still final, a changed period length, damaged and impossible records, a version-1
+    record read and rewritten."""
+    script = Script()
+    model = Ledger()
+    none = 2**64 - 1
+    day = 86_400
+    t0 = 20_300 * day
+
+    def set_record(record: bytes) -> None:
+        model.record = record
+        script.add(f"ledger_set {record.hex()}")
+
+    def open_period(total: int, seconds: int, units: int) -> None:
+        script.add(
+            f"ledger_open_period {total} {seconds} {units}",
+            model.open(total, seconds, units, period=True),
+        )
+
+    def at(cost: int, when: int) -> None:
+        script.add(f"ledger_at {cost} {when}", model.charge_at(cost, when))
+
+    script.add("ledger_new")
+    open_period(none, day, 4)
+    script.add("ledger_charge 1", model.charge(1))  # no time given yet
+    script.add("ledger_renews", model.renews())
+    for k in range(4):
+        at(1, t0 + 60 * k)
+    at(1, t0 + day - 1)  # the cap, in the last second of the period
+    script.add("ledger_renews", model.renews())
+    at(1, t0 + day)  # the first second of the next period
+    open_period(none, day, 4)  # a reboot keeps the period and its spending
+    at(3, t0 + day + 5)
+    at(1, t0 + day + 6)
+    at(1, t0)  # the clock set back: charged to the highest period, refused
+    script.add("ledger_renews", model.renews())
+    at(4, t0 + 5 * day)  # a clock running ahead spends day 5's budget
+    at(1, t0 + 2 * day)  # set back to day 2: still day 5's budget, refused
+    script.add("ledger_renews", model.renews())
+    at(1, 1_000)  # a clock that is not set
+    open_period(16, day, 4)  # a lifetime cap too: 12 spent so far
+    at(4, t0 + 6 * day)
+    at(1, t0 + 7 * day)  # the lifetime cap refuses for good, whatever the period
+    open_period(none, 3600, 4)  # hours now: day 6's spending stays until day 6 ends
+    at(1, t0 + 6 * day + 7)
+    at(1, t0 + 7 * day - 1)
+    at(1, t0 + 7 * day)
+    script.add("ledger_record", (model.record or b"").hex())
+    script.add("ledger_open 100000", model.open(100000))  # no period cap: history kept
+    script.add("ledger_charge 1", model.charge(1))
+    script.add("ledger_record", (model.record or b"").hex())
+    _ledger_records(script, model)
+    return script
+
+
+def _ledger_records(script: Script, model: Ledger) -> None:
+    """Damaged, impossible and version-1 records, and a period over 366 days."""
+    none = 2**64 - 1
+    day = 86_400
+    t0 = 20_300 * day
+
+    def set_record(record: bytes) -> None:
+        model.record = record
+        script.add(f"ledger_set {record.hex()}")
+
+    def open_period(total: int, seconds: int, units: int) -> None:
+        script.add(
+            f"ledger_open_period {total} {seconds} {units}",
+            model.open(total, seconds, units, period=True),
+        )
+
+    # damage anywhere is refused, never reset; so are fields no charge can produce
+    intact = model.record
+    assert intact is not None
+    for offset in (4, 22, 27, 30, 39):
+        damaged = bytearray(intact)
+        damaged[offset] ^= 0x10
+        set_record(bytes(damaged))
+        open_period(none, day, 4)
+    for bad in (ledger_record(5, 1, day, 10, 6), ledger_record(5, 1, 0, 3, 0),
+                ledger_record(5, 1, 366 * day + 1, 3, 0)):  # fmt: skip
+        set_record(bad)
+        open_period(none, day, 4)
+    # a version-1 record (24 bytes, erased flash after it) is read and rewritten as version 2
+    set_record(ledger_record_v1(7, 2))
+    open_period(none, day, 4)
+    script.add(f"ledger_at 1 {t0}", model.charge_at(1, t0))
+    script.add("ledger_record", (model.record or b"").hex())
+    script.add(
+        f"ledger_open_period {none} {366 * day + 1} 4",
+        model.open(none, 366 * day + 1, 4, period=True),
+    )
+
+
+def participation_cases(rng: random.Random, count: int) -> Script:
+    """``coco_participates`` over the test stream: the rounds reported in and the words used
+    are edge.participation's, for random q (and q = 1, which draws nothing)."""
+    script = Script()
+    for _ in range(count):
+        q = rng.choice([1.0, 0.5, 0.1, 1e-6, rng.random() or 0.5])
+        seed, rounds_ = rng.getrandbits(32), rng.randint(1, 200)
+        bits = Stream(seed)
+        yes = sum(participates(q, bits) for _ in range(rounds_))
+        script.add(f"part {seed} {threshold(q)} {rounds_}", f"{yes} {bits.used}")
+    return script
+
+
 def mcu_script() -> Script:
     """What the emulated boards run: every published vector and worked example, the
     hand-written announcements and error paths, a sample of the random cases, and the
@@ -382,6 +493,8 @@ def mcu_script() -> Script:
     script = published_vectors()
     script.extend(announcement_cases(large=False))
     script.extend(error_paths())
+    script.extend(ledger_periods())
+    script.extend(participation_cases(rng, 10))
     script.extend(random_specs(rng, 20))
     script.extend(random_randomisers(rng, 15))
     script.extend(random_encoders(rng, 6))

@@ -10,6 +10,7 @@ Both builds compile with -std=c99 -pedantic -Wall -Wextra -Werror (and -Wshadow
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import subprocess
 from collections import defaultdict
@@ -20,6 +21,7 @@ import numpy as np
 import pytest
 
 from edge import CoCo, Collision, LocalMechanism, device
+from edge.participation import participates, threshold
 from tests.libcoco import announcements, build, scripts
 from tests.libcoco.commands import Script, Spec, Stream, add_spec, sparse_args, ternarise_int
 
@@ -40,6 +42,32 @@ def test_announcements(host: Path) -> None:
 
 def test_error_paths_return_documented_codes(host: Path) -> None:
     run(host, scripts.error_paths())
+
+
+def test_period_budgets_match_the_reference(host: Path) -> None:
+    """The ledger's period cap: refused at the cap, renewed at the boundary, across a reopen,
+    never renewed by a clock set back, the lifetime cap final, damage refused."""
+    run(host, scripts.ledger_periods())
+
+
+def test_participation_matches_the_reference(host: Path) -> None:
+    run(host, scripts.participation_cases(random.Random(20250621), 100))
+
+
+@pytest.mark.parametrize("q", [0.05, 0.3, 0.5, 0.9])
+def test_realised_participation_matches_q(host_plain: Path, q: float) -> None:
+    """Over a seeded stream, the rounds a device reports in are Binomial(n, q): the count is
+    within 5 standard errors of n q (a false alarm below 1e-6 per case), and it is exactly
+    what the Python reference decides on the same words."""
+    n, seed = 200_000, 20250622
+    (line,) = [x for x in build.run_host(host_plain, [f"part {seed} {threshold(q)} {n}"])
+               if x.startswith("> ")]  # fmt: skip
+    yes, words = (int(v) for v in line.split(":")[1].split())
+    assert words == n
+    bits = Stream(seed)
+    assert yes == sum(participates(q, bits) for _ in range(n))
+    se = math.sqrt(n * q * (1 - q))
+    assert abs(yes - n * q) <= 5 * se
 
 
 def test_random_cases_match_the_reference(host: Path) -> None:

@@ -226,6 +226,7 @@ def check_ledgers(ledgers: Path) -> None:
     cost = -(-Fraction(SPEC.epsilon) * 2**32 // 1)
     for i in range(DEVICES):
         record = (ledgers / f"{PREFIX}{i}.ledger").read_bytes()
-        assert record[:8] == b"coLd\x01\x00\x00\x00"
+        assert record[:8] == b"coLd\x02\x00\x00\x00"
+        assert len(record) == 40
         spent, reports = struct.unpack(">QI", record[8:20])
         assert (spent, reports) == (cost, 1)

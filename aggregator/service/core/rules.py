@@ -59,6 +59,7 @@ import numpy.typing as npt
 
 from aggregator.estimation.estimators import AggregateState
 from aggregator.ledger.privacy_ledger import PrivacyLedger
+from aggregator.series.core import Series
 from aggregator.service.core.batch_codec import decode_batch_arrays
 from aggregator.service.core.checkpoint import CHECKPOINT_VERSION, Checkpoint, Counters
 from aggregator.service.core.keys import TrustedKeys
@@ -253,6 +254,8 @@ class AggregatorCore:
         """Which shard of the layout in force released nothing for a while (not in the
         checkpoint: it starts afresh with each run)."""
         self.state = AggregateState(rules.spec)
+        rs = rules.round_seconds  # the series (retention: a week) needs the round length
+        self.series = None if rs is None else Series(rules.spec, round_seconds=rs, retention=604800)
         self.counters = Counters()
         self.memory = BatchMemory(rules.retention_rounds)
         self.ledger = PrivacyLedger(rules.spec, delta=delta)
@@ -355,6 +358,8 @@ class AggregatorCore:
             self._touch()
             raise RejectedError("stale_round", batch.size)
         self.state.merge(partial)
+        if self.series is not None:
+            self.series.add(batch.round, partial, batch_size=partial.n)
         self.memory.remember(batch.batch_id, batch.round)
         size = partial.n
         self.counters.reports += size

@@ -96,6 +96,13 @@ static void out_ledger(int rc) {
     out_u64(ledger.reports);
 }
 
+static void out_ledger_period(int rc) {
+    out_ledger(rc);
+    out_u64(ledger.period_seconds);
+    out_u64(ledger.period);
+    out_u64(ledger.period_spent_units);
+}
+
 /* --- commands ----------------------------------------------------------------------- */
 
 static void cmd_spec(line_t *l) {
@@ -317,6 +324,7 @@ static void cmd_ann(line_t *l) {
         out_u64(announcement.layouts[i].generation);
         out_u64(announcement.layouts[i].seed);
     }
+    out_u64(announcement.participation_units);
 }
 
 /* A NUL-terminated name from hex (names with any byte but NUL). */
@@ -500,13 +508,57 @@ static int run_line(const char *p, const char *end) {
     } else if (word_is(cmd, n, "ledger_new")) {
         storage.present = storage.fail_load = storage.fail_store = 0;
     } else if (word_is(cmd, n, "ledger_set")) {
-        size_t len = get_hex(&l, storage.record, sizeof storage.record);
-        storage.present = len == sizeof storage.record;
+        size_t len, i;
+        for (i = 0; i < sizeof storage.record; i++) {
+            storage.record[i] = 0xFF; /* erased flash after a shorter, older record */
+        }
+        len = get_hex(&l, storage.record, sizeof storage.record);
+        storage.present = len == sizeof storage.record || len == COCO_LEDGER_V1_RECORD_SIZE;
     } else if (word_is(cmd, n, "ledger_fail")) {
         storage.fail_load = (int)get_u32(&l);
         storage.fail_store = (int)get_u32(&l);
     } else if (word_is(cmd, n, "ledger_open")) {
         out_ledger(coco_ledger_open(&ledger, &mem_io, get_u64(&l)));
+    } else if (word_is(cmd, n, "part")) {
+        /* part <stream seed> <participation units> <count>: rounds reported in, words used */
+        uint32_t seed = get_u32(&l), count, i, yes_count = 0;
+        int yes = 0, rc = COCO_OK;
+        announcement.participation_units = get_u64(&l);
+        count = get_u32(&l);
+        if (!l.bad) {
+            start_stream(seed);
+            for (i = 0; i < count && rc == COCO_OK; i++) {
+                rc = coco_participates(&announcement, &rng, &yes);
+                yes_count += (uint32_t)yes;
+            }
+            if (rc != COCO_OK) {
+                out_err(rc);
+            } else {
+                out_u64(yes_count);
+            }
+            out_u64(stream.index);
+        }
+    } else if (word_is(cmd, n, "ledger_open_period")) {
+        uint64_t total = get_u64(&l);
+        uint32_t seconds = get_u32(&l);
+        uint64_t units = get_u64(&l);
+        if (!l.bad) {
+            out_ledger_period(coco_ledger_open_period(&ledger, &mem_io, total, seconds, units));
+        }
+    } else if (word_is(cmd, n, "ledger_at")) {
+        uint64_t cost = get_u64(&l);
+        int64_t when = get_i64(&l);
+        if (!l.bad) {
+            out_ledger_period(coco_ledger_charge_at(&ledger, cost, when));
+        }
+    } else if (word_is(cmd, n, "ledger_renews")) {
+        int64_t when = 0;
+        int rc = coco_ledger_renews_at(&ledger, &when);
+        if (rc != COCO_OK) {
+            out_err(rc);
+        } else {
+            out_i64(when);
+        }
     } else if (word_is(cmd, n, "ledger_charge")) {
         out_ledger(coco_ledger_charge(&ledger, get_u64(&l)));
     } else if (word_is(cmd, n, "ledger_record")) {
