@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from aggregator.estimation.estimators import AggregateState
 from aggregator.service.http import MetricsServer
+from aggregator.service.series_view import Reply
 from broker.service.shuffler import parse_broker_url
 from edge import CocoError, MechanismSpec
 from sim.models.day import check_day_seconds
@@ -130,6 +131,8 @@ class DemoRun:
     """Where the run wrote its per-round ground truth (``None``: nowhere)."""
     truth: Callable[[str, float], tuple[int, str, bytes]] | None = None
     """The aggregator's ``/truth`` of it (served on after the run)."""
+    query: Callable[[str, Mapping[str, Sequence[str]]], Reply] | None = None
+    """The aggregator's ``/series`` and ``/estimates?window=`` (served on after the run)."""
 
 
 def page_url(port: int) -> str:

@@ -99,7 +99,9 @@ async def run_pipeline(config: DemoConfig, *, on_report: ReportSink | None = Non
         run.result["note"] = broker.note
     if server is not None:
         final = run.estimates
-        server.serve(Source(run.aggregator_registry, lambda: final, truth=run.truth))
+        server.serve(
+            Source(run.aggregator_registry, lambda: final, query=run.query, truth=run.truth)
+        )
         run.server = server
     return run
 
@@ -314,6 +316,7 @@ async def _run(
         http_port=http_port,
         truth_file=config.truth_file,
         truth=aggregator.truth,
+        query=aggregator.publisher.series.answer,
     )
 
 

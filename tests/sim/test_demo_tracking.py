@@ -3,14 +3,19 @@ the closed form, seeded."""
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from statistics import NormalDist
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
 from edge import MechanismSpec
+from sim.cli import app
 from sim.demo.tracking import RoundEstimate, format_tracking, tracking
+from tests.conftest import Broker
 
 SPEC = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
 
@@ -74,3 +79,31 @@ def test_rounds_without_reports_truth_or_interval_are_left_out() -> None:
     empty = tracking([], truth, SPEC)
     assert empty["coverage"] is None
     assert format_tracking(empty) == []
+
+
+def test_the_demo_reports_how_well_each_round_tracked_its_truth(
+    mosquitto: Broker, tmp_path: Path
+) -> None:
+    """``coco demo --day-seconds 12 --ground-truth FILE``: six rounds of a compressed day;
+    the per-round truth file, and the summary's tracking of every (round, channel) cell."""
+    truth = tmp_path / "truth.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            "demo", "--devices", "400", "--rounds", "6", "--min-batch", "100",
+            "--broker", mosquitto.url, "--timeout", "60", "--json",
+            "--day-seconds", "12", "--ground-truth", str(truth),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    tracked = doc["tracking"]
+    assert (tracked["rounds"], tracked["cells"]) == (6, 6 * doc["d"])
+    # one-sided (the cells of a round share its reports): K = Phi^-1(1 - 10^-3)
+    k = NormalDist().inv_cdf(1 - 1e-3)
+    assert tracked["coverage"] >= 0.95 - k * tracked["coverage_se"]
+    assert 0 < tracked["mse_per_round"] < 5 * tracked["mse_per_round_theory"]
+    written = json.loads(truth.read_text())
+    assert (written["round_seconds"], written["day_seconds"]) == (2, 12)
+    assert [x["n"] for x in written["rounds"]] == [400] * 6
+    assert written["overall"]["n"] == doc["reports_sent"] == 2400
