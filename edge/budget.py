@@ -25,36 +25,29 @@ was spent in it. The safe side of every case:
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from fractions import Fraction
 
+from edge.durations import format_duration, seconds_of
+
 MAX_PERIOD_SECONDS = 366 * 86_400
 """The longest period accepted (a year): longer periods are a lifetime cap in disguise."""
-
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
-_DURATION = re.compile(r"([1-9][0-9]{0,8})([smhd])")
 
 
 def parse_period(text: str) -> int:
     """Seconds of a duration written ``<n><unit>``, unit ``s``, ``m``, ``h`` or ``d`` (``1h``,
-    ``1d``, ``7d``); :class:`ValueError` for anything else or a period over a year."""
-    match = _DURATION.fullmatch(text.strip())
-    if match is None:
+    ``1d``, ``7d``; :mod:`edge.durations`); :class:`ValueError` for anything else, a zero
+    period or one over a year."""
+    seconds = seconds_of(text, require_unit=True)
+    if not seconds:
         raise ValueError(f"a period is a whole number and a unit s, m, h or d (1d), got {text!r}")
-    seconds = int(match.group(1)) * _UNITS[match.group(2)]
     if seconds > MAX_PERIOD_SECONDS:
         raise ValueError(f"a period is at most 366d, got {text!r}")
     return seconds
 
 
-def format_period(seconds: int) -> str:
-    """The shortest ``<n><unit>`` for ``seconds`` (``86400`` -> ``1d``)."""
-    for unit in ("d", "h", "m"):
-        if seconds % _UNITS[unit] == 0:
-            return f"{seconds // _UNITS[unit]}{unit}"
-    return f"{seconds}s"
+format_period = format_duration
 
 
 def exact_epsilon(name: str, value: float, *, allow_zero: bool) -> Fraction:

@@ -31,6 +31,7 @@ plan sees it in ``epsilon_total``.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -40,6 +41,7 @@ from aggregator.accountant._checks import check_delta, check_real
 from aggregator.accountant.calibration import CalibrationTarget, Plan, calibrate
 from aggregator.accountant.history import accounting_size, epsilon_total_rounds
 from aggregator.accountant.record import amplify_spec
+from edge.participation import threshold
 from edge.spec import MechanismSpec
 
 __all__ = [
@@ -57,10 +59,17 @@ MAX_SHARDS: Final = 256
 _HASH_VALUES: Final = 2**32
 
 
-def worst_shard_size(devices: int, shards: int, *, imbalance: float) -> int:
+def worst_shard_size(
+    devices: int, shards: int, *, imbalance: float, participation: float = 1.0
+) -> int:
     """A size every one of ``shards`` shards of ``devices`` reports reaches with probability
     at least ``1 - imbalance`` (module docstring); ``floor(devices / shards)`` for
-    ``imbalance = 0``. At least 0."""
+    ``imbalance = 0``. At least 0.
+
+    With participation sampling (each device reports in a round with probability
+    ``threshold(q) / 2^32``, :mod:`edge.participation`, independently of the hash that
+    places it), a shard's count is ``Binomial(N, p_K q')``: the same bound with that
+    probability. ``imbalance = 0`` then takes the mean ``floor(N q' / K)``, an assumption."""
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise ValueError(f"devices must be an integer >= 1, got {devices!r}")
     if isinstance(shards, bool) or not isinstance(shards, int) or not 1 <= shards <= MAX_SHARDS:
@@ -68,11 +77,12 @@ def worst_shard_size(devices: int, shards: int, *, imbalance: float) -> int:
     imbalance = check_real("imbalance", imbalance)
     if not 0 <= imbalance < 1:
         raise ValueError(f"imbalance must be in [0, 1), got {imbalance}")
-    if shards == 1:
+    q = threshold(participation) / _HASH_VALUES
+    if shards == 1 and q == 1:
         return devices
     if imbalance == 0:
-        return devices // shards
-    p = (_HASH_VALUES // shards) / _HASH_VALUES
+        return math.floor(devices * q / shards)
+    p = (_HASH_VALUES // shards) / _HASH_VALUES * q
     level = imbalance / shards
     m = int(stats.binom.ppf(level, devices, p))
     # ppf: the smallest m with cdf(m) >= level; make sure cdf(m - 1) <= level (Boost's

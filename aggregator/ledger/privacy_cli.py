@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from edge import CocoError, MechanismSpec
+from edge.budget import parse_period
 from edge.cli_options import check_output_file
 
 __all__ = ["CalibrateMechanism", "PrivacyMechanism", "privacy_app", "privacy_rows"]
@@ -318,16 +319,56 @@ class CalibrateMechanism(StrEnum):
     collision = "collision"
 
 
+def _horizon(rounds: int | None, period: str | None, round_seconds: int | None) -> int:
+    """The rounds of the horizon: ``--rounds``, or one ``--period`` of ``--round-seconds``."""
+    if (rounds is None) == (period is None):
+        raise ValueError("give exactly one of --rounds and --period")
+    if period is None:
+        assert rounds is not None
+        return rounds
+    if round_seconds is None or round_seconds < 1:
+        raise ValueError("--period needs --round-seconds (>= 1)")
+    seconds = parse_period(period)
+    if seconds % round_seconds:
+        raise ValueError(f"--period {period} is not a whole number of {round_seconds}-s rounds")
+    return seconds // round_seconds
+
+
 @privacy_app.command("calibrate")
 def privacy_calibrate(
     mechanism: Annotated[CalibrateMechanism, typer.Option(help="Local randomiser.")],
     d: Annotated[int, typer.Option(help="Dimension.")],
     s: Annotated[int, typer.Option(help="Non-zeros per vector.")],
-    rounds: Annotated[int, typer.Option(help="Rounds a device reports in over the horizon.")],
     epsilon_total: Annotated[
         float, typer.Option(help="Target composed central epsilon over the horizon.")
     ],
     delta: Annotated[float, typer.Option(help="Target delta over the horizon.")],
+    rounds: Annotated[
+        int | None,
+        typer.Option(help="Rounds a device reports in over the horizon; or give --period."),
+    ] = None,
+    period: Annotated[
+        str | None,
+        typer.Option(
+            help="Plan 'at most --epsilon-total per period': the horizon is one period (1d, "
+            "24h, 7d) of rounds of --round-seconds, a device in every one of them.",
+            rich_help_panel="Per period",
+        ),
+    ] = None,
+    round_seconds: Annotated[
+        int | None,
+        typer.Option(help="The round length, with --period.", rich_help_panel="Per period"),
+    ] = None,
+    participation: Annotated[
+        float,
+        typer.Option(
+            help="q: each device reports in a round with this probability (needs --devices): "
+            "releases hold about q x devices reports, planned at the size they reach with "
+            "probability 1 - --shard-imbalance. The accountant takes no credit for "
+            "sampling: a device is planned in every round.",
+            rich_help_panel="Per period",
+        ),
+    ] = 1.0,
     n: Annotated[
         int | None,
         typer.Option(
@@ -392,13 +433,18 @@ def privacy_calibrate(
             check_output_file(spec_out, "--spec-out")
         if (n is None) == (devices is None):
             raise ValueError("give exactly one of --n and --devices")
+        rounds = _horizon(rounds, period, round_seconds)
+        if participation != 1.0 and devices is None:
+            raise ValueError("--participation needs --devices (the population it samples)")
         if max_shards is not None and (devices is None or min_epsilon0 is None):
             raise ValueError("--max-shards needs --devices and --min-epsilon0")
         if devices is None:
             assert n is not None
             size = n
         else:
-            size = worst_shard_size(devices, shards, imbalance=shard_imbalance)
+            size = worst_shard_size(
+                devices, shards, imbalance=shard_imbalance, participation=participation
+            )
         if size < 1:
             raise ValueError(f"{shards} shards of {devices} reports leave a shard empty")
         target = CalibrationTarget(
@@ -438,8 +484,13 @@ def privacy_calibrate(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
     data = plan.to_dict()
-    if devices is not None:
-        data.update(devices=devices, shards=shards, shard_imbalance=shard_imbalance)
+    data.update(
+        participation=participation,
+        ledger_epsilon_expected=data["ledger_epsilon_total"] * participation,
+        **({} if devices is None else {"devices": devices, "shards": shards}),
+        **({} if devices is None else {"shard_imbalance": shard_imbalance}),
+        **({} if period is None else {"period": period, "round_seconds": round_seconds}),
+    )
     if spec_out is not None:
         spec_out.write_text(json.dumps(data["spec"], indent=1) + "\n", encoding="utf-8")
     if as_json:
@@ -454,9 +505,10 @@ def privacy_calibrate(
         f"  per round of n={size}{where}: epsilon_central={data['epsilon_central']:.6g} "
         f"(generic {data['epsilon_central_generic']:.6g}), delta={delta:g}"
     )
+    horizon = f"{rounds} rounds" if period is None else f"a period of {period} ({rounds} rounds)"
     typer.echo(
-        f"  over {rounds} rounds: epsilon_total={data['epsilon_total']:.6g} "
-        f"(target {epsilon_total:g}; the ledger's accounting)"
+        f"  over {horizon}: epsilon_total={data['epsilon_total']:.6g} "
+        f"(target {epsilon_total:g}; the ledger's accounting, a device in every round)"
     )
     typer.echo(
         f"  expected MSE per round (sum over dimensions): mean {data['mse_mean']:.6g}, "
@@ -465,6 +517,11 @@ def privacy_calibrate(
     typer.echo(
         f"  device ledgers: {data['ledger_epsilon_per_report']:.6g} per report, "
         f"{data['ledger_epsilon_total']:.6g} over the horizon (local, basic composition)"
+        + (
+            ""
+            if participation == 1.0
+            else f", about {data['ledger_epsilon_expected']:.6g} at participation {participation:g}"
+        )
     )
 
 

@@ -30,6 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from edge.durations import seconds_of
+
 __all__ = [
     "MAX_CELLS",
     "MAX_DIMS_TEXT",
@@ -60,8 +62,6 @@ MAX_DIMS_TEXT = 20_000
 PARAMETERS = ("from", "to", "step", "dims", "format")
 """The parameters of ``/series``; any other is refused."""
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_DURATION = re.compile(r"([0-9]{1,12})([smhd]?)")
 _ROUNDS = re.compile(r"r([0-9]{1,12})")
 
 
@@ -77,13 +77,12 @@ def _show(text: str) -> str:
 
 def parse_duration(text: str, *, name: str = "duration") -> int:
     """Seconds of ``90s``, ``15m``, ``1h``, ``7d`` or ``3600`` (module docs)."""
-    match = _DURATION.fullmatch(text.strip())
-    if match is None:
+    seconds = seconds_of(text)
+    if seconds is None:
         raise QueryError(
             f"{name} {_show(text)} is not a duration (a whole number with s, m, h or d, "
             "e.g. 90s, 15m, 1h, 7d)"
         )
-    seconds = int(match.group(1)) * _UNITS[match.group(2) or "s"]
     if not 1 <= seconds <= MAX_SECONDS:
         raise QueryError(f"{name} {_show(text)} must be between 1 second and 10 years")
     return seconds

@@ -168,6 +168,14 @@ def aggregator_run(
             "24h) or rK (the K newest rounds); repeat for more, at most 8.",
         ),
     ] = None,
+    privacy_period: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A rolling period over which epsilon_total is also reported (a device in "
+            "every round that ended in it): coco_aggregator_epsilon_total_period{period} and "
+            "epsilon_total_period in /estimates; repeat for more, at most 4. [default: 24h]",
+        ),
+    ] = None,
     truth: Annotated[
         Path | None,
         typer.Option(
@@ -265,6 +273,7 @@ def aggregator_run(
             password=password,
             ca_file=ca_file,
             windows=tuple(window or ()),
+            privacy_periods=tuple(privacy_period or ("24h",)),
         )
     except (CocoError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)

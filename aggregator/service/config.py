@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 from aggregator.page.page_data import Channel, check_channels
-from aggregator.series.windows import Window, parse_windows
+from aggregator.series.windows import Window, parse_duration, parse_windows
 from aggregator.service.core.keys import anchor_of
 from aggregator.service.core.silence import DEFAULT_SILENT_SHARD_ROUNDS
 from edge import mqtt_url, topics
@@ -27,6 +27,8 @@ DEFAULT_METRICS_DIMS = 16
 MAX_METRICS_DIMS = 1024
 DEFAULT_RETENTION_ROUNDS = 1440
 """Rounds whose batch ids are kept: one day at the default 60-second round."""
+MAX_PRIVACY_PERIODS = 4
+"""Rolling periods whose ``epsilon_total`` is computed (each a composition)."""
 DEFAULT_PUBLISH_INTERVAL = 1.0
 """Seconds between two rebuilds of the estimates, gauges and ``/estimates`` (also rebuilt
 on every scrape and request, and on shutdown)."""
@@ -145,8 +147,14 @@ class AggregatorConfig:
     windows: Sequence[str] = ()
     """Windows exported as ``coco_aggregator_window_*`` gauges (``--window 1h``, ``r10``; at
     most :data:`~aggregator.series.windows.MAX_WINDOWS`); they need the round length."""
+    privacy_periods: Sequence[str] = ("24h",)
+    """Rolling periods over which ``epsilon_total`` is also reported (``--privacy-period``,
+    at most :data:`MAX_PRIVACY_PERIODS`): a device present in every round that ended in the
+    last ``P`` (:meth:`~aggregator.ledger.privacy_ledger.PrivacyLedger.period_rounds`)."""
     exported_dims: tuple[int, ...] = field(init=False)
     exported_windows: tuple[Window, ...] = field(init=False)
+    periods: tuple[tuple[str, int], ...] = field(init=False)
+    """``privacy_periods`` parsed: ``(label, seconds)``."""
 
     def __post_init__(self) -> None:
         mqtt_url.parse_broker_urls(self.broker)
@@ -185,6 +193,16 @@ class AggregatorConfig:
         object.__setattr__(self, "exported_dims", dims)
         self._check_channels()
         self._check_windows()
+        self._check_periods()
+
+    def _check_periods(self) -> None:
+        labels = [text.strip() for text in self.privacy_periods]
+        if len(labels) > MAX_PRIVACY_PERIODS:
+            raise ValueError(f"at most {MAX_PRIVACY_PERIODS} privacy periods, got {len(labels)}")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"a privacy period is given twice: {labels}")
+        periods = tuple((label, parse_duration(label, name="privacy period")) for label in labels)
+        object.__setattr__(self, "periods", periods)
 
     def _check_windows(self) -> None:
         windows = parse_windows(list(self.windows))  # QueryError is a ValueError

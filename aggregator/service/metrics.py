@@ -172,10 +172,11 @@ class AggregatorMetrics:
         dims: Sequence[int],
         epsilon_target: float | None = None,
         windows: Sequence[str] = (),
+        periods: Sequence[str] = (),
     ) -> None:
         self.registry = registry
         self.dims = tuple(dims)
-        self.windows = tuple(windows)
+        self.windows, self.periods = tuple(windows), tuple(periods)
         self._children: list[tuple[Gauge, Gauge, Gauge]] | None = None
         p = "coco_aggregator"
         self.reports = Counter(
@@ -402,6 +403,17 @@ class AggregatorMetrics:
             ["window"],
             registry=registry,
         )
+        self.epsilon_total_period = Gauge(
+            f"{p}_epsilon_total_period",
+            "Composed central epsilon (at delta) of a device present in every round that "
+            "ended in the last `period` (--privacy-period), from the privacy ledger: every "
+            "release of those rounds, applied here or not, and every participation of unknown "
+            "time (NaN until computed).",
+            ["period"],
+            registry=registry,
+        )
+        for period in self.periods:
+            self.epsilon_total_period.labels(period=period).set(np.nan)
         self.bad_requests = Counter(
             f"{p}_http_bad_requests",
             "HTTP queries refused as malformed (400: a bad window, from/to, step, dims or "
@@ -413,6 +425,12 @@ class AggregatorMetrics:
             self.bad_requests.labels(endpoint=endpoint)
         for window in self.windows:
             self.set_window(window, None, epsilon_total=None)
+
+    def set_epsilon_periods(self, epsilons: dict[str, float | None]) -> None:
+        """Each configured period's ``epsilon_total`` (NaN while unknown)."""
+        for period in self.periods:
+            value = epsilons.get(period)
+            self.epsilon_total_period.labels(period=period).set(np.nan if value is None else value)
 
     def set_window(
         self, window: str, estimates: Estimates | None, *, epsilon_total: float | None

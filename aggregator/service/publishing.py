@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -110,6 +111,8 @@ class Publisher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: int | None = None
         self._computing: int | None = None
+        self.periods_at = -math.inf
+        """When the rolling periods of the last snapshot ended (they slide with time)."""
         """The ledger generation of the level being computed."""
         self.series = SeriesView(self)
         """``/series``, the windows and their gauges (:mod:`aggregator.service.series_view`)."""
@@ -225,6 +228,7 @@ class Publisher:
         self.metrics.set_epsilon(**level.epsilon_central)
         self.metrics.set_epsilon_generic(**level.epsilon_central_generic)
         self.metrics.set_epsilon_total(level.epsilon_total)
+        self.metrics.set_epsilon_periods(level.epsilon_periods)
         self.metrics.set_batch_size(smallest=smallest, latest=latest)
         self.metrics.set_retention(
             retained_ids=len(core.memory), oldest_round=core.memory.oldest_round
@@ -281,6 +285,18 @@ class Publisher:
             **self.status(),
         }
 
+    @property
+    def period_refresh(self) -> float:
+        """How often the rolling periods are recomputed while no release arrives: each
+        round (at least every 10 s), since a round leaving a period lowers its level."""
+        return float(max(10, self.config.round_seconds or 60))
+
+    def periods(self) -> dict[str, tuple[float, float]]:
+        """The configured rolling periods as ``(now - P, now]`` (taken with a snapshot)."""
+        now = self.clock()
+        self.periods_at = now
+        return {label: (now - seconds, now) for label, seconds in self.config.periods}
+
     def adopt(self, level: PrivacyLevel) -> None:
         """Show ``level`` from the next publication on, unless a newer one is shown."""
         if level.generation >= self.level.generation:
@@ -304,7 +320,7 @@ class Publisher:
     async def account_once(self) -> None:
         await self.privacy_dirty.wait()
         self.privacy_dirty.clear()
-        snapshot = self.core.ledger.snapshot()
+        snapshot = self.core.ledger.snapshot(self.periods())
         self._computing = snapshot.generation
         try:
             level = await accountant_process.compute_level(
@@ -329,6 +345,8 @@ class Publisher:
             if generation not in (self.level.generation, self._computing):
                 self.settled.clear()
                 self.privacy_dirty.set()
+            elif self.config.periods and self.clock() - self.periods_at >= self.period_refresh:
+                self.privacy_dirty.set()  # the rolling periods slid: rounds left them
             if self.series.due():  # a window's oldest round left it
                 self.core.changed = True
             self.publish()

@@ -66,7 +66,9 @@ LEVELS_RUNNING = 16
 flood of distinct windows cannot queue work before the ledger's own level."""
 ACCOUNTING_FAILURES = (ArithmeticError, ValueError, accountant_process.AccountantError)
 
-LevelKey = tuple[tuple[tuple[int, int], ...], int | None, int | None]
+Participations = tuple[tuple[int, int], ...]
+"""``(release size, participations)``, sorted: what a window's ``epsilon_total`` composes."""
+LevelKey = tuple[Participations, int | None, int | None]
 
 
 @dataclass(frozen=True)
@@ -202,8 +204,10 @@ class SeriesView:
         window = parse_window(text)
         base = self.publisher.snapshot()
         now = self.publisher.clock()
-        frame, start, end = self.publisher.on_loop(lambda: self._window_frame(window, now))
-        document = self.window_document(base, window, frame, start, end, wait=LEVEL_WAIT)
+        frame, start, end, charged = self.publisher.on_loop(lambda: self._window_frame(window, now))
+        document = self.window_document(
+            base, window, frame, start, end, charged=charged, wait=LEVEL_WAIT
+        )
         return Reply(200, "application/json", [json.dumps(document).encode()])
 
     def window_document(
@@ -214,12 +218,14 @@ class SeriesView:
         start: float,
         end: float,
         *,
+        charged: Participations,
         wait: float,
     ) -> dict[str, Any]:
-        """The ``/estimates`` document ``base`` over ``frame`` (the window's rows)."""
+        """The ``/estimates`` document ``base`` over ``frame`` (the window's rows), its
+        privacy level that of the ledger's participations ``charged`` in it."""
         sums = frame.sums()
         estimates = sums.state(self.spec).estimate(confidence=self.config.confidence)
-        level = self.level(sums, wait=wait)
+        level = self.level(sums, charged, wait=wait)
         document = window_document(
             base,
             window=window,
@@ -251,25 +257,41 @@ class SeriesView:
         rows = [] if series is None else select(series)
         return Frame.of(rows, self.spec.d)
 
-    def _window_frame(self, window: Window, now: float) -> tuple[Frame, float, float]:
-        """The rows of ``window`` at ``now`` and the range they stand for: ``(now - W,
-        now]``, or for ``rK`` the span of the ``K`` newest rounds."""
+    def _window_frame(
+        self, window: Window, now: float
+    ) -> tuple[Frame, float, float, Participations]:
+        """The rows of ``window`` at ``now``, the range they stand for (``(now - W, now]``,
+        or for ``rK`` the span of the ``K`` newest rounds), and the privacy ledger's
+        participations of a device present in every round that ended in that range: every
+        release of those rounds, applied here or not (a stale round's, a lost batch's), and
+        every participation of unknown time, pessimistically
+        (:meth:`~aggregator.ledger.privacy_ledger.PrivacyLedger.period_rounds`)."""
         if window.rounds is not None:
             frame = self._take(lambda series: series.newest(window.rounds or 1))
             if not len(frame):
-                return frame, now, now
-            return frame, float(frame.start.min()), float(frame.end.max())
-        assert window.seconds is not None
-        start = now - window.seconds
-        return self._take(lambda series: series.rows(start, now)), start, now
+                return frame, now, now, ()
+            start, end = float(frame.start.min()), float(frame.end.max())
+        else:
+            assert window.seconds is not None
+            start, end = now - window.seconds, now
+            frame = self._take(lambda series: series.rows(start, now))
+        if not len(frame):
+            return frame, start, end, ()
+        charged = tuple(self.core.ledger.period_rounds(start, end).items())
+        return frame, start, end, charged
 
     # -- levels ---------------------------------------------------------------------------
 
-    def level(self, sums: WindowSums, *, wait: float) -> PrivacyLevel | None:
-        """The privacy level of a window (``None``: empty, or not computed within ``wait``)."""
-        if not sums.sizes:
+    def level(
+        self, sums: WindowSums, charged: Participations, *, wait: float
+    ) -> PrivacyLevel | None:
+        """The privacy level of a window (``None``: empty, or not computed within
+        ``wait``): ``epsilon_total`` composes ``charged``, and the per-release epsilons are
+        for the smallest release charged and the newest row's."""
+        if not sums.sizes or not charged:
             return None
-        return self.levels.get((sums.sizes, sums.smallest, sums.latest), wait=wait)
+        smallest = min(size for size, _ in charged)
+        return self.levels.get((charged, smallest, sums.latest), wait=wait)
 
     def _submit(self, key: LevelKey) -> concurrent.futures.Future[Any]:
         sizes, smallest, latest = key
@@ -293,12 +315,12 @@ class SeriesView:
         now = self.publisher.clock()
         slide = float("inf")
         for window in windows:
-            frame, _, _ = self._window_frame(window, now)
+            frame, _, _, charged = self._window_frame(window, now)
             sums = frame.sums()
             estimates = None
             if sums.n:
                 estimates = sums.state(self.spec).estimate(confidence=self.config.confidence)
-            level = self.level(sums, wait=0)
+            level = self.level(sums, charged, wait=0)
             self.metrics.set_window(
                 window.spec, estimates, epsilon_total=None if level is None else level.epsilon_total
             )

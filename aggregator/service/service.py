@@ -150,6 +150,7 @@ class Aggregator:
             dims=config.exported_dims,
             epsilon_target=config.epsilon_target,
             windows=[window.spec for window in config.exported_windows],
+            periods=[label for label, _ in config.periods],
         )
         self.metrics.delta.set(config.delta)
         self.metrics.min_batch.set(config.min_batch)
@@ -387,6 +388,7 @@ class Aggregator:
                 self.core.dirty = True
         if loaded is not None:  # what the devices spent, kept apart from the estimates
             self.core.ledger = loaded.ledger
+            loaded.ledger.round_seconds = self.config.round_seconds  # dates its releases
             logger.info(
                 "privacy ledger %s: generation %d, %d participations",
                 loaded.path,

@@ -104,6 +104,13 @@ def test_series_windows_and_gauges(mosquitto: Broker) -> None:  # noqa: PLR0915 
             return value is not None and not math.isnan(value)
 
         await until(lambda: computed("1h") and computed("r2"), 120, progress=moving(agg))
+
+        def period(label: str) -> float | None:
+            return gauge("coco_aggregator_epsilon_total_period", {"period": label})
+
+        await until(lambda: not math.isnan(period("1h") or math.nan), 120, progress=moving(agg))
+        fetched["periods"] = {label: period(label) for label in ("1h", "1m")}
+        fetched["estimates"] = json.loads((await ask("/estimates"))[2])
         fetched["r2"] = json.loads((await ask("/estimates?window=r2"))[2])
         fetched["1h"] = json.loads((await ask("/estimates?window=1h"))[2])
         fetched["metrics"] = {
@@ -144,8 +151,27 @@ def test_series_windows_and_gauges(mosquitto: Broker) -> None:  # noqa: PLR0915 
             CliRunner().invoke, aggregator_app, ["series", "--url", base, "--dims", "99"]
         )
 
-    cfg = config(mosquitto, None, round_seconds=R, windows=("1h", "r2"), metrics_dims=SPEC.d)
+    cfg = config(
+        mosquitto,
+        None,
+        round_seconds=R,
+        windows=("1h", "r2"),
+        metrics_dims=SPEC.d,
+        privacy_periods=("1h", "1m"),
+    )
     run(with_aggregator(cfg, body, registry))
+
+    # the rolling periods: the last hour holds every round, so its level is the total; the
+    # last minute at most the newest round (a round ends at the start of the next)
+    everything = epsilon_total_rounds(SPEC, {300: 1, 120: 1, 200: 1}, delta=DELTA)
+    assert fetched["periods"]["1h"] == pytest.approx(everything, rel=1e-9)  # float order
+    assert fetched["estimates"]["epsilon_total"] == pytest.approx(everything, rel=1e-9)
+    shown = fetched["estimates"]["epsilon_total_period"]
+    assert set(shown) == {"1h", "1m"}
+    newest_only = epsilon_total_rounds(SPEC, {200: 1}, delta=DELTA)
+    minute = fetched["periods"]["1m"]
+    assert minute is not None
+    assert math.isnan(minute) or minute == pytest.approx(newest_only, rel=1e-9)
 
     # /series: one row per round, each the round's own estimate
     status, content_type, data = fetched["series"]

@@ -258,7 +258,7 @@ class AggregatorCore:
         self.series = None if rs is None else Series(rules.spec, round_seconds=rs, retention=604800)
         self.counters = Counters()
         self.memory = BatchMemory(rules.retention_rounds)
-        self.ledger = PrivacyLedger(rules.spec, delta=delta)
+        self.ledger = PrivacyLedger(rules.spec, delta=delta, round_seconds=rules.round_seconds)
         self.smallest_batch: int | None = None
         self.latest_batch: int | None = None
         self.last_batch_timestamp: float | None = None
