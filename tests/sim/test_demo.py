@@ -164,8 +164,10 @@ def test_demo_serve_keeps_the_live_page_up_until_ctrl_c(mosquitto: Broker) -> No
         assert f"live page: {url}\n" in progress  # served during the run, on that port
         estimates, _ = _get(url + "estimates")
         page, policy = _get(url)
-        truth = json.loads(_get(url + "truth?dims=0,1")[0])  # the run's, from memory
-        series = json.loads(_get(url + "series?dims=0,1")[0])
+        # the run's truth (from memory) and series, up to the end of its last round (the
+        # default, now, may lie in it)
+        truth = json.loads(_get(url + "truth?dims=0,1&to=1e12")[0])
+        series = json.loads(_get(url + "series?dims=0,1&to=1e12")[0])
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
