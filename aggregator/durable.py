@@ -26,15 +26,16 @@ class DiskWriteError(OSError):
         return f"cannot write {self.filename}: {self.strerror}"
 
 
-def write_atomically(path: Path, text: str, *, previous: Path | None = None) -> None:
-    """``path`` holds ``text`` or what it held before, whatever happens; with ``previous``
-    the file it replaces (if any) is moved there first. :class:`DiskWriteError` when the
-    new text cannot be written (nothing is left of it: the space is free for a retry)."""
+def write_atomically(path: Path, text: str | bytes, *, previous: Path | None = None) -> None:
+    """``path`` holds ``text`` (or bytes) or what it held before, whatever happens; with
+    ``previous`` the file it replaces (if any) is moved there first. :class:`DiskWriteError`
+    when the new text cannot be written (nothing is left of it: the space is free for a
+    retry)."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w") as fh:
-            fh.write(text)
+        with open(tmp, "wb") as fh:
+            fh.write(text if isinstance(text, bytes) else text.encode())
             fh.flush()
             os.fsync(fh.fileno())
     except OSError as exc:

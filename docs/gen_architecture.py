@@ -290,7 +290,7 @@ def picture() -> Picture:
             1055,
             346,
             230,
-            ("sums, applied ids, horizon;", "PUBACK once it is written"),
+            ("sums, ids, horizon; per-round rows", "in .series; PUBACK once written"),
         ),
         Box(
             "output",

@@ -2,7 +2,9 @@
 
 * :mod:`~aggregator.series.core`: the per-round rows (:class:`~aggregator.series.core.Series`),
   their roll-up into coarser steps past the retention, the windows, and the changes a
-  checkpoint makes durable (:class:`~aggregator.series.core.Delta`).
+  checkpoint makes durable (:class:`~aggregator.series.core.Delta`);
+* :mod:`~aggregator.series.segment`: those records' bytes in the series file, and the part of
+  a file a checkpoint committed;
 * :mod:`~aggregator.series.detector`: a change detector on the per-round rows, robust to the
   daily cycle; :mod:`~aggregator.series.cusum` the run lengths of its chart from theory.
 * :mod:`~aggregator.series.windows`: durations, windows and ``/series`` queries, checked

@@ -176,6 +176,38 @@ def aggregator_run(
             "epsilon_total_period in /estimates; repeat for more, at most 4. [default: 24h]",
         ),
     ] = None,
+    series_retention: Annotated[
+        str,
+        typer.Option(
+            envvar="COCO_SERIES_RETENTION",
+            help="How long each round keeps its own row in the per-round series "
+            "(<checkpoint>.series): a duration, e.g. 7d.",
+        ),
+    ] = "7d",
+    series_step: Annotated[
+        str,
+        typer.Option(
+            envvar="COCO_SERIES_STEP",
+            help="Older rounds are rolled up into rows of this duration (e.g. 1h), or 'none' "
+            "to drop them.",
+        ),
+    ] = "1h",
+    series_coarse_retention: Annotated[
+        str,
+        typer.Option(
+            envvar="COCO_SERIES_COARSE_RETENTION",
+            help="How long the rolled-up rows are kept past --series-retention (a duration, or 0).",
+        ),
+    ] = "90d",
+    new_series: Annotated[
+        bool,
+        typer.Option(
+            "--new-series",
+            help="Keep the series file as <checkpoint>.series.old and start the per-round "
+            "series anew (after a damaged or lost series file; the cumulative estimates "
+            "are unaffected).",
+        ),
+    ] = False,
     truth: Annotated[
         Path | None,
         typer.Option(
@@ -266,6 +298,8 @@ def aggregator_run(
             mqtt_version=version,
             retention_rounds=retention_rounds,
             round_seconds=round_seconds,
+            **series_options(series_retention, series_step, series_coarse_retention),
+            new_series=new_series,
             client_id=client_id,
             epsilon_target=epsilon_target,
             truth_file=truth,
@@ -295,6 +329,37 @@ def aggregator_run(
     except (CocoError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
+
+
+def series_options(retention: str, step: str, coarse_retention: str) -> dict[str, Any]:
+    """``--series-retention``, ``--series-step``, ``--series-coarse-retention`` as
+    :class:`~aggregator.service.config.AggregatorConfig` fields; :class:`CocoError` (one
+    line) naming the option."""
+    from aggregator.series.windows import parse_duration  # noqa: PLC0415
+
+    options: dict[str, Any] = {}
+    try:
+        options["series_retention"] = parse_duration(retention)
+    except ValueError as exc:
+        raise CocoError(f"--series-retention: {exc}") from None
+    if step.strip().lower() == "none":
+        options["series_step"] = None
+    else:
+        try:
+            seconds = parse_duration(step)
+        except ValueError as exc:
+            raise CocoError(f"--series-step: {exc}") from None
+        if seconds != int(seconds):
+            raise CocoError(f"--series-step must be whole seconds, got {step!r}")
+        options["series_step"] = int(seconds)
+    try:
+        coarse = coarse_retention.strip()
+        options["series_coarse_retention"] = (
+            0.0 if coarse in ("0", "0s") else parse_duration(coarse)
+        )
+    except ValueError as exc:
+        raise CocoError(f"--series-coarse-retention: {exc}") from None
+    return options
 
 
 def read_channels(path: Path) -> tuple[Channel, ...]:

@@ -29,6 +29,12 @@ DEFAULT_RETENTION_ROUNDS = 1440
 """Rounds whose batch ids are kept: one day at the default 60-second round."""
 MAX_PRIVACY_PERIODS = 4
 """Rolling periods whose ``epsilon_total`` is computed (each a composition)."""
+DEFAULT_SERIES_RETENTION = 7 * 86400.0
+"""Seconds of per-round rows: a week (10 080 rows at the default 60-second round)."""
+DEFAULT_SERIES_STEP = 3600
+"""Seconds of the coarse rows older rounds are rolled into: an hour."""
+DEFAULT_SERIES_COARSE_RETENTION = 90 * 86400.0
+"""Seconds the hourly rows are kept past the week: 2160 rows."""
 DEFAULT_PUBLISH_INTERVAL = 1.0
 """Seconds between two rebuilds of the estimates, gauges and ``/estimates`` (also rebuilt
 on every scrape and request, and on shutdown)."""
@@ -100,6 +106,17 @@ class AggregatorConfig:
     round. ``None`` (``--spec`` without ``--round-seconds``) skips that check."""
     checkpoint: Path | None = None
     checkpoint_interval: float = 10.0
+    series_retention: float = DEFAULT_SERIES_RETENTION
+    """Seconds each round keeps its own row in the per-round series
+    (:class:`~aggregator.series.core.Series`; kept in ``<checkpoint>.series``:
+    :mod:`aggregator.service.series_file`)."""
+    series_step: int | None = DEFAULT_SERIES_STEP
+    """Seconds of the coarse rows that rounds past ``series_retention`` are rolled into
+    (``None``: they are dropped)."""
+    series_coarse_retention: float = DEFAULT_SERIES_COARSE_RETENTION
+    """Seconds the coarse rows are kept past ``series_retention``."""
+    new_series: bool = False
+    """Set the series file aside (``<checkpoint>.series.old``) and start the series anew."""
     publish_interval: float = DEFAULT_PUBLISH_INTERVAL
     """Seconds between rebuilds of the estimates and gauges while batches arrive (module
     docs, *Publishing*); every scrape and ``/estimates`` request also gets fresh ones."""
@@ -237,6 +254,14 @@ class AggregatorConfig:
             raise ValueError(f"retention_rounds must be >= 1, got {self.retention_rounds}")
         if self.round_seconds is not None:
             check_round_seconds(self.round_seconds)
+        if not (math.isfinite(self.series_retention) and self.series_retention > 0):
+            raise ValueError(f"series_retention must be > 0 seconds, got {self.series_retention}")
+        if self.series_step is not None and self.series_step < 1:
+            raise ValueError(f"series_step must be >= 1 second, got {self.series_step}")
+        if not (math.isfinite(self.series_coarse_retention) and self.series_coarse_retention >= 0):
+            raise ValueError(
+                f"series_coarse_retention must be >= 0 seconds, got {self.series_coarse_retention}"
+            )
 
     @property
     def mqtt_client_id(self) -> str:

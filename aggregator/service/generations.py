@@ -8,6 +8,10 @@ previous one); the PUBACKs of generation ``N``'s batches are sent once ``N + 1``
 (:class:`~aggregator.service.core.acks.AckGenerations`). Without a checkpoint path there is no file
 and no timer: batches are acknowledged as soon as they are applied.
 
+With a series (a round length), each generation first appends the series' new records to
+``<checkpoint>.series`` (:mod:`aggregator.service.series_file`) and records the newest one's
+sequence number in the checkpoint; the records are forgotten in memory once it is durable.
+
 A write that fails (a full disk) loses nothing: its batches stay unacknowledged and the next
 checkpoint retries. Until one succeeds :attr:`Generations.failure` names the file that could
 not be written; the service is not ready meanwhile (``coco_aggregator_checkpoint_failing``).
@@ -39,6 +43,7 @@ from aggregator.service.core.acks import AckGenerations
 from aggregator.service.core.checkpoint import Checkpoint, LedgerRecord
 from aggregator.service.core.rules import AggregatorCore
 from aggregator.service.metrics import AggregatorMetrics
+from aggregator.service.series_file import SeriesFile, SeriesWrite
 from aggregator.service.session import Ack, BatchSession
 
 logger = logging.getLogger("aggregator.service")
@@ -67,6 +72,8 @@ class Generations:
         succeeds: readiness reads it."""
         self.on_failing: Callable[[], None] = lambda: None
         """Called after each write attempt (the service updates its readiness)."""
+        self.series_file: SeriesFile | None = None
+        """The series file (set by the recovery; ``None``: no series, or no checkpoint)."""
         self._lock = asyncio.Lock()
 
     def acknowledge(self, ready: list[Ack]) -> None:
@@ -102,9 +109,10 @@ class Generations:
         # small: its old rounds are compacted; it names the checkpoint it goes with
         ledger = encode_ledger(self.core.ledger, Bound(self.config.deployment, generation))
         ledger_generation = self.core.ledger.generation
+        series = self._series_write(content)
         self.acks.snapshot()
         write = asyncio.ensure_future(
-            asyncio.to_thread(self._write_files, path, content, ledger, ledger_generation)
+            asyncio.to_thread(self._write_files, path, content, ledger, ledger_generation, series)
         )
         try:
             await asyncio.shield(write)
@@ -113,7 +121,7 @@ class Generations:
             # final checkpoint of a shutdown neither races this write nor skips a write
             # that failed.
             await asyncio.wait([write])
-            self._written(write.exception() is None, write.exception())
+            self._written(write.exception() is None, write.exception(), content.series_seq)
             raise
         except (OSError, ValueError) as exc:
             if self.failure is None:  # once per failure: retried every checkpoint_interval
@@ -124,10 +132,53 @@ class Generations:
             logger.error(
                 "checkpoint %s written again (after: %s): acknowledging", path, self.failure
             )
-        self._written(True)
+        self._written(True, series_seq=content.series_seq)
         logger.debug("checkpoint generation %d written: n=%d", self.generation, content.state.n)
 
+    def _series_write(self, content: Checkpoint) -> SeriesWrite | None:
+        """What ``content`` appends to the series file (taken with it, no await between)."""
+        series = self.core.series
+        if self.series_file is None or series is None or content.series_seq is None:
+            return None
+        now = content.written_at or 0.0
+        return SeriesWrite(
+            deltas=content.series_deltas,
+            seq=content.series_seq,
+            rows=len(series),
+            rolled_before=series.rolled_before,
+            step=series.step,
+            dropped_before=now - series.retention - series.coarse_retention,
+        )
+
     def _write_files(
+        self,
+        path: Path,
+        content: Checkpoint,
+        ledger: str,
+        ledger_generation: int,
+        series: SeriesWrite | None = None,
+    ) -> None:
+        """The series file's new records first (:mod:`aggregator.service.series_file`), then
+        the ledger and the checkpoint, which records the newest of them; once it is durable
+        the records are committed (and the file compacted when due)."""
+        file = self.series_file if series is not None else None
+        if file is None or series is None:
+            self._write_ledger_and_checkpoint(path, content, ledger, ledger_generation)
+            return
+        try:
+            file.append(series)
+            self._write_ledger_and_checkpoint(path, content, ledger, ledger_generation)
+        except BaseException:
+            file.abandon()
+            raise
+        file.commit()
+        if file.due(series.rows):
+            try:
+                file.compact(series)
+            except (OSError, ValueError) as exc:  # the file as it was is still whole
+                logger.warning("cannot compact %s (kept as it is): %s", file.path, exc)
+
+    def _write_ledger_and_checkpoint(
         self, path: Path, content: Checkpoint, ledger: str, ledger_generation: int
     ) -> None:
         """The privacy ledger's file first, then the checkpoint: a crash between the two
@@ -153,7 +204,9 @@ class Generations:
         write_atomically(ledger_path, ledger)
         write_checkpoint(path, content)
 
-    def _written(self, ok: bool, exc: BaseException | None = None) -> None:
+    def _written(
+        self, ok: bool, exc: BaseException | None = None, series_seq: int | None = None
+    ) -> None:
         if ok:
             self._failing(None)
         elif isinstance(exc, DiskWriteError):
@@ -165,6 +218,8 @@ class Generations:
             self.acks.failed()
             return
         self.generation += 1
+        if series_seq is not None and self.core.series is not None:
+            self.core.series.committed(series_seq)
         self.metrics.checkpoint_generation.set(self.generation)
         self.acknowledge(self.acks.written())
 

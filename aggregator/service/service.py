@@ -66,6 +66,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -95,9 +96,10 @@ from aggregator.service.http import MetricsServer, Source
 from aggregator.service.intake import Intake
 from aggregator.service.metrics import AggregatorMetrics
 from aggregator.service.publishing import Publisher, RefreshOnCollect, log_shutdown
+from aggregator.service.series_file import recover_series
 from aggregator.service.session import Ack, BatchSession
 from aggregator.service.trust import KeyGuard
-from aggregator.service.truth_file import TruthFile
+from aggregator.service.truth_file import truth_answer
 from edge.errors import CocoError
 
 __all__ = ["Aggregator", "run_aggregator"]
@@ -138,9 +140,13 @@ class Aggregator:
                 round_seconds=config.round_seconds,
                 manifest_grace=config.manifest_grace,
                 silent_shard_rounds=config.silent_shard_rounds,
+                series_retention=config.series_retention,
+                series_step=config.series_step,
+                series_coarse_retention=config.series_coarse_retention,
             ),
             delta=config.delta,
         )
+        self.core.series_kept = config.checkpoint is not None
         self.registry = registry if registry is not None else CollectorRegistry()
         # first in the registry, so a scrape refreshes the gauges before they are read
         self.registry.register(RefreshOnCollect(self._refresh))
@@ -180,9 +186,7 @@ class Aggregator:
         self._lock_fd: int | None = None
         self._http: MetricsServer | None = None
         self._lent_http = http
-        truth = config.truth_file
-        self.truth = None if truth is None else TruthFile(truth, registry=self.registry).answer
-        """SIMULATION ONLY: what ``/truth`` serves (``config.truth_file``)."""
+        self.truth = truth_answer(config.truth_file, self.registry)  # SIMULATION ONLY
 
     # -- what tests, the demo and dashboards read ----------------------------------------
 
@@ -386,6 +390,7 @@ class Aggregator:
             self._restore(checkpoint)
             if checkpoint.ledger is None:  # written before the binding: bind it now
                 self.core.dirty = True
+        await self._recover_series(path, checkpoint)
         if loaded is not None:  # what the devices spent, kept apart from the estimates
             self.core.ledger = loaded.ledger
             loaded.ledger.round_seconds = self.config.round_seconds  # dates its releases
@@ -395,6 +400,29 @@ class Aggregator:
                 loaded.ledger.generation,
                 sum(loaded.ledger.rounds().values()),
             )
+
+    async def _recover_series(self, path: Path, checkpoint: Checkpoint | None) -> None:
+        """The series file's committed records replayed, the rest cut off
+        (:func:`~aggregator.service.series_file.recover_series`); nothing without a round
+        length."""
+        series = self.core.rules.new_series()
+        self.core.series = series
+        if series is None:
+            logger.info("no round length: no per-round series is kept")
+            return
+        recovered = await asyncio.to_thread(
+            recover_series,
+            path,
+            checkpoint,
+            series,
+            deployment=self.config.deployment,
+            anew=self.config.new_series,
+        )
+        for line in recovered.notes:
+            logger.warning("%s", line)
+        series.expire(time.time())
+        self.generations.series_file = recovered.file
+        logger.info("series %s: %d rows, sequence %d", recovered.file.path, len(series), series.seq)
 
     def _check_binding(
         self,

@@ -26,7 +26,14 @@ from prometheus_client import CollectorRegistry, Counter
 
 from aggregator.page.truth import TruthError, TruthTable, parse_query, parse_truth
 
-__all__ = ["MAX_TRUTH_BYTES", "TRUTH_REJECT_REASONS", "TruthAnswer", "TruthFile", "TruthMemory"]
+__all__ = [
+    "MAX_TRUTH_BYTES",
+    "TRUTH_REJECT_REASONS",
+    "TruthAnswer",
+    "TruthFile",
+    "TruthMemory",
+    "truth_answer",
+]
 
 MAX_TRUTH_BYTES = 128 * 1024 * 1024
 """A larger file is not read (a round takes about 600 bytes at d = 8: a week of 10-s rounds
@@ -134,3 +141,10 @@ class TruthFile(_TruthServer):
             return None, f"{where} is not a ground-truth file of coco fleet: {exc}"
         except ValueError:  # JSON (a file being replaced is renamed over whole: not torn)
             return None, f"{where} is not JSON"
+
+
+def truth_answer(
+    path: Path | None, registry: CollectorRegistry
+) -> Callable[[str, float], TruthAnswer] | None:
+    """What a service serves at ``/truth`` with ``--truth path`` (``None``: no truth)."""
+    return None if path is None else TruthFile(path, registry=registry).answer

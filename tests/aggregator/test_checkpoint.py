@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 from aggregator.estimation.estimators import AggregateState
 from aggregator.service.core.checkpoint import (
     Checkpoint,
+    CheckpointError,
     Counters,
     decode_checkpoint,
     encode_checkpoint,
@@ -94,3 +96,25 @@ def test_piecewise_text_equals_one_json_dumps_and_reads_back() -> None:
         assert back.state.to_dict() == ckpt.state.to_dict()
         assert back.generation == 4
         assert back.trusted == "ab" * 32
+
+
+def test_the_series_sequence_is_a_checked_field_and_older_files_have_none() -> None:
+    ckpt = checkpoint({3: [b"\x01" * 16]})
+    with_series = Checkpoint(**{**ckpt.__dict__, "series_seq": 812})
+    text = encode_checkpoint(with_series)
+    document = json.loads(text)
+    assert document["series"] == {"seq": 812}
+    assert list(document).index("series") == list(document).index("batch_rounds") - 1
+    assert decode_checkpoint(text, Path("c.json")).series_seq == 812
+    # a digit changed: valid JSON, a plausible number, refused by its checksum
+    damaged = text.replace('"series":{"seq":812}', '"series":{"seq":813}')
+    with pytest.raises(CheckpointError, match="field 'series' does not match its checksum"):
+        decode_checkpoint(damaged, Path("c.json"))
+    malformed = json.loads(text)
+    malformed["series"] = {"seq": -1}
+    with pytest.raises(CheckpointError, match=r"series\.seq"):
+        decode_checkpoint(json.dumps(malformed), Path("c.json"))
+    # written before the field existed (or without a series): none
+    older = encode_checkpoint(ckpt)
+    assert "series" not in json.loads(older)
+    assert decode_checkpoint(older, Path("c.json")).series_seq is None

@@ -11,6 +11,8 @@ a run's moments):
 * ``kill -9`` of the aggregator, restarted on the same ``--checkpoint``;
 * ``kill -9`` of the aggregator, a random bit of its newest checkpoint flipped (or the file
   cut short), restarted: it falls back to the previous generation;
+* ``kill -9`` of the aggregator, its newest checkpoint replaced by the previous generation
+  (as after a takeover), restarted;
 * both at once;
 * SIGTERM restarts of each;
 * a broker restart (SIGTERM, start again) of the shipped deploy/mosquitto/mosquitto.conf,
@@ -34,7 +36,10 @@ signature verified with the shuffler's ``signing.pub``); the last shuffler's ``/
    report may be released that no device saw acknowledged, at most as many as the fleet
    counted as unacknowledged;
 3. no report aggregated twice: the checkpoint's ``n`` is the number of distinct released
-   records, and its sums equal an offline :class:`AggregateState` of the recorder's batches.
+   records, and its sums equal an offline :class:`AggregateState` of the recorder's batches;
+4. the per-round series (the checkpoint and ``<checkpoint>.series``, read offline) holds
+   each release round's sums, batch count and smallest batch exactly as recomputed from the
+   recorder's batches of that round.
 
 The stack, one case and these checks: tests/faults/stack.py. A second writer on the same
 state: tests/faults/test_second_writer.py.
@@ -96,6 +101,38 @@ def kill_aggregator_damage_checkpoint(stack: Stack, rng: random.Random) -> None:
     print(f"fell back to the previous generation: {fallback}")
 
 
+def series_seq(checkpoint: Path) -> int | None:
+    """The series sequence number a checkpoint file records (``None`` while unreadable)."""
+    try:
+        return int(json.loads(checkpoint.read_text())["series"]["seq"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def kill_aggregator_roll_back(stack: Stack, rng: random.Random) -> None:
+    """``kill -9`` of the aggregator frozen (SIGSTOP) at a moment when its newest checkpoint
+    generation holds series records the previous one lacks, that generation replaced by the
+    previous one (what a takeover's roll-back does), restarted: the restart cuts those
+    records off, and the broker redelivers their batches (never acknowledged), so every
+    round's row still counts each batch once (:func:`~tests.faults.stack.check_series`)."""
+    previous = previous_path(stack.checkpoint)
+
+    def frozen_ahead() -> bool:
+        stack.aggregator.send(signal.SIGSTOP)
+        newest, older = series_seq(stack.checkpoint), series_seq(previous)
+        if newest is not None and older is not None and newest > older:
+            return True
+        stack.aggregator.send(signal.SIGCONT)
+        return False
+
+    wait_until(frozen_ahead, 60, what="a newest generation with series records of its own")
+    stack.aggregator.stop(signal.SIGKILL)
+    previous.replace(stack.checkpoint)
+    pause(rng)
+    stack.start_aggregator()
+    assert "written after checkpoint generation" in stack.aggregator.output()
+
+
 def kill_both(stack: Stack, rng: random.Random) -> None:
     stack.shuffler.send(signal.SIGKILL)
     stack.aggregator.send(signal.SIGKILL)
@@ -128,6 +165,7 @@ FAULTS: dict[str, Fault] = {
     "kill-9-shuffler": kill_shuffler,
     "kill-9-aggregator": kill_aggregator,
     "kill-9-aggregator-damaged-checkpoint": kill_aggregator_damage_checkpoint,
+    "kill-9-aggregator-rolled-back": kill_aggregator_roll_back,
     "kill-9-both": kill_both,
     "sigterm-shuffler": term_shuffler,
     "sigterm-aggregator": term_aggregator,

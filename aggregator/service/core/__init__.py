@@ -2,6 +2,8 @@
 
 * :mod:`~aggregator.service.core.rules`: :class:`AggregatorCore`, every decision about a
   batch or a manifest, driven by explicit inputs (the sealed payload, the time);
+* :mod:`~aggregator.service.core.memory`: the applied batch ids by round, and the batches
+  per shard;
 * :mod:`~aggregator.service.core.batch_codec`: the batches' wire format as numpy arrays;
 * :mod:`~aggregator.service.core.keys`: the trusted anchor (a batch key or shard layouts);
 * :mod:`~aggregator.service.core.manifests`: releases reconciled against their batches;
@@ -15,7 +17,7 @@ Like the shuffler's :mod:`broker.core`, it is property-tested
 (tests/aggregator/test_core.py): any interleaving of deliveries, redeliveries, forgeries,
 crashes and restarts applies each genuine batch exactly once.
 
-May import: :mod:`aggregator.estimation`, the ledger's pure modules
+May import: :mod:`aggregator.estimation`, :mod:`aggregator.series`, the ledger's pure modules
 (:mod:`aggregator.ledger.privacy_ledger`, :mod:`aggregator.ledger.levels`), ``edge``, numpy
 and the standard library, but no I/O: no file, socket, process, thread, lock, clock or log
 of its own, no MQTT client, no Prometheus; nothing of the shell (the rest of

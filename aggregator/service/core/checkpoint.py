@@ -8,7 +8,7 @@ A checkpoint is one UTF-8 JSON object (:func:`encode_checkpoint`)::
      "smallest_batch": ..., "latest_batch": ..., "batch_sizes": {...},
      "last_batch_timestamp": ..., "written_at": ..., "shards": {"<label>": {...}},
      "reconciliation": {...}, "state": AggregateState.to_dict(),
-     "ledger": {"generation": 41, "sha256": "<64 hex>"},
+     "ledger": {"generation": 41, "sha256": "<64 hex>"}, "series": {"seq": 812},
      "batch_rounds": {"<round>": ["<32 hex>", ...]}, "checksums": {"<field>": "<32 hex>"}}
 
 ``batch_rounds`` holds the ids of the applied batches of the retained rounds only
@@ -19,7 +19,11 @@ shard layouts: :mod:`aggregator.service.core.keys`); ``shards`` the batches appl
 (:mod:`aggregator.service.core.manifests`). ``ledger`` is the privacy ledger file written just
 before this generation (:mod:`aggregator.ledger.ledger_file`): its generation and the SHA-256 of
 its bytes, checked against the ledger file at start (:mod:`aggregator.service.core.binding`);
-a file written before the field existed has none.
+a file written before the field existed has none. ``series`` is the sequence number of the
+newest record of the per-round series file written before this generation
+(:mod:`aggregator.series.segment`, :mod:`aggregator.service.series_file`): recovery cuts the
+file there. A file written before the field existed, or without a series (no round length),
+has none.
 
 Integrity
 ---------
@@ -42,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from aggregator.estimation.estimators import AggregateState
+from aggregator.series.core import Delta
 from aggregator.service.core.keys import is_anchor
 from aggregator.service.core.manifests import Reconciler
 from edge.errors import CocoError
@@ -71,10 +76,11 @@ _ORDER = (
     "reconciliation",
     "state",
     "ledger",
+    "series",
     "batch_rounds",
 )
 """The fields of a version-3 checkpoint, in the order they are written (``checksums``
-last; ``ledger`` absent from files written before it existed)."""
+last; ``ledger`` and ``series`` absent from files written before they existed)."""
 _DIGEST_HEX = 64
 
 
@@ -174,6 +180,12 @@ class Checkpoint:
     ledger: LedgerRecord | None = None
     """The ledger file written with this generation (``None``: a file from before the field,
     or content not yet bound to its ledger file)."""
+    series_seq: int | None = None
+    """The sequence number of the newest series record written before this generation
+    (``None``: no series, or a file from before the field)."""
+    series_deltas: tuple[Delta, ...] = field(default=(), compare=False, repr=False)
+    """Content only, never encoded: the series records to append before this generation
+    (:meth:`aggregator.series.core.Series.take`, taken with the content)."""
     path: Path | None = None
 
 
@@ -345,6 +357,17 @@ def _parse_ledger(fields: _Fields) -> LedgerRecord | None:
     return LedgerRecord(fields.count("ledger.generation", raw["generation"]), digest)
 
 
+def _parse_series(fields: _Fields) -> int | None:
+    if "series" not in fields.data:
+        return None
+    raw = fields.data["series"]
+    if raw is None:
+        return None
+    if not (isinstance(raw, dict) and set(raw) == {"seq"}):
+        raise fields.error("series", f"must hold seq, got {_short(raw)}")
+    return fields.count("series.seq", raw["seq"])
+
+
 def _checksum(value: object) -> str:
     text = json.dumps(value, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:CHECKSUM_HEX]
@@ -379,7 +402,7 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
         unknown = sorted(set(data) - {*_ORDER, "checksums"})
     else:  # a damaged key name must not pass as an older version's file
         unknown = sorted(
-            set(data) & {"checksums", "generation", "trusted", "reconciliation", "ledger"}
+            set(data) & {"checksums", "generation", "trusted", "reconciliation", "ledger", "series"}
         )
     if unknown:
         raise fields.error(unknown[0], f"is not a field of a version-{version} checkpoint")
@@ -422,6 +445,7 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
         shards=_parse_shards(fields) if version == CHECKPOINT_VERSION else {},
         reconciliation=_parse_reconciliation(fields) if version == CHECKPOINT_VERSION else None,
         ledger=_parse_ledger(fields) if version == CHECKPOINT_VERSION else None,
+        series_seq=_parse_series(fields) if version == CHECKPOINT_VERSION else None,
     )
     if version == CHECKPOINT_VERSION:
         _verify_checksums(fields)
@@ -471,6 +495,8 @@ def _document_head(checkpoint: Checkpoint) -> dict[str, Any]:
     }
     if checkpoint.ledger is not None:
         head["ledger"] = checkpoint.ledger.to_dict()
+    if checkpoint.series_seq is not None:
+        head["series"] = {"seq": checkpoint.series_seq}
     return head
 
 

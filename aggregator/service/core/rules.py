@@ -45,6 +45,15 @@ wire format, spec, round) and reconciled against the batches
 (:mod:`aggregator.service.core.manifests`): missing reports counted after a grace period, unlisted
 batches counted, a manifest that disagrees rejected as ``manifest_mismatch``.
 
+Estimates over time
+-------------------
+With a round length, every applied batch is also added to its round's row of the
+per-round series (:class:`~aggregator.series.core.Series`, :attr:`AggregatorCore.series`):
+the round is the batch's release round. :meth:`AggregatorCore.content` takes the series'
+changes with the checkpoint's content (its ``series_deltas``, for the series file written
+before it) and records the newest one's sequence number (``series_seq``). Without a round
+length there is no series (``series`` is ``None``).
+
 Acknowledgements across checkpoint generations: :mod:`aggregator.service.core.acks`.
 """
 
@@ -59,11 +68,12 @@ import numpy.typing as npt
 
 from aggregator.estimation.estimators import AggregateState
 from aggregator.ledger.privacy_ledger import PrivacyLedger
-from aggregator.series.core import Series
+from aggregator.series.core import Delta, Series
 from aggregator.service.core.batch_codec import decode_batch_arrays
 from aggregator.service.core.checkpoint import CHECKPOINT_VERSION, Checkpoint, Counters
 from aggregator.service.core.keys import TrustedKeys
 from aggregator.service.core.manifests import Loss, Reconciler
+from aggregator.service.core.memory import BatchMemory, ShardStats
 from aggregator.service.core.silence import DEFAULT_SILENT_SHARD_ROUNDS, SilenceWatch
 from edge.batch_auth import BatchAuthError
 from edge.codec import CodecError, decode_manifest
@@ -124,6 +134,24 @@ class CoreRules:
     silent_shard_rounds: int = DEFAULT_SILENT_SHARD_ROUNDS
     """Rounds others released while a shard released nothing, from which it is silent
     (:mod:`aggregator.service.core.silence`)."""
+    series_retention: float = 7 * 86400.0
+    """Seconds the series keeps each round's own row (:class:`~aggregator.series.core.Series`)."""
+    series_step: int | None = 3600
+    """Seconds of the coarse rows older rounds are rolled into (``None``: dropped)."""
+    series_coarse_retention: float = 90 * 86400.0
+    """Seconds the coarse rows are kept past ``series_retention``."""
+
+    def new_series(self) -> Series | None:
+        """An empty series for these rules; ``None`` without a round length."""
+        if self.round_seconds is None:
+            return None
+        return Series(
+            self.spec,
+            round_seconds=self.round_seconds,
+            retention=self.series_retention,
+            step=self.series_step,
+            coarse_retention=self.series_coarse_retention,
+        )
 
     @property
     def ledger_lag_rounds(self) -> int:
@@ -160,80 +188,6 @@ class Verified:
         return int(self.seeds.size)
 
 
-class BatchMemory:
-    """Applied batch ids by round, for the newest ``retention_rounds`` rounds applied."""
-
-    def __init__(self, retention_rounds: int) -> None:
-        self.retention_rounds = retention_rounds
-        self.newest_round: int | None = None
-        self._seen: dict[bytes, int] = {}
-        self._rounds: dict[int, list[bytes]] = {}
-
-    def __len__(self) -> int:
-        return len(self._seen)
-
-    def __contains__(self, batch_id: object) -> bool:
-        return batch_id in self._seen
-
-    @property
-    def oldest_round(self) -> int | None:
-        """The oldest round still accepted; ``None`` before the first batch."""
-        if self.newest_round is None:
-            return None
-        return max(0, self.newest_round - self.retention_rounds + 1)
-
-    def stale(self, round_: int) -> bool:
-        oldest = self.oldest_round
-        return oldest is not None and round_ < oldest
-
-    def remember(self, batch_id: bytes, round_: int) -> None:
-        self._seen[batch_id] = round_
-        self._rounds.setdefault(round_, []).append(batch_id)
-        if self.newest_round is None or round_ > self.newest_round:
-            self.newest_round = round_
-            self._evict()
-
-    def _evict(self) -> None:
-        """Forget the ids of rounds below the horizon (those batches are now stale)."""
-        oldest = self.oldest_round
-        if oldest is None:
-            return
-        for round_ in [r for r in self._rounds if r < oldest]:
-            for batch_id in self._rounds.pop(round_):
-                self._seen.pop(batch_id, None)
-
-    def by_round(self) -> dict[int, tuple[bytes, ...]]:
-        """A copy: round -> ids applied in it."""
-        return {r: tuple(ids) for r, ids in self._rounds.items()}
-
-    def restore(self, rounds: dict[int, list[bytes]]) -> None:
-        self._seen.clear()
-        self._rounds.clear()
-        self.newest_round = None
-        for round_, ids in sorted(rounds.items()):
-            for batch_id in ids:
-                self.remember(batch_id, round_)
-
-
-@dataclass
-class ShardStats:
-    """Batches applied of one shard: the smallest is the guarantee its reports have."""
-
-    batches: int = 0
-    reports: int = 0
-    smallest: int | None = None
-    latest: int | None = None
-
-    def add(self, size: int) -> None:
-        self.batches += 1
-        self.reports += size
-        self.smallest = size if self.smallest is None else min(self.smallest, size)
-        self.latest = size
-
-    def to_json(self) -> dict[str, int | None]:
-        return dict(self.__dict__)
-
-
 class AggregatorCore:
     """The state the aggregator keeps and the rules that change it (module docs).
 
@@ -254,8 +208,11 @@ class AggregatorCore:
         """Which shard of the layout in force released nothing for a while (not in the
         checkpoint: it starts afresh with each run)."""
         self.state = AggregateState(rules.spec)
-        rs = rules.round_seconds  # the series (retention: a week) needs the round length
-        self.series = None if rs is None else Series(rules.spec, round_seconds=rs, retention=604800)
+        self.series = rules.new_series()
+        """Each round's own sums (module docs, *Estimates over time*)."""
+        self.series_kept = True
+        """Whether a file keeps the series' changes (a checkpoint); if not, they are
+        forgotten as they come."""
         self.counters = Counters()
         self.memory = BatchMemory(rules.retention_rounds)
         self.ledger = PrivacyLedger(rules.spec, delta=delta, round_seconds=rules.round_seconds)
@@ -358,10 +315,13 @@ class AggregatorCore:
             self._touch()
             raise RejectedError("stale_round", batch.size)
         self.state.merge(partial)
-        if self.series is not None:
-            self.series.add(batch.round, partial, batch_size=partial.n)
         self.memory.remember(batch.batch_id, batch.round)
         size = partial.n
+        if self.series is not None:
+            self.series.add(batch.round, partial, batch_size=size)
+            if not self.series_kept:  # no file: nothing to keep for
+                self.series.take()
+                self.series.committed(self.series.seq)
         self.counters.reports += size
         self.counters.batches += 1
         self.smallest_batch = (
@@ -539,9 +499,15 @@ class AggregatorCore:
 
     def content(self, *, generation: int, written_at: float) -> Checkpoint:
         """What a checkpoint holds, as copies (O(d) for the sums, O(retained ids) for the
-        ids), to serialise later in another thread; clears ``dirty``."""
+        ids), to serialise later in another thread, with the series' changes not yet
+        committed (module docs, *Estimates over time*; rows past their retention rolled up
+        at ``written_at`` first); clears ``dirty``."""
         self.dirty = False
         self.compact_ledger()
+        deltas: tuple[Delta, ...] = ()
+        if self.series is not None:
+            self.series.expire(written_at)
+            deltas = tuple(self.series.take())
         return Checkpoint(
             version=CHECKPOINT_VERSION,
             generation=generation,
@@ -560,11 +526,16 @@ class AggregatorCore:
             written_at=written_at,
             shards={label: stats.to_json() for label, stats in sorted(self.shards.items())},
             reconciliation=self.reconciler.to_json(),
+            series_seq=None if self.series is None else self.series.seq,
+            series_deltas=deltas,
         )
 
     def restore(self, checkpoint: Checkpoint) -> None:
-        """Resume from ``checkpoint`` (already checked: :func:`check_resumable`)."""
+        """Resume from ``checkpoint`` (already checked: :func:`check_resumable`); the series
+        starts empty, for the shell to replay its file into
+        (:func:`aggregator.service.series_file.recover_series`)."""
         self.state = checkpoint.state.copy()
+        self.series = self.rules.new_series()
         self.memory.restore(checkpoint.batch_rounds)
         self.counters = checkpoint.counters.copy()
         self.smallest_batch = checkpoint.smallest_batch
