@@ -46,6 +46,7 @@ from broker.core.effects import (
     Outboxed,
     Pooled,
     Released,
+    batch_count_of,
     batch_id_of,
     is_manifest,
 )
@@ -76,6 +77,7 @@ __all__ = ["UNKNOWN", "RepairReport", "repair"]
 logger = logging.getLogger("broker.repair")  # a fixed name: broker/__init__.py, "Loggers"
 UNKNOWN = "unknown"
 Count = int | str  # a count, or UNKNOWN
+_BATCH_HEADER = 30  # edge.codec's batch header, up to its record count
 _MOVES = (RELEASED, DROPPED, CARRIED, CONFIGURED, OUTBOXED)  # kinds that move pooled reports
 
 
@@ -162,9 +164,10 @@ def _batch_pairs(effect: Effect) -> Counter[tuple[int, int]]:
     out: Counter[tuple[int, int]] = Counter()
     if isinstance(effect, Released | Outboxed):
         for message in effect.messages:
-            if is_manifest(message) or len(message) < 30 + 64:
+            if len(message) < _BATCH_HEADER or is_manifest(message):
                 continue
-            records = message[30:-64]
+            count = batch_count_of(message)  # records follow the header; the seal follows them
+            records = message[_BATCH_HEADER : _BATCH_HEADER + 6 * count]
             for i in range(0, len(records) - 5, 6):
                 seed = int.from_bytes(records[i : i + 4], "big")
                 out[seed, int.from_bytes(records[i + 4 : i + 6], "big")] += 1
@@ -338,9 +341,12 @@ def _salvage_file(
             report.bytes_dropped = len(data)
             report.records_dropped = report.reports_dropped = UNKNOWN
             report.released_reports_dropped = report.reports_lost = UNKNOWN
-            if ends is not None and all(e.records == 0 for e in ends):
-                report.records_dropped = report.reports_dropped = 0
-                report.released_reports_dropped = report.reports_lost = 0
+            counts = {(e.records, e.reports, e.released) for e in ends or ()}
+            if len(counts) == 1:  # whichever file it was, every record it held is gone
+                ((records, reports, released),) = counts
+                report.records_dropped, report.reports_dropped = records, reports
+                report.released_reports_dropped = released
+                report.reports_lost = 0 if reports == 0 else UNKNOWN
             return []
         salt = found
     end = None
