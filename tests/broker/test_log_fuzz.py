@@ -28,7 +28,7 @@ import random
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,18 +85,17 @@ def _build(directory: Path, seed: int, *, compact: bool) -> Base:
     maker = _maker(rng)
     effects: list[Effect] = []
 
-    def commit(batch: list[Effect]) -> None:
+    def commit(batch: Sequence[Effect]) -> None:
         log.extend(batch)
         for effect in batch:
             core.apply(effect)
         effects.extend(batch)
 
     commit(core.reconfigure(maker))
-    now, device = T0, 0
+    now = T0
     steps = 60
     for step in range(steps):
         for _ in range(rng.randrange(0, 9)):
-            device += 1
             round_ = int(now // 10) - (rng.random() < 0.2)
             seed_ = rng.getrandbits(32)
             core.offer(now, rng.getrandbits(64), (FP, round_, seed_, rng.randrange(8)))
