@@ -178,13 +178,22 @@ def _round_of(effect: Effect) -> int | None:
     return getattr(effect, "round", None)
 
 
-def _touches(effect: Effect, round_: int) -> bool:
-    """Whether a salvaged effect may release, drop, move or renumber ``round_``'s pool."""
-    if isinstance(effect, Released | Dropped | Pooled):
-        return effect.round == round_
-    if isinstance(effect, Carried):
-        return round_ in (effect.source, effect.target)
-    return isinstance(effect, Configured)  # (a renumbering moves every pool)
+def _fate(later: list[Effect], round_: int) -> str:
+    """What the salvaged effects after a dropped record do to ``round_``'s pool:
+    ``released``, ``dropped``, ``pooled`` (nothing: still waiting at the end) or
+    ``unknown`` (renumbered, or rebuilt by a snapshot)."""
+    for effect in later:
+        if isinstance(effect, Carried) and effect.source == round_:
+            round_ = effect.target
+        elif isinstance(effect, Released) and effect.round == round_:
+            return "released"
+        elif isinstance(effect, Dropped) and effect.round == round_:
+            return "dropped"
+        elif isinstance(effect, Configured) or (
+            isinstance(effect, Pooled) and effect.round == round_
+        ):
+            return "unknown"
+    return "pooled"
 
 
 class _Salvage:
@@ -223,8 +232,11 @@ def _lost(data: bytes, salvage: _Salvage, dropped: list[_Dropped]) -> Count:
         if not Counter(pairs) - released:
             continue  # a salvaged batch released every one of them
         round_ = int.from_bytes(body[:4], "little")
-        if round_ not in known_rounds or any(_touches(e, round_) for e in later):
-            return UNKNOWN  # (a damaged round, or a pool released or moved since)
+        fate = _fate(later, round_) if round_ in known_rounds else "unknown"
+        if fate == "dropped":
+            continue  # dropped (and counted) with their pool, damage or not
+        if fate != "pooled":
+            return UNKNOWN  # (a damaged round or seed, or a pool renumbered since)
         if any(d.kind in _MOVES and d.offset > record.offset for d in dropped):
             return UNKNOWN  # a dropped record after it may have released them
         lost += len(pairs)

@@ -16,13 +16,63 @@ only after ``fsync``: with ``fsync=True`` every write is synced; by default only
 compactions are. bench/bench_pipeline.py measures both.
 
 Format and damage (:mod:`broker.store.records`): a checked file header, then framed records with
-a marker and separate checksums over each record's head and body. Only the last record can
-be torn by a crash: a record cut short (or garbled) at the end, with no valid record after
-it, is discarded and the file truncated to the last whole record, with a WARNING. Anything
-else that does not read, a damaged length or body with intact records after it, is
-*damage*: :class:`LogDamagedError` names the file and the offset and the shuffler refuses to
-start; ``coco shuffler repair`` (:mod:`broker.store.repair`) salvages every intact record.
-A version-1 log (no header) is read through :mod:`broker.store.logv1` and rewritten.
+a marker and separate checksums over each record's head and body, so a record that does not
+read is found wherever it is. What the checksums cannot tell is *where the log should end*:
+a file cut at a record boundary reads like a log whose last records were never written, and
+a damaged last record like one a crash tore. The acknowledged end (``effects.mark``,
+:mod:`broker.store.mark`) says it.
+
+What a torn write can look like, and why the start tells it from damage:
+
+1. The log has one writer (the state directory is ``flock``'ed) and is opened
+   ``O_APPEND``. Every write is one call of :meth:`EffectLog.write` with whole records (a
+   socket read's reports, a tick's effects): ``write(2)`` until all of it is in (a short
+   write goes on), and after an error the file is cut back to where it was. So at any
+   moment the file is: the header, the records of every write that returned, then a prefix
+   (possibly empty, possibly all) of at most one write, the one in progress.
+2. When a write has returned (and been synced, with ``fsync``), its new end, with the
+   records and reports before it, is written to the mark (one ``pwrite`` of 88 bytes at
+   offset 0), and only then does :meth:`EffectLog.write` return. Nothing leaves the process
+   before that: a report's PUBACK, a batch's publish and an acknowledgement's effects all
+   come after the call that logged them. Hence the invariant: **every byte anything outside
+   the process may rely on lies below the mark's length** ``L``.
+3. A crash of the process (``kill -9``, out of memory) stops it at any instruction, but both
+   files live in the page cache: the log then holds its bytes up to ``L`` exactly as written,
+   and after ``L`` a prefix of one write (the one in progress, or the one whose mark was not
+   yet written). It cannot hold less than ``L``, a different byte below ``L``, or two writes
+   after it.
+4. So on start (:func:`broker.store.reading.read_log`) anything wrong before ``L`` is not a
+   crash: a record that does not read, a file that ends before ``L``, records that do not
+   end exactly at ``L``, or a count of records other than the mark's. It is refused
+   (:class:`LogDamagedError`, naming the file and the offset of the first bad record; a bad
+   header is named as such), never discarded: discarding it would lose acknowledged reports
+   or, a ``released`` record lost, release a pool again under a new batch id. After ``L``
+   only the last write can be: its whole records are kept and everything from its first
+   bad byte on is discarded with a WARNING. That loses nothing promised, since none of it
+   was made visible, and even when valid records follow the bad byte (which a crash cannot
+   produce, a disk can) the log kept is a prefix of what was written, never one with a
+   hole.
+5. A crash of the machine: with ``fsync`` the log is synced before its mark is written, so
+   the mark is never ahead of the durable log (the mark itself is not synced at each write:
+   after a power loss it may be behind, and the check weaker for the last writes, never
+   wrong). Without ``fsync`` the kernel may have written back the mark and not all of the
+   log, or zeros where it had not written the data: the start then refuses, since
+   acknowledged records were lost (``coco shuffler repair`` says how many); that loss is
+   what ``fsync`` is for, and it is no longer silent.
+6. A compaction writes the new file and syncs it, writes and syncs a mark holding the ends of
+   both files, renames the new file over the log, syncs the directory, then writes the
+   mark with the new end alone. Each entry names its file by the random salt in that
+   file's header, so whichever file a crash leaves in place, the mark has its end.
+7. The mark itself is checked (crc): a damaged, torn or missing mark beside a version-3 log
+   means the end cannot be trusted, and the start refuses; ``repair`` counts what it can
+   without it (``"unknown"`` otherwise) and writes a new one.
+
+Older logs: a version-2 log (before the mark) is read by the rule it was written under (a
+problem with no valid record after it is a torn tail) and rewritten at once as version 3
+with its mark; a version-1 log (no header) is read through :mod:`broker.store.logv1` and
+rewritten the same way. The cost of the mark is one ``pwrite`` per write (one per socket
+read of the ingest connection, not per report): ``bench/bench_shuffler_state.py``'s
+``ingest`` case measures it.
 
 A failed write (a full disk) writes nothing: the file is cut back to its last whole record
 (``ftruncate``), and the error is :class:`LogFullError` when the disk is full (the caller may
@@ -41,6 +91,7 @@ The state directory (``--state-dir``) holds, all mode 0600::
                  after a restart is still recognised as a duplicate)
     signing.pub  the public key of the batch signing key in use (for the aggregator)
     effects.log  the write-ahead log
+    effects.mark its acknowledged end (:mod:`broker.store.mark`)
 """
 
 from __future__ import annotations
