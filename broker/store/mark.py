@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from broker.core.effects import Admitted, Effect, Outboxed, Pooled, Released, batch_count_of
 
@@ -39,10 +39,10 @@ _CRC = struct.Struct("<I")
 SLOTS = 2
 _COUNTED = 30  # a batch's header, up to its record count
 MARK_SIZE = _HEAD.size + SLOTS * _ENTRY.size + _CRC.size
+_ONE = struct.Struct(f"<8sHHIQQQQ{_ENTRY.size}x")  # the head, one entry, an empty slot
 
 
-@dataclass(frozen=True)
-class End:
+class End(NamedTuple):
     """The acknowledged end of one log file (module docstring)."""
 
     salt: int
@@ -63,6 +63,9 @@ class End:
 
 def encode_mark(ends: Sequence[End]) -> bytes:
     """The mark file holding ``ends`` (one or two entries)."""
+    if len(ends) == 1:  # after every write: one pack, one crc
+        body = _ONE.pack(MAGIC, VERSION, 1, *ends[0])
+        return body + _CRC.pack(zlib.crc32(body))
     if not 1 <= len(ends) <= SLOTS:
         raise ValueError(f"a mark holds 1 to {SLOTS} entries, not {len(ends)}")
     body = _HEAD.pack(MAGIC, VERSION, len(ends)) + b"".join(
