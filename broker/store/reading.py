@@ -151,7 +151,8 @@ def _read_headerless(
     if ends is not None and any(e.records for e in ends):
         if len(data) < FILE_HEADER_SIZE:
             held = f"{ends[0].records} records acknowledged"
-            raise _refuse(path, f"cut in its file header ({len(data)} bytes), but {held}")
+            what = f"cut in its file header ({len(data)} bytes)" if data else "missing or empty"
+            raise _refuse(path, f"{what}, but {held}")
         raise _refuse(path, "damaged file header")
     if len(data) < FILE_HEADER_SIZE and MAGIC.startswith(data[: len(MAGIC)]):
         return Recovered([], 0, len(data), 0, End(0))  # nothing was ever written

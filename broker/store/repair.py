@@ -12,10 +12,10 @@ reports or apply garbage. The repair keeps what can be trusted and says what cou
    resumes at the next valid record), and skips each damaged stretch;
 3. it counts what it dropped against the acknowledged end (``effects.mark``): the records
    and the reports (in pools, and in released batches) of the acknowledged part that it
-   could not keep, exactly, whatever the damage hid, since the mark counts them; without
-   a mark that matches the log (a version-2 log, a mark lost or damaged) only a damaged
-   stretch whose record heads all survived can be counted, and anything else is
-   ``"unknown"``, never 0;
+   could not keep, exactly, whatever the damage hid, since the mark counts them. Without a
+   mark that matches the log (a version-2 log, a mark lost or damaged) nothing says how
+   many records a cut took from the end, so every count is ``"unknown"``, never 0 (each
+   damaged stretch still lists the kinds of the records whose heads survived);
 4. it tells which acknowledged reports are lost for good (``reports_lost``: in a dropped
    ``admitted`` or ``pooled`` record, and released by no salvaged batch after it), where
    every dropped record is known by its head, else ``"unknown"``; and it flags a release
@@ -281,16 +281,10 @@ def _count(data: bytes, salt: int, end: End | None, report: RepairReport) -> lis
         report.reports_dropped = end.reports - kept_reports
         report.released_reports_dropped = end.released - kept_released
         identified = identified and len(dropped) == report.records_dropped
-    elif identified:
-        report.records_dropped = len(dropped)
-        report.reports_dropped = sum(_reports_held(d)[0] for d in dropped)
-        batched = [_reports_held(d)[1] for d in dropped]
-        report.released_reports_dropped = (
-            UNKNOWN if None in batched else sum(b for b in batched if b is not None)
-        )
     else:
         report.records_dropped = report.reports_dropped = UNKNOWN
         report.released_reports_dropped = UNKNOWN
+        identified = False
     if report.reports_dropped == 0:
         report.reports_lost = 0
     elif not identified:
@@ -298,18 +292,6 @@ def _count(data: bytes, salt: int, end: End | None, report: RepairReport) -> lis
     else:
         report.reports_lost = _lost(data, salvage, dropped)
     return [e for _, e in salvage.kept]
-
-
-def _reports_held(record: _Dropped) -> tuple[int, int | None]:
-    """``(reports, released)`` held by a dropped record known by its head (``released``
-    ``None`` when a damaged body hides its batches)."""
-    if record.kind == ADMITTED:
-        return max(0, (record.length - 8) // 14), 0
-    if record.kind == POOLED:
-        return max(0, (record.length - 12) // 14), 0
-    if record.kind in (RELEASED, OUTBOXED):
-        return 0, None
-    return 0, 0
 
 
 def _no_log(state_dir: Path) -> StoreError:
