@@ -146,17 +146,18 @@ def read_log(path: Path, round_seconds: int) -> Recovered:
 def _read_headerless(
     path: Path, data: bytes, ends: tuple[End, ...] | None, round_seconds: int
 ) -> Recovered:
-    """A log without a valid header: empty or cut in its header (nothing acknowledged),
-    version 1, or damaged."""
-    if ends is not None and any(e.records for e in ends):
-        if len(data) < FILE_HEADER_SIZE:
-            held = f"{ends[0].records} records acknowledged"
-            what = f"cut in its file header ({len(data)} bytes)" if data else "missing or empty"
-            raise _refuse(path, f"{what}, but {held}")
-        raise _refuse(path, "damaged file header")
-    if len(data) < FILE_HEADER_SIZE and MAGIC.startswith(data[: len(MAGIC)]):
-        return Recovered([], 0, len(data), 0, End(0))  # nothing was ever written
-    if ends is not None or not looks_like_v1(data):
+    """A log without a valid header: version 1 (with a mark only if a crash interrupted
+    its upgrade, before the rename), empty or cut in its header (nothing acknowledged), or
+    damaged."""
+    if not looks_like_v1(data):
+        if ends is not None and any(e.records for e in ends):
+            if len(data) < FILE_HEADER_SIZE:
+                held = f"{ends[0].records} records acknowledged"
+                size = f"{len(data)} bytes" if data else "empty or missing"
+                raise _refuse(path, f"cut in its file header ({size}), but {held}")
+            raise _refuse(path, "damaged file header")
+        if len(data) < FILE_HEADER_SIZE and MAGIC.startswith(data[: len(MAGIC)]):
+            return Recovered([], 0, len(data), 0, End(0))  # nothing was ever written
         raise _refuse(path, "damaged file header")
     try:
         effects, whole = decode_v1(data, round_seconds, name=str(path))
