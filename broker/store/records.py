@@ -1,8 +1,8 @@
-"""The shuffler log's file format (version 2): a checked header, then framed records.
+"""The shuffler log's file format (version 3): a checked header, then framed records.
 
 ::
 
-    file header  "COCOSLOG" | version u16 = 2 | flags u16 = 0 | salt u32 | crc32 u32
+    file header  "COCOSLOG" | version u16 = 3 | flags u16 = 0 | salt u32 | crc32 u32
     record       marker u32 = "COCR" | type u8 | length u32 | head crc u32 | body | body crc u32
 
 All integers little-endian. ``head crc`` is the CRC-32 of ``marker | type | length``
@@ -16,7 +16,10 @@ a device could smuggle into a pooled report's bytes, fail its crc.
 
 A body is packed columns (one record holds every report of a socket read, a whole pool or a
 round's tokens), so replaying a log is a few numpy calls per record, not a Python object
-per report. Version-1 logs (no header) are still read (:mod:`broker.store.logv1`).
+per report. Version 3 differs from version 2 only in its promise: a version-3 log has an
+acknowledged end in ``effects.mark`` (:mod:`broker.store.mark`), a version-2 log has none
+and is read by the rules it was written under (:mod:`broker.store.wal`). Version-1 logs (no
+header) are still read (:mod:`broker.store.logv1`).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import secrets
 import struct
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from broker.core.effects import (
     Acked,
@@ -55,7 +58,8 @@ __all__ = [
 ]
 
 MAGIC = b"COCOSLOG"
-VERSION = 2
+VERSION = 3
+VERSIONS = (2, 3)
 _FILE = struct.Struct("<8sHHI")
 _CRC = struct.Struct("<I")
 FILE_HEADER_SIZE = _FILE.size + _CRC.size
@@ -87,23 +91,29 @@ TYPE_NAMES = {
 }
 
 
-def file_header(salt: int | None = None) -> tuple[bytes, int]:
+def file_header(salt: int | None = None, version: int = VERSION) -> tuple[bytes, int]:
     """A new file header and its salt (random unless given)."""
     salt = secrets.randbits(32) if salt is None else salt
-    head = _FILE.pack(MAGIC, VERSION, 0, salt)
+    head = _FILE.pack(MAGIC, version, 0, salt)
     return head + _CRC.pack(zlib.crc32(head)), salt
 
 
-def read_header(data: bytes | memoryview) -> int | None:
-    """The salt of a valid version-2 header at the start of ``data``, else ``None``."""
+def header_of(data: bytes | memoryview) -> tuple[int, int] | None:
+    """``(version, salt)`` of a valid version-2 or -3 header at the start of ``data``."""
     if len(data) < FILE_HEADER_SIZE:
         return None
     magic, version, _flags, salt = _FILE.unpack_from(data)
-    if magic != MAGIC or version != VERSION:
+    if magic != MAGIC or version not in VERSIONS:
         return None
     if zlib.crc32(bytes(data[: _FILE.size])) != _CRC.unpack_from(data, _FILE.size)[0]:
         return None
-    return int(salt)
+    return int(version), int(salt)
+
+
+def read_header(data: bytes | memoryview) -> int | None:
+    """The salt of a valid version-2 or -3 header at the start of ``data``, else ``None``."""
+    header = header_of(data)
+    return None if header is None else header[1]
 
 
 def _messages(messages: tuple[bytes, ...]) -> bytes:
@@ -228,6 +238,8 @@ class Scan:
     end: int
     records: int
     problem: Problem | None
+    starts: list[int] = field(default_factory=list)
+    """The offset of each record read."""
 
 
 def _record_at(data: memoryview, offset: int, salt: int) -> tuple[int, int, bytes] | str:
@@ -253,6 +265,18 @@ def _record_at(data: memoryview, offset: int, salt: int) -> tuple[int, int, byte
     return kind, end, body
 
 
+def head_at(data: bytes, offset: int, salt: int) -> tuple[int, int] | None:
+    """``(kind, length)`` of an intact record head at ``offset`` (its body may be damaged
+    or cut), else ``None``."""
+    if len(data) - offset < HEAD_SIZE:
+        return None
+    marker, kind, length = _HEAD.unpack_from(data, offset)
+    head_crc = zlib.crc32(data[offset : offset + _HEAD.size], salt)
+    if marker != MARKER or _CRC.unpack_from(data, offset + _HEAD.size)[0] != head_crc:
+        return None
+    return (kind, length) if length <= MAX_RECORD else None
+
+
 def next_valid(data: memoryview, start: int, salt: int) -> int | None:
     """The offset of the first valid record at or after ``start`` (a body that decodes
     included), else ``None``."""
@@ -274,13 +298,16 @@ def next_valid(data: memoryview, start: int, salt: int) -> int | None:
         position += 1
 
 
-def scan(data: bytes | bytearray, start: int, salt: int) -> Scan:
-    """Read records from ``start`` until the end or the first problem (module docstring:
-    the problem is a torn tail if no valid record follows it)."""
+def scan(data: bytes | bytearray, start: int, salt: int, stop: int | None = None) -> Scan:
+    """Read records from ``start`` until the end (or the first record that ends at or after
+    ``stop``) or the first problem (module docstring: the problem is a torn tail if no
+    valid record follows it)."""
     view = memoryview(data)
     effects: list[Effect] = []
+    starts: list[int] = []
     offset, size, records = start, len(data), 0
-    while offset < size:
+    stop = size if stop is None else min(stop, size)
+    while offset < stop:
         found = _record_at(view, offset, salt)
         kind: int | None = None
         length: int | None = None
@@ -298,12 +325,13 @@ def scan(data: bytes | bytearray, start: int, salt: int) -> Scan:
             except (ValueError, struct.error, UnicodeDecodeError) as exc:
                 reason = f"bad {TYPE_NAMES.get(kind, f'type-{kind}')} record: {exc}"
             else:
+                starts.append(offset)
                 offset = end
                 records += 1
                 continue
         problem = Problem(offset, reason, next_valid(view, offset + 1, salt), kind, length)
-        return Scan(effects, offset, records, problem)
-    return Scan(effects, offset, records, None)
+        return Scan(effects, offset, records, problem, starts)
+    return Scan(effects, offset, records, None, starts)
 
 
 def record_spans(data: bytes, salt: int) -> list[tuple[int, int, int]]:
@@ -320,3 +348,64 @@ def record_spans(data: bytes, salt: int) -> list[tuple[int, int, int]]:
         spans.append((offset, kind, end))
         offset = end
     return spans
+
+
+_SALT_BASIS: list[int] = []
+
+
+def _salt_basis() -> list[int]:
+    """``crc32(head, 1 << i) ^ crc32(head, 0)`` for each bit ``i`` of a salt: the CRC of a
+    fixed-length input is affine in its starting value, so these 32 columns give the head
+    crc of any salt (the same for every 9-byte head)."""
+    if not _SALT_BASIS:
+        zero = bytes(_HEAD.size)
+        base = zlib.crc32(zero, 0)
+        _SALT_BASIS.extend(zlib.crc32(zero, 1 << i) ^ base for i in range(32))
+    return _SALT_BASIS
+
+
+def salt_of(head: bytes, head_crc: int) -> int | None:
+    """The salt under which ``head`` (9 bytes) has the crc ``head_crc``: solved over GF(2)
+    from :func:`_salt_basis` (``None`` if no salt gives it)."""
+    target = head_crc ^ zlib.crc32(head, 0)
+    rows = [(column, 1 << i) for i, column in enumerate(_salt_basis())]
+    salt = 0
+    for bit in range(32):  # Gaussian elimination on the columns, pivoting on each bit
+        pivot = next((k for k, (column, _) in enumerate(rows) if column >> bit & 1), None)
+        if pivot is None:
+            continue
+        column, which = rows.pop(pivot)
+        rows = [(c ^ column, w ^ which) if c >> bit & 1 else (c, w) for c, w in rows]
+        if target >> bit & 1:
+            target ^= column
+            salt ^= which
+    return salt if target == 0 else None
+
+
+def find_salt(data: bytes, start: int = FILE_HEADER_SIZE) -> int | None:
+    """The salt of a log whose header is damaged, from its records alone: the body crc of a
+    record starts from its stored head crc (no salt needed to check it), and the salt that
+    gives that head crc is unique (:func:`salt_of`). The first record at or after
+    ``start`` whose body checks and decodes, and whose solved salt reads it, gives it."""
+    view = memoryview(data)
+    position = start
+    while True:
+        position = data.find(MARKER, position)
+        if position < 0 or len(data) - position < HEAD_SIZE:
+            return None
+        head = bytes(view[position : position + _HEAD.size])
+        (head_crc,) = _CRC.unpack_from(data, position + _HEAD.size)
+        _, kind, length = _HEAD.unpack(head)
+        end = position + HEAD_SIZE + length + _CRC.size
+        if length <= MAX_RECORD and end <= len(data):
+            body = bytes(view[position + HEAD_SIZE : end - _CRC.size])
+            if zlib.crc32(body, head_crc) == _CRC.unpack_from(data, end - _CRC.size)[0]:
+                salt = salt_of(head, head_crc)
+                if salt is not None and not isinstance(_record_at(view, position, salt), str):
+                    try:
+                        decode_record(kind, body)
+                    except (ValueError, struct.error, UnicodeDecodeError):
+                        pass
+                    else:
+                        return salt
+        position += 1

@@ -16,13 +16,63 @@ only after ``fsync``: with ``fsync=True`` every write is synced; by default only
 compactions are. bench/bench_pipeline.py measures both.
 
 Format and damage (:mod:`broker.store.records`): a checked file header, then framed records with
-a marker and separate checksums over each record's head and body. Only the last record can
-be torn by a crash: a record cut short (or garbled) at the end, with no valid record after
-it, is discarded and the file truncated to the last whole record, with a WARNING. Anything
-else that does not read, a damaged length or body with intact records after it, is
-*damage*: :class:`LogDamagedError` names the file and the offset and the shuffler refuses to
-start; ``coco shuffler repair`` (:mod:`broker.store.repair`) salvages every intact record.
-A version-1 log (no header) is read through :mod:`broker.store.logv1` and rewritten.
+a marker and separate checksums over each record's head and body, so a record that does not
+read is found wherever it is. What the checksums cannot tell is *where the log should end*:
+a file cut at a record boundary reads like a log whose last records were never written, and
+a damaged last record like one a crash tore. The acknowledged end (``effects.mark``,
+:mod:`broker.store.mark`) says it.
+
+What a torn write can look like, and why the start tells it from damage:
+
+1. The log has one writer (the state directory is ``flock``'ed) and is opened
+   ``O_APPEND``. Every write is one call of :meth:`EffectLog.write` with whole records (a
+   socket read's reports, a tick's effects): ``write(2)`` until all of it is in (a short
+   write goes on), and after an error the file is cut back to where it was. So at any
+   moment the file is: the header, the records of every write that returned, then a prefix
+   (possibly empty, possibly all) of at most one write, the one in progress.
+2. When a write has returned (and been synced, with ``fsync``), its new end, with the
+   records and reports before it, is written to the mark (one ``pwrite`` of 88 bytes at
+   offset 0), and only then does :meth:`EffectLog.write` return. Nothing leaves the process
+   before that: a report's PUBACK, a batch's publish and an acknowledgement's effects all
+   come after the call that logged them. Hence the invariant: **every byte anything outside
+   the process may rely on lies below the mark's length** ``L``.
+3. A crash of the process (``kill -9``, out of memory) stops it at any instruction, but both
+   files live in the page cache: the log then holds its bytes up to ``L`` exactly as written,
+   and after ``L`` a prefix of one write (the one in progress, or the one whose mark was not
+   yet written). It cannot hold less than ``L``, a different byte below ``L``, or two writes
+   after it.
+4. So on start (:func:`broker.store.reading.read_log`) anything wrong before ``L`` is not a
+   crash: a record that does not read, a file that ends before ``L``, records that do not
+   end exactly at ``L``, or a count of records other than the mark's. It is refused
+   (:class:`LogDamagedError`, naming the file and the offset of the first bad record; a bad
+   header is named as such), never discarded: discarding it would lose acknowledged reports
+   or, a ``released`` record lost, release a pool again under a new batch id. After ``L``
+   only the last write can be: its whole records are kept and everything from its first
+   bad byte on is discarded with a WARNING. That loses nothing promised, since none of it
+   was made visible, and even when valid records follow the bad byte (which a crash cannot
+   produce, a disk can) the log kept is a prefix of what was written, never one with a
+   hole.
+5. A crash of the machine: with ``fsync`` the log is synced before its mark is written, so
+   the mark is never ahead of the durable log (the mark itself is not synced at each write:
+   after a power loss it may be behind, and the check weaker for the last writes, never
+   wrong). Without ``fsync`` the kernel may have written back the mark and not all of the
+   log, or zeros where it had not written the data: the start then refuses, since
+   acknowledged records were lost (``coco shuffler repair`` says how many); that loss is
+   what ``fsync`` is for, and it is no longer silent.
+6. A compaction writes the new file and syncs it, writes and syncs a mark holding the ends of
+   both files, renames the new file over the log, syncs the directory, then writes the
+   mark with the new end alone. Each entry names its file by the random salt in that
+   file's header, so whichever file a crash leaves in place, the mark has its end.
+7. The mark itself is checked (crc): a damaged, torn or missing mark beside a version-3 log
+   means the end cannot be trusted, and the start refuses; ``repair`` counts what it can
+   without it (``"unknown"`` otherwise) and writes a new one.
+
+Older logs: a version-2 log (before the mark) is read by the rule it was written under (a
+problem with no valid record after it is a torn tail) and rewritten at once as version 3
+with its mark; a version-1 log (no header) is read through :mod:`broker.store.logv1` and
+rewritten the same way. The cost of the mark is one ``pwrite`` per write (one per socket
+read of the ingest connection, not per report): ``bench/bench_shuffler_state.py``'s
+``ingest`` case measures it.
 
 A failed write (a full disk) writes nothing: the file is cut back to its last whole record
 (``ftruncate``), and the error is :class:`LogFullError` when the disk is full (the caller may
@@ -41,6 +91,7 @@ The state directory (``--state-dir``) holds, all mode 0600::
                  after a restart is still recognised as a duplicate)
     signing.pub  the public key of the batch signing key in use (for the aggregator)
     effects.log  the write-ahead log
+    effects.mark its acknowledged end (:mod:`broker.store.mark`)
 """
 
 from __future__ import annotations
@@ -56,20 +107,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from broker.core.effects import Effect
-from broker.store.logv1 import V1Error, decode_v1
-from broker.store.records import (
-    FILE_HEADER_SIZE,
-    MAGIC,
-    MARKER,
-    TYPE_NAMES,
-    Problem,
-    encode_effect,
-    encode_effects,
-    file_header,
-    read_header,
-    scan,
-)
-from edge.errors import CocoError
+from broker.store.mark import MARK_SIZE, End, encode_mark, held, totals
+from broker.store.reading import LogDamagedError, StoreError, mark_path, read_log
+from broker.store.records import encode_effect, file_header
 
 __all__ = [
     "EffectLog",
@@ -84,23 +124,6 @@ logger = logging.getLogger("broker.store")  # a fixed name: broker/__init__.py, 
 
 _KEY_SIZE = 32
 _FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-class StoreError(CocoError):
-    """The state directory or its log cannot be used (the message names the file)."""
-
-
-class LogDamagedError(StoreError):
-    """The log is damaged before its end (not a torn tail): refuse, repair."""
-
-    def __init__(self, path: Path, problem: Problem) -> None:
-        kind = "" if problem.kind is None else f" ({TYPE_NAMES.get(problem.kind, '?')} record)"
-        super().__init__(
-            f"shuffler log {path} is damaged at offset {problem.offset}{kind}: "
-            f"{problem.reason}, and intact records follow at offset {problem.next_good}; "
-            f"refusing to start (run: coco shuffler repair --state-dir {path.parent})"
-        )
-        self.problem = problem
 
 
 class LogFullError(OSError):
@@ -119,53 +142,6 @@ def token_of(key: bytes, device: str) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
-def looks_like_v1(data: bytes) -> bool:
-    """Whether ``data`` (no valid version-2 header) is a version-1 log: it starts with a
-    record type 1-9. Anything that resembles a version-2 header (most of its magic, or a
-    record marker where the first record starts) is a damaged one, never read as a
-    version-1 log (which would find nothing in it and truncate it)."""
-    resembles = sum(a == b for a, b in zip(data[: len(MAGIC)], MAGIC, strict=False)) >= 4
-    marker = data[FILE_HEADER_SIZE : FILE_HEADER_SIZE + len(MARKER)] == MARKER
-    return not resembles and not marker and len(data) >= 5 and 1 <= data[0] <= 9
-
-
-def read_log(path: Path, round_seconds: int) -> tuple[list[Effect], int, int | None, int]:
-    """``(effects, whole, salt, size)``: the effects of the log at ``path`` and the length
-    of its whole records (``salt`` None: version 1 or empty). :class:`LogDamagedError` for
-    damage before the end; a torn tail is left out of ``whole``."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return [], 0, None, 0
-    except OSError as exc:
-        raise StoreError(f"cannot read the shuffler log {path}: {exc}") from exc
-    if not data:
-        return [], 0, None, 0
-    salt = read_header(data)
-    if salt is None:
-        if len(data) < FILE_HEADER_SIZE and MAGIC.startswith(data[: len(MAGIC)]):
-            return [], 0, None, len(data)  # a header cut short: nothing was written
-        if not looks_like_v1(data):
-            raise StoreError(
-                f"shuffler log {path}: damaged file header; refusing to start "
-                f"(run: coco shuffler repair --state-dir {path.parent})"
-            )
-        try:
-            effects, whole = decode_v1(data, round_seconds, name=str(path))
-        except V1Error as exc:
-            raise StoreError(
-                f"{exc}: neither a readable version-1 log nor a version-2 one; refusing to "
-                f"start (run: coco shuffler repair --state-dir {path.parent})"
-            ) from None
-        logger.info("shuffler log %s: version 1, read and rewritten as version 2", path)
-        return effects, whole, None, len(data)
-    result = scan(data, FILE_HEADER_SIZE, salt)
-    problem = result.problem
-    if problem is not None and problem.next_good is not None:
-        raise LogDamagedError(path, problem)
-    return result.effects, result.end, salt, len(data)
-
-
 class EffectLog:
     """The append-only log of one shuffler's effects (module docstring)."""
 
@@ -175,47 +151,82 @@ class EffectLog:
         self.round_seconds = round_seconds
         """Only to read a version-1 log, whose closed rounds are round numbers."""
         self._fd: int | None = None
-        self._salt = 0
+        self._mark_fd: int | None = None
+        self._end = End(0)
         self._staged = bytearray()
+        self._counts = [0, 0, 0]  # records, reports, released staged
         self.size = 0
-        self.version = 2
+        self.version = 3
         self.failure: OSError | None = None
         """The first write error that could not be undone: from then on nothing more is
         written and every write raises, so nothing staged since can be acknowledged."""
 
+    @property
+    def end(self) -> End:
+        """The acknowledged end: what :attr:`mark_path` says after every write."""
+        return self._end
+
+    @property
+    def mark_path(self) -> Path:
+        return mark_path(self.path)
+
     def replay(self) -> list[Effect]:
-        """Every effect in the log, oldest first; truncates a torn tail (with a WARNING);
-        raises :class:`LogDamagedError` for damage before the end. Opens the log for appending
-        (a version-1 log is rewritten at the next :meth:`compact`)."""
-        effects, whole, salt, size = read_log(self.path, self.round_seconds)
-        if whole < size:
+        """Every effect in the log, oldest first; truncates a torn last write (with a
+        WARNING); raises :class:`LogDamagedError` or :class:`StoreError` for damage. Opens
+        the log for appending (a version-1 or -2 log is rewritten at once)."""
+        got = read_log(self.path, self.round_seconds)
+        if got.whole < got.size:
             logger.warning(
-                "shuffler log %s: discarding a torn record (%d bytes) at its end, offset %d",
+                "shuffler log %s: discarding a torn last write (%d bytes, never acknowledged) "
+                "at its end, offset %d",
                 self.path,
-                size - whole,
-                whole,
+                got.size - got.whole,
+                got.whole,
             )
-            os.truncate(self.path, whole)
-        if salt is None and whole:  # version 1: appends go to a fresh version-2 file
-            self.version = 1
-            self.compact(effects)
-            return effects
+            os.truncate(self.path, got.whole)
+        if got.version in (1, 2):  # appends go to a fresh version-3 file with its mark
+            self.version = got.version
+            self.compact(got.effects)
+            return got.effects
         self._open()
-        if salt is None:  # empty
-            header, self._salt = file_header()
+        if got.version == 0:  # empty: the mark first, so a header it does not cover is torn
+            header, salt = file_header()
+            os.ftruncate(self._fd_checked(), 0)
+            self.size = 0
+            self._end = End(salt)
+            self._write_mark([self._end], sync=True)
             self.write(header)
         else:
-            self._salt = salt
-            self.size = whole
-        return effects
+            self._end = got.end
+            self.size = got.whole
+            self._write_mark([self._end])
+        return got.effects
+
+    def _fd_checked(self) -> int:
+        if self._fd is None:
+            raise StoreError(f"the shuffler log {self.path} is not open")
+        return self._fd
 
     def _open(self) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
         try:
             self._fd = os.open(self.path, flags, 0o600)
+            if self._mark_fd is None:
+                mark_flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                self._mark_fd = os.open(self.mark_path, mark_flags, 0o600)
         except OSError as exc:
             raise StoreError(f"cannot open the shuffler log {self.path}: {exc}") from exc
         self.size = os.fstat(self._fd).st_size
+
+    def _write_mark(self, ends: list[End], *, sync: bool = False) -> None:
+        """Rewrite the mark whole (one ``pwrite`` at offset 0 of a file of fixed size)."""
+        if self._mark_fd is None:
+            raise StoreError(f"the shuffler log {self.path} is not open")
+        data = encode_mark(ends)
+        if os.pwrite(self._mark_fd, data, 0) != MARK_SIZE:
+            raise OSError(errno.EIO, f"short write to {self.mark_path}")
+        if sync:
+            os.fsync(self._mark_fd)
 
     def append(self, effect: Effect) -> None:
         """Write one record (one ``write(2)``, with anything staged before it)."""
@@ -225,12 +236,17 @@ class EffectLog:
     def stage(self, effect: Effect) -> None:
         """Add one record to the next write (:meth:`flush`): nothing is on disk until then."""
         self._check()
-        self._staged += encode_effect(effect, self._salt)
+        self._staged += encode_effect(effect, self._end.salt)
+        reports, released = held(effect)
+        counts = self._counts
+        counts[0] += 1
+        counts[1] += reports
+        counts[2] += released
 
     def extend(self, effects: Iterable[Effect]) -> None:
         """Write several records (after anything staged) in one ``write(2)``."""
-        self._check()
-        self._staged += encode_effects(effects, self._salt)
+        for effect in effects:
+            self.stage(effect)
         self.flush()
 
     @property
@@ -239,31 +255,36 @@ class EffectLog:
         return len(self._staged)
 
     def flush(self) -> None:
-        """Write what is staged (one ``write(2)``; synced if ``fsync``). On an error the
-        staged records are dropped: the caller fails, and none of them was acknowledged."""
+        """Write what is staged (one ``write(2)``; synced if ``fsync``), then its mark. On
+        an error the staged records are dropped: the caller fails, and none of them was
+        acknowledged."""
         self._check()
         if not self._staged:
             return
         data, self._staged = self._staged, bytearray()
-        self.write(data)
+        counts, self._counts = self._counts, [0, 0, 0]
+        self.write(data, counts)
 
-    def write(self, data: bytes | bytearray) -> None:
-        """Append ``data`` whole, or nothing: after an error the file is cut back to its
-        size before the write (:class:`LogFullError` when the disk is full; any other error,
-        or a failed cut, is sticky)."""
+    def write(self, data: bytes | bytearray, counts: list[int] | None = None) -> None:
+        """Append ``data`` whole (holding ``counts``: records, reports, released), then its
+        acknowledged end to the mark, or nothing: after an error the file is cut back to
+        its size before the write (:class:`LogFullError` when the disk is full; any other
+        error, or a failed cut, is sticky)."""
         self._check()
-        if self._fd is None:
-            raise StoreError(f"the shuffler log {self.path} is not open")
+        fd = self._fd_checked()
         view = memoryview(data)
+        end = self._end.plus(len(data), *(counts or (0, 0, 0)))
         try:
             while view:
-                written = os.write(self._fd, view)
+                written = os.write(fd, view)
                 view = view[written:]
             if self.fsync:
-                os.fsync(self._fd)
+                os.fsync(fd)
+            self._write_mark([end])
         except OSError as exc:
             try:
-                os.ftruncate(self._fd, self.size)  # no torn record in the middle of the log
+                os.ftruncate(fd, self.size)  # no torn record in the middle of the log
+                self._write_mark([self._end])
             except OSError:
                 self.failure = exc
                 raise exc from None
@@ -272,6 +293,7 @@ class EffectLog:
             self.failure = exc
             raise
         self.size += len(data)
+        self._end = end
 
     def _check(self) -> None:
         if self.failure is not None:
@@ -279,14 +301,20 @@ class EffectLog:
 
     def compact(self, effects: Iterable[Effect]) -> bool:
         """Replace the log by ``effects`` (a snapshot of the state), atomically: written to
-        a temporary file, synced, then renamed over the log. Anything staged is written
-        first. A snapshot larger than the log it would replace is not written (compaction
-        never grows the log): returns whether it replaced the log."""
+        a temporary file and synced; the mark then holds the ends of both files (synced),
+        the file is renamed over the log, and the mark holds the new one's. Anything staged
+        is written first. A snapshot larger than the log it would replace is not written
+        (compaction never grows the log): returns whether it replaced the log."""
         self.flush()  # raises after a failed write: a log that failed is never replaced
         header, salt = file_header()
-        data = header + encode_effects(effects, salt)
-        if self.version == 2 and self._fd is not None and len(data) >= self.size:
+        snapshot = list(effects)
+        data = bytearray(header)
+        for effect in snapshot:
+            data += encode_effect(effect, salt)
+        if self.version == 3 and self._fd is not None and len(data) >= self.size:
             return False
+        records, reports, released = totals(snapshot)
+        new = End(salt, len(data), records, reports, released)
         temporary = self.path.with_name(self.path.name + ".compact")
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
         fd = os.open(temporary, flags, 0o600)
@@ -295,6 +323,11 @@ class EffectLog:
             while view:
                 view = view[os.write(fd, view) :]
             os.fsync(fd)
+            if self._mark_fd is None:
+                mark_flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                self._mark_fd = os.open(self.mark_path, mark_flags, 0o600)
+            both = [self._end, new] if self.version == 3 and self._fd is not None else [new]
+            self._write_mark(both, sync=True)
         except OSError as exc:
             os.close(fd)
             with contextlib.suppress(OSError):
@@ -305,22 +338,28 @@ class EffectLog:
         os.close(fd)
         os.replace(temporary, self.path)
         _fsync_directory(self.path.parent)
-        self.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         self._open()
-        self._salt = salt
-        self.version = 2
+        self._end = new
+        self._write_mark([new])
+        self.version = 3
         self.size = len(data)
         return True
 
     def close(self) -> None:
         """Write what is staged (unless that fails: then it was never acknowledged) and
-        close the log."""
+        close the log and its mark."""
         if self._fd is not None:
             if self.failure is None:
                 with contextlib.suppress(OSError):
                     self.flush()
             os.close(self._fd)
             self._fd = None
+        if self._mark_fd is not None:
+            os.close(self._mark_fd)
+            self._mark_fd = None
 
 
 def _fsync_directory(path: Path) -> None:

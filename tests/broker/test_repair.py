@@ -1,5 +1,6 @@
 """``coco shuffler repair``: a damaged log is salvaged before and after the damage, a copy
-is kept, and what was dropped is reported (records, bytes, the reports it can tell)."""
+is kept, and what was dropped is reported (records, bytes and reports, exactly or
+"unknown")."""
 
 from __future__ import annotations
 
@@ -73,12 +74,18 @@ def test_repair_keeps_every_intact_record_and_reports_the_loss(tmp_path: Path, w
     assert report.records_kept == 4  # before and after the damage
     assert report.bytes_dropped == len(admitted(100, 5, 7).seeds) * 14 // 4 + 8 + 17
     (stretch,) = report.damaged_stretches
-    assert stretch["torn_tail"] is False
-    if where == "body":  # the head survived: the kind and its 7 reports are known
+    assert stretch["acknowledged"] is True
+    # counted against the acknowledged end, whether or not the head survived
+    assert report.acknowledged_end == "checked"
+    assert report.records_dropped == 1
+    assert report.reports_dropped == 7
+    assert report.released_reports_dropped == 0
+    if where == "body":  # the head survived: its kind is known, and no batch released them
+        assert stretch["records"] == ["admitted"]
         assert report.reports_lost == 7
-        assert report.records_dropped == 1
-    else:
-        assert report.records_dropped is None  # a damaged head hides what it was
+    else:  # a damaged head: which record it was, and so whether it is lost, is unknown
+        assert "records" not in stretch
+        assert report.reports_lost == "unknown"
     # the repaired log replays to the state without the damaged record
     recovered = EffectLog(state / "effects.log").replay()
     assert state_of(recovered) == state_of([e for i, e in enumerate(EFFECTS) if i != 2])
