@@ -323,28 +323,10 @@ class Aggregator:
                 self._lock_fd = lock_checkpoint(lock, path)
             self.publisher.bind_loop()
             if self._lent_http is not None:
-                self._lent_http.serve(
-                    Source(
-                        self.registry,
-                        self.snapshot,
-                        ready=lambda: self.ready,
-                        recovered=lambda: self.recovered,
-                        not_ready=self.not_ready,
-                        query=self.publisher.series.answer,
-                        truth=self.truth,
-                    )
-                )
+                self._lent_http.serve(self._source())
             elif self.config.http_port is not None:
                 self._http = MetricsServer(
-                    host=self.config.http_host,
-                    port=self.config.http_port,
-                    registry=self.registry,
-                    estimates=self.snapshot,
-                    ready=lambda: self.ready,
-                    recovered=lambda: self.recovered,
-                    not_ready=self.not_ready,
-                    query=self.publisher.series.answer,
-                    truth=self.truth,
+                    host=self.config.http_host, port=self.config.http_port, **self._served()
                 )
                 self._http.start()
             if path is not None:
@@ -500,17 +482,25 @@ class Aggregator:
             self._stop_http()
             self._release_lock()
             if self._lent_http is not None and self.recovered:  # the final state, served on
-                self._lent_http.serve(
-                    Source(
-                        self.registry,
-                        self.snapshot,
-                        ready=lambda: False,
-                        query=self.publisher.series.answer,
-                        truth=self.truth,
-                    )
-                )
+                self._lent_http.serve(self._source(final=True))
             self.recovered = False
             self._entered = self.publisher.entered = False
+
+    def _served(self, *, final: bool = False) -> dict[str, Any]:
+        """What the HTTP endpoint serves of this service (after it stopped: its final state,
+        never ready)."""
+        return {
+            "registry": self.registry,
+            "estimates": self.snapshot,
+            "ready": (lambda: False) if final else (lambda: self.ready),
+            "recovered": (lambda: True) if final else (lambda: self.recovered),
+            "not_ready": (lambda: None) if final else self.not_ready,
+            "query": self.publisher.series.answer,
+            "truth": self.truth,
+        }
+
+    def _source(self, *, final: bool = False) -> Source:
+        return Source(**self._served(final=final))
 
     def _stop_http(self) -> None:
         if self._http is not None:
