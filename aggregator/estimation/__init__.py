@@ -2,7 +2,9 @@
 
 * :mod:`~aggregator.estimation.estimators`: the streaming sums of reports
   (:class:`~aggregator.estimation.estimators.AggregateState`), the unbiased estimates they
-  give, and their confidence intervals;
+  give (one state, or many rows at once), and their confidence intervals;
+* :mod:`~aggregator.estimation.intervals`: the intervals themselves (normal quantile, the
+  score interval of small frequencies, Fieller's set of a conditional mean);
 * :mod:`~aggregator.estimation.projection`: the projection onto the simplex (the paper's
   post-processing of item frequencies).
 

@@ -11,7 +11,7 @@ Monte Carlo tests check for XXH32):
 with ``c0 = moments.c0`` and ``D = moments.d_freq``. The coverage of an interval at the true
 frequency ``k/n`` is then a finite sum over ``V`` of its law times whether the interval the
 aggregator computes from ``V`` holds ``k/n``; the intervals are those of
-:func:`aggregator.estimation.estimators.frequency_intervals` itself. No simulation: these numbers
+:func:`aggregator.estimation.intervals.frequency_intervals` itself. No simulation: these numbers
 are exact up to the float rounding of the binomial pmfs (tail mass below ``TAIL`` is dropped).
 
 ``python -m tests.aggregator.exact_coverage`` prints the table of docs/estimates.md.
@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
-from aggregator.estimation.estimators import frequency_intervals, normal_count_threshold, z_score
+from aggregator.estimation.intervals import frequency_intervals, normal_count_threshold, z_score
 from edge import MechanismSpec
 from edge.theory import ReportMoments
 

@@ -14,7 +14,8 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from aggregator.estimation.estimators import AggregateState, estimate, fieller_interval
+from aggregator.estimation.estimators import AggregateState, estimate
+from aggregator.estimation.intervals import fieller_interval
 from aggregator.estimation.projection import project_to_simplex
 from edge import CoCo, Collision, LocalMechanism, MechanismSpec, ReportError, device
 from edge.encoders import KeyValueEncoder, SensorEncoder

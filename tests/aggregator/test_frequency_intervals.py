@@ -20,12 +20,8 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from aggregator.estimation.estimators import (
-    AggregateState,
-    frequency_intervals,
-    normal_count_threshold,
-    z_score,
-)
+from aggregator.estimation.estimators import AggregateState
+from aggregator.estimation.intervals import frequency_intervals, normal_count_threshold, z_score
 from edge import LocalMechanism, MechanismSpec
 from tests.aggregator.exact_coverage import (
     average_coverage,

@@ -28,7 +28,8 @@ from statistics import NormalDist
 
 import numpy as np
 
-from aggregator.estimation.estimators import AggregateState, z_score
+from aggregator.estimation.estimators import AggregateState
+from aggregator.estimation.intervals import z_score
 from aggregator.series.core import Series, step_rows
 from edge import MechanismSpec
 from sim.models.sensors import SensorFleet

@@ -30,7 +30,8 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from aggregator.estimation.estimators import AggregateState, z_score
+from aggregator.estimation.estimators import AggregateState
+from aggregator.estimation.intervals import z_score
 from aggregator.series.core import Series, merge_rows
 from edge import LocalMechanism, MechanismSpec
 from edge.theory import Mechanism
