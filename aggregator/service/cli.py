@@ -474,66 +474,6 @@ def aggregator_snapshot(
     typer.echo(json.dumps(document, indent=1))
 
 
-@aggregator_app.command("series")
-def aggregator_series(
-    url: Annotated[
-        str,
-        typer.Option(envvar="COCO_AGGREGATOR_URL", help="http://host:port of a service."),
-    ],
-    start: Annotated[
-        str | None, typer.Option("--from", help="Unix seconds: rows that end after it.")
-    ] = None,
-    end: Annotated[
-        str | None, typer.Option("--to", help="Unix seconds: rows that end at or before it.")
-    ] = None,
-    step: Annotated[
-        str | None, typer.Option(help="round (default), or a duration: 15m, 1h, 1d.")
-    ] = None,
-    dims: Annotated[str | None, typer.Option(help="Dimensions, e.g. 0,3,5 (default: all).")] = None,
-    form: Annotated[str, typer.Option("--format", help="json or csv.")] = "json",
-    timeout: Annotated[float, typer.Option(help="HTTP timeout in seconds.")] = 60.0,
-) -> None:
-    """Print the estimates over time (GET /series of a running service): one row per round
-    or step, each with its estimates and intervals (docs/estimates.md)."""
-    query = {
-        name: value
-        for name, value in (
-            ("from", start),
-            ("to", end),
-            ("step", step),
-            ("dims", dims),
-            ("format", form),
-        )
-        if value is not None
-    }
-    try:
-        text = read_series_url(url, query, timeout=timeout)
-    except CocoError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(text, nl=not text.endswith("\n"))
-
-
-def read_series_url(url: str, query: dict[str, str], *, timeout: float) -> str:
-    """The ``/series`` answer of the service at ``url`` (its base, or ``.../series``) for
-    ``query``; :class:`CocoError` (one line) with the service's own line for a 400."""
-    if not url.startswith(("http://", "https://")):
-        raise CocoError(f"--url must be http(s)://host:port, got {url!r}")
-    parts = urllib.parse.urlsplit(url)
-    path = parts.path.rstrip("/")
-    path = path if path.endswith("/series") else path + "/series"
-    full = urllib.parse.urlunsplit(parts._replace(path=path, query=urllib.parse.urlencode(query)))
-    try:
-        with urllib.request.urlopen(full, timeout=timeout) as response:
-            return str(response.read().decode())
-    except urllib.error.HTTPError as exc:
-        with exc:
-            line = exc.read(1000).decode(errors="replace").strip().splitlines()
-        raise CocoError(f"{full}: HTTP {exc.code}: {line[0] if line else exc.reason}") from None
-    except urllib.error.URLError as exc:
-        raise CocoError(f"cannot read {full}: {exc.reason}") from None
-
-
 @aggregator_app.command("trust")
 def aggregator_trust(
     checkpoint: Annotated[
@@ -583,11 +523,14 @@ def aggregator_trust(
     typer.echo(f"pinned in {path}")
 
 
-def _register_plot() -> None:
-    """``coco aggregator plot`` (:mod:`aggregator.service.plot_cli`)."""
+def _register_over_time() -> None:
+    """``coco aggregator series`` (:mod:`aggregator.service.series_cli`) and ``coco aggregator
+    plot`` (:mod:`aggregator.service.plot_cli`)."""
     from aggregator.service.plot_cli import aggregator_plot  # noqa: PLC0415
+    from aggregator.service.series_cli import aggregator_series  # noqa: PLC0415
 
+    aggregator_app.command("series")(aggregator_series)
     aggregator_app.command("plot")(aggregator_plot)
 
 
-_register_plot()
+_register_over_time()

@@ -12,6 +12,7 @@ process-level ``kill -9``: tests/faults/test_exactly_once.py.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import time
 from pathlib import Path
@@ -20,10 +21,12 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from numpy.typing import NDArray
+from typer.testing import CliRunner
 
 from aggregator.estimation.estimators import AggregateState
 from aggregator.series.core import Series
 from aggregator.service.checkpoint_files import previous_path
+from aggregator.service.cli import aggregator_app
 from aggregator.service.config import AggregatorConfig
 from aggregator.service.core.batch_codec import encode_batch_arrays
 from aggregator.service.series_file import SeriesFileError, load_series, series_path_for
@@ -173,3 +176,39 @@ def test_a_damaged_series_file_stops_the_start_and_new_series_starts_anew(
     assert agg.state.n == sum(size for _, _, size in plan)  # the cumulative sums stay
     assert path.with_name(path.name + ".old").read_bytes() == bytes(data)
     asyncio.run(start())  # and the next start is a plain one again
+
+
+def test_the_series_command_reads_a_stopped_service_s_checkpoint(tmp_path: Path) -> None:
+    """``coco aggregator series --checkpoint``: the stopped service's rows, each with the
+    estimate of the round's own batches (JSON and CSV), and one line for what it cannot read."""
+    plan = batches(seed=9)
+    asyncio.run(serve(tmp_path, plan))
+    checkpoint = tmp_path / "agg.json"
+    runner = CliRunner()
+    result = runner.invoke(aggregator_app, ["series", "--checkpoint", str(checkpoint)])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    expected = per_round(plan)
+    assert [row[0] for row in document["rows"]] == sorted(expected)
+    for row in document["rows"]:
+        n, _ = expected[row[0]]
+        state = AggregateState(SPEC)
+        for round_, payload, _size in plan:
+            if round_ == row[0]:
+                state.add(*decode(payload))
+        assert row[4] == n
+        assert row[7] == state.estimate().to_dict()
+    table = runner.invoke(
+        aggregator_app,
+        ["series", "--checkpoint", str(checkpoint), "--dims", "0", "--format", "csv"],
+    )
+    assert table.exit_code == 0, table.output
+    assert len(table.stdout.splitlines()) == 1 + len(expected)
+    missing = runner.invoke(aggregator_app, ["series", "--checkpoint", str(tmp_path / "no.json")])
+    assert missing.exit_code == 1
+    assert len(missing.stderr.strip().splitlines()) == 1
+    both = runner.invoke(
+        aggregator_app, ["series", "--checkpoint", str(checkpoint), "--url", "http://x:1"]
+    )
+    assert both.exit_code == 1
+    assert "exactly one of --url and --checkpoint" in both.stderr
