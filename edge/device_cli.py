@@ -43,7 +43,9 @@ Without ``--budget-per-period`` the device then runs with the announced period c
 announced one: it must not let more reports into any announced period than
 ``floor(budget_per_period / epsilon)`` (:func:`edge.budget.within_announced`); a looser one
 is refused in one line (exit 1) before anything is charged, since the aggregator states its
-per-period guarantee on the announced policy. The policy is read once, when the run starts.
+per-period guarantee on the announced policy. The policy is read once, when the run starts;
+the ledger file is checked before connecting when a cap is given on the command line, and
+once the announcement is read otherwise.
 """
 
 from __future__ import annotations
@@ -252,6 +254,7 @@ def device(
     """Publish one eps-LDP report per CSV row of sensor readings, in the current wall-clock
     round, after charging the device's privacy-budget ledger."""
     # not for --help: the publisher brings paho and numpy
+    from edge.ledger import BudgetLedger  # noqa: PLC0415
     from edge.publisher import DevicePublisher, PublisherConfig  # noqa: PLC0415
 
     lo_values = _floats("--lo", lo)
@@ -278,6 +281,8 @@ def device(
         )
         given, from_file = (None, None) if spec is None else read_spec_or_announcement(spec)
         file_round_seconds = None if from_file is None else from_file["round_seconds"]
+        if budget is not None or policy is not None:  # a bad ledger file fails before connecting
+            BudgetLedger(ledger, total_epsilon=budget, period=policy)
 
         publisher = DevicePublisher(
             config,

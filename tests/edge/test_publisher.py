@@ -624,7 +624,7 @@ def test_device_cli_refuses_a_looser_period_cap_than_announced(
         (line,) = result.stderr.splitlines()
         assert line.startswith("error: the period cap")
         assert "no looser" in line
-        assert not (tmp_path / "ledger.json").exists()
+        assert json.loads((tmp_path / "ledger.json").read_text())["reports"] == 0
 
 
 def test_device_cli_input_file_and_bad_rows(
