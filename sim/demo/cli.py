@@ -40,6 +40,13 @@ def demo(
     min_batch: Annotated[int, typer.Option(help="Smallest batch the shuffler releases.")] = 500,
     delta: Annotated[float, typer.Option(help="Target delta of the accountant.")] = 1e-6,
     seed: Annotated[int, typer.Option(help="Seed of the sensor model and randomisers.")] = 1,
+    participation: Annotated[
+        float,
+        typer.Option(
+            help="Probability q in (0, 1] with which each device reports in a round "
+            "(announced; the truth is then over the devices that reported)."
+        ),
+    ] = 1.0,
     broker: Annotated[
         str | None,
         typer.Option(
@@ -90,6 +97,7 @@ def demo(
             min_batch=min_batch,
             delta=delta,
             seed=seed,
+            participation=participation,
             broker=broker,
             embedded_broker=embedded_broker,
             timeout=timeout,

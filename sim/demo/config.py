@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 import sys
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from aggregator.estimation.estimators import AggregateState
 from aggregator.service.http import MetricsServer
 from broker.service.shuffler import parse_broker_url
 from edge import CocoError, MechanismSpec
+from edge.participation import check_participation
 
 __all__ = [
     "DEFAULT_DEVICES",
@@ -59,6 +61,9 @@ class DemoConfig:
     min_batch: int = 500
     delta: float = 1e-6
     seed: int = 1
+    participation: float = 1.0
+    """The announced ``q``: each device reports in a round with probability ``q``
+    (:mod:`edge.participation`); 1: every round (nothing drawn)."""
     broker: str | None = None
     embedded_broker: bool = False
     """Use the embedded amqtt broker even when Mosquitto is installed (ignored with ``broker``)."""
@@ -84,6 +89,15 @@ class DemoConfig:
         if not 2 <= self.min_batch <= self.devices:
             raise ValueError(
                 f"min_batch must be in [2, devices={self.devices}], got {self.min_batch}"
+            )
+        check_participation(self.participation)
+        if self.min_batch > expected_low(self.devices, self.participation):
+            raise ValueError(
+                f"with participation {self.participation:g} a round has about "
+                f"{self.devices * self.participation:.0f} of {self.devices} devices' reports, "
+                f"too few for min_batch {self.min_batch} (at most "
+                f"{expected_low(self.devices, self.participation)}: lower --min-batch or raise "
+                "--devices or --participation)"
             )
         if self.connections < 1 or self.window < 1:
             raise ValueError("connections and window must be >= 1")
@@ -114,6 +128,17 @@ class DemoRun:
     """The port the aggregator served on during the run (``None``: it did not serve)."""
     server: MetricsServer | None = None
     """With ``http_port``: the run's HTTP server, still serving the final state; stop it."""
+
+
+SAMPLING_SE = 5
+"""Binomial standard errors below its mean that a round's count of reports may fall."""
+
+
+def expected_low(devices: int, q: float) -> int:
+    """The reports a round of ``devices`` devices sampled with probability ``q`` has at least,
+    but with a chance below ``3e-7`` (:data:`SAMPLING_SE` binomial standard errors below
+    ``q N``): the largest ``min_batch`` the demo accepts, so that no round is held back."""
+    return math.floor(devices * q - SAMPLING_SE * math.sqrt(devices * q * (1 - q)))
 
 
 def page_url(port: int) -> str:

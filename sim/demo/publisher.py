@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from broker.service.shuffler import parse_broker_url
 from edge import LocalMechanism, MechanismSpec
 from edge.codec import encode_report
+from edge.participation import WORD, threshold
 from edge.rounds import current_round, seconds_to_next_round
 from edge.topics import ingress_topic
 from sim.demo.config import DemoConfig, ReportSink
@@ -42,19 +43,35 @@ class DemoFleet:
     sent: int = 0
     total: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     truth_sum: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    fleet_sum: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    """Sum of every device's readings, reporting or not (participation sampling)."""
+    fleet_count: int = 0
+    """Device-rounds in :attr:`fleet_sum`."""
 
     def reports(
         self, index: int, round_: int, rng: np.random.Generator
     ) -> list[tuple[str, int, int, int]]:
-        """The ``index``-th round of readings, randomised, as reports of ``round_``."""
+        """The ``index``-th round of readings, randomised, as reports of ``round_``, of the
+        devices sampled in it (participation ``q < 1``: one 32-bit word each from ``rng``
+        below ``floor(q 2^32)``, drawn first; nothing drawn at ``q = 1``)."""
         readings = self.sensors.readings(index)
+        self.fleet_sum = readings.sum(axis=0) + (self.fleet_sum if self.fleet_sum.size else 0)
+        self.fleet_count += len(readings)
+        devices = np.arange(len(readings))
+        q = self.config.participation
+        if q < 1:
+            words = rng.integers(0, WORD, size=len(readings), dtype=np.uint64)
+            devices = devices[words < threshold(q)]
+            readings = readings[devices]
         keys, signs = self.sensors.encoder(self.config.s).encode_batch(readings, rng)
         seeds, z = LocalMechanism.from_spec(self.spec).randomise_sparse(keys, signs, rng)
         total, _ = sparse_totals(keys, signs, self.spec.d)
         self.total = total if self.total.size == 0 else self.total + total
         truth = readings.sum(axis=0)
         self.truth_sum = truth if self.truth_sum.size == 0 else self.truth_sum + truth
-        return [(self.ids[i], round_, int(seeds[i]), int(z[i])) for i in range(self.config.devices)]
+        return [
+            (self.ids[device], round_, int(seeds[i]), int(z[i])) for i, device in enumerate(devices)
+        ]
 
     async def publish_all(
         self,

@@ -285,9 +285,9 @@ class Fleet:
         A function of the seed, the device and ``round_`` only: any round, in any order,
         gives the same reports again.
         """
-        return self._round_data(round_)[1]
+        return self.round_data(round_)[1]
 
-    def _round_data(
+    def round_data(
         self, round_: int
     ) -> tuple[list[tuple[list[int], list[int]]], list[RoundReport | None]]:
         """Every device's vector in ``round_`` and its report (``None``: not sampled)."""
@@ -309,7 +309,7 @@ class Fleet:
     def _sampled_round(self, round_: int) -> list[RoundReport | None]:
         """:meth:`reports` of ``round_``; with sampling, the round's fleet-wide truth and the
         devices that sat it out are counted."""
-        vectors, reports = self._round_data(round_)
+        vectors, reports = self.round_data(round_)
         if self.config.participation < 1:
             self.truth.add_fleet(round_, vectors)
             self.sampled_out += reports.count(None)
