@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TextIO
 import typer
 
 from edge import CocoError, MechanismSpec
-from edge.announce import participation_of, read_spec_or_announcement, shard_plan
+from edge.announce import (
+    AnnouncedPeriod,
+    participation_of,
+    period_of,
+    read_spec_or_announcement,
+    shard_plan,
+)
 from edge.cli_options import (
     DEFAULT_BROKER,
     DEFAULT_MQTT_VERSION,
@@ -146,9 +152,9 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"reports published: {summary['reports_published']} "
             f"({rate(summary['publish_rate_per_s'])})"
             + (
-                f"; participation {summary['participation']:g}, not sampled "
-                f"{summary['reports_not_sampled']}"
-                if summary["participation"] < 1
+                f"; sat out {summary['reports_sat_out']} (participation "
+                f"{summary['participation']:g}, period cap or not sampled)"
+                if summary["reports_sat_out"]
                 else ""
             ),
             f"reports not sent: {summary['reports_not_sent']} "
@@ -175,15 +181,15 @@ def _round_length(announced: int | None, given: int | None, source: str) -> int:
 
 def _file_spec(
     path: Path, given_seconds: int | None
-) -> tuple[MechanismSpec, int, ShardPlan | None, float | None]:
-    """The spec, round length, shard layouts and participation (``None``: a bare spec) of a
-    ``--spec`` file (a spec, or a whole announcement)."""
+) -> tuple[MechanismSpec, int, ShardPlan | None, float | None, AnnouncedPeriod | None]:
+    """The spec, round length, shard layouts, participation (``None``: a bare spec) and
+    period policy of a ``--spec`` file (a spec, or a whole announcement)."""
     mechanism, whole = read_spec_or_announcement(path)
     file_seconds = None if whole is None else whole["round_seconds"]
     length = _round_length(file_seconds, given_seconds, f"the spec file {path}")
     if whole is None:
-        return mechanism, length, None, None
-    return mechanism, length, shard_plan(whole), participation_of(whole)
+        return mechanism, length, None, None, None
+    return mechanism, length, shard_plan(whole), participation_of(whole), period_of(whole)
 
 
 def _participation(announced: float | None, given: float | None, source: str) -> float:
@@ -193,7 +199,8 @@ def _participation(announced: float | None, given: float | None, source: str) ->
             f"--participation {given:g} does not match the participation {announced:g} of "
             f"{source} (devices follow the announcement)"
         )
-    return check_participation(given if announced is None else announced)
+    chosen = given if announced is None else announced
+    return 1.0 if chosen is None else check_participation(chosen)
 
 
 def _write_truth(path: Path, fleet: Fleet) -> None:
@@ -240,9 +247,9 @@ def _announced_spec(
     password: str | None,
     ca_file: str | None,
     client_id: str | None = None,
-) -> tuple[MechanismSpec, int, ShardPlan | None, float]:
-    """The retained announcement's spec, round_seconds, shard layouts and participation, or
-    a :class:`FleetError` that says what failed."""
+) -> tuple[MechanismSpec, int, ShardPlan | None, float, AnnouncedPeriod | None]:
+    """The retained announcement's spec, round_seconds, shard layouts, participation and
+    period policy, or a :class:`FleetError` that says what failed."""
     import aiomqtt  # noqa: PLC0415 (not for --help)
 
     from broker.service.cli import read_announcement  # noqa: PLC0415 (the shuffler's: not for --help)
@@ -266,7 +273,8 @@ def _announced_spec(
         raise FleetError(f"reading the announcement from {broker}: {exc}") from None
     spec = MechanismSpec.from_dict(announcement["spec"])
     length = int(announcement["round_seconds"])
-    return spec, length, shard_plan(announcement), participation_of(announcement)
+    q = participation_of(announcement)
+    return spec, length, shard_plan(announcement), q, period_of(announcement)
 
 
 def _fail_if_not_sent(summary: dict[str, Any]) -> None:
@@ -463,14 +471,14 @@ def fleet(
             server = _serve_metrics(metrics_port, metrics_host, registry)
         secret = None if credentials_secret_file is None else read_secret(credentials_secret_file)
         if spec is not None:
-            mechanism, length, shards, q = _file_spec(spec, round_seconds)
+            mechanism, length, shards, q, period = _file_spec(spec, round_seconds)
             q = _participation(q, participation, f"the spec file {spec}")
         else:
             user, pw, client_id = username, password, None
             if secret is not None:  # read the announcement as device 0 would, with its id
                 user = client_id = device_id(0, prefix)
                 pw = device_password(secret, user)
-            mechanism, length, shards, q = _announced_spec(
+            mechanism, length, shards, q, period = _announced_spec(
                 broker, deployment, announcement_timeout, user, pw, ca_file, client_id
             )
             length = _round_length(length, round_seconds, "the announcement")
@@ -503,6 +511,7 @@ def fleet(
             mqtt_version=check_mqtt_version(mqtt_version),
             shards=shards,
             participation=q,
+            period=period,
         )
         if ground_truth is not None:  # a file this run cannot add to is refused before it
             _check_truth_file(ground_truth, config)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from edge import CocoError
+from edge.announce import AnnouncedPeriod
 from edge.mqtt_url import parse_broker_urls
 from edge.mqtt_version import MQTT_VERSIONS, MqttVersion
 from edge.participation import check_participation
@@ -120,6 +121,9 @@ class FleetConfig:
     participation: float = 1.0
     """The announced participation ``q``: each device reports in a round with probability
     ``q`` (:mod:`edge.participation`); 1: every round."""
+    period: AnnouncedPeriod | None = None
+    """The announced device period policy, kept by every simulated device
+    (:mod:`sim.fleet.caps`); ``None``: none announced, no cap."""
 
     def __post_init__(self) -> None:
         parse_broker_urls(self.broker)

@@ -62,11 +62,14 @@ does (:mod:`edge.participation`: one 32-bit word of its randomiser lane in the r
 nothing. With ``q = 1`` nothing is drawn, so a seed's reports are those it always gave. The
 ground truth of a round is then the mean over the devices that reported in it (what the
 aggregator estimates); the fleet-wide mean of the round (every device, reporting or not) is
-kept beside it (:class:`sim.fleet.truth.GroundTruth`).
+kept beside it (:class:`sim.fleet.truth.GroundTruth`). An announced period policy
+(``config.period``) is kept by every device (:mod:`sim.fleet.caps`): a device whose period's
+budget is spent sits rounds out, drawing nothing, until the next period.
 
 No device id is logged at INFO or above, exported as a metric label or written to the
-ground-truth file. Simulated devices keep no budget ledger: they are simulations; a real
-device runs ``coco device``, whose ledger persists every release before it is sent.
+ground-truth file. Simulated devices keep no budget ledger file: they are simulations
+(they keep an announced period policy, above); a real device runs ``coco device``, whose
+ledger persists every release before it is sent.
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ from edge.rounds import round_start
 from edge.shards import ShardLayout, ShardPlan
 from edge.topics import ingress_topic
 from sim.credentials.accounts import device_id
+from sim.fleet.caps import PeriodCaps
 from sim.fleet.config import (
     FDS_RESERVED,
     FleetConfig,
@@ -195,6 +199,18 @@ class Fleet:
         self._on_acked = on_acked
         self._mechanism = LocalMechanism.from_spec(config.spec)
         self._streams = DeviceStreams(config.seed, config.devices)
+        self._caps = (
+            None
+            if config.period is None
+            else PeriodCaps(
+                config.period,
+                epsilon=config.spec.epsilon,
+                round_seconds=config.round_seconds,
+                q=config.participation,
+                seed=config.seed,
+                n_devices=config.devices,
+            )
+        )
         self._stop = asyncio.Event()
         self.connections = Connections(config, self.metrics, self.ids, self._stop)
         self._outstanding = 0
@@ -203,8 +219,8 @@ class Fleet:
         self.rounds_used: list[int] = []
         """The wall-clock round numbers the run published in, in order."""
         self.published = 0
-        self.sampled_out = 0
-        """Device-rounds sat out by participation sampling (nothing sent)."""
+        self.sat_out = 0
+        """Device-rounds sat out (nothing sent): not sampled, or the period's budget spent."""
         self.publish_failures = dict.fromkeys(PUBLISH_FAILURE_REASONS, 0)
         self._logged: dict[str, Any] = self._tally()  # counts at the last round's log line
 
@@ -290,7 +306,9 @@ class Fleet:
     def round_data(
         self, round_: int
     ) -> tuple[list[tuple[list[int], list[int]]], list[RoundReport | None]]:
-        """Every device's vector in ``round_`` and its report (``None``: not sampled)."""
+        """Every device's vector in ``round_`` and its report (``None``: its period's budget
+        is spent, or it was not sampled)."""
+        allowed = None if self._caps is None else self._caps.allowed(round_)
         streams = self._streams
         streams.set_round(round_)
         vectors = self.model.vectors(round_, streams)
@@ -299,6 +317,9 @@ class Fleet:
         out: list[RoundReport | None] = []
         for i, (keys, signs) in enumerate(vectors):
             bits = device_bits(streams.randomiser(i))
+            if allowed is not None and not allowed[i]:  # its period's budget is spent
+                out.append(None)
+                continue
             if q < 1 and not participates(q, bits):  # q = 1 draws nothing: the old streams
                 out.append(None)
                 continue
@@ -310,9 +331,9 @@ class Fleet:
         """:meth:`reports` of ``round_``; with sampling, the round's fleet-wide truth and the
         devices that sat it out are counted."""
         vectors, reports = self.round_data(round_)
-        if self.config.participation < 1:
+        if self.config.participation < 1 or self._caps is not None:
             self.truth.add_fleet(round_, vectors)
-            self.sampled_out += reports.count(None)
+            self.sat_out += reports.count(None)
         return reports
 
     async def run(self) -> dict[str, Any]:
@@ -409,7 +430,7 @@ class Fleet:
             "reports_published": self.published,
             "reports_not_sent": sum(self.publish_failures.values()),
             "participation": cfg.participation,
-            "reports_not_sampled": self.sampled_out,
+            "reports_sat_out": self.sat_out,
             "publish_failures": dict(self.publish_failures),
             "connect_failures": dict(self.connect_failures),
             "connect_rate_per_s": (  # connections (not devices) per second

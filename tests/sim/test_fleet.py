@@ -810,8 +810,8 @@ def test_participation_sampling_sends_the_sampled_devices_and_says_both_truths(
     fleet = Fleet(cfg, on_report=lambda topic, payload: seen.append((topic, payload)))
     summary = run(fleet.run(), 60)
     assert summary["participation"] == 0.5
-    assert summary["reports_published"] + summary["reports_not_sampled"] == n * cfg.rounds
-    assert 0 < summary["reports_not_sampled"] < n * cfg.rounds
+    assert summary["reports_published"] + summary["reports_sat_out"] == n * cfg.rounds
+    assert 0 < summary["reports_sat_out"] < n * cfg.rounds
     doc = fleet.ground_truth()
     assert doc["participation"] == 0.5
     replay = Fleet(cfg)

@@ -40,6 +40,7 @@ import pytest
 
 from aggregator.estimation.estimators import AggregateState
 from edge import LocalMechanism
+from edge.announce import AnnouncedPeriod
 from edge.participation import WORD, threshold
 from edge.spec import MechanismSpec
 from sim.fleet.models import device_bits
@@ -197,3 +198,47 @@ def test_the_coverage_check_sees_the_wrong_truth() -> None:
 
 def test_threshold_probability_is_the_announced_decimal_rounded_down() -> None:
     assert Fraction(threshold(0.3), WORD) <= Fraction("0.3") < Fraction(threshold(0.3) + 1, WORD)
+
+
+def capped(devices: int, q: float, period_rounds: int, budget: float, seed: int = 3) -> Fleet:
+    return Fleet(
+        FleetConfig(
+            broker="mqtt://127.0.0.1:1",
+            deployment="d",
+            spec=SPEC,
+            devices=devices,
+            round_seconds=60,
+            seed=seed,
+            participation=q,
+            period=AnnouncedPeriod(60 * period_rounds, budget),
+        )
+    )
+
+
+@pytest.mark.parametrize("q", [1.0, 0.4])
+def test_the_announced_period_cap_is_kept_and_a_restart_renews_nothing(q: float) -> None:
+    """A cap of floor(2.5 / 1) = 2 reports per period of 6 rounds: over three periods each
+    device reports at most twice per period, in the first two rounds of the period it is
+    sampled in (q = 1: the period's first two rounds); a fleet started in the middle of a
+    period sends exactly what a fleet that ran from its start sends (no fresh budget)."""
+    devices, period_rounds = 60, 6
+    first = (FIRST_ROUND // period_rounds + 1) * period_rounds  # a period's first round
+    rounds = range(first, first + 3 * period_rounds)
+    sim = capped(devices, q, period_rounds, 2.5)
+    free = fleet(devices, q, seed=3)  # the same devices without a cap
+    sent = {r: sim.reports(r) for r in rounds}
+    for i in range(devices):
+        for k in range(3):
+            period = rounds[k * period_rounds : (k + 1) * period_rounds]
+            sampled = [r for r in period if free.reports(r)[i] is not None]
+            mine = [r for r in period if sent[r][i] is not None]
+            assert mine == sampled[:2], (i, k)
+            for r in mine:
+                assert sent[r][i] == free.reports(r)[i]  # the same report when it reports
+    middle = first + period_rounds + 3
+    restarted = capped(devices, q, period_rounds, 2.5)
+    for r in range(middle, first + 3 * period_rounds):
+        assert restarted.reports(r) == sent[r], r
+    if q == 1:
+        assert all(x is not None for x in sent[first + 1])
+        assert all(x is None for x in sent[first + 2])
