@@ -18,16 +18,23 @@ own configuration. The optional ``shards`` (a list of one or two layouts,
 :mod:`edge.shards`) makes the deployment sharded: its shufflers' keys are then per shard, in
 the layouts, and ``batch_public_key`` must be absent. The optional ``participation`` (``q``,
 a number in ``(0, 1]``; absent means 1) is the probability with which a device reports in a
-round (:mod:`edge.participation`); a ``q`` outside ``(0, 1]`` is refused. Any other key, or
-any mismatch, raises :class:`~edge.errors.SpecError`.
+round (:mod:`edge.participation`); a ``q`` outside ``(0, 1]`` is refused. The optional pair
+``period_seconds`` and ``budget_per_period`` (both or neither) is the deployment's device
+period policy (:class:`AnnouncedPeriod`): a device that follows it reports at most
+``floor(budget_per_period / epsilon)`` times per aligned period ``[k P, (k + 1) P)``
+(:mod:`edge.budget`). Any other key, or any mismatch, raises :class:`~edge.errors.SpecError`.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from edge.budget import MAX_PERIOD_SECONDS, PeriodPolicy
 from edge.codec import U32_MAX
 from edge.errors import SpecError
 from edge.participation import check_participation
@@ -37,7 +44,9 @@ from edge.spec import MechanismSpec
 
 PROTOCOL = "coco/v1"
 _KEYS = frozenset({"protocol", "spec", "min_batch", "delta", "round_seconds"})
-_OPTIONAL_KEYS = frozenset({"batch_public_key", "shards", "participation"})
+_OPTIONAL_KEYS = frozenset(
+    {"batch_public_key", "shards", "participation", "period_seconds", "budget_per_period"}
+)
 DEFAULT_ROUND_SECONDS = 60
 PUBLIC_KEY_HEX = 64
 
@@ -92,6 +101,70 @@ def _check_participation(q: object) -> float:
         raise SpecError(str(exc)) from None
 
 
+UNITS = 1 << 32
+"""Ledger units per unit of epsilon (libcoco's ledger counts ``2^-32``)."""
+MAX_BUDGET_PER_PERIOD = 1 << 31
+"""``budget_per_period`` must be below this (libcoco reads decimals below ``2^31``)."""
+
+
+@dataclass(frozen=True)
+class AnnouncedPeriod:
+    """The deployment's device period policy: at most ``budget`` local epsilon per aligned
+    period of ``seconds`` seconds (protocol 10.5 and 12.1)."""
+
+    seconds: int
+    budget: float
+
+    def policy(self) -> PeriodPolicy:
+        """The ledger's :class:`~edge.budget.PeriodPolicy` of it."""
+        return PeriodPolicy.of(self.budget, self.seconds)
+
+    def reports_per_period(self, epsilon: float) -> int:
+        """``floor(budget / epsilon)``, exactly: the most reports a device that follows the
+        policy makes in one period."""
+        return math.floor(Fraction(self.budget) / Fraction(epsilon))
+
+
+def _units(value: float, *, up: bool) -> int:
+    """The decimal ``value`` is written as (its ``repr``, the text JSON carries) in units of
+    ``2^-32``, rounded up or down, exactly (as libcoco reads it)."""
+    scaled = Fraction(repr(float(value))) * UNITS
+    return math.ceil(scaled) if up else math.floor(scaled)
+
+
+def _check_period(
+    seconds: object, budget: object, *, round_seconds: int, epsilon: float
+) -> AnnouncedPeriod:
+    """The announced period policy, if ``seconds`` is a whole number of rounds in
+    ``[1, 366 d]`` and one report fits ``budget`` in ledger units (the budget rounded down
+    to ``2^-32`` at least the epsilon rounded up: libcoco's ledger fits one report then)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int):
+        raise SpecError(f"period_seconds must be an integer, got {seconds!r}")
+    if not 1 <= seconds <= MAX_PERIOD_SECONDS or seconds % round_seconds:
+        raise SpecError(
+            f"period_seconds must be a multiple of round_seconds ({round_seconds}) in "
+            f"[1, {MAX_PERIOD_SECONDS}], got {seconds}"
+        )
+    if isinstance(budget, bool) or not isinstance(budget, int | float):
+        raise SpecError(f"budget_per_period must be a number, got {budget!r}")
+    if not (0 < budget < MAX_BUDGET_PER_PERIOD and math.isfinite(budget)):
+        raise SpecError(f"budget_per_period must be in (0, 2^31), got {budget!r}")
+    if _units(budget, up=False) < _units(epsilon, up=True):
+        raise SpecError(
+            f"budget_per_period {budget!r} is below one report's epsilon {epsilon!r}: no "
+            "report would ever fit a period"
+        )
+    return AnnouncedPeriod(seconds, float(budget))
+
+
+def period_of(announcement: dict[str, Any] | None) -> AnnouncedPeriod | None:
+    """The device period policy of a decoded announcement (``None`` when it announces
+    none, or when there is no announcement)."""
+    if announcement is None or "period_seconds" not in announcement:
+        return None
+    return AnnouncedPeriod(announcement["period_seconds"], announcement["budget_per_period"])
+
+
 def participation_of(announcement: dict[str, Any] | None) -> float:
     """The participation probability ``q`` of a decoded announcement (1 when it has none, or
     when there is no announcement)."""
@@ -121,11 +194,13 @@ def encode_announcement(
     batch_public_key: str | None = None,
     shards: ShardPlan | None = None,
     participation: float = 1.0,
+    period: AnnouncedPeriod | None = None,
 ) -> bytes:
     """The announcement payload for ``spec_dict`` (a :meth:`MechanismSpec.to_dict`).
 
-    ``participation`` (``q``) is written only when below 1, so that an announcement without
-    sampling stays the bytes it always was."""
+    ``participation`` (``q``) is written only when below 1 and ``period_seconds`` and
+    ``budget_per_period`` only with a ``period``, so that an announcement without them
+    stays the bytes it always was."""
     message: dict[str, Any] = {
         "protocol": PROTOCOL,
         "spec": _checked_spec(spec_dict),
@@ -137,6 +212,15 @@ def encode_announcement(
         message["batch_public_key"] = _check_public_key(batch_public_key)
     if _check_participation(participation) < 1:
         message["participation"] = float(participation)
+    if period is not None:
+        checked = _check_period(
+            period.seconds,
+            period.budget,
+            round_seconds=message["round_seconds"],
+            epsilon=message["spec"]["epsilon"],
+        )
+        message["period_seconds"] = checked.seconds
+        message["budget_per_period"] = checked.budget
     if shards is not None:
         if batch_public_key is not None:
             raise SpecError(
@@ -148,8 +232,8 @@ def encode_announcement(
 
 def decode_announcement(payload: bytes) -> dict[str, Any]:
     """``{"protocol", "spec", "min_batch", "delta", "round_seconds"}`` (and
-    ``"batch_public_key"`` or ``"shards"``, and ``"participation"``, when announced) of a
-    valid announcement.
+    ``"batch_public_key"`` or ``"shards"``, ``"participation"``, and ``"period_seconds"``
+    with ``"budget_per_period"``, when announced) of a valid announcement.
 
     ``spec`` is a checked :meth:`MechanismSpec.to_dict` (``MechanismSpec.from_dict`` turns it
     back into a spec); anything else raises :class:`~edge.errors.SpecError`.
@@ -178,6 +262,17 @@ def decode_announcement(payload: bytes) -> dict[str, Any]:
         decoded["batch_public_key"] = _check_public_key(message["batch_public_key"])
     if "participation" in message:
         decoded["participation"] = _check_participation(message["participation"])
+    if ("period_seconds" in message) != ("budget_per_period" in message):
+        raise SpecError("period_seconds and budget_per_period are announced together or not at all")
+    if "period_seconds" in message:
+        checked = _check_period(
+            message["period_seconds"],
+            message["budget_per_period"],
+            round_seconds=decoded["round_seconds"],
+            epsilon=decoded["spec"]["epsilon"],
+        )
+        decoded["period_seconds"] = checked.seconds
+        decoded["budget_per_period"] = checked.budget
     if "shards" in message:
         if "batch_public_key" in message:
             raise SpecError(

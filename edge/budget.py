@@ -196,3 +196,45 @@ def round_up(value: Fraction) -> float:
     """The smallest float ``>= value`` (so that a displayed spend never under-states)."""
     f = float(value)
     return f if Fraction(f) >= value else math.nextafter(f, math.inf)
+
+
+def periods_meeting(window_seconds: int, period_seconds: int) -> int:
+    """The most periods of ``period_seconds`` (aligned on Unix time) that one aligned window
+    ``[k W, (k + 1) W)`` of ``window_seconds`` meets: ``floor((W + P - g - 1) / P) + 1`` with
+    ``g = gcd(W, P)`` (``W / P`` when ``P`` divides ``W``, 1 when ``W`` divides ``P``).
+
+    The window starts ``r = k W mod P`` seconds into a period, ``r`` a multiple of ``g`` up
+    to ``P - g``, and meets ``floor((r + W - 1) / P) + 1`` periods."""
+    if window_seconds < 1 or period_seconds < 1:
+        raise ValueError("window and period must be >= 1 s")
+    g = math.gcd(window_seconds, period_seconds)
+    return (window_seconds + period_seconds - g - 1) // period_seconds + 1
+
+
+def most_reports(policy: PeriodPolicy, epsilon: Fraction, window_seconds: int) -> int:
+    """The most reports of cost ``epsilon`` a device under ``policy`` charges to the periods
+    that one aligned window of ``window_seconds`` meets (each period holds at most
+    ``floor(policy.epsilon / epsilon)``): what the window's reports cannot exceed, since a
+    report is charged to the period holding the start of its round."""
+    return (policy.epsilon // epsilon) * periods_meeting(window_seconds, policy.seconds)
+
+
+def within_announced(
+    own: PeriodPolicy | None, announced: PeriodPolicy | None, epsilon: Fraction
+) -> PeriodPolicy | None:
+    """The period cap a device runs with: its own (the operator's) when it is no looser than
+    the announced one, the announced one when the operator gave none; :class:`ValueError`
+    (one line) for an own cap that lets more reports of cost ``epsilon`` into an announced
+    period than the announced cap does (:func:`most_reports`)."""
+    if announced is None or own is None:
+        return own if announced is None else announced
+    allowed = announced.epsilon // epsilon
+    mine = most_reports(own, epsilon, announced.seconds)
+    if mine > allowed:
+        raise ValueError(
+            f"the period cap {float(own.epsilon):g} per {format_period(own.seconds)} allows "
+            f"{mine} reports in a period of the deployment's policy "
+            f"({float(announced.epsilon):g} per {format_period(announced.seconds)}, at most "
+            f"{allowed}): give a cap no looser, or none to follow the announcement"
+        )
+    return own

@@ -34,6 +34,18 @@ says so in one line naming when it starts (``note: privacy budget of this period
 the next period starts at 2025-08-01T00:00:00Z: waiting for it``), and the row is published
 then. A clock set back does not renew a period's budget. A device that should run for years
 uses a period cap (``--budget-per-period 1 --period 1d``), with or without a lifetime cap.
+
+The deployment's period policy: an announcement (retained, or the ``--spec`` file's when none
+is retained) may carry ``period_seconds`` and ``budget_per_period`` (docs/protocol.md 10.5).
+Without ``--budget-per-period`` the device then runs with the announced period cap (beside
+``--budget``, if given; with neither option and no announced policy the run is refused). A
+``--budget-per-period``/``--period`` of the operator's is kept when it is no looser than the
+announced one: it must not let more reports into any announced period than
+``floor(budget_per_period / epsilon)`` (:func:`edge.budget.within_announced`); a looser one
+is refused in one line (exit 1) before anything is charged, since the aggregator states its
+per-period guarantee on the announced policy. The policy is read once, when the run starts;
+the ledger file is checked before connecting when a cap is given on the command line, and
+once the announcement is read otherwise.
 """
 
 from __future__ import annotations
@@ -44,12 +56,12 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, TextIO
+from typing import TYPE_CHECKING, Annotated, Any, TextIO
 
 import typer
 
-from edge.announce import read_spec_file
-from edge.budget import PeriodPolicy
+from edge.announce import period_of, read_spec_or_announcement
+from edge.budget import PeriodPolicy, exact_epsilon, within_announced
 from edge.cli_options import (
     DEFAULT_BROKER,
     DEFAULT_MQTT_VERSION,
@@ -66,6 +78,10 @@ from edge.cli_options import (
 from edge.errors import CocoError, InputError
 from edge.mqtt_version import check_mqtt_version
 from edge.rounds import ClockError
+
+if TYPE_CHECKING:
+    from edge.ledger import BudgetLedger
+    from edge.publisher import LedgerOpener
 
 logger = logging.getLogger(__name__)
 
@@ -84,21 +100,42 @@ def _floats(option: str, text: str) -> tuple[float, ...]:
         ) from None
 
 
-def _period_policy(
-    budget: float | None, per_period: float | None, period: str
-) -> PeriodPolicy | None:
+def _period_policy(per_period: float | None, period: str) -> PeriodPolicy | None:
     """The period cap of the options (``None`` without ``--budget-per-period``)."""
-    if budget is None and per_period is None:
-        raise typer.BadParameter(
-            "give --budget (a lifetime cap), --budget-per-period (a period cap) or both",
-            param_hint="--budget",
-        )
     if per_period is None:
         return None
     try:
         return PeriodPolicy.of(per_period, period)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--budget-per-period/--period") from None
+
+
+def _ledger_opener(
+    path: Path,
+    budget: float | None,
+    own: PeriodPolicy | None,
+    from_file: dict[str, Any] | None,
+) -> LedgerOpener:
+    """Opens the device's ledger once the publisher resolved the announcement (or found none:
+    then the ``--spec`` file's, if it holds one): the lifetime cap ``budget`` and the period
+    cap of :func:`edge.budget.within_announced` (module doc)."""
+    from edge.ledger import BudgetLedger  # noqa: PLC0415
+
+    def open_ledger(announcement: dict[str, Any] | None, epsilon: float) -> BudgetLedger:
+        announced = period_of(announcement if announcement is not None else from_file)
+        cap = within_announced(
+            own,
+            None if announced is None else announced.policy(),
+            exact_epsilon("epsilon", epsilon, allow_zero=False),
+        )
+        if budget is None and cap is None:
+            raise ValueError(
+                "give --budget (a lifetime cap), --budget-per-period (a period cap) or both: "
+                "the deployment announces no period policy"
+            )
+        return BudgetLedger(path, total_epsilon=budget, period=cap)
+
+    return open_ledger
 
 
 def _rows(stream: TextIO, channels: int) -> Iterator[tuple[int, list[str]]]:
@@ -222,7 +259,7 @@ def device(
 
     lo_values = _floats("--lo", lo)
     hi_values = _floats("--hi", hi)
-    policy = _period_policy(budget, budget_per_period, period)
+    policy = _period_policy(budget_per_period, period)
     published = refused = failed = 0
     error: str | None = None
     publisher: DevicePublisher | None = None
@@ -242,11 +279,14 @@ def device(
             publish_timeout=timeout,
             spec_timeout=timeout,
         )
-        given, file_round_seconds = (None, None) if spec is None else read_spec_file(spec)
-        book = BudgetLedger(ledger, total_epsilon=budget, period=policy)
+        given, from_file = (None, None) if spec is None else read_spec_or_announcement(spec)
+        file_round_seconds = None if from_file is None else from_file["round_seconds"]
+        if budget is not None or policy is not None:  # a bad ledger file fails before connecting
+            BudgetLedger(ledger, total_epsilon=budget, period=policy)
+
         publisher = DevicePublisher(
             config,
-            ledger=book,
+            ledger=_ledger_opener(ledger, budget, policy, from_file),
             spec=given,
             lo=lo_values,
             hi=hi_values,
@@ -273,6 +313,7 @@ def device(
     except (CocoError, ValueError, OSError) as exc:
         error = str(exc)
     sat_out = 0 if publisher is None else publisher.sat_out
+    book = None if publisher is None else publisher.opened_ledger
     published -= sat_out
     not_sampled = f", not sampled {sat_out}" if sat_out else ""
     typer.echo(f"published {published}, refused by ledger {refused}, failed {failed}{not_sampled}")
@@ -282,10 +323,12 @@ def device(
     if failed:
         raise typer.Exit(EXIT_FAILED)
     if refused:
+        cap = None if book is None else book.period
+        per_period = "?" if cap is None else f"{float(cap.epsilon):g}"
         why = (
-            f"lifetime budget {budget:g}, {book.remaining:g} left"
+            f"lifetime budget {budget:g}, {book.remaining if book else 0:g} left"
             if budget is not None
-            else f"a report costs more than the budget per period {budget_per_period:g}"
+            else f"a report costs more than the budget per period {per_period}"
         )
         typer.echo(
             f"error: the privacy budget is spent: the ledger {ledger} refused {refused} "

@@ -59,7 +59,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from edge import device
 from edge._mechanism import LocalMechanism
@@ -75,7 +75,11 @@ from edge.shards import ShardPlan
 from edge.spec import MechanismSpec
 from edge.topics import ingress_topic
 
-__all__ = ["DevicePublisher", "PublisherConfig", "PublisherError"]
+__all__ = ["DevicePublisher", "LedgerOpener", "PublisherConfig", "PublisherError"]
+
+LedgerOpener = Callable[[dict[str, Any] | None, float], BudgetLedger]
+"""Opens a device's ledger given the resolved announcement (``None`` when none is retained)
+and the spec's epsilon (one report's cost)."""
 
 logger = logging.getLogger(__name__)
 
@@ -96,13 +100,17 @@ class DevicePublisher(BrokerLink):
     :func:`time.time`; tests give a fixed or offset clock). ``on_wait`` receives the one line
     said when a period cap makes a publish wait for the next period (default: a warning in
     the log).
+
+    ``ledger`` is the device's ledger, or a function that opens it from the announcement
+    resolved by :meth:`start` (``None`` when none is retained): ``coco device`` opens its
+    ledger with the announced period policy that way.
     """
 
     def __init__(
         self,
         config: PublisherConfig,
         *,
-        ledger: BudgetLedger,
+        ledger: BudgetLedger | LedgerOpener,
         spec: MechanismSpec | None = None,
         lo: Sequence[float] | None = None,
         hi: Sequence[float] | None = None,
@@ -114,7 +122,8 @@ class DevicePublisher(BrokerLink):
         if (lo is None) != (hi is None):
             raise ValueError("give both lo and hi, or neither")
         super().__init__(config, spec=spec, round_seconds=round_seconds)
-        self.ledger = ledger
+        self._ledger = ledger if isinstance(ledger, BudgetLedger) else None
+        self._open_ledger = None if isinstance(ledger, BudgetLedger) else ledger
         self._lo = None if lo is None else tuple(lo)
         self._hi = None if hi is None else tuple(hi)
         self._clip = clip
@@ -144,6 +153,18 @@ class DevicePublisher(BrokerLink):
         self.close()
 
     @property
+    def ledger(self) -> BudgetLedger:
+        """The device's ledger (opened by :meth:`start` when given as a function)."""
+        if self._ledger is None:
+            raise PublisherError("the ledger is opened when the publisher starts")
+        return self._ledger
+
+    @property
+    def opened_ledger(self) -> BudgetLedger | None:
+        """The ledger if it is open (``None`` before :meth:`start` opened it)."""
+        return self._ledger
+
+    @property
     def participation(self) -> float:
         """The announced participation probability ``q`` (1 without an announcement or
         without the key)."""
@@ -159,6 +180,12 @@ class DevicePublisher(BrokerLink):
         """Connect, resolve the spec, and return it. Raises on timeout or mismatch."""
         self._connect()
         assert self._spec is not None
+        if self._ledger is None and self._open_ledger is not None:
+            try:
+                self._ledger = self._open_ledger(self.announcement, self._spec.epsilon)
+            except BaseException:
+                self.close()
+                raise
         self._mechanism = LocalMechanism.from_spec(self._spec)
         if self._lo is not None and self._hi is not None:
             if len(self._lo) != self._spec.d:

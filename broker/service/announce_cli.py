@@ -4,7 +4,12 @@ Devices, the shuffler and the aggregator all read the retained message on
 ``coco/v1/<deployment>/spec`` (docs/protocol.md, section 10.5), so one command fixes what the
 whole deployment runs: the mechanism spec, the shuffler's ``min_batch`` and the accountant's
 ``delta``, and for a sharded deployment its shard layouts (``--shard-key`` once per shard;
-``--reshard`` adds a layout to the announced one: docs/protocol.md, section 13).
+``--reshard`` adds a layout to the announced one: docs/protocol.md, section 13). Optionally
+the participation probability ``q`` (``--participation``, written only below 1) and the
+deployment's device period policy (``--budget-per-period`` per ``--period``): devices report
+in a round with probability ``q``, and a device that follows the policy reports at most
+``floor(budget_per_period / epsilon)`` times per period (docs/protocol.md, 10.5, 12.1,
+12.2). ``--reshard`` keeps both from the current announcement unless they are given.
 
 The announcement is published retained at QoS 1 over MQTT 5, or 3.1.1 where the broker speaks
 only that, and then read back: it counts as announced only once the broker hands the same
@@ -24,11 +29,15 @@ import typer
 from edge import CocoError, MechanismSpec
 from edge.announce import (
     DEFAULT_ROUND_SECONDS,
+    AnnouncedPeriod,
     encode_announcement,
     load_spec_file,
+    participation_of,
+    period_of,
     read_public_key,
     shard_plan,
 )
+from edge.budget import parse_period
 from edge.cli_options import (
     DEFAULT_BROKER,
     DEFAULT_MQTT_VERSION,
@@ -355,6 +364,23 @@ def _shards(
     return ShardPlan((newest, layout))
 
 
+def _policy(
+    participation: float | None,
+    budget_per_period: float | None,
+    period: str | None,
+    current: dict[str, Any] | None,
+) -> tuple[float, AnnouncedPeriod | None]:
+    """``q`` and the period policy to announce: the options', else (with ``--reshard``) the
+    current announcement's, else ``q = 1`` and no policy."""
+    if period is not None and budget_per_period is None:
+        raise ValueError("--period is the length of a --budget-per-period's period: give both")
+    q = participation_of(current) if participation is None else participation
+    announced = period_of(current)
+    if budget_per_period is not None:
+        announced = AnnouncedPeriod(parse_period(period or "1d"), budget_per_period)
+    return q, announced
+
+
 def announce(
     deployment: DeploymentOption,
     min_batch: Annotated[int, typer.Option(help="Smallest batch the shuffler may release.")],
@@ -410,6 +436,27 @@ def announce(
             "--shards-from-round on) instead of replacing it."
         ),
     ] = False,
+    participation: Annotated[
+        float | None,
+        typer.Option(
+            help="Probability q in (0, 1] with which a device reports in a round (default 1: "
+            "every round; written only below 1)."
+        ),
+    ] = None,
+    budget_per_period: Annotated[
+        float | None,
+        typer.Option(
+            help="The deployment's device period policy: the local epsilon a device may "
+            "spend per --period (at least one report's epsilon)."
+        ),
+    ] = None,
+    period: Annotated[
+        str | None,
+        typer.Option(
+            help="Length of a --budget-per-period's period: 1h, 1d, 7d ... (default 1d; a "
+            "whole number of rounds; periods aligned on Unix time)."
+        ),
+    ] = None,
     broker: BrokerOption = DEFAULT_BROKER,
     mqtt_version: MqttVersionOption = DEFAULT_MQTT_VERSION,
     dry_run: Annotated[bool, typer.Option(help="Print the announcement, publish nothing.")] = False,
@@ -437,6 +484,7 @@ def announce(
             current=current,
             round_seconds=round_seconds,
         )
+        q, announced_period = _policy(participation, budget_per_period, period, current)
         payload = encode_announcement(
             spec.to_dict(),
             min_batch=min_batch,
@@ -444,6 +492,8 @@ def announce(
             round_seconds=round_seconds,
             batch_public_key=read_public_key(batch_public_key),
             shards=plan,
+            participation=q,
+            period=announced_period,
         )
         topic = spec_topic(deployment)
         if not dry_run:

@@ -296,12 +296,19 @@ typedef struct coco_announcement {
     coco_shard_layout layouts[COCO_MAX_LAYOUTS];    /* sorted by from_round */
     /* participation q in units of 2^-32, rounded down: 2^32 (q = 1) when not announced */
     uint64_t participation_units;
+    /* The deployment's device period policy (protocol 10.5, 12.1): at most
+     * budget_per_period_units (2^-32 epsilon, rounded down) per period of period_seconds;
+     * both 0 when not announced. Pass them to coco_ledger_open_period. */
+    uint32_t period_seconds;
+    uint64_t budget_per_period_units;
 } coco_announcement;
 
 /* Parses the retained announcement (UTF-8 JSON of len bytes, not NUL-terminated) in
  * constant memory, without recursion or malloc. Checks every key of protocol 10.5 and of the
  * optional shards layouts: required keys present, no unknown or repeated key, integers in
- * range (the optional participation q in (0, 1]), the spec's fields (coco_spec_check), hash_version 1 (else
+ * range (the optional participation q in (0, 1]; the optional period_seconds and
+ * budget_per_period together, the period a multiple of round_seconds up to 366 days, the budget
+ * rounded down at least epsilon_units), the spec's fields (coco_spec_check), hash_version 1 (else
  * COCO_ERR_SPEC_HASH_VERSION), unit_weight 2^24, the fingerprint against SHA-256 of the
  * canonical string (COCO_ERR_FINGERPRINT), and epsilon against exp_eps_weight
  * (ln(E/U) <= epsilon < ln((E+1)/U), up to 2^-16, with an integer logarithm). Not checked
@@ -362,6 +369,8 @@ int coco_device_ingress_topic(const coco_announcement *a, const char *deployment
  * round * round_seconds); a time in a period below the highest one charged is charged to
  * that highest one, so a clock set back never renews a budget. */
 #define COCO_LEDGER_RECORD_SIZE 40
+/* The longest period of a period cap: 366 days, as edge/budget.py. */
+#define COCO_MAX_PERIOD_SECONDS 31622400u
 /* The version-1 record (lifetime only), still read: storage written by an older libcoco
  * holds 24 bytes, and load may return them followed by anything. */
 #define COCO_LEDGER_V1_RECORD_SIZE 24

@@ -290,6 +290,7 @@ static const char *const SPEC_KEYS[] = {"mechanism", "d", "s", "epsilon", "t", "
 typedef struct {
     coco_announcement *a;
     uint64_t epsilon_down; /* epsilon rounded down, to check it against E */
+    uint32_t period_keys;  /* bit 0: period_seconds seen, bit 1: budget_per_period seen */
 } parse_state;
 
 static int spec_member(cursor *c, int index, void *state) {
@@ -425,7 +426,7 @@ static int shards(cursor *c, coco_announcement *a) {
 
 static const char *const ROOT_KEYS[] = {"protocol",      "spec",             "min_batch", "delta",
                                         "round_seconds", "batch_public_key", "shards",
-                                        "participation"};
+                                        "participation", "period_seconds",   "budget_per_period"};
 
 static int root_member(cursor *c, int index, void *state) {
     parse_state *st = (parse_state *)state;
@@ -460,6 +461,12 @@ static int root_member(cursor *c, int index, void *state) {
         return hex_string(c, COCO_PUBLIC_KEY_SIZE, a->batch_public_key);
     case 6:
         return shards(c, a);
+    case 8: /* checked against round_seconds once the whole object is read */
+        st->period_keys |= 1u;
+        return uint32_value(c, 1, COCO_MAX_PERIOD_SECONDS, &a->period_seconds);
+    case 9: /* rounded down: the device's cap; checked against epsilon at the end */
+        st->period_keys |= 2u;
+        return decimal_value(c, 0, &a->budget_per_period_units);
     default: { /* participation: 0 < q <= 1, kept as floor(q 2^32) */
         cursor start;
         start.p = c->p;
@@ -492,13 +499,19 @@ int coco_announcement_parse(const uint8_t *json, size_t len, coco_announcement *
     }
     st.a = out;
     st.epsilon_down = 0;
+    st.period_keys = 0;
     out->participation_units = COCO_U64(1) << 32; /* absent: q = 1 */
-    rc = object(&c, ROOT_KEYS, 8, 0x1Fu, root_member, &st);
+    rc = object(&c, ROOT_KEYS, 10, 0x1Fu, root_member, &st);
     if (rc == COCO_OK && peek(&c) >= 0) {
         rc = COCO_ERR_JSON; /* trailing data */
     }
     if (rc == COCO_OK && out->has_batch_public_key && out->layout_count > 0) {
         rc = COCO_ERR_ANNOUNCEMENT; /* sharded: the keys are per shard */
+    }
+    if (rc == COCO_OK && st.period_keys != 0 &&
+        (st.period_keys != 3u || out->period_seconds % out->round_seconds != 0 ||
+         out->budget_per_period_units < out->epsilon_units)) {
+        rc = COCO_ERR_ANNOUNCEMENT; /* both or neither; whole rounds; one report fits */
     }
     if (rc == COCO_OK &&
         !coco__epsilon_matches(out->spec.exp_eps_weight, out->epsilon_units, st.epsilon_down)) {

@@ -16,7 +16,6 @@
  * period holding the last second of the old one. */
 #include "coco_internal.h"
 
-#define MAX_PERIOD_SECONDS 31622400u /* 366 days, as edge/budget.py */
 
 static uint32_t crc32(const uint8_t *p, size_t n) {
     uint32_t crc = 0xFFFFFFFFu;
@@ -85,7 +84,7 @@ static int decode(const uint8_t rec[COCO_LEDGER_RECORD_SIZE], state *s) {
     s->period_seconds = coco__get32(rec + 20);
     s->period = coco__get32(rec + 24);
     s->period_spent = get64(rec + 28);
-    if (s->period_seconds > MAX_PERIOD_SECONDS || s->period_spent > s->spent ||
+    if (s->period_seconds > COCO_MAX_PERIOD_SECONDS || s->period_spent > s->spent ||
         (s->period_seconds == 0 && (s->period != 0 || s->period_spent != 0))) {
         return COCO_ERR_LEDGER_CORRUPT; /* fields no charge can produce */
     }
@@ -100,7 +99,7 @@ int coco_ledger_open_period(coco_ledger *ledger, const coco_ledger_io *io, uint6
     if (ledger == NULL || io == NULL || io->load == NULL || io->store == NULL) {
         return COCO_ERR_NULL;
     }
-    if (period_seconds > MAX_PERIOD_SECONDS) {
+    if (period_seconds > COCO_MAX_PERIOD_SECONDS) {
         return COCO_ERR_ARG;
     }
     s.spent = s.period_spent = 0;

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sim.demo.config import DemoConfig, DemoError, progress
+from sim.demo.config import DemoConfig, DemoError, expected_low, progress
 from sim.demo.embedded_broker import EmbeddedBroker, EmbeddedBrokerError
 
 __all__ = [
@@ -110,7 +110,7 @@ def embedded_config(config: DemoConfig) -> tuple[DemoConfig, str | None]:
     reduced = replace(
         config,
         devices=devices,
-        min_batch=min(config.min_batch, devices),
+        min_batch=min(config.min_batch, expected_low(devices, config.participation)),
         release_size=None if config.release_size is None else min(config.release_size, devices),
     )
     note = (

@@ -49,6 +49,13 @@ def demo(
             "cycle; default: one hour a round."
         ),
     ] = None,
+    participation: Annotated[
+        float,
+        typer.Option(
+            help="Probability q in (0, 1] with which each device reports in a round "
+            "(announced; the truth is then over the devices that reported)."
+        ),
+    ] = 1.0,
     broker: Annotated[
         str | None,
         typer.Option(
@@ -108,6 +115,7 @@ def demo(
             delta=delta,
             seed=seed,
             day_seconds=day_seconds,
+            participation=participation,
             broker=broker,
             embedded_broker=embedded_broker,
             timeout=timeout,

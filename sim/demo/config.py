@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import secrets
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +18,7 @@ from aggregator.service.http import MetricsServer
 from aggregator.service.series_view import Reply
 from broker.service.shuffler import parse_broker_url
 from edge import CocoError, MechanismSpec
+from edge.participation import check_participation
 from sim.models.day import check_day_seconds
 
 __all__ = [
@@ -66,6 +68,9 @@ class DemoConfig:
     """Compress the sensor model's day into this many wall-clock seconds, each round's
     readings those of its hour (:func:`~sim.models.day.hour_of_day`); ``None``: the
     model's own clock, one hour a round."""
+    participation: float = 1.0
+    """The announced ``q``: each device reports in a round with probability ``q``
+    (:mod:`edge.participation`); 1: every round (nothing drawn)."""
     broker: str | None = None
     embedded_broker: bool = False
     """Use the embedded amqtt broker even when Mosquitto is installed (ignored with ``broker``)."""
@@ -95,6 +100,15 @@ class DemoConfig:
         if not 2 <= self.min_batch <= self.devices:
             raise ValueError(
                 f"min_batch must be in [2, devices={self.devices}], got {self.min_batch}"
+            )
+        check_participation(self.participation)
+        if self.min_batch > expected_low(self.devices, self.participation):
+            raise ValueError(
+                f"with participation {self.participation:g} a round has about "
+                f"{self.devices * self.participation:.0f} of {self.devices} devices' reports, "
+                f"too few for min_batch {self.min_batch} (at most "
+                f"{expected_low(self.devices, self.participation)}: lower --min-batch or raise "
+                "--devices or --participation)"
             )
         if self.connections < 1 or self.window < 1:
             raise ValueError("connections and window must be >= 1")
@@ -133,6 +147,17 @@ class DemoRun:
     """The aggregator's ``/truth`` of it (served on after the run)."""
     query: Callable[[str, Mapping[str, Sequence[str]]], Reply] | None = None
     """The aggregator's ``/series`` and ``/estimates?window=`` (served on after the run)."""
+
+
+SAMPLING_SE = 5
+"""Binomial standard errors below its mean that a round's count of reports may fall."""
+
+
+def expected_low(devices: int, q: float) -> int:
+    """The reports a round of ``devices`` devices sampled with probability ``q`` has at least,
+    but with a chance below ``3e-7`` (:data:`SAMPLING_SE` binomial standard errors below
+    ``q N``): the largest ``min_batch`` the demo accepts, so that no round is held back."""
+    return math.floor(devices * q - SAMPLING_SE * math.sqrt(devices * q * (1 - q)))
 
 
 def page_url(port: int) -> str:

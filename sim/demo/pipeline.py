@@ -265,6 +265,7 @@ async def _run(
                     delta=config.delta,
                     round_seconds=config.round_seconds,
                     batch_public_key=signer.public_key_hex,
+                    participation=config.participation,
                 )
                 await clients[0].publish(spec_topic(dep), announcement, qos=1, retain=True)
 

@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 from broker.service.shuffler import parse_broker_url
 from edge import LocalMechanism, MechanismSpec
 from edge.codec import encode_report
+from edge.participation import WORD, threshold
 from edge.rounds import current_round, seconds_to_next_round
 from edge.topics import ingress_topic
 from sim.demo.config import DemoConfig, ReportSink
@@ -52,6 +53,11 @@ class DemoFleet:
     """SIMULATION-ONLY: the sums of the ternary vectors sent, per wall-clock round (the
     document of ``coco fleet --ground-truth``: :meth:`truth_document`)."""
 
+    fleet_sum: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    """Sum of every device's readings, reporting or not (participation sampling)."""
+    fleet_count: int = 0
+    """Device-rounds in :attr:`fleet_sum`."""
+
     def __post_init__(self) -> None:
         self.truth = GroundTruth(d=self.spec.d)
         self._latest_truth: dict[str, Any] | None = None
@@ -70,17 +76,28 @@ class DemoFleet:
             round_seconds=config.round_seconds,
             day_seconds=DAY_SECONDS if config.day_seconds is None else config.day_seconds,
             run={"devices": config.devices, "rounds": config.rounds},
+            participation=config.participation,
         )
 
     def reports(
         self, index: int, round_: int, rng: np.random.Generator
     ) -> list[tuple[str, int, int, int]]:
         """The ``index``-th round of readings, randomised, as reports of ``round_`` (at the
-        hour of ``round_``'s start in a compressed day, with ``day_seconds``)."""
+        hour of ``round_``'s start in a compressed day, with ``day_seconds``), of the devices
+        sampled in it (participation ``q < 1``: one 32-bit word each from ``rng`` below
+        ``floor(q 2^32)``, drawn first; nothing drawn at ``q = 1``)."""
         config = self.config
         day = config.day_seconds
         hour = None if day is None else hour_of_day(round_ * config.round_seconds, day)
         readings = self.sensors.readings(index, hour=hour)
+        self.fleet_sum = readings.sum(axis=0) + (self.fleet_sum if self.fleet_sum.size else 0)
+        self.fleet_count += len(readings)
+        devices = np.arange(len(readings))
+        q = config.participation
+        if q < 1:
+            words = rng.integers(0, WORD, size=len(readings), dtype=np.uint64)
+            devices = devices[words < threshold(q)]
+            readings = readings[devices]
         keys, signs = self.sensors.encoder(self.config.s).encode_batch(readings, rng)
         seeds, z = LocalMechanism.from_spec(self.spec).randomise_sparse(keys, signs, rng)
         total, present = sparse_totals(keys, signs, self.spec.d)
@@ -88,7 +105,9 @@ class DemoFleet:
         self.truth.add_sums(round_, total.tolist(), present.tolist(), len(readings))
         truth = readings.sum(axis=0)
         self.truth_sum = truth if self.truth_sum.size == 0 else self.truth_sum + truth
-        return [(self.ids[i], round_, int(seeds[i]), int(z[i])) for i in range(self.config.devices)]
+        return [
+            (self.ids[device], round_, int(seeds[i]), int(z[i])) for i, device in enumerate(devices)
+        ]
 
     async def publish_all(
         self,

@@ -72,6 +72,8 @@ def result_document(
     mse_theory = spec.moments.mean_mse(spec.d, spec.s) / n if n else math.nan
     value, se = encoder.decode_mean(est.mean, est.mean_se, n=n)
     truth = fleet.truth_sum / max(sent, 1)
+    sampled = config.participation < 1
+    fleet_mean = fleet.fleet_sum / max(fleet.fleet_count, 1)
     smallest = aggregator.smallest_batch
     tracked = per_round_tracking(aggregator, fleet, spec)
     privacy = aggregator.ledger.compute(aggregator.ledger.snapshot())  # the one accountant call
@@ -82,6 +84,7 @@ def result_document(
             "estimate": None if not n else float(value[j]),
             "ci95_halfwidth": None if not n else float(1.96 * se[j]),
             "ground_truth": float(truth[j]),
+            **({"ground_truth_fleet": float(fleet_mean[j])} if sampled else {}),
         }
         for j, ch in enumerate(fleet.sensors.channel_specs)
     ]
@@ -123,7 +126,13 @@ def result_document(
             "realised mean of the encoded vectors sent); theory = closed form / n"
         ),
         "channels": channels,
-        "ground_truth_note": "simulation only: the exact fleet mean of the readings",
+        "ground_truth_note": (
+            "simulation only: the exact mean of the readings the devices that reported sent "
+            "(with participation q < 1, ground_truth_fleet is every device's, reporting or not)"
+            if sampled
+            else "simulation only: the exact fleet mean of the readings"
+        ),
+        **({"participation": config.participation} if sampled else {}),
         "tracking": tracked,
         "throughput_reports_per_s": sent / publish_seconds if publish_seconds > 0 else None,
         **({} if http_port is None else {"url": page_url(http_port)}),
@@ -175,6 +184,14 @@ def format_table(result: dict[str, Any]) -> str:
     eps_c, eps_t = result["epsilon_central"], result["epsilon_total"]
     lines += [
         "",
+        *(
+            [
+                f"participation {result['participation']:g}: truth (sim) is over the devices "
+                "that reported"
+            ]
+            if "participation" in result
+            else []
+        ),
         f"reports: sent {result['reports_sent']}, aggregated {result['reports_aggregated']}, "
         f"rejected {result['reports_rejected']}, dropped {result['reports_dropped']}"
         f"{' ' + str(result['reports_dropped_by_reason']) if result['reports_dropped'] else ''}, "

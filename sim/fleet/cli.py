@@ -18,7 +18,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, TextIO
 import typer
 
 from edge import CocoError, MechanismSpec
-from edge.announce import read_spec_or_announcement, shard_plan
+from edge.announce import (
+    AnnouncedPeriod,
+    participation_of,
+    period_of,
+    read_spec_or_announcement,
+    shard_plan,
+)
 from edge.cli_options import (
     DEFAULT_BROKER,
     DEFAULT_MQTT_VERSION,
@@ -29,6 +35,7 @@ from edge.cli_options import (
     check_output_file,
 )
 from edge.mqtt_version import check_mqtt_version
+from edge.participation import check_participation
 from sim.credentials.accounts import DEFAULT_PREFIX, device_id, device_password, read_secret
 from sim.fleet.metrics import DEFAULT_METRICS_DIMS
 from sim.models.day import DAY_SECONDS
@@ -144,7 +151,13 @@ def format_summary(summary: dict[str, Any]) -> str:
             f"(rounds {summary['first_round']}..{summary['last_round']}, skipped "
             f"{summary['rounds_skipped']}, late {summary['rounds_late']})",
             f"reports published: {summary['reports_published']} "
-            f"({rate(summary['publish_rate_per_s'])})",
+            f"({rate(summary['publish_rate_per_s'])})"
+            + (
+                f"; sat out {summary['reports_sat_out']} (participation "
+                f"{summary['participation']:g}, period cap or not sampled)"
+                if summary["reports_sat_out"]
+                else ""
+            ),
             f"reports not sent: {summary['reports_not_sent']} "
             f"({reasons(summary['publish_failures'])})",
             f"connect failures: {reasons(summary['connect_failures'])}",
@@ -169,13 +182,26 @@ def _round_length(announced: int | None, given: int | None, source: str) -> int:
 
 def _file_spec(
     path: Path, given_seconds: int | None
-) -> tuple[MechanismSpec, int, ShardPlan | None]:
-    """The spec, round length and shard layouts of a ``--spec`` file (a spec, or a whole
-    announcement)."""
+) -> tuple[MechanismSpec, int, ShardPlan | None, float | None, AnnouncedPeriod | None]:
+    """The spec, round length, shard layouts, participation (``None``: a bare spec) and
+    period policy of a ``--spec`` file (a spec, or a whole announcement)."""
     mechanism, whole = read_spec_or_announcement(path)
     file_seconds = None if whole is None else whole["round_seconds"]
     length = _round_length(file_seconds, given_seconds, f"the spec file {path}")
-    return mechanism, length, None if whole is None else shard_plan(whole)
+    if whole is None:
+        return mechanism, length, None, None, None
+    return mechanism, length, shard_plan(whole), participation_of(whole), period_of(whole)
+
+
+def _participation(announced: float | None, given: float | None, source: str) -> float:
+    """``--participation`` or the announced ``q`` (1 when neither says)."""
+    if announced is not None and given is not None and announced != given:
+        raise ValueError(
+            f"--participation {given:g} does not match the participation {announced:g} of "
+            f"{source} (devices follow the announcement)"
+        )
+    chosen = given if announced is None else announced
+    return 1.0 if chosen is None else check_participation(chosen)
 
 
 def _write_truth(path: Path, base: dict[str, Any] | None, fleet: Fleet) -> None:
@@ -233,6 +259,7 @@ def _check_truth_file(path: Path, config: FleetConfig) -> dict[str, Any] | None:
         model=config.model,
         round_seconds=config.round_seconds,
         day_seconds=config.day_seconds,
+        participation=config.participation,
     )
     base = read_document(path)
     check_compatible(path, base, header)
@@ -247,9 +274,9 @@ def _announced_spec(
     password: str | None,
     ca_file: str | None,
     client_id: str | None = None,
-) -> tuple[MechanismSpec, int, ShardPlan | None]:
-    """The retained announcement's spec, round_seconds and shard layouts, or a
-    :class:`FleetError` that says what failed."""
+) -> tuple[MechanismSpec, int, ShardPlan | None, float, AnnouncedPeriod | None]:
+    """The retained announcement's spec, round_seconds, shard layouts, participation and
+    period policy, or a :class:`FleetError` that says what failed."""
     import aiomqtt  # noqa: PLC0415 (not for --help)
 
     from broker.service.cli import read_announcement  # noqa: PLC0415 (the shuffler's: not for --help)
@@ -272,7 +299,9 @@ def _announced_spec(
     except (OSError, aiomqtt.MqttError) as exc:
         raise FleetError(f"reading the announcement from {broker}: {exc}") from None
     spec = MechanismSpec.from_dict(announcement["spec"])
-    return spec, int(announcement["round_seconds"]), shard_plan(announcement)
+    length = int(announcement["round_seconds"])
+    q = participation_of(announcement)
+    return spec, length, shard_plan(announcement), q, period_of(announcement)
 
 
 def _fail_if_not_sent(summary: dict[str, Any]) -> None:
@@ -447,6 +476,13 @@ def fleet(
         int, typer.Option(help="Most unacknowledged QoS 1 reports per connection.")
     ] = 1000,
     announcement_timeout: Annotated[float, typer.Option(help="Seconds to wait for it.")] = 10.0,
+    participation: Annotated[
+        float | None,
+        typer.Option(
+            help="Probability q in (0, 1] with which each device reports in a round; default: "
+            "the announced one (1 without); must match an announced one."
+        ),
+    ] = None,
     mqtt_version: MqttVersionOption = DEFAULT_MQTT_VERSION,
     progress: Annotated[bool, typer.Option(help="Live progress on stderr.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
@@ -470,16 +506,18 @@ def fleet(
             server = _serve_metrics(metrics_port, metrics_host, registry)
         secret = None if credentials_secret_file is None else read_secret(credentials_secret_file)
         if spec is not None:
-            mechanism, length, shards = _file_spec(spec, round_seconds)
+            mechanism, length, shards, q, period = _file_spec(spec, round_seconds)
+            q = _participation(q, participation, f"the spec file {spec}")
         else:
             user, pw, client_id = username, password, None
             if secret is not None:  # read the announcement as device 0 would, with its id
                 user = client_id = device_id(0, prefix)
                 pw = device_password(secret, user)
-            mechanism, length, shards = _announced_spec(
+            mechanism, length, shards, q, period = _announced_spec(
                 broker, deployment, announcement_timeout, user, pw, ca_file, client_id
             )
             length = _round_length(length, round_seconds, "the announcement")
+            q = _participation(q, participation, "the announcement")
         run_seed = secrets.randbits(32) if seed is None else seed
         qos_level: Literal[0, 1] = 1 if qos == 1 else 0
         config = FleetConfig(
@@ -508,10 +546,11 @@ def fleet(
             metrics_dims=metrics_dims,
             mqtt_version=check_mqtt_version(mqtt_version),
             shards=shards,
+            participation=q,
+            period=period,
         )
-        base = None
-        if ground_truth is not None:  # a file this run cannot add to is refused before it
-            base = _check_truth_file(ground_truth, config)
+        # a file this run cannot add to is refused before it
+        base = None if ground_truth is None else _check_truth_file(ground_truth, config)
         acked_file = None if acked_log is None else acked_log.open("a", encoding="ascii")
         made: list[Fleet] = []
         sim = Fleet(

@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from edge import CocoError
+from edge.announce import AnnouncedPeriod
 from edge.mqtt_url import parse_broker_urls
 from edge.mqtt_version import MQTT_VERSIONS, MqttVersion
+from edge.participation import check_participation
 from edge.rounds import check_round_seconds, current_round, round_start
 from edge.shards import ShardPlan
 from edge.spec import MechanismSpec
@@ -120,6 +122,12 @@ class FleetConfig:
     mqtt_version: MqttVersion = "auto"
     shards: ShardPlan | None = None
     """The announced shard layouts (``None``: an unsharded deployment)."""
+    participation: float = 1.0
+    """The announced participation ``q``: each device reports in a round with probability
+    ``q`` (:mod:`edge.participation`); 1: every round."""
+    period: AnnouncedPeriod | None = None
+    """The announced device period policy, kept by every simulated device
+    (:mod:`sim.fleet.caps`); ``None``: none announced, no cap."""
 
     def __post_init__(self) -> None:
         parse_broker_urls(self.broker)
@@ -133,6 +141,7 @@ class FleetConfig:
             raise ValueError(f"rounds must be >= 0 (0 = until interrupted), got {self.rounds}")
         check_round_seconds(self.round_seconds)
         check_day_seconds(self.day_seconds, self.round_seconds)
+        check_participation(self.participation)
         for name in ("round_offset", "round_spread", "ramp_up"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):

@@ -55,9 +55,21 @@ Reproducibility: device ``i``'s data and report in wall-clock round ``r`` depend
 reports in a round whatever the mode, the ramp-up or the failures, and new reports in new
 rounds, so a rerun with the same seed is new data for the aggregator, never a replay.
 
+Participation sampling: with the announced ``participation`` ``q < 1`` (``config.participation``)
+each device decides at the start of each round whether it reports in it, as a real device
+does (:mod:`edge.participation`: one 32-bit word of its randomiser lane in the round, below
+``floor(q 2^32)``), before drawing its report; a device that sits the round out sends
+nothing. With ``q = 1`` nothing is drawn, so a seed's reports are those it always gave. The
+ground truth of a round is then the mean over the devices that reported in it (what the
+aggregator estimates); the fleet-wide mean of the round (every device, reporting or not) is
+kept beside it (:class:`sim.fleet.truth.GroundTruth`). An announced period policy
+(``config.period``) is kept by every device (:mod:`sim.fleet.caps`): a device whose period's
+budget is spent sits rounds out, drawing nothing, until the next period.
+
 No device id is logged at INFO or above, exported as a metric label or written to the
-ground-truth file. Simulated devices keep no budget ledger: they are simulations; a real
-device runs ``coco device``, whose ledger persists every release before it is sent.
+ground-truth file. Simulated devices keep no budget ledger file: they are simulations
+(they keep an announced period policy, above); a real device runs ``coco device``, whose
+ledger persists every release before it is sent.
 """
 
 from __future__ import annotations
@@ -66,7 +78,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,10 +87,12 @@ from prometheus_client import CollectorRegistry
 from edge import LocalMechanism
 from edge.codec import encode_report
 from edge.mqtt_version import Negotiated
+from edge.participation import participates
 from edge.rounds import round_start
 from edge.shards import ShardLayout, ShardPlan
 from edge.topics import ingress_topic
 from sim.credentials.accounts import device_id
+from sim.fleet.caps import PeriodCaps
 from sim.fleet.config import (
     FDS_RESERVED,
     FleetConfig,
@@ -109,6 +123,9 @@ logger = logging.getLogger("sim.fleet")
 moved into the package, which is also the package's: ``sim.fleet: round ...``
 (tests/sim/test_fleet_broker_kill.py reads it). The other modules' loggers are children."""
 
+RoundReport = tuple[list[int], list[int], int, int]
+"""``(keys, signs, seed, z)`` of one device's report in a round."""
+
 ReportHook = Callable[[str, bytes], None]
 """Called with ``(topic, payload)`` of every report just before it is published (tests)."""
 
@@ -117,6 +134,11 @@ _YIELD_EVERY = 200
 
 
 # -- the fleet ------------------------------------------------------------------------------
+
+
+def _present(reports: list[RoundReport | None]) -> Iterator[tuple[int, RoundReport]]:
+    """``(device, report)`` of the devices that report in the round."""
+    return ((i, report) for i, report in enumerate(reports) if report is not None)
 
 
 @dataclass
@@ -182,6 +204,18 @@ class Fleet:
         self._on_round = on_round
         self._mechanism = LocalMechanism.from_spec(config.spec)
         self._streams = DeviceStreams(config.seed, config.devices)
+        self._caps = (
+            None
+            if config.period is None
+            else PeriodCaps(
+                config.period,
+                epsilon=config.spec.epsilon,
+                round_seconds=config.round_seconds,
+                q=config.participation,
+                seed=config.seed,
+                n_devices=config.devices,
+            )
+        )
         self._stop = asyncio.Event()
         self.connections = Connections(config, self.metrics, self.ids, self._stop)
         self._outstanding = 0
@@ -190,6 +224,8 @@ class Fleet:
         self.rounds_used: list[int] = []
         """The wall-clock round numbers the run published in, in order."""
         self.published = 0
+        self.sat_out = 0
+        """Device-rounds sat out (nothing sent): not sampled, or the period's budget spent."""
         self.publish_failures = dict.fromkeys(PUBLISH_FAILURE_REASONS, 0)
         self._logged: dict[str, Any] = self._tally()  # counts at the last round's log line
 
@@ -263,22 +299,47 @@ class Fleet:
             ingress_topic(deployment, dev, layout.label(layout.index_of(dev))) for dev in self.ids
         ]
 
-    def reports(self, round_: int) -> list[tuple[list[int], list[int], int, int]]:
-        """``(keys, signs, seed, z)`` of every device in wall-clock round ``round_``.
+    def reports(self, round_: int) -> list[RoundReport | None]:
+        """``(keys, signs, seed, z)`` of every device in wall-clock round ``round_``, ``None``
+        for a device that sits the round out (participation ``q < 1``).
 
         A function of the seed, the device and ``round_`` only: any round, in any order,
         gives the same reports again.
         """
+        return self.round_data(round_)[1]
+
+    def round_data(
+        self, round_: int
+    ) -> tuple[list[tuple[list[int], list[int]]], list[RoundReport | None]]:
+        """Every device's vector in ``round_`` and its report (``None``: its period's budget
+        is spent, or it was not sampled)."""
+        allowed = None if self._caps is None else self._caps.allowed(round_)
         streams = self._streams
         streams.set_round(round_)
         vectors = self.model.vectors(round_, streams)
         mech = self._mechanism
-        out = []
+        q = self.config.participation
+        out: list[RoundReport | None] = []
         for i, (keys, signs) in enumerate(vectors):
             bits = device_bits(streams.randomiser(i))
+            if allowed is not None and not allowed[i]:  # its period's budget is spent
+                out.append(None)
+                continue
+            if q < 1 and not participates(q, bits):  # q = 1 draws nothing: the old streams
+                out.append(None)
+                continue
             seed, z = mech.randomise_keys(keys, signs, getrandbits=bits)
             out.append((keys, signs, seed, z))
-        return out
+        return vectors, out
+
+    def _sampled_round(self, round_: int) -> list[RoundReport | None]:
+        """:meth:`reports` of ``round_``; with sampling, the round's fleet-wide truth and the
+        devices that sat it out are counted."""
+        vectors, reports = self.round_data(round_)
+        if self.config.participation < 1 or self._caps is not None:
+            self.truth.add_fleet(round_, vectors)
+            self.sat_out += reports.count(None)
+        return reports
 
     async def run(self) -> dict[str, Any]:
         """Connect, publish every round, disconnect; returns :meth:`summary`."""
@@ -373,6 +434,8 @@ class Fleet:
             "rounds_late": st.rounds_late,
             "reports_published": self.published,
             "reports_not_sent": sum(self.publish_failures.values()),
+            "participation": cfg.participation,
+            "reports_sat_out": self.sat_out,
             "publish_failures": dict(self.publish_failures),
             "connect_failures": dict(self.connect_failures),
             "connect_rate_per_s": (  # connections (not devices) per second
@@ -399,6 +462,7 @@ class Fleet:
             model=self.config.model,
             round_seconds=self.config.round_seconds,
             day_seconds=self.config.day_seconds,
+            participation=self.config.participation,
             run={
                 "devices": self.config.devices,
                 "first_round": self.rounds_used[0] if self.rounds_used else None,
@@ -475,7 +539,7 @@ class Fleet:
         """Publish every device's report of wall-clock round ``round_``."""
         cfg = self.config
         self.rounds_used.append(round_)
-        reports = self.reports(round_)  # every device, connected or not: reproducible
+        reports = self._sampled_round(round_)  # every device, connected or not: reproducible
         topics = self.topics_for(round_)
         if topics is None:
             logger.warning("no announced shard layout serves round %d: not reporting", round_)
@@ -492,7 +556,7 @@ class Fleet:
         start = time.monotonic()
         self._outstanding = 0
         self._settled.clear()
-        for i, (keys, signs, seed, z) in enumerate(reports):
+        for i, (keys, signs, seed, z) in _present(reports):  # not those sampled out
             due = begin + cfg.round_spread * i / n
             if cfg.round_spread > 0 and not await self._sleep_until(due):
                 break

@@ -8,6 +8,13 @@ wall-clock round number the reports carried) and overall.
 No real deployment has these numbers; they exist to measure the error of the private
 estimates.
 
+With participation sampling (``q < 1``: :mod:`edge.participation`) a round's reports come
+from the devices that were sampled in it, and the aggregator's estimate of the round is an
+estimate of *their* mean: a round's ``mean`` here is that mean, the truth its interval is
+checked against. Each round then also carries ``fleet``: the same sums over every device
+of the fleet in that round, reporting or not (the fleet-wide mean, which the reported mean
+estimates in turn, within its own sampling error), and the document says ``participation``.
+
 A ground-truth file is never overwritten: :func:`merge_documents` adds a run's rounds to
 the file's (``coco fleet --ground-truth`` runs it after every round, onto the file as it was
 when the run started: :func:`write_onto`), after :func:`check_compatible` made sure that
@@ -83,6 +90,8 @@ class GroundTruth:
     d: int
     rounds: dict[int, _Sums] = field(default_factory=dict)
     overall: _Sums = field(init=False)
+    fleet: dict[int, _Sums] = field(default_factory=dict)
+    """Per round, the sums over every device of the fleet (participation sampling only)."""
 
     def __post_init__(self) -> None:
         self.overall = _Sums([0] * self.d, [0] * self.d)
@@ -109,6 +118,15 @@ class GroundTruth:
                 present[k] += 1
             target.n += 1
 
+    def add_fleet(self, round_: int, vectors: list[tuple[list[int], list[int]]]) -> None:
+        """Every device's vector of ``round_``, reporting or not (the fleet-wide mean)."""
+        sums = self.fleet[round_] = _Sums([0] * self.d, [0] * self.d)
+        for keys, signs in vectors:
+            for k, sign in zip(keys, signs, strict=True):
+                sums.total[k] += sign
+                sums.present[k] += 1
+            sums.n += 1
+
     @property
     def n(self) -> int:
         return self.overall.n
@@ -132,11 +150,14 @@ class GroundTruth:
         round_seconds: int,
         day_seconds: int = DAY_SECONDS,
         run: dict[str, Any] | None = None,
+        participation: float = 1.0,
     ) -> dict[str, Any]:
         """The ``--ground-truth`` document (``simulation_only`` says what it is); ``run``:
         what this run was (devices, rounds), the one entry of its ``runs``. Round ``r``
         spans ``[r round_seconds, (r + 1) round_seconds)`` in Unix time; ``day_seconds``
-        is the length of the sensor model's day (``--day-seconds``)."""
+        is the length of the sensor model's day (``--day-seconds``); with ``participation``
+        below 1 it says so, and each round its ``fleet`` sums."""
+        sampled = {"participation": participation} if participation < 1 else {}
         return {
             "simulation_only": True,
             "note": SIMULATION_ONLY_NOTE,
@@ -147,8 +168,24 @@ class GroundTruth:
             "day_seconds": day_seconds,
             "runs": [] if run is None else [run],
             "overall": self.overall.stats(),
-            "rounds": [{"round": r, **sums.stats()} for r, sums in sorted(self.rounds.items())],
+            **sampled,
+            "rounds": _round_entries(self.rounds, self.fleet),
         }
+
+
+def _round_entries(rounds: dict[int, _Sums], fleet: dict[int, _Sums]) -> list[dict[str, Any]]:
+    """Each round's entry: its reported sums, and its ``fleet`` sums where known (a round
+    without any report published has ``n`` 0)."""
+    entries = []
+    for r in sorted(set(rounds) | set(fleet)):
+        sums = rounds.get(r)
+        stats = (
+            sums
+            if sums is not None
+            else _Sums([0] * len(fleet[r].total), [0] * len(fleet[r].total))
+        ).stats()
+        entries.append({"round": r, **stats, **({"fleet": fleet[r].stats()} if r in fleet else {})})
+    return entries
 
 
 _IDENTITY = ("seed", "model", "round_seconds", "day_seconds")
@@ -197,6 +234,12 @@ def check_compatible(path: Path, doc: dict[str, Any] | None, header: dict[str, A
                 f"{path} is the ground truth of a run with {key} {theirs}, this run has "
                 f"{key} {header[key]}: not adding to it (give --ground-truth another path)"
             )
+    theirs_q, ours_q = doc.get("participation", 1.0), header.get("participation", 1.0)
+    if theirs_q != ours_q:
+        raise GroundTruthFileError(
+            f"{path} is the ground truth of a run with participation {theirs_q}, this run has "
+            f"participation {ours_q}: not adding to it (give --ground-truth another path)"
+        )
     spec = doc.get("spec")
     if spec != header["spec"]:
         theirs = spec.get("fingerprint") if isinstance(spec, dict) else None
@@ -210,6 +253,14 @@ def _rounds_of(doc: dict[str, Any]) -> dict[int, _Sums]:
     return {
         int(x["round"]): _Sums(list(x["total"]), list(x["present"]), int(x["n"]))
         for x in doc["rounds"]
+    }
+
+
+def _fleet_of(doc: dict[str, Any]) -> dict[int, _Sums]:
+    return {
+        int(x["round"]): _Sums(list(f["total"]), list(f["present"]), int(f["n"]))
+        for x in doc["rounds"]
+        if isinstance(f := x.get("fleet"), dict)
     }
 
 
@@ -236,11 +287,12 @@ def merge_documents(path: Path, old: dict[str, Any] | None, new: dict[str, Any])
     overall = _Sums([0] * d, [0] * d)
     for sums in rounds.values():
         overall.add(sums)
+    fleet = {**_fleet_of(new), **_fleet_of(old)}  # a round's fleet is the same in both
     return {
         **new,
         "runs": [*old.get("runs", []), *new["runs"]],
         "overall": overall.stats(),
-        "rounds": [{"round": r, **sums.stats()} for r, sums in sorted(rounds.items())],
+        "rounds": _round_entries(rounds, fleet),
     }
 
 

@@ -313,3 +313,45 @@ def test_what_announce_prints_is_accepted_by_every_spec_option(tmp_path: Path) -
         assert result.exit_code == 1, result.output
         assert message in result.stderr, (args, result.stderr)
         assert "announcement must have the keys" not in result.stderr
+
+
+def test_participation_and_the_period_policy() -> None:
+    """--participation below 1 and --budget-per-period/--period are announced; without them
+    the announcement is the bytes it always was; out-of-range values are one-line errors."""
+    plain = json.loads(runner.invoke(app, [*ARGS, "--dry-run"]).output)
+    assert "participation" not in plain
+    assert "period_seconds" not in plain
+    one = json.loads(runner.invoke(app, [*ARGS, "--participation", "1", "--dry-run"]).output)
+    assert one == plain
+    result = runner.invoke(
+        app,
+        [*ARGS, "--participation", "0.25", "--budget-per-period", "24", "--period", "1d",
+         "--dry-run"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert (doc["participation"], doc["period_seconds"], doc["budget_per_period"]) == (
+        0.25,
+        86_400,
+        24.0,
+    )
+    decoded = decode_announcement(
+        json.dumps({k: v for k, v in doc.items() if k != "topic"}).encode()
+    )
+    assert decoded["period_seconds"] == 86_400
+    default = json.loads(
+        runner.invoke(app, [*ARGS, "--budget-per-period", "2", "--dry-run"]).output
+    )
+    assert default["period_seconds"] == 86_400  # --period defaults to 1d
+    for extra, word in (
+        (["--participation", "0"], "participation"),
+        (["--participation", "1.5"], "participation"),
+        (["--budget-per-period", "0.5"], "below one report"),  # epsilon 1
+        (["--budget-per-period", "2", "--period", "90s"], "multiple of round_seconds"),
+        (["--period", "1d"], "give both"),
+        (["--budget-per-period", "2", "--period", "1w"], "a period is"),
+    ):
+        bad = runner.invoke(app, [*ARGS, *extra, "--dry-run"])
+        assert bad.exit_code == 1, (extra, bad.output)
+        assert bad.output.startswith("error:")
+        assert word in bad.output

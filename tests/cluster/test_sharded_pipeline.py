@@ -353,7 +353,9 @@ def drawn(summary: dict[str, Any]) -> Counter[Report]:
     return Counter(
         (round_, seed, z)
         for round_ in range(int(summary["first_round"]), int(summary["last_round"]) + 1)
-        for _keys, _signs, seed, z in fleet.reports(round_)
+        for report in fleet.reports(round_)
+        if report is not None  # participation 1: every device reports
+        for _keys, _signs, seed, z in [report]
     )
 
 

@@ -25,7 +25,7 @@ import typer
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from typer.testing import CliRunner
 
-from edge.announce import encode_announcement
+from edge.announce import AnnouncedPeriod, encode_announcement
 from edge.budget import PeriodPolicy
 from edge.codec import REPORT_SIZE, decode_report
 from edge.device_cli import EXIT_BUDGET_SPENT, device
@@ -127,12 +127,13 @@ def shuffler(mosquitto: Broker, tmp_path: Path) -> Iterator[Shuffler]:
         sub.stop()
 
 
-def announce(
+def announce(  # noqa: PLR0917 (the announcement's fields)
     broker: Broker,
     spec: MechanismSpec,
     round_seconds: int = 1,
     shards: ShardPlan | None = None,
     participation: float = 1.0,
+    period: AnnouncedPeriod | None = None,
 ) -> None:
     """Publish the retained spec announcement and wait for the broker to accept it."""
     client = mqtt.Client(callback_api_version=CallbackAPIVersion.VERSION2)
@@ -146,6 +147,7 @@ def announce(
             round_seconds=round_seconds,
             shards=shards,
             participation=participation,
+            period=period,
         )
         info = client.publish(spec_topic(DEPLOYMENT), payload, qos=1, retain=True)
         info.wait_for_publish(waiting.scaled(WAIT))
@@ -560,15 +562,69 @@ def test_device_cli_with_a_period_cap_waits_instead_of_exiting(
 
 
 def test_device_cli_needs_a_cap(mosquitto: Broker, tmp_path: Path) -> None:
+    """No --budget, no --budget-per-period and an announcement without a period policy: one
+    line naming the options, exit 1, nothing charged; a malformed --period is refused at
+    once (exit 2)."""
+    announce(mosquitto, SPEC)
     args = device_args(mosquitto, tmp_path)
     args.remove("--budget")
     args.remove("10")
-    result = CliRunner().invoke(cli(), args, input="")
-    assert result.exit_code == 2
-    assert "--budget-per-period" in result.output
+    result = CliRunner().invoke(cli(), args, input="0.1,10,50,1000\n")
+    assert result.exit_code == 1, result.output
+    assert "--budget-per-period" in result.stderr
+    assert "announces no period policy" in result.stderr
+    assert not (tmp_path / "ledger.json").exists()
     bad = CliRunner().invoke(cli(), [*args, "--budget-per-period", "1", "--period", "1w"])
     assert bad.exit_code == 2
     assert "a period is a whole number" in bad.output
+
+
+def test_device_cli_takes_the_announced_period_policy(
+    mosquitto: Broker, shuffler: Shuffler, tmp_path: Path
+) -> None:
+    """No period options: the announced policy (1 per PERIOD s) is the ledger's period cap,
+    so the second row waits for the next period, as with --budget-per-period 1."""
+    announce(mosquitto, SPEC, period=AnnouncedPeriod(PERIOD, 1.0))
+    args = device_args(mosquitto, tmp_path, "--clock-offset", str(period_offset()))
+    result = CliRunner().invoke(cli(), args, input="0.1,10,50,1000\n0.2,10,50,1000\n")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == "published 2, refused by ledger 0, failed 0"
+    (note,) = result.stderr.splitlines()
+    assert note.startswith("note: privacy budget of this period spent: 1 of 1")
+    rounds = [decode_report(m.payload)[2] for m in shuffler.wait_for(2)]
+    assert rounds[0] // PERIOD + 1 == rounds[1] // PERIOD
+    data = json.loads((tmp_path / "ledger.json").read_text())
+    assert (data["period_epsilon"], data["period_seconds"]) == (1.0, PERIOD)
+    assert data["total_epsilon"] == 10.0  # --budget kept beside the announced cap
+
+
+@pytest.mark.parametrize(
+    ("per_period", "period", "accepted"),
+    [
+        ("2", f"{PERIOD}s", False),  # two reports in an announced period of one
+        ("1", f"{PERIOD // 2}s", False),  # one per half period: two per announced period
+        ("1", f"{2 * PERIOD}s", True),  # one per two announced periods: tighter
+        ("1.5", f"{PERIOD}s", True),  # floor(1.5 / 1) = 1 report: as tight
+    ],
+)
+def test_device_cli_refuses_a_looser_period_cap_than_announced(
+    mosquitto: Broker, tmp_path: Path, per_period: str, period: str, accepted: bool
+) -> None:
+    """An operator's period cap that lets more reports into an announced period than the
+    announced cap is refused in one line before anything is charged; a tighter one runs."""
+    announce(mosquitto, SPEC, period=AnnouncedPeriod(PERIOD, 1.0))
+    args = device_args(mosquitto, tmp_path, "--budget-per-period", per_period, "--period", period)
+    result = CliRunner().invoke(cli(), args, input="")
+    if accepted:
+        assert result.exit_code == 0, result.output
+        data = json.loads((tmp_path / "ledger.json").read_text())
+        assert data["period_epsilon"] == float(per_period)
+    else:
+        assert result.exit_code == 1, result.output
+        (line,) = result.stderr.splitlines()
+        assert line.startswith("error: the period cap")
+        assert "no looser" in line
+        assert json.loads((tmp_path / "ledger.json").read_text())["reports"] == 0
 
 
 def test_device_cli_input_file_and_bad_rows(

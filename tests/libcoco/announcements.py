@@ -123,6 +123,9 @@ def announcement_result(payload: bytes) -> str:
     for layout in decoded["layouts"]:
         fields += [layout["count"], layout["from_round"], layout["generation"], layout["seed"]]
     fields.append(threshold(decoded.get("participation", 1.0)))
+    budget = decoded.get("budget_per_period")
+    fields.append(decoded.get("period_seconds", 0))
+    fields.append(0 if budget is None else math.floor(Fraction(repr(budget)) * (1 << 32)))
     return " ".join(str(v) for v in fields)
 
 
@@ -203,6 +206,22 @@ def announcement_cases(*, large: bool = True) -> Script:
         )
     for q in (0.25, 1, 1.0, 0.3, 1e-300, 0.999999999):
         add_announcement(script, dumps(announcement_doc(participation=q)))
+    for seconds, budget in ((10, 1.0), (86_400, 24), (31_622_400, 0.3 + 0.7), (20, 1.5)):
+        add_announcement(
+            script, dumps(announcement_doc(period_seconds=seconds, budget_per_period=budget))
+        )
+    add_announcement(  # with participation, a batch key and whitespace
+        script,
+        json.dumps(
+            announcement_doc(
+                participation=0.1,
+                batch_public_key=KEY_A,
+                period_seconds=3600,
+                budget_per_period=2.5,
+            ),
+            indent=1,
+        ).encode(),
+    )
     add_announcement(script, dumps(sharded))
     for i in range(6):
         dev = f"dev-{i}"
@@ -239,6 +258,20 @@ def announcement_cases(*, large: bool = True) -> Script:
         (dumps(announcement_doc(participation=1.0000001)), "announcement"),
         (dumps(announcement_doc(participation="0.5")), "announcement"),
         (dumps(announcement_doc(participation=True)), "announcement"),
+        (dumps(announcement_doc(period_seconds=10)), "announcement"),  # without its budget
+        (dumps(announcement_doc(budget_per_period=1.0)), "announcement"),  # without its period
+        (dumps(announcement_doc(period_seconds=15, budget_per_period=1.0)), "announcement"),
+        (dumps(announcement_doc(period_seconds=0, budget_per_period=1.0)), "announcement"),
+        (dumps(announcement_doc(period_seconds=31_622_410, budget_per_period=1.0)),
+         "announcement"),
+        (dumps(announcement_doc(period_seconds=10.0, budget_per_period=1.0)), "announcement"),
+        (dumps(announcement_doc(period_seconds="10", budget_per_period=1.0)), "announcement"),
+        (dumps(announcement_doc(period_seconds=10, budget_per_period=0.999)), "announcement"),
+        (dumps(announcement_doc(period_seconds=10, budget_per_period=0)), "announcement"),
+        (dumps(announcement_doc(period_seconds=10, budget_per_period=-1)), "announcement"),
+        (dumps(announcement_doc(period_seconds=10, budget_per_period=2.0**31)), "announcement"),
+        (dumps(announcement_doc(period_seconds=10, budget_per_period="1")), "announcement"),
+        (dumps(announcement_doc(period_seconds=10, budget_per_period=None)), "announcement"),
         (dumps(announcement_doc(batch_public_key=KEY_A.upper())), "announcement"),
         (dumps(announcement_doc(batch_public_key=KEY_A[:-2])), "announcement"),
         (dumps(announcement_doc(spec={**spec_d, "hash_version": 2})), "spec_hash_version"),
@@ -300,6 +333,13 @@ def random_announcements(rng: random.Random, count: int) -> Script:
         )
         if rng.random() < 0.2:
             doc["participation"] = rng.choice([rng.random(), 1, 0.5, 1e-6, 0.1])
+        if rng.random() < 0.2:  # a period of whole rounds, or not; a budget around epsilon
+            doc["period_seconds"] = doc["round_seconds"] * rng.choice([1, 2, 24, 100]) + (
+                rng.random() < 0.2
+            )
+            doc["budget_per_period"] = rng.choice(
+                [spec.epsilon, spec.epsilon * rng.uniform(0.5, 30), rng.uniform(0, 40), 1e9]
+            )
         if rng.random() < 0.3:
             doc["batch_public_key"] = KEY_A
         elif rng.random() < 0.3:

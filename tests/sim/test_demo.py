@@ -276,3 +276,34 @@ def test_demo_serve_on_a_busy_port_is_one_line_naming_it_before_any_work() -> No
     assert result.output.strip().splitlines() == [
         f"error: port {port} on 127.0.0.1 is in use: choose another with --port"
     ]
+
+
+def test_demo_with_participation_sampling(mosquitto: Broker) -> None:
+    """--participation 0.5: about half the device-rounds report (within K = 5 binomial
+    standard errors), every report is aggregated, the truth is over the devices that
+    reported and the fleet-wide mean is given beside it; a min_batch the sampled rounds
+    could fall below is refused in one line."""
+    devices, rounds, q = 400, 2, 0.5
+    result = CliRunner().invoke(
+        app,
+        [
+            "demo", "--devices", str(devices), "--rounds", str(rounds), "--min-batch", "100",
+            "--participation", str(q), "--broker", mosquitto.url, "--timeout", "45", "--json",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    sent, trials = doc["reports_sent"], devices * rounds
+    assert abs(sent - q * trials) <= 5 * (trials * q * (1 - q)) ** 0.5
+    assert doc["n"] == doc["reports_aggregated"] == sent
+    assert doc["participation"] == q
+    assert "devices that reported" in doc["ground_truth_note"]
+    for channel in doc["channels"]:
+        assert channel["ground_truth_fleet"] is not None
+    too_big = CliRunner().invoke(
+        app,
+        ["demo", "--devices", "300", "--min-batch", "200", "--participation", "0.5",
+         "--broker", mosquitto.url],
+    )  # fmt: skip
+    assert too_big.exit_code == 1
+    assert "too few for min_batch 200" in too_big.stderr

@@ -118,7 +118,9 @@ def replayed(cfg: FleetConfig, round_: int) -> dict[str, tuple[int, int, int]]:
     fingerprint = cfg.spec.fingerprint_int
     return {
         topic: (fingerprint, seed, z)
-        for topic, (_, _, seed, z) in zip(fleet.topics, fleet.reports(round_), strict=True)
+        for topic, report in zip(fleet.topics, fleet.reports(round_), strict=True)
+        if report is not None
+        for (_, _, seed, z) in [report]
     }
 
 
@@ -153,11 +155,16 @@ def test_a_device_report_depends_on_seed_device_and_round_only() -> None:
     assert again.reports(r) == first
     small = Fleet(replace(base, devices=10, mode="multiplexed"))
     assert small.reports(r) == first[:10]
+    assert None not in first  # participation 1: every device reports
     for other in (Fleet(base).reports(r + 1), Fleet(replace(base, seed=8)).reports(r)):
-        assert all(a[2:] != b[2:] for a, b in zip(first, other, strict=True))
+        assert all(
+            a is not None and b is not None and a[2:] != b[2:]
+            for a, b in zip(first, other, strict=True)
+        )
     kv = replace(base, spec=KEYVALUE, model="keyvalue")
     assert Fleet(kv).reports(r) == Fleet(kv).reports(r)
-    assert [x[:2] for x in Fleet(kv).reports(r)] != [x[:2] for x in Fleet(kv).reports(r + 1)]
+    vectors = [[None if x is None else x[:2] for x in Fleet(kv).reports(k)] for k in (r, r + 1)]
+    assert vectors[0] != vectors[1]
 
 
 def test_a_rerun_with_the_same_seed_sends_new_reports(mosquitto: Broker) -> None:
@@ -208,7 +215,9 @@ def test_every_device_reports_on_its_own_topic_and_the_truth_matches(mosquitto: 
     replay = Fleet(cfg)
     truth = replay.truth
     for round_ in used:
-        for i, (keys, signs, seed, z) in enumerate(replay.reports(round_)):
+        for i, replayed_report in enumerate(replay.reports(round_)):
+            assert replayed_report is not None
+            keys, signs, seed, z = replayed_report
             report = by_topic_round[(replay.topics[i], round_)]
             assert report == (1, SENSORS.fingerprint_int, round_, seed, z)
             truth.add(round_, keys, signs)
@@ -791,3 +800,66 @@ def test_an_unwritable_output_file_is_refused_before_anything_is_published(
         f"error: {option} {path}: the directory {path.parent} does not exist"
     ]
     assert not path.parent.exists()
+
+
+def test_participation_sampling_sends_the_sampled_devices_and_says_both_truths(
+    mosquitto: Broker,
+) -> None:
+    """q = 0.5: each round carries the reports of exactly the devices an offline replay
+    samples, the summary counts the rest as not sampled, and the ground truth of a round is
+    the mean over the devices that reported, with the fleet-wide sums beside it."""
+    n = 200
+    cfg = config(mosquitto, devices=n, participation=0.5)
+    seen: list[tuple[str, bytes]] = []
+    fleet = Fleet(cfg, on_report=lambda topic, payload: seen.append((topic, payload)))
+    summary = run(fleet.run(), 60)
+    assert summary["participation"] == 0.5
+    assert summary["reports_published"] + summary["reports_sat_out"] == n * cfg.rounds
+    assert 0 < summary["reports_sat_out"] < n * cfg.rounds
+    doc = fleet.ground_truth()
+    assert doc["participation"] == 0.5
+    replay = Fleet(cfg)
+    for round_, reports in by_round(seen).items():
+        assert reports == replayed(cfg, round_)  # the sampled devices, the same reports
+        vectors, sampled = replay.round_data(round_)
+        (entry,) = [x for x in doc["rounds"] if x["round"] == round_]
+        assert entry["n"] == len(reports) == sum(x is not None for x in sampled)
+        everyone = GroundTruth(d=SENSORS.d)
+        for keys, signs in vectors:
+            everyone.add(round_, keys, signs)
+        assert entry["fleet"] == everyone.rounds[round_].stats()
+        reported = GroundTruth(d=SENSORS.d)
+        for x in sampled:
+            if x is not None:
+                reported.add(round_, x[0], x[1])
+        assert {k: v for k, v in entry.items() if k not in ("round", "fleet")} == (
+            reported.rounds[round_].stats()
+        )
+
+
+def test_fleet_participation_follows_the_announcement(tmp_path: Path) -> None:
+    """The --spec file's announced q is the fleet's; a different --participation is refused
+    in one line before anything is sent; a ground-truth file of another q is refused."""
+    ann = tmp_path / "announcement.json"
+    ann.write_bytes(
+        encode_announcement(
+            SENSORS.to_dict(), min_batch=10, delta=1e-6, round_seconds=1, participation=0.5
+        )
+    )
+    base = ["fleet", "--deployment", "d", "--broker", f"mqtt://127.0.0.1:{free_port()}"]
+    result = CliRunner().invoke(
+        app, [*base, "--spec", str(ann), "--participation", "0.3", "--no-progress"]
+    )
+    assert result.exit_code == 1
+    assert "--participation 0.3 does not match the participation 0.5" in result.stderr
+    truth = tmp_path / "truth.json"
+    truth.write_text(
+        json.dumps(
+            GroundTruth(d=SENSORS.d).to_dict(spec=SENSORS, seed=3, model="sensors", round_seconds=1)
+        )
+    )
+    refused = CliRunner().invoke(
+        app, [*base, "--spec", str(ann), "--seed", "3", "--ground-truth", str(truth)]
+    )
+    assert refused.exit_code == 1
+    assert "participation 1.0, this run has participation 0.5" in refused.stderr

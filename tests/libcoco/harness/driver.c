@@ -325,6 +325,8 @@ static void cmd_ann(line_t *l) {
         out_u64(announcement.layouts[i].seed);
     }
     out_u64(announcement.participation_units);
+    out_u64(announcement.period_seconds);
+    out_u64(announcement.budget_per_period_units);
 }
 
 /* A NUL-terminated name from hex (names with any byte but NUL). */
