@@ -72,6 +72,8 @@ CORES: dict[str, tuple[str, ...]] = {
     "aggregator.ledger.levels": ("aggregator.service", *LEDGER_SHELL),
     "aggregator.ledger.records": ("aggregator.service", *LEDGER_SHELL),
     "aggregator.ledger.timeline": ("aggregator.service", *LEDGER_SHELL),
+    "aggregator.page.truth": ("aggregator.service",),
+    "aggregator.page.series_plot": ("aggregator.service",),
 }
 """Pure cores, each with the shell modules it must not reach."""
 

@@ -2,8 +2,8 @@
 
 No build step, no CDN, no external font or image: inline CSS and JavaScript only, and the
 HTTP handler sends it with a Content-Security-Policy that lets the page load nothing but
-``/estimates`` from its own origin. The script polls ``/estimates`` every
-:data:`POLL_SECONDS` and shows
+``/estimates``, ``/series`` and ``/truth`` from its own origin. The script polls
+``/estimates`` every :data:`POLL_SECONDS` and shows
 
 * the report counts: ``n``, reports, batches, rejected batches, duplicates;
 * in a sharded deployment, the smallest batch of each shard (the smallest of all is the
@@ -20,7 +20,10 @@ HTTP handler sends it with a Content-Security-Policy that lets the page load not
 * each dimension's mean and frequency with its interval half-width, as a table and an SVG
   chart of the intervals (the first :data:`MAX_ROWS` dimensions); where ``/estimates`` has
   ``channels`` (one per dimension), each channel's name, unit, mean in that unit with its
-  interval, and range instead, the chart placing each interval on its channel's range.
+  interval, and range instead, the chart placing each interval on its channel's range;
+* one dimension's per-round estimate with its interval band over clock time, and the
+  simulation's per-round truth beside it where the aggregator serves ``/truth``
+  (:mod:`aggregator.page.series_chart`).
 
 Numbers are rendered deterministically for tests and people alike: every value sits in an
 element with ``data-field`` (and ``data-dim`` for a dimension) whose ``data-value`` is the
@@ -34,6 +37,8 @@ The page shows nothing about any device: ``/estimates`` holds aggregates only.
 """
 
 from __future__ import annotations
+
+from aggregator.page.series_chart import SERIES_HTML, SERIES_SCRIPT
 
 __all__ = ["CONTENT_SECURITY_POLICY", "MAX_ROWS", "PAGE", "POLL_SECONDS"]
 
@@ -133,6 +138,8 @@ svg text { font: 11px system-ui, sans-serif; fill: #57606a; }
 <tbody></tbody>
 </table>
 <p class="muted" id="units-note">Reads /estimates every __POLL__ s.</p>
+
+__SERIES_HTML__
 
 <script>
 "use strict";
@@ -447,6 +454,7 @@ function render(doc) {
     }
   }
   drawEstimates(rows, channels);
+  seriesDims(means.length, channels);
 
   const accounted = doc.batches_accounted;
   const last = history[history.length - 1];
@@ -476,6 +484,7 @@ async function poll() {
     setTimeout(poll, POLL_MS);
   }
 }
+__SERIES_SCRIPT__
 drawHistory(history, "page");
 poll();
 </script>
@@ -484,6 +493,10 @@ poll();
 """
 
 PAGE: bytes = (
-    _HTML.replace("__POLL__", str(POLL_SECONDS)).replace("__MAX_ROWS__", str(MAX_ROWS)).encode()
+    _HTML.replace("__POLL__", str(POLL_SECONDS))
+    .replace("__MAX_ROWS__", str(MAX_ROWS))
+    .replace("__SERIES_HTML__", SERIES_HTML)
+    .replace("__SERIES_SCRIPT__", SERIES_SCRIPT)
+    .encode()
 )
 """The page, UTF-8."""

@@ -1,6 +1,6 @@
-"""``coco aggregator run | snapshot | series | trust`` (:data:`aggregator_app`): the
-streaming service, an offline snapshot of its checkpoint, its estimates over time, and the
-pinned batch keys. ``coco privacy``
+"""``coco aggregator run | snapshot | series | trust | plot`` (:data:`aggregator_app`): the
+streaming service, an offline snapshot of its checkpoint, its estimates over time, the
+pinned batch keys, and the series as a PNG (:mod:`aggregator.service.plot_cli`). ``coco privacy``
 lives in :mod:`aggregator.ledger.privacy_cli`."""
 
 from __future__ import annotations
@@ -208,6 +208,14 @@ def aggregator_run(
             "are unaffected).",
         ),
     ] = False,
+    truth: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="COCO_TRUTH_FILE",
+            help="SIMULATION ONLY: a fleet's --ground-truth file, served at /truth (read "
+            "again when it changes) and drawn on the live page as the simulation truth.",
+        ),
+    ] = None,
 ) -> None:
     """Consume shuffled batches; serve estimates, metrics and the certified central epsilon.
 
@@ -294,6 +302,7 @@ def aggregator_run(
             new_series=new_series,
             client_id=client_id,
             epsilon_target=epsilon_target,
+            truth_file=truth,
             username=username,
             password=password,
             ca_file=ca_file,
@@ -572,3 +581,13 @@ def aggregator_trust(
     typer.echo(f"old: {describe_anchor(old) if old else '-'}")
     typer.echo(f"new: {describe_anchor(new)}")
     typer.echo(f"pinned in {path}")
+
+
+def _register_plot() -> None:
+    """``coco aggregator plot`` (:mod:`aggregator.service.plot_cli`)."""
+    from aggregator.service.plot_cli import aggregator_plot  # noqa: PLC0415
+
+    aggregator_app.command("plot")(aggregator_plot)
+
+
+_register_plot()

@@ -154,6 +154,8 @@ class AggregatorConfig:
     epsilon_target: float | None = None
     """Exported as ``coco_aggregator_epsilon_target`` for dashboards; ``None`` exports
     nothing (no target line is drawn). It changes nothing in the service's behaviour."""
+    truth_file: Path | None = None
+    """SIMULATION ONLY: a fleet's ground-truth file served at ``/truth`` (``--truth``)."""
     channels: Sequence[Channel] | None = None
     """The dimensions as sensor channels (name, unit, range; :mod:`aggregator.page.page_data`),
     one per dimension, where the deployment encodes readings with

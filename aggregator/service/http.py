@@ -10,7 +10,8 @@ live page at ``/``
 latest batch, delta, the counters and the retained horizon; rebuilt for every request, so
 they never lag ``/metrics``), and the series: ``/series`` and ``/estimates?window=W``
 (:mod:`aggregator.service.series_view`, written piece by piece; 400 with one line for a
-malformed query, 404 where the service keeps no series). It is a stdlib
+malformed query, 404 where the service keeps no series), and, SIMULATION ONLY, ``/truth`` (a
+simulated fleet's per-round ground truth: :mod:`aggregator.service.truth_file`). It is a stdlib
 ``ThreadingHTTPServer`` in a daemon thread: the handler asks the event loop for a fresh
 snapshot (an immutable document the loop replaces; :mod:`aggregator.service.publishing`)
 and waits for it, so no lock is needed and a slow scraper never blocks the event loop.
@@ -29,6 +30,7 @@ import json
 import logging
 import sys
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -106,6 +108,10 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/estimates":
                 body = json.dumps(source.estimates()).encode()
                 content_type = "application/json"
+            elif path == "/truth":
+                status, content_type, body = _truth(source, query)
+                self._send(status, body, content_type, {"Cache-Control": "no-cache"})
+                return
             else:
                 self.send_error(404, "try /, /metrics, /estimates, /series or /ready")
                 return
@@ -163,6 +169,14 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("http: " + format, *args)
 
 
+def _truth(source: Source, query: str) -> tuple[int, str, bytes]:
+    """``/truth``: the source's answer, or a 404 where it has no simulation truth."""
+    if source.truth is None:
+        line = "no simulation truth: the aggregator was started without --truth (simulation only)"
+        return 404, "text/plain; charset=utf-8", f"{line}\n".encode()
+    return source.truth(query, time.time())
+
+
 @dataclass(frozen=True)
 class Source:
     """What a :class:`MetricsServer` serves: a registry and four callables (module docs;
@@ -176,6 +190,9 @@ class Source:
     query: Callable[[str, Mapping[str, Sequence[str]]], Reply] | None = None
     """``/series`` and ``/estimates?window=W`` (path, query parameters);
     :meth:`aggregator.service.series_view.SeriesView.answer`. ``None``: 404."""
+    truth: Callable[[str, float], tuple[int, str, bytes]] | None = None
+    """SIMULATION ONLY: ``/truth`` (query, now) -> (status, content type, body), with
+    ``--truth`` (:mod:`aggregator.service.truth_file`); ``None``: 404."""
 
 
 class _Server(ThreadingHTTPServer):
@@ -208,9 +225,10 @@ class MetricsServer:
         recovered: Callable[[], bool] = lambda: True,
         not_ready: Callable[[], str | None] = lambda: None,
         query: Callable[[str, Mapping[str, Sequence[str]]], Reply] | None = None,
+        truth: Callable[[str, float], tuple[int, str, bytes]] | None = None,
         option: str = "--metrics-port (COCO_METRICS_PORT)",
     ) -> None:
-        source = Source(registry, estimates, ready, recovered, not_ready, query)
+        source = Source(registry, estimates, ready, recovered, not_ready, query, truth)
         try:
             self._server = _Server((host, port), source)
         except OSError as exc:

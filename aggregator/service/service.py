@@ -99,6 +99,7 @@ from aggregator.service.publishing import Publisher, RefreshOnCollect, log_shutd
 from aggregator.service.series_file import recover_series
 from aggregator.service.session import Ack, BatchSession
 from aggregator.service.trust import KeyGuard
+from aggregator.service.truth_file import TruthFile
 from edge.errors import CocoError
 
 __all__ = ["Aggregator", "run_aggregator"]
@@ -185,6 +186,9 @@ class Aggregator:
         self._lock_fd: int | None = None
         self._http: MetricsServer | None = None
         self._lent_http = http
+        truth = config.truth_file
+        self.truth = None if truth is None else TruthFile(truth, registry=self.registry).answer
+        """SIMULATION ONLY: what ``/truth`` serves (``config.truth_file``)."""
 
     # -- what tests, the demo and dashboards read ----------------------------------------
 
@@ -329,6 +333,7 @@ class Aggregator:
                         recovered=lambda: self.recovered,
                         not_ready=self.not_ready,
                         query=self.publisher.series.answer,
+                        truth=self.truth,
                     )
                 )
             elif self.config.http_port is not None:
@@ -341,6 +346,7 @@ class Aggregator:
                     recovered=lambda: self.recovered,
                     not_ready=self.not_ready,
                     query=self.publisher.series.answer,
+                    truth=self.truth,
                 )
                 self._http.start()
             if path is not None:
@@ -502,6 +508,7 @@ class Aggregator:
                         self.snapshot,
                         ready=lambda: False,
                         query=self.publisher.series.answer,
+                        truth=self.truth,
                     )
                 )
             self.recovered = False

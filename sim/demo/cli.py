@@ -9,6 +9,7 @@ import json
 import signal
 import time
 from enum import StrEnum
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -40,6 +41,14 @@ def demo(
     min_batch: Annotated[int, typer.Option(help="Smallest batch the shuffler releases.")] = 500,
     delta: Annotated[float, typer.Option(help="Target delta of the accountant.")] = 1e-6,
     seed: Annotated[int, typer.Option(help="Seed of the sensor model and randomisers.")] = 1,
+    day_seconds: Annotated[
+        int | None,
+        typer.Option(
+            help="Compress the sensor model's day into this many seconds (each 2-s round "
+            "reads its hour of that day; at least 4), so the estimate follows the daily "
+            "cycle; default: one hour a round."
+        ),
+    ] = None,
     broker: Annotated[
         str | None,
         typer.Option(
@@ -68,6 +77,14 @@ def demo(
     port: Annotated[
         int, typer.Option(help="Port of the live page with --serve (0: a free one).")
     ] = 0,
+    ground_truth: Annotated[
+        Path | None,
+        typer.Option(
+            help="SIMULATION ONLY: write the per-round ground truth here after every round "
+            "(coco fleet's format), served at /truth and drawn on the live page (with "
+            "--serve they are, from memory, without it)."
+        ),
+    ] = None,
 ) -> None:
     """Run devices -> shuffler -> aggregator on this machine and compare the private
     estimates with the (simulation-only) ground truth."""
@@ -90,10 +107,12 @@ def demo(
             min_batch=min_batch,
             delta=delta,
             seed=seed,
+            day_seconds=day_seconds,
             broker=broker,
             embedded_broker=embedded_broker,
             timeout=timeout,
             http_port=port if serve else None,
+            truth_file=ground_truth,
         )
         run = asyncio.run(run_pipeline(config))
     except (DemoError, CocoError, ValueError) as exc:

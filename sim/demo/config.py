@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import secrets
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry
 
 from aggregator.estimation.estimators import AggregateState
 from aggregator.service.http import MetricsServer
+from aggregator.service.series_view import Reply
 from broker.service.shuffler import parse_broker_url
 from edge import CocoError, MechanismSpec
+from sim.models.day import check_day_seconds
 
 __all__ = [
     "DEFAULT_DEVICES",
@@ -59,6 +62,10 @@ class DemoConfig:
     min_batch: int = 500
     delta: float = 1e-6
     seed: int = 1
+    day_seconds: int | None = None
+    """Compress the sensor model's day into this many wall-clock seconds, each round's
+    readings those of its hour (:func:`~sim.models.day.hour_of_day`); ``None``: the
+    model's own clock, one hour a round."""
     broker: str | None = None
     embedded_broker: bool = False
     """Use the embedded amqtt broker even when Mosquitto is installed (ignored with ``broker``)."""
@@ -73,6 +80,10 @@ class DemoConfig:
     http_port: int | None = None
     """Serve the aggregator's live page, ``/metrics`` and ``/estimates`` on 127.0.0.1 at this
     port during the run (``0``: a free one); ``None``: no HTTP server."""
+    truth_file: Path | None = None
+    """SIMULATION ONLY: write the per-round ground truth here after every round (the format
+    of ``coco fleet --ground-truth``) and serve it at the aggregator's ``/truth``; with
+    ``http_port`` and no file, the aggregator serves the run's truth from memory."""
     progress: bool = True
     deployment: str = field(default_factory=lambda: f"demo-{secrets.token_hex(4)}")
 
@@ -93,6 +104,8 @@ class DemoConfig:
             raise ValueError(f"http_port must be in [0, 65535], got {self.http_port}")
         if self.broker is not None:
             parse_broker_url(self.broker)
+        if self.day_seconds is not None:
+            check_day_seconds(self.day_seconds, self.round_seconds)
 
     def spec(self) -> MechanismSpec:
         return MechanismSpec(
@@ -114,6 +127,12 @@ class DemoRun:
     """The port the aggregator served on during the run (``None``: it did not serve)."""
     server: MetricsServer | None = None
     """With ``http_port``: the run's HTTP server, still serving the final state; stop it."""
+    truth_file: Path | None = None
+    """Where the run wrote its per-round ground truth (``None``: nowhere)."""
+    truth: Callable[[str, float], tuple[int, str, bytes]] | None = None
+    """The aggregator's ``/truth`` of it (served on after the run)."""
+    query: Callable[[str, Mapping[str, Sequence[str]]], Reply] | None = None
+    """The aggregator's ``/series`` and ``/estimates?window=`` (served on after the run)."""
 
 
 def page_url(port: int) -> str:

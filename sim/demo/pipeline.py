@@ -35,6 +35,7 @@ from aggregator.page.page_data import Channel
 from aggregator.service.config import AggregatorConfig
 from aggregator.service.http import MetricsServer, Source
 from aggregator.service.service import Aggregator
+from aggregator.service.truth_file import TruthMemory
 from broker.core.machine import MAX_BATCH_LIMIT
 from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge import MechanismSpec
@@ -98,7 +99,9 @@ async def run_pipeline(config: DemoConfig, *, on_report: ReportSink | None = Non
         run.result["note"] = broker.note
     if server is not None:
         final = run.estimates
-        server.serve(Source(run.aggregator_registry, lambda: final))
+        server.serve(
+            Source(run.aggregator_registry, lambda: final, query=run.query, truth=run.truth)
+        )
         run.server = server
     return run
 
@@ -165,11 +168,27 @@ def _services(
             session_expiry=60,
             metrics_dims=spec.d,
             channels=sensor_channels(config.channels),
+            truth_file=config.truth_file,
         ),
         registry=CollectorRegistry(),
         http=server,
     )
     return shuffler, aggregator, signer
+
+
+def _fleet(config: DemoConfig, spec: MechanismSpec, aggregator: Aggregator) -> DemoFleet:
+    """The run's devices; the aggregator serves their per-round truth at ``/truth`` (from
+    ``config.truth_file``, else, when it serves its page, from memory)."""
+    fleet = DemoFleet(
+        config=config,
+        spec=spec,
+        sensors=SensorFleet(n_devices=config.devices, channels=config.channels, seed=config.seed),
+        ids=[f"sensor-{secrets.token_hex(6)}" for _ in range(config.devices)],
+        truth_path=config.truth_file,
+    )
+    if config.http_port is not None and aggregator.truth is None:
+        aggregator.truth = TruthMemory(fleet.latest_truth, registry=aggregator.registry).answer
+    return fleet
 
 
 def sensor_channels(count: int) -> tuple[Channel, ...]:
@@ -208,12 +227,7 @@ async def _run(
     progress(config.progress, f"broker: {broker_kind} at {url}; deployment {dep}")
     shuffler, aggregator, signer = _services(config, url, spec, mqtt5=mqtt5, server=server)
     shuffler_registry = shuffler.metrics.registry
-    fleet = DemoFleet(
-        config=config,
-        spec=spec,
-        sensors=SensorFleet(n_devices=config.devices, channels=config.channels, seed=config.seed),
-        ids=[f"sensor-{secrets.token_hex(6)}" for _ in range(config.devices)],
-    )
+    fleet = _fleet(config, spec, aggregator)
     rng = np.random.default_rng(np.random.SeedSequence(config.seed).spawn(3)[2])
 
     def received() -> int:
@@ -300,6 +314,9 @@ async def _run(
         aggregator_registry=aggregator.registry,
         estimates=aggregator.snapshot(),
         http_port=http_port,
+        truth_file=config.truth_file,
+        truth=aggregator.truth,
+        query=aggregator.publisher.series.answer,
     )
 
 

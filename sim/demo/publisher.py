@@ -14,6 +14,8 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import aiomqtt
 import numpy as np
@@ -25,6 +27,8 @@ from edge.codec import encode_report
 from edge.rounds import current_round, seconds_to_next_round
 from edge.topics import ingress_topic
 from sim.demo.config import DemoConfig, ReportSink
+from sim.fleet.truth import GroundTruth, write_onto
+from sim.models.day import DAY_SECONDS, hour_of_day
 from sim.models.sensors import SensorFleet
 from sim.models.synthetic import sparse_totals
 
@@ -42,16 +46,46 @@ class DemoFleet:
     sent: int = 0
     total: NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     truth_sum: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    truth_path: Path | None = None
+    """Where to write :meth:`truth_document` after every round (``None``: nowhere)."""
+    truth: GroundTruth = field(init=False)
+    """SIMULATION-ONLY: the sums of the ternary vectors sent, per wall-clock round (the
+    document of ``coco fleet --ground-truth``: :meth:`truth_document`)."""
+
+    def __post_init__(self) -> None:
+        self.truth = GroundTruth(d=self.spec.d)
+        self._latest_truth: dict[str, Any] | None = None
+
+    def latest_truth(self) -> dict[str, Any] | None:
+        """The truth document of the rounds published so far (``None`` before the first)."""
+        return self._latest_truth
+
+    def truth_document(self) -> dict[str, Any]:
+        """The per-round ground truth so far, as ``coco fleet --ground-truth`` writes it."""
+        config = self.config
+        return self.truth.to_dict(
+            spec=self.spec,
+            seed=config.seed,
+            model="sensors",
+            round_seconds=config.round_seconds,
+            day_seconds=DAY_SECONDS if config.day_seconds is None else config.day_seconds,
+            run={"devices": config.devices, "rounds": config.rounds},
+        )
 
     def reports(
         self, index: int, round_: int, rng: np.random.Generator
     ) -> list[tuple[str, int, int, int]]:
-        """The ``index``-th round of readings, randomised, as reports of ``round_``."""
-        readings = self.sensors.readings(index)
+        """The ``index``-th round of readings, randomised, as reports of ``round_`` (at the
+        hour of ``round_``'s start in a compressed day, with ``day_seconds``)."""
+        config = self.config
+        day = config.day_seconds
+        hour = None if day is None else hour_of_day(round_ * config.round_seconds, day)
+        readings = self.sensors.readings(index, hour=hour)
         keys, signs = self.sensors.encoder(self.config.s).encode_batch(readings, rng)
         seeds, z = LocalMechanism.from_spec(self.spec).randomise_sparse(keys, signs, rng)
-        total, _ = sparse_totals(keys, signs, self.spec.d)
+        total, present = sparse_totals(keys, signs, self.spec.d)
         self.total = total if self.total.size == 0 else self.total + total
+        self.truth.add_sums(round_, total.tolist(), present.tolist(), len(readings))
         truth = readings.sum(axis=0)
         self.truth_sum = truth if self.truth_sum.size == 0 else self.truth_sum + truth
         return [(self.ids[i], round_, int(seeds[i]), int(z[i])) for i in range(self.config.devices)]
@@ -88,6 +122,9 @@ class DemoFleet:
                 window=self.config.window,
                 on_sent=sent_one,
             )
+            self._latest_truth = self.truth_document()  # one reference: read by HTTP threads
+            if self.truth_path is not None:
+                write_onto(self.truth_path, None, self._latest_truth)
         return time.monotonic() - start
 
 

@@ -19,6 +19,7 @@ from broker.service.metrics import DROP_REASONS, REJECT_REASONS
 from edge import MechanismSpec
 from sim.demo.config import DemoConfig, page_url
 from sim.demo.publisher import DemoFleet
+from sim.demo.tracking import RoundEstimate, format_tracking, tracking
 
 __all__ = ["format_table", "metric_value", "result_document"]
 
@@ -72,6 +73,7 @@ def result_document(
     value, se = encoder.decode_mean(est.mean, est.mean_se, n=n)
     truth = fleet.truth_sum / max(sent, 1)
     smallest = aggregator.smallest_batch
+    tracked = per_round_tracking(aggregator, fleet, spec)
     privacy = aggregator.ledger.compute(aggregator.ledger.snapshot())  # the one accountant call
     channels = [
         {
@@ -122,9 +124,31 @@ def result_document(
         ),
         "channels": channels,
         "ground_truth_note": "simulation only: the exact fleet mean of the readings",
+        "tracking": tracked,
         "throughput_reports_per_s": sent / publish_seconds if publish_seconds > 0 else None,
         **({} if http_port is None else {"url": page_url(http_port)}),
     }
+
+
+def per_round_tracking(
+    aggregator: Aggregator, fleet: DemoFleet, spec: MechanismSpec
+) -> dict[str, Any]:
+    """How well the aggregator's per-round estimates (its series) tracked the truth of the
+    vectors sent in each round (:func:`sim.demo.tracking.tracking`)."""
+    series = getattr(aggregator.core, "series", None)
+    rows = [] if series is None else series.rows()
+    estimates = []
+    for row in rows:
+        if row.rounds != 1:  # a coarse row (rolled up past retention): not one round
+            continue
+        est = row.state.estimate()
+        estimates.append(RoundEstimate(row.round, row.state.n, est.mean, est.mean_lo, est.mean_hi))
+    truth = {
+        r: np.asarray(sums.total, dtype=np.float64) / sums.n
+        for r, sums in fleet.truth.rounds.items()
+        if sums.n
+    }
+    return tracking(estimates, truth, spec)
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -160,6 +184,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"min_batch {result['min_batch']})",
         f"MSE of the ternary means (sum over channels): {result['mse_mean']:.4g}  "
         f"closed form {result['mse_mean_theory']:.4g}",
+        *format_tracking(result.get("tracking") or {}),
         f"epsilon_local {result['epsilon_local']:g}  epsilon_central (certified, smallest "
         f"batch) {'n/a' if eps_c is None else f'{eps_c:.4g}'}  delta {result['delta']:g}",
         f"epsilon_total (a device in all {result['epsilon_total_batches']} rounds) "

@@ -31,6 +31,7 @@ from edge.cli_options import (
 from edge.mqtt_version import check_mqtt_version
 from sim.credentials.accounts import DEFAULT_PREFIX, device_id, device_password, read_secret
 from sim.fleet.metrics import DEFAULT_METRICS_DIMS
+from sim.models.day import DAY_SECONDS
 
 if TYPE_CHECKING:  # imported when the command runs, not for --help (gmqtt, numpy)
     from prometheus_client import CollectorRegistry
@@ -177,15 +178,37 @@ def _file_spec(
     return mechanism, length, None if whole is None else shard_plan(whole)
 
 
-def _write_truth(path: Path, fleet: Fleet) -> None:
-    """Add the run's ground truth to ``path`` (a one-line error, exit 1, if it cannot)."""
-    from sim.fleet.truth import write_merged  # noqa: PLC0415
+def _write_truth(path: Path, base: dict[str, Any] | None, fleet: Fleet) -> None:
+    """Add the run's ground truth to ``base``, the file's document when the run started,
+    in ``path`` (a one-line error, exit 1, if it cannot)."""
+    from sim.fleet.truth import write_onto  # noqa: PLC0415
 
     try:
-        write_merged(path, fleet.ground_truth())
+        write_onto(path, base, fleet.ground_truth())
     except (CocoError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(EXIT_ERROR) from None
+
+
+def _truth_writer(
+    path: Path | None, base: dict[str, Any] | None, fleet: list[Fleet]
+) -> Callable[[int], None] | None:
+    """``--ground-truth``: the file rewritten after every round (the rounds so far added to
+    ``base``), so that an aggregator's ``--truth`` shows them while the fleet runs; a
+    failed write is one WARNING line (the run's last write reports it as an error)."""
+    if path is None:
+        return None
+    from sim.fleet.truth import write_onto  # noqa: PLC0415
+
+    def write(round_: int) -> None:
+        try:
+            write_onto(path, base, fleet[0].ground_truth())
+        except (CocoError, OSError) as exc:
+            logging.getLogger("sim.fleet").warning(
+                "round %d: cannot write the ground truth: %s", round_, exc
+            )
+
+    return write
 
 
 def _check_options(qos: int, ground_truth: Path | None, acked_log: Path | None) -> None:
@@ -199,14 +222,21 @@ def _check_options(qos: int, ground_truth: Path | None, acked_log: Path | None) 
         check_output_file(acked_log, "--acked-log")
 
 
-def _check_truth_file(path: Path, config: FleetConfig) -> None:
-    """Refuse a ``--ground-truth`` file this run could not add its rounds to."""
+def _check_truth_file(path: Path, config: FleetConfig) -> dict[str, Any] | None:
+    """Refuse a ``--ground-truth`` file this run could not add its rounds to; its document
+    (``None``: no file yet), onto which the run writes."""
     from sim.fleet.truth import GroundTruth, check_compatible, read_document  # noqa: PLC0415
 
     header = GroundTruth(d=config.spec.d).to_dict(
-        spec=config.spec, seed=config.seed, model=config.model, round_seconds=config.round_seconds
+        spec=config.spec,
+        seed=config.seed,
+        model=config.model,
+        round_seconds=config.round_seconds,
+        day_seconds=config.day_seconds,
     )
-    check_compatible(path, read_document(path), header)
+    base = read_document(path)
+    check_compatible(path, base, header)
+    return base
 
 
 def _announced_spec(
@@ -352,6 +382,14 @@ def fleet(
             "liked (+1) or disliked (-1)."
         ),
     ] = FleetModelName.sensors,
+    day_seconds: Annotated[
+        int,
+        typer.Option(
+            help="Length of the sensor model's day in seconds (default a real day, the UTC "
+            "hour); smaller compresses the daily cycle, e.g. 600 shows a day in 10 minutes "
+            "(at least two rounds)."
+        ),
+    ] = DAY_SECONDS,
     spec: SpecFileOption = None,
     seed: Annotated[
         int | None, typer.Option(help="Seed of the whole run (default: random, printed).")
@@ -459,6 +497,7 @@ def fleet(
             mode=mode.value,
             connections=connections,
             model=model.value,
+            day_seconds=day_seconds,
             seed=run_seed,
             prefix=prefix,
             username=username,
@@ -470,10 +509,18 @@ def fleet(
             mqtt_version=check_mqtt_version(mqtt_version),
             shards=shards,
         )
+        base = None
         if ground_truth is not None:  # a file this run cannot add to is refused before it
-            _check_truth_file(ground_truth, config)
+            base = _check_truth_file(ground_truth, config)
         acked_file = None if acked_log is None else acked_log.open("a", encoding="ascii")
-        sim = Fleet(config, registry=registry, on_acked=_acked_writer(acked_file))
+        made: list[Fleet] = []
+        sim = Fleet(
+            config,
+            registry=registry,
+            on_acked=_acked_writer(acked_file),
+            on_round=_truth_writer(ground_truth, base, made),
+        )
+        made.append(sim)
         try:
             summary = asyncio.run(_serve(sim, hold=hold, progress=progress))
         finally:
@@ -487,5 +534,5 @@ def fleet(
             server.shutdown()
     typer.echo(json.dumps(summary, indent=1) if as_json else format_summary(summary))
     if ground_truth is not None:
-        _write_truth(ground_truth, sim)
+        _write_truth(ground_truth, base, sim)
     _fail_if_not_sent(summary)

@@ -20,6 +20,7 @@ from edge.topics import check_name
 from sim.credentials.accounts import DEFAULT_PREFIX, device_id
 from sim.fleet.metrics import DEFAULT_METRICS_DIMS
 from sim.fleet.models import ModelName
+from sim.models.day import DAY_SECONDS, check_day_seconds
 
 __all__ = [
     "FDS_RESERVED",
@@ -96,6 +97,9 @@ class FleetConfig:
     connections: int = 4
     """Shared connections in ``multiplexed`` mode (ignored otherwise)."""
     model: ModelName = "sensors"
+    day_seconds: int = DAY_SECONDS
+    """Length of the sensor model's day in seconds (a real day by default; smaller
+    compresses the daily cycle so that it shows in minutes: ``--day-seconds``)."""
     seed: int = 0
     prefix: str = DEFAULT_PREFIX
     username: str | None = None
@@ -128,6 +132,7 @@ class FleetConfig:
         if self.rounds < 0:
             raise ValueError(f"rounds must be >= 0 (0 = until interrupted), got {self.rounds}")
         check_round_seconds(self.round_seconds)
+        check_day_seconds(self.day_seconds, self.round_seconds)
         for name in ("round_offset", "round_spread", "ramp_up"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):

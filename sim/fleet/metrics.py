@@ -4,7 +4,9 @@ Labels take values only from fixed tuples (:data:`CONNECT_FAILURE_REASONS`,
 :data:`PUBLISH_FAILURE_REASONS`, and ``dim`` for at most :data:`MAX_METRICS_DIMS`
 dimensions), all pre-created at start-up; no label ever names a device. The
 ``coco_fleet_ground_truth_*`` gauges are SIMULATION ONLY: exact running means over the
-reports the fleet published, for comparison with the aggregator's estimates.
+reports the fleet published, and the mean of the last round it finished
+(``coco_fleet_ground_truth_round_mean``), for comparison with the aggregator's cumulative
+and per-round or windowed estimates.
 """
 
 from __future__ import annotations
@@ -109,6 +111,21 @@ class FleetMetrics:
             ["dim"],
             registry=registry,
         )
+        self.truth_round_mean = Gauge(
+            f"{p}_ground_truth_round_mean",
+            "SIMULATION ONLY: exact mean of x_j over the reports published in the last round "
+            "the fleet finished (what the aggregator's estimate of that round estimates); no "
+            "real deployment has it.",
+            ["dim"],
+            registry=registry,
+        )
+        self.truth_round = Gauge(
+            f"{p}_ground_truth_round",
+            "SIMULATION ONLY: the wall-clock round of coco_fleet_ground_truth_round_mean "
+            "(-1 before the first).",
+            registry=registry,
+        )
+        self.truth_round.set(-1)
         for reason in CONNECT_FAILURE_REASONS:
             self.connect_failures.labels(reason=reason)
         for reason in PUBLISH_FAILURE_REASONS:
@@ -116,6 +133,7 @@ class FleetMetrics:
         for j in self.dims:
             self.truth_mean.labels(dim=str(j)).set(math.nan)
             self.truth_freq.labels(dim=str(j)).set(math.nan)
+            self.truth_round_mean.labels(dim=str(j)).set(math.nan)
 
     def connect_failure(self, reason: str) -> None:
         if reason not in CONNECT_FAILURE_REASONS:  # never let a stray string become a series
@@ -133,3 +151,11 @@ class FleetMetrics:
         for j in self.dims:
             self.truth_mean.labels(dim=str(j)).set(truth.mean(j))
             self.truth_freq.labels(dim=str(j)).set(truth.freq(j))
+
+    def set_round_truth(self, truth: GroundTruth, round_: int) -> None:
+        """Export the ground truth of round ``round_``, the last one the fleet finished."""
+        sums = truth.rounds.get(round_)
+        self.truth_round.set(round_)
+        for j in self.dims:
+            value = sums.total[j] / sums.n if sums is not None and sums.n else math.nan
+            self.truth_round_mean.labels(dim=str(j)).set(value)

@@ -33,6 +33,7 @@ import numpy as np
 
 from edge.encoders import KeyValueEncoder, SensorEncoder
 from edge.spec import MechanismSpec
+from sim.models.day import DAY_SECONDS, hour_of_day
 from sim.models.keyvalue import KeyValueModel
 from sim.models.sensors import CHANNELS, SensorFleet
 
@@ -116,6 +117,9 @@ class FleetModel:
     seed: int
     round_seconds: int = 3600
     """Length of a wall-clock round: places a round in the sensors' day."""
+    day_seconds: int = DAY_SECONDS
+    """Length of the sensors' day in wall-clock seconds (a real day by default; smaller
+    compresses the daily cycle: :func:`~sim.models.day.hour_of_day`)."""
     faulty_fraction: float = 0.01
     out_of_range_fraction: float = 0.01
 
@@ -173,8 +177,9 @@ class FleetModel:
         """Every device's ``(keys, signs)`` of wall-clock round ``round_``, drawn from
         ``streams`` (set to that round: :meth:`DeviceStreams.set_round`).
 
-        Sensors: the readings of round ``round_`` at its hour of the (UTC) day, so the
-        daily cycle is the real one and the drift restarts every day
+        Sensors: the readings of round ``round_`` at the hour of the (UTC) day at its start,
+        so the daily cycle is the real one and the drift restarts every day (a day of
+        ``day_seconds``: compressed, the cycle runs that much faster)
         (:meth:`~sim.models.sensors.SensorFleet.readings`); each device's encoder bits from its data
         lane. Key-value: each device's pairs and encoder bits from its data lane.
         """
@@ -184,7 +189,7 @@ class FleetModel:
             raise ValueError(f"the streams are set to round {streams.round}, not {round_}")
         out: list[Sparse] = []
         if self.name == "sensors":
-            hour = (round_ * self.round_seconds % 86_400) / 3600
+            hour = hour_of_day(round_ * self.round_seconds, self.day_seconds)
             readings = self.sensors.readings(round_, hour=hour).tolist()
             enc: SensorEncoder = self.__dict__["_sensor_encoder"]
             for values, rng in zip(readings, streams.data, strict=True):

@@ -141,7 +141,9 @@ class Fleet:
     ``registry`` receives the metrics (:class:`~sim.fleet.metrics.FleetMetrics`);
     ``on_report`` sees every report's topic and payload before it is published;
     ``on_acked`` gets ``(round, seed, z)`` of every report the broker acknowledged (QoS 1)
-    or that was sent (QoS 0), the device's promise that a pipeline must keep.
+    or that was sent (QoS 0), the device's promise that a pipeline must keep;
+    ``on_round`` gets the number of every round the fleet has finished publishing (its
+    truth counted: ``coco fleet --ground-truth`` writes the file then).
     """
 
     def __init__(
@@ -151,6 +153,7 @@ class Fleet:
         registry: CollectorRegistry | None = None,
         on_report: ReportHook | None = None,
         on_acked: Callable[[int, int, int], None] | None = None,
+        on_round: Callable[[int], None] | None = None,
     ) -> None:
         self.config = config
         self.spec = config.spec
@@ -160,6 +163,7 @@ class Fleet:
             n_devices=config.devices,
             seed=config.seed,
             round_seconds=config.round_seconds,
+            day_seconds=config.day_seconds,
         )
         self.metrics = FleetMetrics(
             registry if registry is not None else CollectorRegistry(),
@@ -175,6 +179,7 @@ class Fleet:
         """The shard layouts in force (followed while the fleet runs: :meth:`adopt`)."""
         self._on_report = on_report
         self._on_acked = on_acked
+        self._on_round = on_round
         self._mechanism = LocalMechanism.from_spec(config.spec)
         self._streams = DeviceStreams(config.seed, config.devices)
         self._stop = asyncio.Event()
@@ -393,6 +398,7 @@ class Fleet:
             seed=self.config.seed,
             model=self.config.model,
             round_seconds=self.config.round_seconds,
+            day_seconds=self.config.day_seconds,
             run={
                 "devices": self.config.devices,
                 "first_round": self.rounds_used[0] if self.rounds_used else None,
@@ -521,7 +527,14 @@ class Fleet:
                 "offset and spread)",
                 round_,
             )
+        self._round_done(round_)
+
+    def _round_done(self, round_: int) -> None:
+        """The truth of a round the fleet finished publishing: its gauges, ``on_round``."""
         self.metrics.set_truth(self.truth)
+        self.metrics.set_round_truth(self.truth, round_)
+        if self._on_round is not None:
+            self._on_round(round_)
 
     def _outcome(
         self,

@@ -9,12 +9,13 @@ No real deployment has these numbers; they exist to measure the error of the pri
 estimates.
 
 A ground-truth file is never overwritten: :func:`merge_documents` adds a run's rounds to
-the file's (``coco fleet --ground-truth`` runs it at the end of every run), after
-:func:`check_compatible` made sure that the file is one of the same seed, spec, model and
-round length; any other file is refused with a one-line error. A round in both with other
-counts is refused too: a device's report in a round is the same whichever run sends it
-(:class:`sim.fleet.models.DeviceStreams`), and a shuffler keeps the first one, so two runs'
-counts of one round cannot be added.
+the file's (``coco fleet --ground-truth`` runs it after every round, onto the file as it was
+when the run started: :func:`write_onto`), after :func:`check_compatible` made sure that
+the file is one of the same seed, spec, model, round length and day length
+(``day_seconds``, a real day in a file that does not say); any other file is refused with a
+one-line error. A round in both with other counts is refused too: a device's report in a
+round is the same whichever run sends it (:class:`sim.fleet.models.DeviceStreams`), and a
+shuffler keeps the first one, so two runs' counts of one round cannot be added.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from edge.errors import CocoError
 from edge.spec import MechanismSpec
+from sim.models.day import DAY_SECONDS
 
 __all__ = [
     "SIMULATION_ONLY_NOTE",
@@ -36,6 +38,7 @@ __all__ = [
     "merge_documents",
     "read_document",
     "write_merged",
+    "write_onto",
 ]
 
 SIMULATION_ONLY_NOTE = (
@@ -84,6 +87,16 @@ class GroundTruth:
     def __post_init__(self) -> None:
         self.overall = _Sums([0] * self.d, [0] * self.d)
 
+    def add_sums(self, round_: int, total: list[int], present: list[int], n: int) -> None:
+        """The integer sums of ``n`` published reports of round ``round_`` (a batch)."""
+        sums = _Sums(list(total), list(present), n)
+        kept = self.rounds.get(round_)
+        if kept is None:
+            self.rounds[round_] = sums
+        else:
+            kept.add(sums)
+        self.overall.add(sums)
+
     def add(self, round_: int, keys: list[int], signs: list[int]) -> None:
         """One published report's vector."""
         sums = self.rounds.get(round_)
@@ -117,10 +130,13 @@ class GroundTruth:
         seed: int,
         model: str,
         round_seconds: int,
+        day_seconds: int = DAY_SECONDS,
         run: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """The ``--ground-truth`` document (``simulation_only`` says what it is); ``run``:
-        what this run was (devices, rounds), the one entry of its ``runs``."""
+        what this run was (devices, rounds), the one entry of its ``runs``. Round ``r``
+        spans ``[r round_seconds, (r + 1) round_seconds)`` in Unix time; ``day_seconds``
+        is the length of the sensor model's day (``--day-seconds``)."""
         return {
             "simulation_only": True,
             "note": SIMULATION_ONLY_NOTE,
@@ -128,13 +144,16 @@ class GroundTruth:
             "seed": seed,
             "model": model,
             "round_seconds": round_seconds,
+            "day_seconds": day_seconds,
             "runs": [] if run is None else [run],
             "overall": self.overall.stats(),
             "rounds": [{"round": r, **sums.stats()} for r, sums in sorted(self.rounds.items())],
         }
 
 
-_IDENTITY = ("seed", "model", "round_seconds")
+_IDENTITY = ("seed", "model", "round_seconds", "day_seconds")
+_DEFAULTS = {"day_seconds": DAY_SECONDS}
+"""What a file written before a key existed had (a real day)."""
 
 
 def read_document(path: Path) -> dict[str, Any] | None:
@@ -172,9 +191,10 @@ def check_compatible(path: Path, doc: dict[str, Any] | None, header: dict[str, A
     if doc is None:
         return
     for key in _IDENTITY:
-        if doc.get(key) != header[key]:
+        theirs = doc.get(key, _DEFAULTS.get(key))
+        if theirs != header[key]:
             raise GroundTruthFileError(
-                f"{path} is the ground truth of a run with {key} {doc.get(key)}, this run has "
+                f"{path} is the ground truth of a run with {key} {theirs}, this run has "
                 f"{key} {header[key]}: not adding to it (give --ground-truth another path)"
             )
     spec = doc.get("spec")
@@ -227,7 +247,16 @@ def merge_documents(path: Path, old: dict[str, Any] | None, new: dict[str, Any])
 def write_merged(path: Path, doc: dict[str, Any]) -> dict[str, Any]:
     """Add the run's ``doc`` to the file ``path`` (or create it), atomically (a temporary
     file renamed over it); returns what was written."""
-    merged = merge_documents(path, read_document(path), doc)
+    return write_onto(path, read_document(path), doc)
+
+
+def write_onto(path: Path, base: dict[str, Any] | None, doc: dict[str, Any]) -> dict[str, Any]:
+    """Write ``base`` (the file's document as it was before the run, read once at its
+    start: :func:`read_document`) with the run's ``doc`` added to ``path``, atomically. A
+    run that writes its truth after every round (``coco fleet --ground-truth``, so that an
+    aggregator's ``--truth`` can show it live) replaces its own rounds each time instead of
+    adding them again."""
+    merged = merge_documents(path, base, doc)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         tmp.write_text(json.dumps(merged, indent=1) + "\n", encoding="utf-8")

@@ -7,7 +7,7 @@ voltage), then, past those 16, the same 16 again as further sensor boards of the
 (``temperature_2``, ..., ``battery_2``, ``temperature_3``, ...: the same unit, range and
 model, with readings of their own). :func:`channel_table` gives the channels of a count;
 six is the default (the demo's). The reading of device ``i``, channel ``j`` at round ``r``
-(the hour ``h = r * hours_per_round``) is::
+(the hour ``h = r * hours_per_round``, or the hour a caller gives: :mod:`sim.models.day`) is::
 
     x_ij(r) = clip(base_j + A_j cos(2 pi (h - peak_j) / 24) + offset_ij + drift_ij r
                    + noise_ij(r), lo_j, hi_j)

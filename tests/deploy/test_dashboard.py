@@ -152,11 +152,30 @@ def test_dim_variable_comes_from_the_aggregator_and_estimate_panels_use_it() -> 
     assert {q.panel_id for q in truth} <= {q.panel_id for q in estimate_queries}
 
 
+def test_window_variable_comes_from_the_aggregator_and_window_panels_use_it() -> None:
+    """The windowed panels read the configured windows (``coco aggregator run --window``):
+    ``$window`` lists them, and each windowed estimate is of that window and ``$dim``."""
+    dashboard = load_dashboard()
+    (window,) = [v for v in template_variables(dashboard) if v["name"] == "window"]
+    assert window["definition"] == "label_values(coco_aggregator_window_n, window)"
+    assert window["query"]["query"] == window["definition"]
+    assert window["multi"] is False  # one window: the band's fill pairs one lower, one upper
+    windowed = [q for q in queries(dashboard) if "window_estimate" in q.expr]
+    assert len(windowed) == 3
+    for q in windowed:
+        for name in re.findall(r"coco_aggregator_window_estimate_\w+\{[^}]*\}", q.expr):
+            assert name.endswith('{window="$window",dim=~"$dim"}'), name
+    for name in ("coco_aggregator_window_n", "coco_aggregator_window_epsilon_total"):
+        assert any(q.expr == name for q in queries(dashboard)), name
+
+
 def test_every_metric_named_in_a_query_exists() -> None:
     """A typo in a metric name would only show as an empty panel: check each name against
     the series the three components register."""
     registry = CollectorRegistry()
-    aggregator = AggregatorMetrics(registry, spec=SPEC, dims=(0,), epsilon_target=1.0)
+    aggregator = AggregatorMetrics(
+        registry, spec=SPEC, dims=(0,), epsilon_target=1.0, windows=("1h",)
+    )
     aggregator.set_estimates(AggregateState(SPEC).estimate())  # labelled series appear on use
     aggregator.set_epsilon(smallest=None, latest=None)
     aggregator.set_epsilon_generic(smallest=None, latest=None)

@@ -66,6 +66,9 @@ FLOWING = {"Pipeline funnel (reports/s)": "ABCDE"}
 the funnel's rates while the fleet publishes."""
 DIM = "1"
 """The value substituted for the dashboard's ``$dim``."""
+WINDOW = "1h"
+"""A window the aggregator exports (``--window``), substituted for the dashboard's
+``$window``."""
 
 
 def prometheus_binary() -> str:
@@ -229,6 +232,18 @@ def announce_short_rounds(broker: list[str], public_key: str) -> None:
     )
 
 
+def dashboard_variables(api: PrometheusApi) -> dict[str, str]:
+    """The dashboard's template variables as Grafana would offer them, checked: ``$dim``
+    from ``label_values(coco_aggregator_estimate_mean, dim)`` (the exported dimensions),
+    ``$window`` from ``label_values(coco_aggregator_window_n, window)`` (the configured
+    windows); with Grafana's own."""
+    dims = api.get("label/dim/values", **{"match[]": "coco_aggregator_estimate_mean"})
+    assert sorted(dims) == [str(j) for j in range(EXPORTED_DIMS)]
+    windows = api.get("label/window/values", **{"match[]": "coco_aggregator_window_n"})
+    assert sorted(windows) == sorted([WINDOW, "r3"])
+    return {**GRAFANA_VARIABLES, "$dim": DIM, "$window": WINDOW}
+
+
 def test_every_dashboard_query_returns_data(
     mosquitto: Broker, processes: Processes, tmp_path: Path
 ) -> None:
@@ -264,6 +279,7 @@ def test_every_dashboard_query_returns_data(
         str(EXPORTED_DIMS),
         "--epsilon-target",
         "0.5",
+        *("--window", WINDOW, "--window", "r3"),
     )
     config = write_config(tmp_path, ports)
     start = time.time()
@@ -313,10 +329,7 @@ def test_every_dashboard_query_returns_data(
     assert sorted(t["labels"]["job"] for t in targets) == sorted(JOBS)
     assert rule_names(api) == ["CocoFleetMeanChanged"]  # the alert rules load
 
-    # The dashboard's $dim comes from label_values(coco_aggregator_estimate_mean, dim).
-    dims = api.get("label/dim/values", **{"match[]": "coco_aggregator_estimate_mean"})
-    assert sorted(dims) == [str(j) for j in range(EXPORTED_DIMS)]
-    variables = {**GRAFANA_VARIABLES, "$dim": DIM}
+    variables = dashboard_variables(api)
 
     pending: dict[str, Query] = {}
     for query in queries(load_dashboard()):

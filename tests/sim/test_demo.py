@@ -164,6 +164,8 @@ def test_demo_serve_keeps_the_live_page_up_until_ctrl_c(mosquitto: Broker) -> No
         assert f"live page: {url}\n" in progress  # served during the run, on that port
         estimates, _ = _get(url + "estimates")
         page, policy = _get(url)
+        truth = json.loads(_get(url + "truth?dims=0,1")[0])  # the run's, from memory
+        series = json.loads(_get(url + "series?dims=0,1")[0])
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 0, stderr
@@ -185,6 +187,11 @@ def test_demo_serve_keeps_the_live_page_up_until_ctrl_c(mosquitto: Broker) -> No
     assert policy == CONTENT_SECURITY_POLICY
     assert stdout.rstrip().endswith(f"live page: {url}")  # the table's last line
     assert "aggregated 600" in stdout
+    # the simulation truth beside the per-round series, round by round
+    assert truth["simulation_only"] is True
+    assert [row[3] for row in truth["rows"]] == [300, 300]
+    at = series["columns"].index("round")
+    assert [row[at] for row in series["rows"]] == [row[0] for row in truth["rows"]]
 
 
 def _status(url: str) -> int | str:

@@ -231,6 +231,10 @@ def test_every_device_reports_on_its_own_topic_and_the_truth_matches(mosquitto: 
         assert value(registry, "coco_fleet_ground_truth_freq", dim=str(j)) == pytest.approx(
             doc["overall"]["freq"][j]
         )
+        assert value(registry, "coco_fleet_ground_truth_round_mean", dim=str(j)) == (
+            pytest.approx(doc["rounds"][-1]["mean"][j])  # the last round the fleet finished
+        )
+    assert value(registry, "coco_fleet_ground_truth_round") == used[-1]
 
 
 @pytest.mark.parametrize(("model", "spec"), [("sensors", SENSORS), ("keyvalue", KEYVALUE)])
