@@ -161,6 +161,15 @@ def aggregator_run(
             help="MQTT protocol: auto (5, else 3.1.1 if the broker refuses 5), 5 or 3.1.1.",
         ),
     ] = "auto",
+    cycle_seconds: Annotated[
+        int,
+        typer.Option(
+            envvar="COCO_CYCLE_SECONDS",
+            min=1,
+            help="The fleet's cycle for the change detector (coco_aggregator_change_*), a "
+            "whole number of rounds: a day, or a fleet's --day-seconds.",
+        ),
+    ] = 86_400,
     window: Annotated[
         list[str] | None,
         typer.Option(
@@ -230,6 +239,7 @@ def aggregator_run(
     from aggregator.service.config import (  # noqa: PLC0415 (keeps `coco privacy` light)
         AggregatorConfig,
         resolve_batch_public_key,
+        series_options,
     )
     from aggregator.service.service import run_aggregator  # noqa: PLC0415
     from aggregator.service.session import fetch_announcement  # noqa: PLC0415
@@ -299,6 +309,7 @@ def aggregator_run(
             retention_rounds=retention_rounds,
             round_seconds=round_seconds,
             **series_options(series_retention, series_step, series_coarse_retention),
+            cycle_seconds=cycle_seconds,
             new_series=new_series,
             client_id=client_id,
             epsilon_target=epsilon_target,
@@ -329,37 +340,6 @@ def aggregator_run(
     except (CocoError, OSError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-
-
-def series_options(retention: str, step: str, coarse_retention: str) -> dict[str, Any]:
-    """``--series-retention``, ``--series-step``, ``--series-coarse-retention`` as
-    :class:`~aggregator.service.config.AggregatorConfig` fields; :class:`CocoError` (one
-    line) naming the option."""
-    from aggregator.series.windows import parse_duration  # noqa: PLC0415
-
-    options: dict[str, Any] = {}
-    try:
-        options["series_retention"] = parse_duration(retention)
-    except ValueError as exc:
-        raise CocoError(f"--series-retention: {exc}") from None
-    if step.strip().lower() == "none":
-        options["series_step"] = None
-    else:
-        try:
-            seconds = parse_duration(step)
-        except ValueError as exc:
-            raise CocoError(f"--series-step: {exc}") from None
-        if seconds != int(seconds):
-            raise CocoError(f"--series-step must be whole seconds, got {step!r}")
-        options["series_step"] = int(seconds)
-    try:
-        coarse = coarse_retention.strip()
-        options["series_coarse_retention"] = (
-            0.0 if coarse in ("0", "0s") else parse_duration(coarse)
-        )
-    except ValueError as exc:
-        raise CocoError(f"--series-coarse-retention: {exc}") from None
-    return options
 
 
 def read_channels(path: Path) -> tuple[Channel, ...]:

@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from aggregator.page.page_data import Channel, check_channels
 from aggregator.series.windows import Window, parse_duration, parse_windows
@@ -26,6 +26,7 @@ from edge.spec import MechanismSpec
 DEFAULT_METRICS_DIMS = 16
 MAX_METRICS_DIMS = 1024
 DEFAULT_RETENTION_ROUNDS = 1440
+DEFAULT_CYCLE_SECONDS = 86_400.0
 """Rounds whose batch ids are kept: one day at the default 60-second round."""
 MAX_PRIVACY_PERIODS = 4
 """Rolling periods whose ``epsilon_total`` is computed (each a composition)."""
@@ -161,6 +162,11 @@ class AggregatorConfig:
     one per dimension, where the deployment encodes readings with
     :class:`~edge.encoders.SensorEncoder`: ``/estimates`` and the live page then show each
     channel's mean in its physical unit. ``None``: dimensions ``x0``, ``x1``, ..."""
+    cycle_seconds: float = DEFAULT_CYCLE_SECONDS
+    """The fleet's cycle (a day) for the change detector (:mod:`aggregator.series.watch`):
+    each round is compared with the same round of the earlier cycles. A compressed day
+    (``coco fleet --day-seconds S``) needs ``S``; not a whole number of rounds: no detector
+    (a WARNING at start)."""
     windows: Sequence[str] = ()
     """Windows exported as ``coco_aggregator_window_*`` gauges (``--window 1h``, ``r10``; at
     most :data:`~aggregator.series.windows.MAX_WINDOWS`); they need the round length."""
@@ -226,6 +232,8 @@ class AggregatorConfig:
         if windows and self.round_seconds is None:
             raise ValueError("--window needs the round length (the announced round_seconds)")
         object.__setattr__(self, "exported_windows", windows)
+        if not (math.isfinite(self.cycle_seconds) and self.cycle_seconds > 0):
+            raise ValueError(f"cycle_seconds must be > 0, got {self.cycle_seconds}")
 
     def _check_channels(self) -> None:
         if self.channels is not None:
@@ -285,3 +293,32 @@ class AggregatorConfig:
         if self.checkpoint is None:
             return None
         return self.checkpoint.with_name(self.checkpoint.name + ".lock")
+
+
+def series_options(retention: str, step: str, coarse_retention: str) -> dict[str, Any]:
+    """``--series-retention``, ``--series-step``, ``--series-coarse-retention`` as
+    :class:`~aggregator.service.config.AggregatorConfig` fields; :class:`CocoError` (one
+    line) naming the option."""
+    options: dict[str, Any] = {}
+    try:
+        options["series_retention"] = parse_duration(retention)
+    except ValueError as exc:
+        raise CocoError(f"--series-retention: {exc}") from None
+    if step.strip().lower() == "none":
+        options["series_step"] = None
+    else:
+        try:
+            seconds = parse_duration(step)
+        except ValueError as exc:
+            raise CocoError(f"--series-step: {exc}") from None
+        if seconds != int(seconds):
+            raise CocoError(f"--series-step must be whole seconds, got {step!r}")
+        options["series_step"] = int(seconds)
+    try:
+        coarse = coarse_retention.strip()
+        options["series_coarse_retention"] = (
+            0.0 if coarse in ("0", "0s") else parse_duration(coarse)
+        )
+    except ValueError as exc:
+        raise CocoError(f"--series-coarse-retention: {exc}") from None
+    return options

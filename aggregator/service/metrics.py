@@ -425,6 +425,26 @@ class AggregatorMetrics:
             self.bad_requests.labels(endpoint=endpoint)
         for window in self.windows:
             self.set_window(window, None, epsilon_total=None)
+        self.change_statistic = Gauge(
+            f"{p}_change_statistic",
+            "The change detector's CUSUM statistic (max of its two sides, in standard "
+            "deviations of a round's residual against the same round of earlier cycles).",
+            ["dim"],
+            registry=registry,
+        )
+        self.change_alarm = Gauge(
+            f"{p}_change_alarm",
+            "1 while the change detector's alarm on a dimension holds (its CUSUM crossed the "
+            "threshold within the last 10 charted rounds), else 0.",
+            ["dim"],
+            registry=registry,
+        )
+
+    def set_change(self, statistic: Sequence[float], alarm: Sequence[bool]) -> None:
+        """The change detector's state per exported dimension (in ``dims`` order)."""
+        for j, value, flag in zip(self.dims, statistic, alarm, strict=True):
+            self.change_statistic.labels(dim=str(j)).set(value)
+            self.change_alarm.labels(dim=str(j)).set(int(flag))
 
     def set_epsilon_periods(self, epsilons: dict[str, float | None]) -> None:
         """Each configured period's ``epsilon_total`` (NaN while unknown)."""

@@ -43,8 +43,10 @@ from aggregator.ledger import accountant_process
 from aggregator.ledger.levels import LedgerSnapshot, PrivacyLevel
 from aggregator.page.page_data import channel_estimates
 from aggregator.series.core import RoundRow, Series
+from aggregator.series.detector import DetectorConfig
 from aggregator.series.documents import series_csv, series_json, window_document
 from aggregator.series.frame import Frame, WindowSums
+from aggregator.series.watch import ChangeWatch, cycle_rounds
 from aggregator.series.windows import QueryError, Window, parse_series_query, parse_window
 
 if TYPE_CHECKING:
@@ -147,6 +149,10 @@ class SeriesView:
         self._queries = threading.BoundedSemaphore(MAX_QUERIES)
         self._slide_at: float = float("inf")
         """When a configured window's oldest row leaves it (its gauges then change)."""
+        self.watch: ChangeWatch | None = None
+        """The change detector on the exported dimensions (:mod:`aggregator.series.watch`),
+        made for the series in force (a recovery replaces it)."""
+        self._refused: Series | None = None
 
     @property
     def series(self) -> Series | None:
@@ -304,11 +310,40 @@ class SeriesView:
     # -- gauges, on the loop --------------------------------------------------------------
 
     def due(self) -> bool:
-        """Whether a configured window's rows changed with time alone (its oldest row left)."""
-        return self.publisher.clock() >= self._slide_at
+        """Whether a configured window's rows changed with time alone (its oldest row left),
+        or a round settled for the change detector."""
+        now = self.publisher.clock()
+        return now >= self._slide_at or (self.watch is not None and now >= self.watch.due())
+
+    def _watch(self) -> ChangeWatch | None:
+        series = self.series
+        if series is None or not self.config.exported_dims:
+            return None
+        if self.watch is None or self.watch.series is not series:
+            try:
+                cycle_rounds(self.config.cycle_seconds, series.round_seconds)
+            except ValueError as exc:
+                if self._refused is not series:
+                    logger.warning("no change detector: %s (--cycle-seconds)", exc)
+                self.watch, self._refused = None, series
+                return None
+            config = DetectorConfig(period=self.config.cycle_seconds)
+            self.watch = ChangeWatch(
+                series, self.config.exported_dims, config, confidence=self.config.confidence
+            )
+        return self.watch
+
+    def publish_change(self) -> None:
+        """Chart the rounds that settled and set the detector's gauges (on the loop, with
+        each publication; ``O(rows)`` to find them, ``O(new rows x dims)`` to chart them)."""
+        watch = self._watch()
+        if watch is not None and watch.update(self.publisher.clock()):
+            self.metrics.set_change(watch.statistic.tolist(), watch.alarm.tolist())
 
     def publish(self) -> None:
-        """Set the configured windows' gauges (on the loop, with each publication)."""
+        """Set the configured windows' and the change detector's gauges (on the loop, with
+        each publication)."""
+        self.publish_change()
         windows = self.config.exported_windows
         if not windows or self.series is None:
             return

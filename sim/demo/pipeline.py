@@ -54,6 +54,7 @@ from sim.demo.config import (
 )
 from sim.demo.publisher import DemoFleet, connections
 from sim.demo.report import metric_value, result_document
+from sim.models.day import DAY_SECONDS
 from sim.models.sensors import SensorFleet, channel_table
 
 __all__ = ["run_demo", "run_pipeline", "sensor_channels"]
@@ -169,6 +170,7 @@ def _services(
             metrics_dims=spec.d,
             channels=sensor_channels(config.channels),
             truth_file=config.truth_file,
+            cycle_seconds=DAY_SECONDS if config.day_seconds is None else config.day_seconds,
         ),
         registry=CollectorRegistry(),
         http=server,

@@ -370,3 +370,34 @@ def test_every_dashboard_query_returns_data(
     assert set(target) == {0.5}
     curve = answered["coco_aggregator_epsilon_central_curve"]  # instant: one value per n
     assert len(curve) == len(epsilon_curve_grid(100))
+    check_change_gauges(api, processes, start)
+
+
+def check_change_gauges(api: PrometheusApi, processes: Processes, start: float) -> None:
+    """The change detector's gauges are scraped, one series per exported dimension, and
+    every metric the alert rules query is one of them: the rules name the real gauges (a
+    renamed gauge leaves the alert silent forever)."""
+    gauges = ("coco_aggregator_change_statistic", "coco_aggregator_change_alarm")
+
+    def scraped() -> bool:
+        return all(
+            len(api.finite_values(name, instant=True, start=start)) == EXPORTED_DIMS
+            for name in gauges
+        )
+
+    poll(scraped, 60, processes)
+    alarms = api.finite_values("coco_aggregator_change_alarm", instant=True, start=start)
+    assert set(alarms) <= {0.0, 1.0}
+    rules = [rule for group in api.get("rules")["groups"] for rule in group["rules"]]
+    for rule in rules:
+        named = set(re.findall(r"\bcoco_[a-z_]+", rule["query"]))
+        assert named, rule["query"]
+        assert named <= set(gauges), (rule["name"], named)
+        for name in named:
+            assert len(api.finite_values(name, instant=True, start=start)) == EXPORTED_DIMS
+
+    def evaluated() -> bool:
+        now = api.get("rules")["groups"]
+        return all(r.get("health") == "ok" for g in now for r in g["rules"])
+
+    poll(evaluated, 60, processes)

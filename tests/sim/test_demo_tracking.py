@@ -107,3 +107,16 @@ def test_the_demo_reports_how_well_each_round_tracked_its_truth(
     assert (written["round_seconds"], written["day_seconds"]) == (2, 12)
     assert [x["n"] for x in written["rounds"]] == [400] * 6
     assert written["overall"]["n"] == doc["reports_sent"] == 2400
+
+
+def test_the_demo_aggregator_takes_the_compressed_day_as_its_cycle() -> None:
+    """``coco demo --day-seconds S``: its aggregator's change detector compares each round
+    with the same round of earlier S-second days; a real day without it."""
+    from sim.demo.config import DemoConfig  # noqa: PLC0415
+    from sim.demo.pipeline import _services  # noqa: PLC0415
+
+    spec = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
+    for day, cycle in ((12, 12.0), (None, 86_400.0)):
+        config = DemoConfig(rounds=6, round_seconds=2, day_seconds=day, progress=False)
+        _, aggregator, _ = _services(config, "mqtt://127.0.0.1:1", spec)
+        assert aggregator.config.cycle_seconds == cycle
