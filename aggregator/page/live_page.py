@@ -114,6 +114,9 @@ svg text { font: 11px system-ui, sans-serif; fill: #57606a; }
  <td class="num" data-field="epsilon_central_generic.latest" data-value="null">-</td></tr>
 <tr><td class="left">epsilon_total (a device in every batch)</td>
  <td class="num" colspan="2" data-field="epsilon_total" data-value="null">-</td></tr>
+<tr><td class="left">epsilon_total per rolling period (a device in every round of it)</td>
+ <td class="num" colspan="2" id="periods" data-field="epsilon_total_period"
+  data-value="null">-</td></tr>
 <tr><td class="left">batches accounted in epsilon_total</td>
  <td class="num" colspan="2" data-field="batches_accounted" data-value="null">-</td></tr>
 <tr><td class="left">epsilon_local (one report)</td>
@@ -375,6 +378,13 @@ function render(doc) {
       "epsilon_central_generic.latest", "manifests.reports_missing"]) {
     put(field(name), get(doc, name));
   }
+  const periods = Object.entries(doc.epsilon_total_period || {});
+  const periodsCell = document.getElementById("periods");
+  periodsCell.dataset.value = JSON.stringify(doc.epsilon_total_period ?? null);
+  periodsCell.textContent = periods.length
+    ? periods.map(([p, e]) => "last " + p + ": " + (isNum(e) ? e.toPrecision(4) : "pending"))
+      .join(", ")
+    : "-";
   const shards = Object.entries(doc.shards || {});
   document.getElementById("shards").textContent = shards.length
     ? shards.map(([label, s]) => label + " " + (isNum(s.smallest) ? s.smallest : "-")).join(", ")

@@ -195,6 +195,16 @@ def assert_page_matches(
         raw, text = fields[(name, None)]
         assert number(raw) == value, name  # the raw JSON number, exactly
         assert_rendered((name, None), raw, text)
+    # epsilon_total per rolling period: the document's map, each shown (or "pending")
+    raw, text = fields[("epsilon_total_period", None)]
+    assert raw is not None
+    periods = doc["epsilon_total_period"]  # the default period, 24h
+    assert periods
+    assert json.loads(raw) == periods
+    for period, value in (periods or {}).items():
+        # JavaScript's toPrecision(4) is Python's "#.4g" for these magnitudes
+        shown = f"last {period}: " + ("pending" if value is None else f"{value:#.4g}")
+        assert shown in text, (period, text)
 
     estimates = doc["estimates"]
     d = len(estimates["mean"])
