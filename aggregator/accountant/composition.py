@@ -73,10 +73,11 @@ balanced tree of convolutions over the pairs in a fixed order (by size), each no
 its leaves and their counts. One more round of a size already seen recomputes that size's
 power (at most one convolution per bit of its count, from cached squarings) and the nodes
 above it (as many as the tree is deep, 6 for 33 sizes): tens of milliseconds where the whole
-composition takes about a second. A tree of ``L`` leaves has ``L - 1`` inner convolutions, so
-the count of convolutions that sets the cut (``sum 2 bitlength(count) + L``) is unchanged.
-The floor and the cut move only when the number of rounds or a count crosses a power of
-two; then the parts are recomputed (the curve's points stay cached).
+composition takes about a second. The cut is set from a bound on the number of convolutions
+that depends only on the number of sizes and the number of rounds rounded up to a power of
+two (:func:`_convolutions_bound`), so the floor and the cut move only when a size appears or
+the number of rounds crosses a power of two; then the parts are recomputed (the curve's
+points stay cached).
 """
 
 from __future__ import annotations
@@ -435,12 +436,22 @@ def epsilon_total_counts(counts: Mapping[BlanketPair, int], *, delta: float) -> 
         single = blanket_epsilon(pair, delta=delta)
     else:
         single = math.inf
-    convolutions = sum(2 * count.bit_length() for count in counts.values()) + len(counts)
-    cut = max(_CUT, _CUT_FRACTION * delta / convolutions)
+    cut = max(_CUT, _CUT_FRACTION * delta / _convolutions_bound(len(counts), total_count))
     basic = _sum_upper(Fraction(pair.epsilon0) * count for pair, count in counts.items())
     leaves = tuple(sorted(counts.items(), key=lambda item: _order(item[0])))
     composed = _product(leaves, floor, spacing, cut)
     return min(composed.epsilon_for_delta(delta), basic, single)
+
+
+def _convolutions_bound(pairs: int, total_count: int) -> int:
+    """An upper bound on the convolutions composing ``pairs`` counts summing to
+    ``total_count`` (at most ``2 bitlength(count)`` for each power, ``pairs - 1`` for the
+    tree): ``bitlength(c) <= log2 c + 1`` and, ``log`` being concave, ``sum log2 c_i <= L
+    log2(T / L)``; ``T`` is rounded up to a power of two, so the bound (and the cut it sets)
+    moves only when a size appears or the number of rounds crosses a power of two, not
+    whenever one count does (which would recompute every cached part)."""
+    rounded = 2 ** math.ceil(math.log2(total_count))
+    return math.ceil(2 * pairs * (math.log2(rounded / pairs) + 1.0)) + pairs + 1
 
 
 def _order(pair: BlanketPair) -> tuple[int, float, int, int]:
