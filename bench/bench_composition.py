@@ -8,6 +8,13 @@ min / median / max. The cases are the issue's: ``coco privacy --mechanism coco -
 the same over 10^4 batches, and delta = 1e-6 (where the baseline finishes). The baseline
 is ``git archive REV`` of ``aggregator/`` and ``edge/`` run the same way; a case it does not
 finish within ``--timeout`` seconds of CPU (``RLIMIT_CPU``) is shown as such.
+
+The live ledger's case (issue 27): 1,000 rounds whose release sizes are drawn uniformly in
+``[5e5, 2e6]`` (seeded; 33 distinct accounting sizes), ``delta = 1e-8``, composed as the
+ledger does (``aggregator.accountant.history.epsilon_total_rounds``): the first call in a
+fresh process (cold, its target 10 s) and then ``--increments`` calls each after one more
+round (a size from the same draw), as the ledger asks after every round. Each repeat draws
+another history (seed = repeat), the same for both trees.
 """
 
 from __future__ import annotations
@@ -23,10 +30,33 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = ((10**6, 1_000, 1e-8), (10**6, 10_000, 1e-8), (10**6, 1_000, 1e-6))
 TARGET = 10.0
+VARIED_CHILD = """
+import json, random, sys, time
+from collections import Counter
+from aggregator.accountant.history import accounting_size, epsilon_total_rounds
+from edge.spec import MechanismSpec
+seed, rounds, increments = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+spec = MechanismSpec(mechanism="coco", d=128, s=8, epsilon=1.0)
+rng = random.Random(seed)
+history = Counter(rng.randint(500_000, 2_000_000) for _ in range(rounds))
+distinct = len({accounting_size(n) for n in history})
+start = time.process_time()
+value = epsilon_total_rounds(spec, history, delta=1e-8)
+cold = time.process_time() - start
+steps = []
+for _ in range(increments):
+    history[rng.randint(500_000, 2_000_000)] += 1
+    start = time.process_time()
+    last = epsilon_total_rounds(spec, history, delta=1e-8)
+    steps.append(time.process_time() - start)
+print(json.dumps({"value": value, "cold": cold, "steps": steps, "last": last,
+                  "distinct": distinct}))
+"""
 CHILD = """
 import json, sys, time
 from aggregator.accountant import blanket_pair_for_spec, epsilon_total
@@ -40,11 +70,11 @@ print(json.dumps({"value": value, "cpu": time.process_time() - start}))
 """
 
 
-def run(tree: Path, case: tuple[int, int, float], timeout: float) -> tuple[float, float] | None:
-    """(epsilon_total, CPU seconds) in a fresh process on ``tree``; None if it used
-    ``timeout`` seconds of CPU (RLIMIT_CPU: a loaded machine does not count against it)."""
+def child(tree: Path, code: str, argv: list[str], timeout: float) -> dict[str, Any] | None:
+    """The JSON a fresh process on ``tree`` prints; None if it used ``timeout`` seconds of
+    CPU (RLIMIT_CPU: a loaded machine does not count against it)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-P", "-c", CHILD, *(str(x) for x in case)]
+    args = [sys.executable, "-P", "-c", code, *argv]
     limit = math.ceil(timeout)
 
     def limit_cpu() -> None:
@@ -66,8 +96,14 @@ def run(tree: Path, case: tuple[int, int, float], timeout: float) -> tuple[float
         if done.returncode in (-signal.SIGXCPU, -signal.SIGKILL):
             return None
         raise RuntimeError(f"the measurement failed: {done.stderr.strip()}")
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    return float(result["value"]), float(result["cpu"])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def run(tree: Path, case: tuple[int, int, float], timeout: float) -> tuple[float, float] | None:
+    """(epsilon_total, CPU seconds) of one equal-size case in a fresh process."""
+    result = child(tree, CHILD, [str(x) for x in case], timeout)
+    return None if result is None else (float(result["value"]), float(result["cpu"]))
 
 
 def repeat(
@@ -107,11 +143,64 @@ def median_cpu(results: list[tuple[float, float] | None]) -> float:
     return statistics.median(r[1] for r in results if r is not None)
 
 
+def varied(trees: dict[str, Path], args: argparse.Namespace) -> None:
+    """The live ledger's case, both trees side by side per repeat (alternating which runs
+    first, so a change of load hits both)."""
+    results: dict[str, list[dict[str, Any] | None]] = {name: [] for name in trees}
+    for repeat in range(args.repeats):
+        order = list(trees) if repeat % 2 == 0 else list(trees)[::-1]
+        for name in order:
+            argv = [str(repeat), "1000", str(args.increments)]
+            results[name].append(child(trees[name], VARIED_CHILD, argv, args.varied_timeout))
+    print()
+    print(
+        f"1,000 rounds of sizes uniform in [5e5, 2e6], delta 1e-8, {args.repeats} histories "
+        f"(seed = repeat), {args.increments} one-round increments each; CPU seconds "
+        "min / median / max"
+    )
+    header = f"{'tree':>10} | {'epsilon_total':>15} | {'cold':>24} | {'one more round':>24}"
+    print(header)
+    print("-" * len(header))
+    for name, runs in results.items():
+        done = [r for r in runs if r is not None]
+        if len(done) < len(runs):
+            print(f"{name:>10} | {'no finish':>15} | {f'> {args.varied_timeout:g} s CPU':>24} |")
+            continue
+        values = ", ".join(f"{r['value']:.9f}" for r in done)
+        cold = summary([float(r["cold"]) for r in done])
+        steps = summary([float(t) for r in done for t in r["steps"]])
+        print(f"{name:>10} | {values} | {cold:>24} | {steps:>24}")
+        print(f"{'':>10}   distinct accounting sizes: {[r['distinct'] for r in done]}")
+    ours, theirs = (results[name] for name in trees)
+    if all(r is not None for r in (*ours, *theirs)):
+        ratio_cold = statistics.median(float(r["cold"]) for r in theirs if r) / statistics.median(
+            float(r["cold"]) for r in ours if r
+        )
+        ratio_step = statistics.median(
+            float(t) for r in theirs if r for t in r["steps"]
+        ) / statistics.median(float(t) for r in ours if r for t in r["steps"])
+        print(
+            f"speed-up (median over median): cold {ratio_cold:.1f}x, "
+            f"one more round {ratio_step:.1f}x"
+        )
+        for mine, old in zip(ours, theirs, strict=True):
+            assert mine is not None
+            assert old is not None
+            change = (float(mine["value"]) - float(old["value"])) / float(old["value"])
+            print(f"{'':>10}   epsilon_total relative to the baseline: {change:+.2e}")
+    print(f"target (issue 27): cold within {TARGET:g} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline", default="main", help="git revision to compare with")
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--increments", type=int, default=5)
+    parser.add_argument(
+        "--varied-timeout", type=float, default=600.0, help="CPU seconds, the live ledger's case"
+    )
+    parser.add_argument("--only-varied", action="store_true", help="skip the equal-size cases")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         baseline = Path(tmp)
@@ -121,9 +210,14 @@ def main() -> None:
             check=True,
         ).stdout
         subprocess.run(["tar", "-x", "-C", str(baseline)], input=archive, check=True)
+        print(f"coco s=8 d=128 eps0=1; baseline {args.baseline}")
+        varied({"this tree": ROOT, "baseline": baseline}, args)
+        if args.only_varied:
+            return
+        print()
         print(
-            f"coco s=8 d=128 eps0=1: epsilon_total, CPU seconds min / median / max over "
-            f"{args.repeats} fresh processes; baseline {args.baseline}, timeout {args.timeout:g} s"
+            f"equal sizes: epsilon_total, CPU seconds min / median / max over "
+            f"{args.repeats} fresh processes; timeout {args.timeout:g} s"
         )
         header = (
             f"{'n':>9} {'batches':>8} {'delta':>7} | {'this tree':>10} {'seconds':>24} | "

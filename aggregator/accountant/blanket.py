@@ -244,6 +244,41 @@ def _boundary_cdfs(  # noqa: PLR0917 (private helper; call sites read positional
     return c_end, c_prev
 
 
+def _shifted_cdf(
+    x: FloatArray, m: FloatArray, q: float, c: FloatArray
+) -> tuple[FloatArray, FloatArray]:
+    """``_lower_cdf(x - 1, m - 1, q)`` from ``c = _lower_cdf(x, m, q)`` and one pmf value,
+    with a magnitude ``mag`` such that its error is at most ``rel * mag`` whenever ``c``'s
+    and the pmf's are at most ``rel`` relative (``rel >= 1e-15``).
+
+    With ``F_m``, ``G_m = 1 - F_m`` the cdf and sf of ``Bin(m, q)`` and ``b_m`` its pmf:
+    ``F_m(x) = (1 - q) F_(m-1)(x) + q F_(m-1)(x - 1)`` (the last trial fails or succeeds)
+    and ``F_(m-1)(x) - F_(m-1)(x - 1) = b_(m-1)(x) = b_m(x) (m - x) / (m (1 - q))`` give
+    ``F_(m-1)(x - 1) = F_m(x) - t`` and ``G_(m-1)(x - 1) = G_m(x) + t`` with ``t = b_m(x)
+    (m - x) / m`` (no cancellation against ``1``). Below the mean (``x < m q``, so also
+    ``x - 1 < (m - 1) q``) both sides are cdf values, above it (``x - 1 >= (m - 1) q``,
+    so also ``x >= m q``) both are minus sf values: in both cases the result is ``c - t``,
+    in error by at most ``rel |c| + (rel + 2u) t + u |c - t|`` (the pmf value, two
+    roundings of ``t``, one of the difference), which ``mag = (|c| + t)(1 + 1e-5)``
+    covers. The few values in between (``m q <= x < m q + 1 - q``, next to the mean) are
+    computed directly, as is ``m < 1`` (then the value is 0). The pmf costs a fifth of a
+    cdf value at ``m = 10^6``, which is why the engine shifts its cdf values rather than
+    computing the second set."""
+    out = np.empty_like(c)
+    mag = np.empty_like(c)
+    direct = (m < 1.0) | ((x >= m * q) & (x - 1.0 < (m - 1.0) * q))
+    shift = ~direct
+    xs, ms = x[shift], m[shift]
+    t = np.asarray(stats.binom.pmf(xs, ms, q)) * ((ms - xs) / ms)
+    out[shift] = c[shift] - t
+    mag[shift] = (np.abs(c[shift]) + t) * (1.0 + 1e-5)
+    if np.any(direct):
+        m1 = np.maximum(m[direct] - 1.0, 0.0)
+        out[direct] = _lower_cdf(x[direct] - 1.0, m1, q)
+        mag[direct] = np.abs(out[direct])
+    return out, mag
+
+
 class _Engine:
     """Eps-independent parts of ``H_E(P || Q)`` for one pair (windows and ``K``'s pmf)."""
 
@@ -315,7 +350,7 @@ class _Engine:
             lin = (0.5 * ks - tau0) * s_k
             value = np.maximum(head + lin, 0.0)
             err = 3.0 * self.rel * (head + np.abs(lin))
-            err += 2.0 * self.eta * _slope_before(kk, ks, head, s_k)
+            err += 2.0 * self.eta * _slope_before(kk, ks, head, s_k, self.rel)
             inside = _dot(self.pk, value + err)
         else:
             inside = self._grouped(tau0=tau0, tau1=tau1, ks=ks, m0=m0, lo0=lo0, hi0=hi0)
@@ -352,27 +387,87 @@ class _Engine:
         empty = end <= prev
         m1 = np.maximum(m - 1.0, 0.0)
         c_end, c_prev = _boundary_cdfs(end, offsets, m, lo0 - 1.0, m0, q0)
-        d_end, d_prev = _boundary_cdfs(end - 1.0, offsets, m1, lo0 - 2.0, m1[offsets], q0)
+        d_end, d_end_mag = _shifted_cdf(end, m, q0, c_end)
+        d_prev, d_prev_mag = np.empty_like(d_end), np.empty_like(d_end)
+        d_prev[1:], d_prev_mag[1:] = d_end[:-1], d_end_mag[:-1]
+        d_prev[offsets], d_prev_mag[offsets] = _shifted_cdf(lo0 - 1.0, m0, q0, c_prev[offsets])
         prob = (c_end - c_prev) + ((end >= m * q0).astype(np.float64) - (prev >= m * q0))
         # magnitudes for the error budget; |prob| also covers the rounding of 1 - small
         prob_mag = np.abs(c_end) + np.abs(c_prev) + np.abs(prob)
         scale = m * q0
         above = (end - 1.0 >= m1 * q0).astype(np.float64) - (prev - 1.0 >= m1 * q0)
         mass = scale * ((d_end - d_prev) + above)
-        mass_mag = scale * (np.abs(d_end) + np.abs(d_prev)) + np.abs(mass)
-        head = 0.25 * kk * np.asarray(stats.binom.pmf(k - 1.0, kk - 1.0, 0.5))
-        s_k = np.asarray(stats.binom.sf(k - 1.0, kk, 0.5))
+        mass_mag = scale * (d_end_mag + d_prev_mag) + np.abs(mass)
+        head, s_k, rel = _threshold_tails(k, ks, k_last, counts, which, self.rel)
         lin = (0.5 * kk - t0) * s_k
         value = prob * (head + lin) - tau1 * s_k * mass
         value = np.where(empty, 0.0, np.maximum(value, 0.0))
-        err = 3.0 * self.rel * (prob_mag * (head + np.abs(lin)) + tau1 * s_k * mass_mag)
+        err = 3.0 * rel * (prob_mag * (head + np.abs(lin)) + tau1 * s_k * mass_mag)
         # rounding of tau: 2 eta S_(k-1) per unit of the run's probability (an upper bound
         # on it: |prob| plus its own error budget)
-        run_prob = np.abs(prob) + 3.0 * self.rel * prob_mag
+        run_prob = np.abs(prob) + 3.0 * rel * prob_mag
         err += np.where(
-            empty, 0.0, 2.0 * self.eta[which] * _slope_before(k, kk, head, s_k) * run_prob
+            empty, 0.0, 2.0 * self.eta[which] * _slope_before(k, kk, head, s_k, rel) * run_prob
         )
         return _dot(self.pk[which], value + err)
+
+
+_TINY: Final = 2.0**-960
+"""Below this a tail anchor of :func:`_threshold_tails` may have lost digits (subnormal
+products ahead): its row is computed value by value instead."""
+
+
+def _threshold_tails(  # noqa: PLR0917 (private helper)
+    k: FloatArray,
+    ks: FloatArray,
+    k_last: FloatArray,
+    counts: NDArray[np.int64],
+    which: NDArray[np.int64],
+    rel: float,
+) -> tuple[FloatArray, FloatArray, float]:
+    """``(head, S_k, rel')`` of every run: ``head = (K/4) b(k - 1; K - 1, 1/2)`` and ``S_k =
+    Pr[Bin(K, 1/2) >= k]``, each within ``rel'`` relative of its exact value.
+
+    The runs of one ``K`` are consecutive ``k`` from ``k_first`` to ``k_last``, all above the
+    mean (``tau >= K/2``). Only the top run's ``beta = b(k_last - 1; K, 1/2)`` and ``S`` are
+    special-function values (relative error ``rel``); below it, ``b(k - 2) = b(k - 1)
+    (k - 1) / (K - k + 2)`` and ``S_(k - 1) = S_k + b(k - 1)``: one rounding per ratio and
+    per product (the integers are exact), one per sum of non-negative terms, so ``c`` runs
+    below the top are within ``rel + 3 c u`` (times ``1 + rel``), and ``head = beta (K - k +
+    1) / 2`` (``b(j; K - 1) = 2 b(j; K) (K - j) / K``) adds one rounding. A row whose
+    anchors are below :data:`_TINY` is computed value by value (the recurrence would carry
+    an underflowed anchor down the row)."""
+    width = int(counts.max())
+    beta_top = np.asarray(stats.binom.pmf(k_last - 1.0, ks, 0.5))
+    s_top = np.asarray(stats.binom.sf(k_last - 1.0, ks, 0.5))
+    col = np.arange(width, dtype=np.float64)
+    kk = k_last[:, None] - col[None, :]  # k of column c: k_last - c
+    # column c >= 1 holds beta_(k) = beta_(k + 1) * k / (K - k + 1), with k = k_last - c
+    # (k >= 1 and k <= K there); columns past a row's runs are padding
+    used = (col[None, :] >= 1.0) & (col[None, :] < counts[:, None])
+    ratio = np.ones_like(kk)
+    np.divide(kk, ks[:, None] - kk + 1.0, out=ratio, where=used)
+    beta = beta_top[:, None] * np.cumprod(ratio, axis=1)
+    s = np.empty_like(beta)
+    s[:, 0] = s_top
+    if width > 1:
+        s[:, 1:] = s_top[:, None] + np.cumsum(beta[:, :-1], axis=1)
+    position = (k_last[which] - k).astype(np.int64)  # column of each run
+    beta_run = beta[which, position]
+    s_run = s[which, position]
+    kk_run = ks[which]
+    head = 0.5 * beta_run * (kk_run - k + 1.0)
+    small = (beta_top < _TINY) | (s_top < _TINY)
+    if np.any(small):
+        direct = small[which]
+        head[direct] = (
+            0.25
+            * kk_run[direct]
+            * np.asarray(stats.binom.pmf(k[direct] - 1.0, kk_run[direct] - 1.0, 0.5))
+        )
+        s_run[direct] = np.asarray(stats.binom.sf(k[direct] - 1.0, kk_run[direct], 0.5))
+    rel_out = (rel + 4.0 * (width + 1) * _UNIT_ROUNDOFF) * (1.0 + 1e-6)
+    return head, s_run, rel_out
 
 
 def _dot(a: FloatArray, b: FloatArray) -> float:
@@ -418,7 +513,9 @@ def _special_rel_err(  # noqa: PLR0917 (private helper)
     return rel * (1.0 + 1e-6)
 
 
-def _slope_before(k: FloatArray, ks: FloatArray, head: FloatArray, s_k: FloatArray) -> FloatArray:
+def _slope_before(
+    k: FloatArray, ks: FloatArray, head: FloatArray, s_k: FloatArray, rel: float
+) -> FloatArray:
     """An upper bound on ``S_(k-1) = Pr[Bin(K, 1/2) >= k - 1]`` from the group formula's
     ``head = (K/4) b(k - 1; K - 1, 1/2)`` and ``s_k = S_k``: ``b(k - 1; K, 1/2) = 2 head /
     (K - k + 1)`` for ``1 <= k <= K``; 1 for ``k <= 0``; ``2^-K`` for ``k = K + 1``. The
@@ -428,7 +525,7 @@ def _slope_before(k: FloatArray, ks: FloatArray, head: FloatArray, s_k: FloatArr
     value = np.where(inner, s_k + 2.0 * head / denominator, 0.0)
     value = np.where(k <= 0.0, 1.0, value)
     value = np.where(k > ks, np.ldexp(1.0, -ks.astype(np.int64)), value)
-    return np.minimum(1.0, value * (1.0 + 4.0 * _SPECIAL_REL_ERR))
+    return np.minimum(1.0, value * (1.0 + 4.0 * rel))
 
 
 def tail_for(delta: float, p: float) -> float:

@@ -20,8 +20,10 @@ from aggregator.accountant import (
     BlanketPair,
     blanket_epsilon,
     blanket_pld,
+    composition,
     epsilon_total,
     epsilon_total_batches,
+    epsilon_total_counts,
 )
 from aggregator.accountant.composition import ComposedPLD, _curve, compose
 from tests.aggregator.reference import reference_rows
@@ -170,6 +172,41 @@ def test_adding_a_batch_reuses_the_cached_curve() -> None:
     again = epsilon_total_batches(pairs=[*pairs, pairs[0]], delta=1e-6)  # 6 batches: same floor
     assert {pair: len(_curve(pair).deltas) for pair in set(pairs)} == before
     assert again >= first
+
+
+def _clear_composition_caches() -> None:
+    for cached in (
+        composition._pair_pld,
+        composition._square,
+        composition._power_cached,
+        composition._product,
+    ):
+        cached.cache_clear()
+
+
+def test_a_ledger_adding_rounds_gets_what_a_cold_start_gets() -> None:
+    """The composition is cached in parts keyed by what they are, so a history reached one
+    round at a time (every count crossing powers of two, a new size half way) gives exactly
+    what a fresh process computes for it, and one more round recomputes only the nodes
+    above the changed size (one leaf, as many inner nodes as the tree is deep)."""
+    p = math.exp(1.0)
+    sizes = [600, 800, 1000, 1200, 1400]
+    history = [sizes[i % 4] for i in range(40)] + [sizes[4]] * 9
+    counts: dict[BlanketPair, int] = {}
+    live = []
+    for n in history:
+        pair = BlanketPair(n=n, exp_epsilon0=p, s=2, t=8)
+        counts[pair] = counts.get(pair, 0) + 1
+        live.append(epsilon_total_counts(dict(counts), delta=1e-6))
+    _clear_composition_caches()
+    cold = epsilon_total_counts(dict(counts), delta=1e-6)
+    assert cold == live[-1]
+    # 49 -> 50 rounds (no power of two crossed), one more round of the last size
+    before = composition._product.cache_info().misses
+    counts[BlanketPair(n=sizes[4], exp_epsilon0=p, s=2, t=8)] += 1
+    epsilon_total_counts(dict(counts), delta=1e-6)
+    depth = math.ceil(math.log2(len(sizes)))
+    assert composition._product.cache_info().misses - before <= depth + 1
 
 
 def _dp_accounting_pld(pld: ComposedPLD) -> privacy_loss_distribution.PrivacyLossDistribution:
