@@ -529,8 +529,7 @@ def _slope_before(
 
 
 def tail_for(delta: float, p: float) -> float:
-    """Window tail mass so that the added ``4 p tail`` is a ``1e-7`` fraction of delta (it
-    moves epsilon by about ``1e-9`` relative, far inside the search's precision)."""
+    """Window tail mass: the added ``4 p tail`` is ``1e-7`` of delta (epsilon moves ~1e-9)."""
     return min(DEFAULT_TAIL * 1e4, 1e-7 * delta / (4.0 * p))
 
 
