@@ -201,10 +201,10 @@ def assert_page_matches(
     periods = doc["epsilon_total_period"]  # the default period, 24h
     assert periods
     assert json.loads(raw) == periods
-    for period, value in (periods or {}).items():
+    for period, level in periods.items():
         # JavaScript's toPrecision(4) is Python's "#.4g" for these magnitudes
-        shown = f"last {period}: " + ("pending" if value is None else f"{value:#.4g}")
-        assert shown in text, (period, text)
+        label = f"last {period}: " + ("pending" if level is None else f"{level:#.4g}")
+        assert label in text, (period, text)
 
     estimates = doc["estimates"]
     d = len(estimates["mean"])
