@@ -1,14 +1,31 @@
 """Checkpoint generations and the PUBACKs they release: the service's file side.
 
 A checkpoint is written every ``checkpoint_interval`` seconds while anything changed or a
-PUBACK waits (and the session is confirmed: only then can PUBACKs go out), when
-``max_unacked`` deliveries wait, and twice on shutdown, so that every PUBACK goes out. Each
-is a new generation (:func:`~aggregator.service.checkpoint_files.write_checkpoint` keeps the
-previous one); the PUBACKs of generation ``N``'s batches are sent once ``N + 1`` is durable
-(:class:`~aggregator.service.core.acks.AckGenerations`). Without a checkpoint path there is no file
-and no timer: batches are acknowledged as soon as they are applied.
+PUBACK waits (and the session is confirmed: only then can PUBACKs go out), in the
+background as deliveries come (*Acknowledgements*), and twice on shutdown, so that every
+PUBACK goes out. Each is a new generation, its files written in the checkpoint's thread by
+:class:`~aggregator.service.checkpoint_files.GenerationWriter` (the order, and why a crash
+leaves files that agree, in :mod:`aggregator.service.checkpoint_files`); the PUBACKs of
+generation ``N``'s batches are sent as soon as ``N + 1`` is durable
+(:class:`~aggregator.service.core.acks.AckGenerations`). Without a checkpoint path there is no
+file and no timer: batches are acknowledged as soon as they are applied.
 
-With a series (a round length), each generation first appends the series' new records to
+On the event loop a generation is only taken: the checkpoint's content (copies), the
+ledger's ``to_dict`` and the series' new records, with the deliveries they cover, with no
+await between. Everything is encoded, hashed and written in the thread.
+
+Acknowledgements
+----------------
+A delivery stays unacknowledged until two generations hold it, and the broker sends no
+more than its in-flight window (Mosquitto's ``max_inflight_messages``, sized by
+``max_unacked``: ``2 * max_unacked``) before PUBACKs come back. So the intake never waits
+for a checkpoint: once half of ``max_unacked`` deliveries are open (or ``max_unacked`` are
+unacknowledged in all), a checkpoint starts in the background, and another follows as soon
+as it is durable while they are still due. Batches keep coming and being applied while it
+is written, and the window is not full when its PUBACKs go out. A series compaction runs
+after them, never before.
+
+With a series (a round length), each generation also appends the series' new records to
 ``<checkpoint>.series`` (:mod:`aggregator.service.series_file`) and records the newest one's
 sequence number in the checkpoint; the records are forgotten in memory once it is durable.
 
