@@ -12,7 +12,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import paho.mqtt.client as paho
 import pytest
+from paho.mqtt.enums import CallbackAPIVersion
 
 from aggregator.ledger.ledger_file import ledger_path_for, previous_path, read_ledger
 from aggregator.service.service import Aggregator
@@ -105,23 +107,24 @@ def test_checkpoints_start_in_the_background_at_half_the_window(tmp_path: Path) 
 
     async def main() -> list[Any]:
         config = agg_config(tmp_path, max_unacked=4)
-        seen = []
+        seen: list[Any] = []
+        client = paho.Client(CallbackAPIVersion.VERSION2)  # never connected: acks go nowhere
         async with Aggregator(config) as agg:
             agg.session.confirmed = True
             generations = agg.generations
             for i in range(2):
                 await apply(agg, 10 + i)
-                generations.acks.delivered(("delivery", i))
+                generations.acks.delivered((client, i + 1, 1))
                 generations.delivered()
                 seen.append((i, generations.generation, generations._background is not None))
             assert generations._background is not None
             await generations.settle()
-            seen.append(("settled", generations.generation, list(generations.acks.held)))
-            agg.generations.acks.held.clear()  # nothing to acknowledge them to
+            held = [mid for _, mid, _ in generations.acks.held]
+            seen.append(("settled", generations.generation, held))
         return seen
 
     assert asyncio.run(main()) == [
         (0, 0, False),
         (1, 0, True),  # started, not waited for
-        ("settled", 1, [("delivery", 0), ("delivery", 1)]),
+        ("settled", 1, [1, 2]),
     ]
