@@ -59,6 +59,7 @@ __all__ = [
     "LoadedLedger",
     "decode_ledger",
     "encode_ledger",
+    "encode_ledger_content",
     "file_digest",
     "ledger_path_for",
     "load_ledger",
@@ -125,16 +126,26 @@ def _content_digest(bound: object, content: object, version: int) -> str:
 
 def encode_ledger(ledger: PrivacyLedger, bound: Bound | None = None) -> str:
     """The file's text for ``ledger``, written with the checkpoint ``bound`` (if any)."""
-    content = ledger.to_dict()
-    binding = None if bound is None else bound.to_dict()
-    document = {
-        "format": FORMAT,
-        "version": VERSION,
-        "checkpoint": binding,
-        "ledger": content,
-        "sha256": _content_digest(binding, content, VERSION),
-    }
-    return _canonical(document) + "\n"
+    return encode_ledger_content(ledger.to_dict(), bound)
+
+
+def encode_ledger_content(content: Mapping[str, Any], bound: Bound | None = None) -> str:
+    """:func:`encode_ledger` of a :meth:`PrivacyLedger.to_dict` taken before (fresh lists
+    and dicts, which nothing else changes: the service takes it on its event loop and
+    encodes it in its checkpoint's thread).
+
+    The canonical JSON of ``checkpoint`` and ``ledger`` is encoded once and used twice:
+    hashed inside ``{"checkpoint":…,"ledger":…}`` and placed in the document, whose sorted
+    keys put the two in the same order around ``format`` (the same text as
+    ``_canonical(document)``)."""
+    binding = _canonical(None if bound is None else bound.to_dict())
+    ledger = _canonical(content)
+    covered = f'{{"checkpoint":{binding},"ledger":{ledger}}}'
+    digest = hashlib.sha256(covered.encode("ascii")).hexdigest()
+    return (
+        f'{{"checkpoint":{binding},"format":{_canonical(FORMAT)},"ledger":{ledger},'
+        f'"sha256":"{digest}","version":{VERSION}}}\n'
+    )
 
 
 def file_digest(text: str) -> str:

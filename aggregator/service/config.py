@@ -140,10 +140,11 @@ class AggregatorConfig:
     grants the subscription but drops the claim, e.g. an ``acl_file`` without the topic)
     applies batches without the lease, with a warning (:mod:`aggregator.service.session`)."""
     max_unacked: int = 10
-    """Deliveries that may wait for a checkpoint before one is written at once. A PUBACK
-    waits for two durable generations (:class:`aggregator.service.core.acks.AckGenerations`), so up
-    to ``2 * max_unacked`` batches are unacknowledged at a time: keep that within the broker's
-    in-flight window (Mosquitto's ``max_inflight_messages``, 20 by default; NATS's
+    """Half the broker's in-flight window: once half of this many deliveries wait (or this
+    many are unacknowledged in all), a checkpoint starts in the background
+    (:mod:`aggregator.service.generations`). A PUBACK waits for two durable generations
+    (:class:`aggregator.service.core.acks.AckGenerations`), so keep ``2 * max_unacked`` within the
+    broker's in-flight window (Mosquitto's ``max_inflight_messages``, 20 by default; NATS's
     ``max_ack_pending``)."""
     confidence: float = 0.95
     reconnect_min: float = 0.1

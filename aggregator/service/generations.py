@@ -1,14 +1,31 @@
 """Checkpoint generations and the PUBACKs they release: the service's file side.
 
 A checkpoint is written every ``checkpoint_interval`` seconds while anything changed or a
-PUBACK waits (and the session is confirmed: only then can PUBACKs go out), when
-``max_unacked`` deliveries wait, and twice on shutdown, so that every PUBACK goes out. Each
-is a new generation (:func:`~aggregator.service.checkpoint_files.write_checkpoint` keeps the
-previous one); the PUBACKs of generation ``N``'s batches are sent once ``N + 1`` is durable
-(:class:`~aggregator.service.core.acks.AckGenerations`). Without a checkpoint path there is no file
-and no timer: batches are acknowledged as soon as they are applied.
+PUBACK waits (and the session is confirmed: only then can PUBACKs go out), in the
+background as deliveries come (*Acknowledgements*), and twice on shutdown, so that every
+PUBACK goes out. Each is a new generation, its files written in the checkpoint's thread by
+:class:`~aggregator.service.checkpoint_files.GenerationWriter` (the order, and why a crash
+leaves files that agree, in :mod:`aggregator.service.checkpoint_files`); the PUBACKs of
+generation ``N``'s batches are sent as soon as ``N + 1`` is durable
+(:class:`~aggregator.service.core.acks.AckGenerations`). Without a checkpoint path there is no
+file and no timer: batches are acknowledged as soon as they are applied.
 
-With a series (a round length), each generation first appends the series' new records to
+On the event loop a generation is only taken: the checkpoint's content (copies), the
+ledger's ``to_dict`` and the series' new records, with the deliveries they cover, with no
+await between. Everything is encoded, hashed and written in the thread.
+
+Acknowledgements
+----------------
+A delivery stays unacknowledged until two generations hold it, and the broker sends no
+more than its in-flight window (Mosquitto's ``max_inflight_messages``, sized by
+``max_unacked``: ``2 * max_unacked``) before PUBACKs come back. So the intake never waits
+for a checkpoint: once half of ``max_unacked`` deliveries are open (or ``max_unacked`` are
+unacknowledged in all), a checkpoint starts in the background, and another follows as soon
+as it is durable while they are still due. Batches keep coming and being applied while it
+is written, and the window is not full when its PUBACKs go out. A series compaction runs
+after them, never before.
+
+With a series (a round length), each generation also appends the series' new records to
 ``<checkpoint>.series`` (:mod:`aggregator.service.series_file`) and records the newest one's
 sequence number in the checkpoint; the records are forgotten in memory once it is durable.
 
@@ -20,27 +37,23 @@ not be written; the service is not ready meanwhile (``coco_aggregator_checkpoint
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from aggregator.durable import DiskWriteError, write_atomically
-from aggregator.ledger.ledger_file import (
-    Bound,
-    LedgerFileError,
-    decode_ledger,
-    encode_ledger,
-    file_digest,
-    ledger_path_for,
+from aggregator.durable import DiskWriteError
+from aggregator.ledger.ledger_file import Bound, LoadedLedger, decode_ledger
+from aggregator.service.checkpoint_files import (
+    GenerationWriter,
+    LedgerWrite,
+    previous_path,
+    verified,
 )
-from aggregator.ledger.ledger_file import previous_path as ledger_previous_path
-from aggregator.service.checkpoint_files import previous_path, write_checkpoint
 from aggregator.service.config import AggregatorConfig
 from aggregator.service.core.acks import AckGenerations
-from aggregator.service.core.checkpoint import Checkpoint, LedgerRecord
+from aggregator.service.core.checkpoint import Checkpoint
 from aggregator.service.core.rules import AggregatorCore
 from aggregator.service.metrics import AggregatorMetrics
 from aggregator.service.series_file import SeriesFile, SeriesWrite
@@ -75,10 +88,60 @@ class Generations:
         self.series_file: SeriesFile | None = None
         """The series file (set by the recovery; ``None``: no series, or no checkpoint)."""
         self._lock = asyncio.Lock()
+        self.writer = (
+            None
+            if config.checkpoint is None
+            else GenerationWriter(config.checkpoint, self._check_ledger)
+        )
+        self._background: asyncio.Future[None] | None = None
+        self._error: BaseException | None = None
+
+    def _check_ledger(self, text: str, path: Path) -> None:
+        decode_ledger(text, path=path, spec=self.core.spec, delta=self.core.delta)
 
     def acknowledge(self, ready: list[Ack]) -> None:
         for paho_client, mid, qos in ready:
             paho_client.ack(mid, qos)  # an error means the connection is gone: redelivered
+
+    def vouch(self, loaded: LoadedLedger | None) -> None:
+        """The ledger file read and checked at start (``None``: none): the first
+        generation keeps it as ``.prev`` without reading it again, if it is unchanged."""
+        if self.writer is not None:
+            good = loaded is not None and not loaded.fell_back
+            self.writer.ledger_on_disk = verified(loaded) if good and loaded else None
+
+    def delivered(self) -> None:
+        """A delivery joined the open ones: start a checkpoint in the background when the
+        broker's in-flight window would otherwise fill (module docs, *Acknowledgements*).
+        An unexpected error of the last background checkpoint is raised here."""
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        if self.config.checkpoint is None:
+            self.acknowledge(self.acks.take_all())
+        elif self._due() and (self._background is None or self._background.done()):
+            self._background = asyncio.ensure_future(self._chain())
+            self._background.add_done_callback(self._background_done)
+
+    def _due(self) -> bool:
+        acks, half = self.acks, -(-self.config.max_unacked // 2)
+        return bool(acks.open) and (len(acks.open) >= half or len(acks) >= self.config.max_unacked)
+
+    async def _chain(self) -> None:
+        """Checkpoints one after the other while they are due (deliveries kept coming
+        while the last one was written)."""
+        while self._due() and self.session.confirmed and not self.session.taken_over:
+            await self.checkpoint()
+
+    def _background_done(self, task: asyncio.Future[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._error = task.exception()
+
+    async def settle(self) -> None:
+        """Wait for a checkpoint written in the background (a takeover's roll-back must
+        not race it)."""
+        if self._background is not None:
+            await asyncio.wait([self._background])
 
     async def checkpoint(self) -> None:
         """Write a new checkpoint generation (if configured, and anything changed or a
@@ -95,25 +158,27 @@ class Generations:
         await self.checkpoint()
 
     async def _write(self) -> None:
-        path = self.config.checkpoint
+        path, writer = self.config.checkpoint, self.writer
         if self.session.taken_over:
             return
-        if path is None:
+        if path is None or writer is None:
             self.acknowledge(self.acks.take_all())
             return
         if not self.core.dirty and not self.acks.waiting():
             return
-        # The content and the deliveries it covers are taken together, with no await.
+        # The content and the deliveries it covers are taken together, with no await;
+        # copies, encoded in the thread (nothing is serialised on the event loop).
         generation = self.generation + 1
         content = self.core.content(generation=generation, written_at=time.time())
         # small: its old rounds are compacted; it names the checkpoint it goes with
-        ledger = encode_ledger(self.core.ledger, Bound(self.config.deployment, generation))
-        ledger_generation = self.core.ledger.generation
+        ledger = LedgerWrite(
+            self.core.ledger.to_dict(),
+            self.core.ledger.generation,
+            Bound(self.config.deployment, generation),
+        )
         series = self._series_write(content)
         self.acks.snapshot()
-        write = asyncio.ensure_future(
-            asyncio.to_thread(self._write_files, path, content, ledger, ledger_generation, series)
-        )
+        write = asyncio.ensure_future(asyncio.to_thread(writer.write, content, ledger, series))
         try:
             await asyncio.shield(write)
         except asyncio.CancelledError:
@@ -134,14 +199,24 @@ class Generations:
             )
         self._written(True, series_seq=content.series_seq)
         logger.debug("checkpoint generation %d written: n=%d", self.generation, content.state.n)
+        if series is not None and series[0].due(series[1].rows):  # after the PUBACKs
+            await asyncio.to_thread(self._compact, series[0], series[1])
 
-    def _series_write(self, content: Checkpoint) -> SeriesWrite | None:
+    @staticmethod
+    def _compact(file: SeriesFile, series: SeriesWrite) -> None:
+        try:
+            file.compact(series)
+        except (OSError, ValueError) as exc:  # the file as it was is still whole
+            logger.warning("cannot compact %s (kept as it is): %s", file.path, exc)
+
+    def _series_write(self, content: Checkpoint) -> tuple[SeriesFile, SeriesWrite] | None:
         """What ``content`` appends to the series file (taken with it, no await between)."""
         series = self.core.series
-        if self.series_file is None or series is None or content.series_seq is None:
+        file = self.series_file
+        if file is None or series is None or content.series_seq is None:
             return None
         now = content.written_at or 0.0
-        return SeriesWrite(
+        return file, SeriesWrite(
             deltas=content.series_deltas,
             seq=content.series_seq,
             rows=len(series),
@@ -149,60 +224,6 @@ class Generations:
             step=series.step,
             dropped_before=now - series.retention - series.coarse_retention,
         )
-
-    def _write_files(
-        self,
-        path: Path,
-        content: Checkpoint,
-        ledger: str,
-        ledger_generation: int,
-        series: SeriesWrite | None = None,
-    ) -> None:
-        """The series file's new records first (:mod:`aggregator.service.series_file`), then
-        the ledger and the checkpoint, which records the newest of them; once it is durable
-        the records are committed (and the file compacted when due)."""
-        file = self.series_file if series is not None else None
-        if file is None or series is None:
-            self._write_ledger_and_checkpoint(path, content, ledger, ledger_generation)
-            return
-        try:
-            file.append(series)
-            self._write_ledger_and_checkpoint(path, content, ledger, ledger_generation)
-        except BaseException:
-            file.abandon()
-            raise
-        file.commit()
-        if file.due(series.rows):
-            try:
-                file.compact(series)
-            except (OSError, ValueError) as exc:  # the file as it was is still whole
-                logger.warning("cannot compact %s (kept as it is): %s", file.path, exc)
-
-    def _write_ledger_and_checkpoint(
-        self, path: Path, content: Checkpoint, ledger: str, ledger_generation: int
-    ) -> None:
-        """The privacy ledger's file first, then the checkpoint: a crash between the two
-        leaves the ledger ahead, and what the checkpoint lacks is redelivered and found
-        in the ledger already (``duplicate``), never missing from it. The checkpoint records
-        the digest of the ledger's bytes written here (:mod:`aggregator.service.core.binding`):
-        hashed from ``ledger``, not read back."""
-        record = LedgerRecord(ledger_generation, file_digest(ledger))
-        content = dataclasses.replace(content, ledger=record)
-        ledger_path = ledger_path_for(path)
-        if ledger_path.exists():  # keep the last good generation as <ledger>.prev
-            try:
-                decode_ledger(
-                    ledger_path.read_text(encoding="utf-8"),
-                    path=ledger_path,
-                    spec=self.core.spec,
-                    delta=self.core.delta,
-                )
-            except (LedgerFileError, OSError, UnicodeDecodeError) as exc:
-                logger.warning("not keeping %s as the previous generation: %s", ledger_path, exc)
-            else:
-                os.replace(ledger_path, ledger_previous_path(ledger_path))
-        write_atomically(ledger_path, ledger)
-        write_checkpoint(path, content)
 
     def _written(
         self, ok: bool, exc: BaseException | None = None, series_seq: int | None = None
@@ -239,10 +260,12 @@ class Generations:
             else:  # no PUBACK can go out; the session may be another service's now
                 self.last = time.monotonic()
 
-    def roll_back(self) -> None:
+    async def roll_back(self) -> None:
         """After a takeover: the newest generation's batches were never acknowledged, so
         the broker redelivers them to the new holder; back to the previous generation (or
-        none), so that no batch is in both services' checkpoints."""
+        none), so that no batch is in both services' checkpoints. A checkpoint written in
+        the background is waited for first (it must not race the roll-back)."""
+        await self.settle()
         path = self.config.checkpoint
         if path is None or not self.acks.newest_unacknowledged:
             return

@@ -89,13 +89,9 @@ class Intake:
             self.handle_manifest(data, shard)
         else:
             await self.handle_batch(data, shard)
-        acks = self.generations.acks
         if message.qos > 0:
-            acks.delivered((paho_client, message.mid, message.qos))
-        if self.config.checkpoint is None:
-            self.generations.acknowledge(acks.take_all())
-        elif len(acks.open) >= self.config.max_unacked:
-            await self.generations.checkpoint()
+            self.generations.acks.delivered((paho_client, message.mid, message.qos))
+        self.generations.delivered()  # acknowledged, or a checkpoint in the background
 
     async def handle_batch(self, payload: bytes, shard: str | None = None) -> str:
         """Verify, check and apply one sealed batch (``batch || signature``) that came on

@@ -112,8 +112,9 @@ class SeriesFile:
     _pending: tuple[int, int, int] | None = None
     """(length, records, seq) after the last append, until its checkpoint is durable."""
 
-    def append(self, write: SeriesWrite) -> None:
-        """Cut the file to its committed length, append ``write``'s records, ``fsync``:
+    def append(self, write: SeriesWrite, *, sync: bool = True) -> None:
+        """Cut the file to its committed length, append ``write``'s records, ``fsync``
+        (``sync=False``: the caller ``fsync`` s the file, with the checkpoint's others):
         :class:`~aggregator.durable.DiskWriteError` (one line) when it cannot."""
         data = b"".join(encode_record(delta) for delta in write.deltas)
         try:
@@ -124,7 +125,8 @@ class SeriesFile:
                 fh.seek(self.length)
                 fh.write(data)
                 fh.flush()
-                os.fsync(fh.fileno())
+                if sync:
+                    os.fsync(fh.fileno())
         except OSError as exc:
             if isinstance(exc, DiskWriteError):
                 raise

@@ -364,6 +364,7 @@ class Aggregator:
             read_ledger, ledger_path, spec=self.spec, delta=self.config.delta
         )
         self._check_binding(checkpoint, recovery.fallback is not None, ledger_path, loaded)
+        self.generations.vouch(loaded)
         self.keys.settle(
             configured=self.config.key_source == "configured",
             checkpoint_key=None if checkpoint is None else checkpoint.trusted,
@@ -465,7 +466,7 @@ class Aggregator:
                     "no final checkpoint: the batches applied since the last one are "
                     "redelivered to the session's new holder"
                 )
-                self.generations.roll_back()
+                await self.generations.roll_back()
                 self.intake.count_unacknowledged("taken_over", len(self.acks))
                 self.acks = AckGenerations()
             else:

@@ -127,7 +127,7 @@ CRASH = textwrap.dedent(
     import asyncio, os, signal, sys
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from pathlib import Path
-    import aggregator.service.generations as generations
+    import aggregator.service.checkpoint_files as checkpoint_files
     from aggregator.service.service import Aggregator
     from edge.batch_auth import BatchSigner
     from tests.aggregator.test_batch_rules import agg_config
@@ -136,7 +136,7 @@ CRASH = textwrap.dedent(
     key = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(sys.argv[2]))
     signer = BatchSigner(key, DEPLOYMENT)
 
-    def killed(path, content):  # between the ledger's write and the checkpoint's
+    def killed(staged, path):  # between the ledger's write and the checkpoint's
         os.kill(os.getpid(), signal.SIGKILL)
 
     async def main():
@@ -147,7 +147,7 @@ CRASH = textwrap.dedent(
                                 signer=signer)
                 assert await agg.handle_batch(payload) == "applied"
                 if round_ == 11:
-                    generations.write_checkpoint = killed
+                    checkpoint_files.install_checkpoint = killed
                 await agg.checkpoint()
 
     asyncio.run(main())

@@ -3,6 +3,7 @@ generation kept and used, and a checkpoint reset that does not forget privacy lo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -14,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregator.ledger.ledger_file import (
+    Bound,
     LedgerFileError,
     decode_ledger,
     encode_ledger,
@@ -63,6 +65,28 @@ def test_round_trip_keeps_everything(tmp_path: Path) -> None:
     assert replace(loaded.snapshot(), ledger="") == replace(ledger.snapshot(), ledger="")
     assert encode_ledger(loaded) == encode_ledger(ledger)
     assert ledger_path_for(tmp_path / "agg.json") == path
+
+
+@pytest.mark.parametrize("bound", [None, Bound("fleet-ü", 17)])
+def test_the_assembled_text_is_the_canonical_json_of_the_document(bound: Bound | None) -> None:
+    """encode_ledger encodes the content once and assembles the document around it: the
+    text is exactly the sorted-key JSON of the whole document, and its sha256 covers the
+    binding and the content."""
+    ledger = sample_ledger()
+    text = encode_ledger(ledger, bound)
+    binding = None if bound is None else {"deployment": bound.deployment, "generation": 17}
+    covered = {"checkpoint": binding, "ledger": ledger.to_dict()}
+    canonical = json.dumps(covered, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    document = {
+        "format": "coco-privacy-ledger",
+        "version": 2,
+        **covered,
+        "sha256": hashlib.sha256(canonical.encode()).hexdigest(),
+    }
+    assert text == json.dumps(document, sort_keys=True, separators=(",", ":")) + "\n"
+    assert decode_ledger(text, path=Path("x"), spec=SPEC, delta=DELTA).to_dict() == (
+        ledger.to_dict()
+    )
 
 
 def test_missing_file_is_none_and_another_spec_is_refused(tmp_path: Path) -> None:
