@@ -55,6 +55,7 @@ from typing import Any
 
 import pytest
 
+from aggregator.ledger.ledger_file import file_digest, ledger_path_for
 from aggregator.service.checkpoint_files import previous_path
 from broker.store.records import ADMITTED, HEAD_SIZE, read_header, record_spans
 from tests.faults.stack import Fault, Stack, pause, reconcile, run_case, running_stack
@@ -109,6 +110,18 @@ def series_seq(checkpoint: Path) -> int | None:
         return None
 
 
+def between_writes(checkpoint: Path) -> bool:
+    """Whether the ledger file is the one the newest checkpoint names (its SHA-256 there):
+    not frozen in the middle of a generation's writes (ledger renamed, checkpoint not yet),
+    a moment no takeover rolls back at (it waits for the write in flight)."""
+    try:
+        named = json.loads(checkpoint.read_text())["ledger"]["sha256"]
+        ledger = ledger_path_for(checkpoint).read_text(encoding="utf-8")
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return bool(named == file_digest(ledger))
+
+
 def kill_aggregator_roll_back(stack: Stack, rng: random.Random) -> None:
     """``kill -9`` of the aggregator frozen (SIGSTOP) at a moment when its newest checkpoint
     generation holds series records the previous one lacks, that generation replaced by the
@@ -120,7 +133,12 @@ def kill_aggregator_roll_back(stack: Stack, rng: random.Random) -> None:
     def frozen_ahead() -> bool:
         stack.aggregator.send(signal.SIGSTOP)
         newest, older = series_seq(stack.checkpoint), series_seq(previous)
-        if newest is not None and older is not None and newest > older:
+        if (
+            newest is not None
+            and older is not None
+            and newest > older
+            and between_writes(stack.checkpoint)
+        ):
             return True
         stack.aggregator.send(signal.SIGCONT)
         return False
