@@ -213,6 +213,17 @@ class AggregateState:
         self.sum_u += other.sum_u
         self.sum_v += other.sum_v
 
+    @classmethod
+    def of(
+        cls, spec: MechanismSpec, *, n: int, sum_u: ArrayLike, sum_v: ArrayLike
+    ) -> AggregateState:
+        """A state holding these sums (copied), e.g. a row of the per-round series."""
+        state = cls(spec)
+        state.n = int(n)
+        state.sum_u = np.array(sum_u, dtype=np.int64)
+        state.sum_v = np.array(sum_v, dtype=np.int64)
+        return state
+
     def copy(self) -> AggregateState:
         out = AggregateState(self.spec)
         out.merge(self)
@@ -322,13 +333,13 @@ class Estimates:
             "confidence": self.confidence,
             "projected": self.projected,
         }
-        for name in _ARRAY_FIELDS:
+        for name in ARRAY_FIELDS:
             out[name] = arr(getattr(self, name))
         out["freq_interval"] = ["score" if b else "normal" for b in self.freq_score.tolist()]
         return out
 
 
-_ARRAY_FIELDS = (
+ARRAY_FIELDS = (
     "mean",
     "mean_se",
     "mean_lo",
@@ -376,7 +387,7 @@ def estimate(
             confidence=confidence,
             projected=projection,
             freq_score=np.zeros(d, dtype=np.bool_),
-            **dict.fromkeys(_ARRAY_FIELDS, nan),
+            **dict.fromkeys(ARRAY_FIELDS, nan),
         )
     fields = _estimate_fields(
         spec,
@@ -426,7 +437,7 @@ def estimate_rows(
             signs_from_values=signs_from_values,
         )
     if empty.any():
-        for name in _ARRAY_FIELDS:
+        for name in ARRAY_FIELDS:
             fields[name][empty] = np.nan
         fields["freq_score"][empty] = False
     return fields

@@ -96,11 +96,7 @@ class Delta:
     rounds: int = 1
 
     def state(self, spec: MechanismSpec) -> AggregateState:
-        state = AggregateState(spec)
-        state.n = self.n
-        state.sum_u = self.sum_u.copy()
-        state.sum_v = self.sum_v.copy()
-        return state
+        return AggregateState.of(spec, n=self.n, sum_u=self.sum_u, sum_v=self.sum_v)
 
 
 class Series:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from aggregator.estimation.estimators import Estimates, estimate_rows
+from aggregator.estimation.estimators import ARRAY_FIELDS, Estimates, estimate_rows
 from aggregator.series.frame import Frame, WindowSums
 from aggregator.series.windows import SeriesQuery, Window, check_cells
 from edge.spec import MechanismSpec
@@ -48,20 +48,7 @@ __all__ = [
 
 COLUMNS = ("round", "start", "end", "rounds", "n", "batches", "smallest_release", "estimates")
 """The columns of a ``/series`` row."""
-ESTIMATE_FIELDS = (
-    "mean",
-    "mean_se",
-    "mean_lo",
-    "mean_hi",
-    "freq",
-    "freq_se",
-    "freq_lo",
-    "freq_hi",
-    "cond_mean",
-    "cond_mean_se",
-    "cond_mean_lo",
-    "cond_mean_hi",
-)
+ESTIMATE_FIELDS = ARRAY_FIELDS
 """The per-dimension arrays of a row's ``estimates``, in ``Estimates.to_dict`` order."""
 CSV_FIELDS = ("mean", "mean_lo", "mean_hi", "freq", "freq_lo", "freq_hi")
 """The CSV's columns per dimension (``<field>_<j>``)."""
