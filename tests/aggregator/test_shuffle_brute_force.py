@@ -206,16 +206,18 @@ def blanket_bound(
 @pytest.mark.parametrize("epsilon0", [0.5, 1.0])
 def test_blanket_bound_holds_for_krr_and_is_attained(k: int, n: int, epsilon0: float) -> None:
     """k-RR is (s = 1, t = k): the bound holds for every dataset and eps. It is attained
-    (ratio 1 up to the certificate's 1e-9 relative budget) at n = 2 for every eps, and for
-    k >= 3 at small eps for every n; elsewhere some slack remains (at most 26% on this grid):
-    the blanket lemma reveals the other users' non-blanket reports, which k-RR does not."""
+    (ratio 1 up to the certificate's own margin: the window tail it adds is 1e-7 of delta,
+    and the error budgets of its binomial values are far below that; measured 1.1e-8) at
+    n = 2 for every eps, and for k >= 3 at small eps for every n; elsewhere some slack
+    remains (at most 26% on this grid): the blanket lemma reveals the other users'
+    non-blanket reports, which k-RR does not."""
     true = worst_case_laws(krr_laws(k, epsilon0), n, BLANKET_EPS_GRID)
     bound = blanket_bound(n=n, exp_epsilon0=math.exp(epsilon0), s=1, t=k, eps_grid=BLANKET_EPS_GRID)
     for eps in BLANKET_EPS_GRID:
         assert true[eps] <= bound[eps]
         assert true[eps] >= 0.74 * bound[eps]
         if n == 2 or (k >= 3 and eps <= 0.1):
-            assert true[eps] >= bound[eps] * (1 - 1e-8) - 1e-14
+            assert true[eps] >= bound[eps] * (1 - 1e-7) - 1e-14
 
 
 def test_three_rr_example_of_the_design_note() -> None:
