@@ -348,6 +348,17 @@ class EffectLog:
         self.size = len(data)
         return True
 
+    def __del__(self) -> None:
+        """A log dropped without :meth:`close` (a reader that only replayed it) gives its
+        descriptors back; nothing more is written (what was staged was never acknowledged,
+        as after a crash)."""
+        for name in ("_fd", "_mark_fd"):
+            fd = getattr(self, name, None)
+            if fd is not None:
+                setattr(self, name, None)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
     def close(self) -> None:
         """Write what is staged (unless that fails: then it was never acknowledged) and
         close the log and its mark."""
