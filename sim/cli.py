@@ -260,7 +260,7 @@ def _print_sensors(result: SensorSimulationResult, *, as_json: bool) -> None:
     w = max(12, *(len(name) for name in result.channels))
     u = max(6, *(len(unit) for unit in result.units))
     typer.echo(
-        f"  {'channel':<{w}} {'unit':<{u}} {'coverage':>9} {'mean +- (95%)':>14} {'RMS error':>10}"
+        f"  {'channel':<{w}} {'unit':<{u}} {'coverage':>9} {'95% half-width':>14} {'RMS error':>10}"
     )
     import numpy as np  # noqa: PLC0415 (not for --help)
 

@@ -74,6 +74,7 @@ th.left, td.left { text-align: left; }
 .card .label { font-size: .85em; color: #57606a; }
 .card .value { font-size: 1.4em; font-variant-numeric: tabular-nums; }
 #status.ok { color: #1a7f37; } #status.error { color: #cf222e; }
+#status.stopped { color: #57606a; }
 svg { display: block; margin: .4em 0; }
 svg text { font: 11px system-ui, sans-serif; fill: #57606a; }
 .key { display: inline-block; width: 1.4em; height: .25em; vertical-align: middle; }
@@ -479,14 +480,35 @@ function render(doc) {
   else drawHistory(history, "page");
 }
 
+function showState(status, doc) {
+  // the service's own state (/estimates "state", "not_ready"), never "live" by default
+  if (doc.state === "stopped") {
+    status.className = "stopped";
+    status.textContent = "stopped (final state)";
+  } else if (doc.state === "not_ready" || doc.ready === false) {
+    status.className = "error";
+    status.textContent = "not ready: " + (doc.not_ready || "no reason given");
+  } else {
+    status.className = "ok";
+    status.textContent = "live";
+  }
+}
+
 async function poll() {
   const status = document.getElementById("status");
   try {
     const response = await fetch("estimates", {cache: "no-store"});
+    if (response.status === 503) {  // {"ready": false, "recovering": true} while it recovers
+      const early = await response.json().catch(() => null);
+      if (early && early.recovering) {
+        showState(status, {state: "not_ready", not_ready: "recovering the checkpoint"});
+        return;
+      }
+    }
     if (!response.ok) throw new Error("HTTP " + response.status);
-    render(await response.json());
-    status.className = "ok";
-    status.textContent = "live";
+    const doc = await response.json();
+    render(doc);
+    showState(status, doc);
   } catch (err) {
     status.className = "error";
     status.textContent = "cannot read /estimates (" + err.message + "); retrying";

@@ -182,6 +182,9 @@ class Aggregator:
         self.recovered = False
         """Whether the checkpoint (if any) has been recovered: readiness needs it."""
         self._shown_ready = False
+        self._shown_why: str | None = None
+        self.stopped = False
+        """Set when the service has shut down: its final document says ``"stopped"``."""
         self._entered = False
         self._lock_fd: int | None = None
         self._http: MetricsServer | None = None
@@ -288,9 +291,12 @@ class Aggregator:
         self.publisher.refresh()
 
     def _status(self) -> dict[str, Any]:
+        why = None if self.stopped else self.not_ready()
         return {
+            "state": "stopped" if self.stopped else "live" if why is None else "not_ready",
+            "not_ready": why,
             "subscribed": self.session.subscribed.is_set(),
-            "ready": self.ready,
+            "ready": not self.stopped and why is None,
             "checkpoint_generation": self.generation if self.config.checkpoint else None,
             "batch_public_key": describe_anchor(self.core.rules.trusted),
         }
@@ -301,10 +307,10 @@ class Aggregator:
     def _readiness_changed(self, *, always: bool = False) -> None:
         """The gauge and the document's status after a change that may touch readiness
         (a write attempt calls this each time: only a change is published)."""
-        ready = self.ready
-        if ready == self._shown_ready and not always:
+        ready, why = self.ready, self.not_ready()
+        if (ready, why) == (self._shown_ready, self._shown_why) and not always:
             return
-        self._shown_ready = ready
+        self._shown_ready, self._shown_why = ready, why
         self.metrics.ready.set(1 if ready else 0)
         self.core.changed = True
         self.publisher.document = {**self.publisher.document, **self._status()}
@@ -315,6 +321,7 @@ class Aggregator:
         if self._entered:
             raise RuntimeError("the Aggregator is reusable, but not re-entrant")
         self._entered = True
+        self.stopped = False
         self.publisher.entered = True
         self.session.taken_over = False
         try:
@@ -338,7 +345,7 @@ class Aggregator:
                 )
             self.intake.run_start = self.counters.copy()
             self.recovered = True
-            self._shown_ready = self.ready
+            self._shown_ready, self._shown_why = self.ready, self.not_ready()
             self.metrics.ready.set(1 if self._shown_ready else 0)
             self.core.changed = True
             self.publisher.publish()
@@ -477,6 +484,7 @@ class Aggregator:
             log_shutdown(self.counters, self.intake.run_start)
             # what stays in the registry and document: final. The privacy level of batches
             # not yet accounted for is computed by the first read after this, not here.
+            self.stopped = True
             self.core.changed = True
             self.publisher.publish()
         finally:

@@ -210,9 +210,18 @@ def _status_line(fleet: DemoFleet, shuffler: Shuffler, aggregator: Aggregator) -
         f"{shuffler.buffered}, batches "
         f"{int(metric_value(registry, 'coco_shuffler_batches_released_total'))}  "
         f"aggregator: n={aggregator.state.n}, epsilon_central (certified) "
-        f"smallest batch={'-' if small is None else f'{small:.4g}'} "
-        f"latest batch={'-' if latest is None else f'{latest:.4g}'}"
+        f"smallest batch={level_text(small, aggregator.state.n)} "
+        f"latest batch={level_text(latest, aggregator.state.n)}"
     )
+
+
+def level_text(level: float | None, n: int) -> str:
+    """A privacy level of the progress line: ``-`` before any report is applied,
+    ``pending`` while the accountant (off the event loop) has not yet computed the level of
+    the reports applied."""
+    if level is not None:
+        return f"{level:.4g}"
+    return "pending" if n > 0 else "-"
 
 
 async def _run(

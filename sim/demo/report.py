@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry
+from scipy.stats import chi2
 
 from aggregator.service.service import Aggregator
 from broker.service.metrics import DROP_REASONS, REJECT_REASONS
@@ -21,7 +22,52 @@ from sim.demo.config import DemoConfig, page_url
 from sim.demo.publisher import DemoFleet
 from sim.demo.tracking import RoundEstimate, format_tracking, tracking
 
-__all__ = ["format_table", "metric_value", "result_document"]
+__all__ = [
+    "format_table",
+    "interval_in_range",
+    "metric_value",
+    "mse_range",
+    "result_document",
+]
+
+FAULTY_NOTE = (
+    "a faulty device has one channel stuck at an end of its range or reading outside it "
+    "(clipped by the encoder); their readings count in the truth, as a real fleet's would"
+)
+"""What the demo's ``faulty_devices`` are (:mod:`sim.models.sensors`)."""
+CLIPPED_NOTE = (
+    "* interval cut to the channel's physical range: the true mean lies in it (the point "
+    "estimate is kept as computed: unbiased, it can fall outside)"
+)
+OUTSIDE_NOTE = (
+    "! interval entirely outside the channel's physical range: it misses the true mean, as "
+    "a 95 % interval does once in 20"
+)
+MARKS = {"inside": " ", "cut": "*", "outside": "!"}
+
+
+def interval_in_range(
+    estimate: float, halfwidth: float, lo: float, hi: float
+) -> tuple[float, float, str]:
+    """The interval ``estimate +- halfwidth`` intersected with the channel's physical range
+    ``[lo, hi]`` (every reading is clipped to it before encoding, so the true mean lies in
+    it): ``(low, high, where)``, ``where`` being ``"inside"`` (unchanged), ``"cut"`` or
+    ``"outside"``: the interval misses the range altogether, so it misses the true mean (as
+    a 95 % interval may, once in 20); it is then returned unchanged."""
+    low, high = estimate - halfwidth, estimate + halfwidth
+    if high < lo or low > hi:
+        return low, high, "outside"
+    if lo <= low and high <= hi:
+        return low, high, "inside"
+    return max(low, lo), min(high, hi), "cut"
+
+
+def mse_range(d: int, probability: float = 0.95) -> tuple[float, float]:
+    """The central ``probability`` range of one run's MSE over its closed form: the sum of
+    ``d`` squared, roughly independent normal errors of equal variance is a chi-square with
+    ``d`` degrees of freedom times that variance, so the ratio is ``chi2(d) / d``."""
+    tail = (1.0 - probability) / 2.0
+    return float(chi2.ppf(tail, d)) / d, float(chi2.ppf(1.0 - tail, d)) / d
 
 
 def metric_value(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -77,17 +123,26 @@ def result_document(
     smallest = aggregator.smallest_batch
     tracked = per_round_tracking(aggregator, fleet, spec)
     privacy = aggregator.ledger.compute(aggregator.ledger.snapshot())  # the one accountant call
-    channels = [
-        {
-            "name": ch.name,
-            "unit": ch.unit,
-            "estimate": None if not n else float(value[j]),
-            "ci95_halfwidth": None if not n else float(1.96 * se[j]),
-            "ground_truth": float(truth[j]),
-            **({"ground_truth_fleet": float(fleet_mean[j])} if sampled else {}),
-        }
-        for j, ch in enumerate(fleet.sensors.channel_specs)
-    ]
+    channels = []
+    for j, ch in enumerate(fleet.sensors.channel_specs):
+        interval: dict[str, Any] = {}
+        if n:
+            low, high, where = interval_in_range(float(value[j]), float(1.96 * se[j]), ch.lo, ch.hi)
+            interval = {"ci95_lo": low, "ci95_hi": high, "ci95_range": where}
+        channels.append(
+            {
+                "name": ch.name,
+                "unit": ch.unit,
+                "lo": ch.lo,
+                "hi": ch.hi,
+                "estimate": None if not n else float(value[j]),
+                "ci95_halfwidth": None if not n else float(1.96 * se[j]),
+                **interval,
+                "ground_truth": float(truth[j]),
+                **({"ground_truth_fleet": float(fleet_mean[j])} if sampled else {}),
+            }
+        )
+    low, high = mse_range(spec.d)
     return {
         "broker": f"{broker_kind} at {url}",
         "deployment": config.deployment,
@@ -98,6 +153,7 @@ def result_document(
         "devices": config.devices,
         "rounds": config.rounds,
         "faulty_devices": fleet.sensors.faulty_devices,
+        "faulty_devices_note": FAULTY_NOTE,
         "min_batch": config.min_batch,
         "reports_sent": sent,
         "reports_aggregated": n,
@@ -121,9 +177,21 @@ def result_document(
         "delta": config.delta,
         "mse_mean": mse,
         "mse_mean_theory": mse_theory,
+        "mse_mean_ratio": mse / mse_theory if n else math.nan,
+        "mse_mean_ratio_range95": [low, high],
         "mse_mean_note": (
             "sum over channels of squared errors of the ternary-vector means (estimate vs the "
-            "realised mean of the encoded vectors sent); theory = closed form / n"
+            "realised mean of the encoded vectors sent); theory = closed form / n, the "
+            "expected value; one run's ratio falls in mse_mean_ratio_range95 (chi-square with "
+            "d degrees of freedom over d) in 95 % of runs"
+        ),
+        "channels_note": (
+            "ci95_lo, ci95_hi: the interval within the channel's range [lo, hi]; ci95_range: "
+            "inside (unchanged), cut ("
+            + CLIPPED_NOTE[2:]
+            + ") or outside ("
+            + OUTSIDE_NOTE[2:]
+            + ")"
         ),
         "channels": channels,
         "ground_truth_note": (
@@ -167,22 +235,29 @@ def format_table(result: dict[str, Any]) -> str:
         *([f"note: {result['note']}"] if result.get("note") else []),
         f"{result['mechanism']} d={result['d']} s={result['s']} t={result['t']}: "
         f"{result['devices']} devices x {result['rounds']} rounds "
-        f"({result['faulty_devices']} with a stuck channel)",
+        f"({result['faulty_devices']} of them faulty: see below)",
         "",
-        f"{'channel':<12} {'unit':<6} {'estimate':>12} {'+- 1.96 SE':>11} "
+        f"{'channel':<12} {'unit':<6} {'estimate':>12} {'95% interval':>25} "
         f"{'truth (sim)':>12} {'error':>10}",
     ]
+    marks: set[str] = set()
     for ch in result["channels"]:
-        est, half, truth = ch["estimate"], ch["ci95_halfwidth"], ch["ground_truth"]
+        est, truth = ch["estimate"], ch["ground_truth"]
         if est is None:
             lines.append(f"{ch['name']:<12} {ch['unit']:<6} {'n/a':>12}")
             continue
+        mark = MARKS[ch["ci95_range"]]
+        marks.add(mark)
+        interval = f"[{ch['ci95_lo']:.4g}, {ch['ci95_hi']:.4g}]{mark}"
         lines.append(
-            f"{ch['name']:<12} {ch['unit']:<6} {est:>12.4g} {half:>11.3g} {truth:>12.4g} "
+            f"{ch['name']:<12} {ch['unit']:<6} {est:>12.4g} {interval:>25} {truth:>12.4g} "
             f"{est - truth:>10.3g}"
         )
     eps_c, eps_t = result["epsilon_central"], result["epsilon_total"]
     lines += [
+        *([CLIPPED_NOTE] if "*" in marks else []),
+        *([OUTSIDE_NOTE] if "!" in marks else []),
+        f"faulty devices: {result['faulty_devices']}; {FAULTY_NOTE}",
         "",
         *(
             [
@@ -199,8 +274,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"unaccounted {result['reports_unaccounted']}",
         f"batches: {result['batches']} (smallest {result['batch_size_smallest']}, "
         f"min_batch {result['min_batch']})",
-        f"MSE of the ternary means (sum over channels): {result['mse_mean']:.4g}  "
-        f"closed form {result['mse_mean_theory']:.4g}",
+        mse_line(result),
         *format_tracking(result.get("tracking") or {}),
         f"epsilon_local {result['epsilon_local']:g}  epsilon_central (certified, smallest "
         f"batch) {'n/a' if eps_c is None else f'{eps_c:.4g}'}  delta {result['delta']:g}",
@@ -210,3 +284,19 @@ def format_table(result: dict[str, Any]) -> str:
         *([f"live page: {result['url']}"] if result.get("url") else []),
     ]
     return "\n".join(lines)
+
+
+def mse_line(result: dict[str, Any]) -> str:
+    """The MSE beside its closed form, their ratio and whether the ratio is where 95 % of
+    runs put it."""
+    mse, theory = result["mse_mean"], result["mse_mean_theory"]
+    head = f"MSE of the ternary means (sum over channels): {mse:.4g}, closed form {theory:.4g}"
+    if not (math.isfinite(mse) and math.isfinite(theory) and theory > 0):
+        return head
+    ratio = mse / theory
+    low, high = result["mse_mean_ratio_range95"]
+    verdict = "as expected" if low <= ratio <= high else "outside that range: look closer"
+    return (
+        f"{head}: ratio {ratio:.2f} (one run's ratio falls in [{low:.2f}, {high:.2f}] "
+        f"95 % of the time for d={result['d']}: {verdict})"
+    )

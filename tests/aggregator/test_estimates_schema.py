@@ -38,6 +38,7 @@ TYPES: dict[str, tuple[type, ...]] = {
     "number": (int, float),
     "number or null": (int, float, type(None)),
     "integer or null": (int, type(None)),
+    "string or null": (str, type(None)),
     "boolean": (bool,),
     "array": (list,),
 }

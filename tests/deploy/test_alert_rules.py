@@ -9,6 +9,7 @@ missing the test is skipped, except under ``CI=true``, where it fails.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
 RULES = ROOT / "deploy" / "prometheus" / "coco-alerts.yml"
 UNIT_TESTS = Path(__file__).with_name("alert_rules_test.yml")
+OPERATIONS = ROOT / "docs" / "operations.md"
 
 
 def promtool(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -64,3 +66,14 @@ def test_promtool_missing_skips_or_fails_under_ci(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI=true"):
         promtool("--version")
+
+
+def test_every_alert_has_a_runbook_line() -> None:
+    """docs/operations.md's "Alerts" table has a row for each alert of the rules file, and
+    no row for an alert that does not exist."""
+    alerts = re.findall(r"(?m)^\s+- alert: (\w+)$", RULES.read_text(encoding="utf-8"))
+    assert len(alerts) == len(set(alerts)) >= 13
+    section = OPERATIONS.read_text(encoding="utf-8").split("### Alerts\n", 1)[1]
+    section = section.split("\n#", 1)[0]
+    rows = re.findall(r"(?m)^\| `(Coco\w+)` \((?:critical|warning)\) \| .+ \| .+ \|$", section)
+    assert rows == alerts

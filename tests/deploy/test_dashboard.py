@@ -174,7 +174,7 @@ def test_every_metric_named_in_a_query_exists() -> None:
     the series the three components register."""
     registry = CollectorRegistry()
     aggregator = AggregatorMetrics(
-        registry, spec=SPEC, dims=(0,), epsilon_target=1.0, windows=("1h",)
+        registry, spec=SPEC, dims=(0,), epsilon_target=1.0, windows=("1h",), periods=("24h",)
     )
     aggregator.set_estimates(AggregateState(SPEC).estimate())  # labelled series appear on use
     aggregator.set_epsilon(smallest=None, latest=None)

@@ -488,3 +488,90 @@ def test_one_level_is_one_point_at_its_time(tmp_path: Path) -> None:
     chart.feed(dom)
     assert chart.attributes.get("data-source") == "service"
     assert json.loads(chart.attributes.get("data-times") or "null") == [when]
+
+
+def page_status(binary: str, profile: Path, url: str) -> str:
+    """The text the page shows beside its title after its first read of ``/estimates``."""
+    return page_fields(chromium(binary, profile, "--dump-dom", url))[("status", None)][1]
+
+
+def test_the_page_says_live_then_stopped(mosquitto: Broker, tmp_path: Path) -> None:
+    """A real aggregator on a lent server: "live" while it runs, "stopped" once it shut down
+    (the server keeps serving its final document, ``subscribed`` and ``ready`` false)."""
+    binary = chromium_binary()
+    server = MetricsServer(
+        host="127.0.0.1", port=0, registry=CollectorRegistry(), estimates=lambda: {}
+    )
+    server.start()
+    url = f"http://127.0.0.1:{server.port}/"
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        cfg = config(mosquitto, None, http_port=None)
+        async with Aggregator(cfg, registry=CollectorRegistry(), http=server) as agg:
+            task = asyncio.create_task(agg.run())
+            try:
+                await until(agg.subscribed.is_set, 10, what="the aggregator subscribed")
+                await publish(mosquitto, batch(reports(300, 1), 1))
+                await until(lambda: agg.counters.batches == 1, progress=moving(agg))
+                seen["doc"] = json.loads((await asyncio.to_thread(get, url + "estimates"))[0])
+                seen["status"] = await asyncio.to_thread(
+                    page_status, binary, tmp_path / "running", url
+                )
+            finally:
+                task.cancel()
+                async with asyncio.timeout(10):
+                    await asyncio.gather(task, return_exceptions=True)
+
+    try:
+        run(scenario())
+        final = json.loads(get(url + "estimates")[0])
+        stopped = page_status(binary, tmp_path / "stopped", url)
+    finally:
+        server.stop()
+    doc = seen["doc"]
+    assert (doc["state"], doc["not_ready"], doc["ready"], doc["subscribed"]) == (
+        "live",
+        None,
+        True,
+        True,
+    )
+    assert seen["status"] == "live"
+    assert (final["state"], final["not_ready"], final["ready"], final["subscribed"]) == (
+        "stopped",
+        None,
+        False,
+        False,
+    )
+    assert final["n"] == 300  # the final estimates, still served
+    assert stopped == "stopped (final state)"
+
+
+def test_the_page_says_why_it_is_not_ready(tmp_path: Path) -> None:
+    """A document whose service is not ready shows the reason; a service still recovering
+    (``/estimates`` answers 503 ``{"recovering": true}``) shows that, not an HTTP error."""
+    binary = chromium_binary()
+    state = AggregateState(SPEC)
+    state.add(*reports(300, 1))
+    doc = estimates_document(state, delta=DELTA, batch_sizes={300: 1}, latest_batch=300)
+    why = "not subscribed to the batches topic"
+    doc = {**doc, "state": "not_ready", "not_ready": why, "ready": False, "subscribed": False}
+    shown: dict[str, str] = {}
+    for name, recovered in (("not_ready", True), ("recovering", False)):
+        server = MetricsServer(
+            host="127.0.0.1",
+            port=0,
+            registry=CollectorRegistry(),
+            estimates=lambda: doc,
+            recovered=(lambda: True) if recovered else (lambda: False),
+        )
+        server.start()
+        try:
+            url = f"http://127.0.0.1:{server.port}/"
+            shown[name] = page_status(binary, tmp_path / name, url)
+        finally:
+            server.stop()
+    assert shown == {
+        "not_ready": f"not ready: {why}",
+        "recovering": "not ready: recovering the checkpoint",
+    }

@@ -298,6 +298,10 @@ def test_simulate_sensors_json_gives_each_trial_and_channel() -> None:
     assert table.exit_code == 0, table.output
     assert "coverage" in table.output
     assert "temperature" in table.output
+    # the column holds the half-width only, and says so
+    header = next(line for line in table.output.splitlines() if "coverage" in line)
+    assert header.split()[-4:] == ["95%", "half-width", "RMS", "error"]
+    assert "mean +-" not in table.output
 
 
 @pytest.mark.parametrize("d", [3, 12, 20])

@@ -127,6 +127,16 @@ def test_demo_json_against_the_fixture_broker(mosquitto: Broker) -> None:
     assert 0 < doc["epsilon_central"] < doc["epsilon_local"]
     # the achieved error is within a generous factor of its closed form (one run, d=6)
     assert 0 < doc["mse_mean"] < 5 * doc["mse_mean_theory"]
+    assert doc["mse_mean_ratio"] == pytest.approx(doc["mse_mean"] / doc["mse_mean_theory"])
+    for ch in doc["channels"]:  # each interval within the channel's physical range
+        unclipped = (ch["estimate"] - ch["ci95_halfwidth"], ch["estimate"] + ch["ci95_halfwidth"])
+        if ch["ci95_range"] == "outside":  # misses the range, shown as it is
+            assert (ch["ci95_lo"], ch["ci95_hi"]) == unclipped
+            assert unclipped[1] < ch["lo"] or unclipped[0] > ch["hi"]
+        else:
+            assert ch["lo"] <= ch["ci95_lo"] <= ch["ci95_hi"] <= ch["hi"], ch
+            cut = (ch["ci95_lo"], ch["ci95_hi"]) != unclipped
+            assert ch["ci95_range"] == ("cut" if cut else "inside")
 
 
 def test_demo_refuses_a_bad_broker_url() -> None:
