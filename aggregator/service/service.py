@@ -29,28 +29,24 @@ a batch is sent only once *two* durable generations hold it
   generation lacks, since none of them was acknowledged: nothing lost, nothing doubled.
 
 A checkpoint is written every ``checkpoint_interval`` seconds while anything changed or a
-PUBACK waits, when ``max_unacked`` deliveries wait, and twice on shutdown (so that every
-PUBACK goes out). Without a checkpoint path batches are acknowledged as soon as they are
-applied (at-most-once across a crash), and no checkpoint timer runs.
+PUBACK waits, in the background once half of ``max_unacked`` deliveries wait, and twice on
+shutdown. Without a checkpoint path batches are acknowledged as soon as they are applied
+(at-most-once across a crash).
 
 Readiness
 ---------
-``/ready`` answers 200 once the checkpoint is recovered and the batches topic subscribed,
-503 before, while disconnected and while the checkpoint or the privacy ledger cannot be
-written (the last write attempt failed: a full disk; nothing is lost, the batches stay
-unacknowledged and the write is retried, and it is 200 again once one succeeds;
-``coco_aggregator_checkpoint_failing`` is 1 meanwhile). The 503's body says why, in one line.
-``coco_aggregator_ready`` says the same. Until the checkpoint is recovered ``/metrics``
-serves that gauge alone (no counter shown as zero) and ``/estimates`` answers 503.
+``/ready`` (and ``coco_aggregator_ready``, and ``/estimates``' ``state``) is 200 once the
+checkpoint is recovered and the batches topic subscribed; 503, with the reason in one line,
+before, while disconnected, while the checkpoint or ledger cannot be written (a full disk:
+nothing lost, retried, ``coco_aggregator_checkpoint_failing`` 1) and once stopped. Until
+the checkpoint is recovered ``/metrics`` serves that gauge alone and ``/estimates`` 503.
 
 One writer per deployment
 -------------------------
 The checkpoint is locked (``flock`` on ``<checkpoint>.lock``): a second service with the
-same checkpoint refuses to start. A second service of the same account takes the MQTT
-session over and the first one stops (:class:`~aggregator.service.session.SessionTakenOverError`,
-:mod:`aggregator.service.session`). Batches applied after the last checkpoint of a service that
-stops this way are neither checkpointed nor acknowledged: the broker redelivers them to
-the new holder, so two checkpoints never hold the same batch.
+same checkpoint refuses to start. One of the same account takes the MQTT session over and
+the first stops (:class:`~aggregator.service.session.SessionTakenOverError`); what it applied
+after its last checkpoint is redelivered to the new holder, never in two checkpoints.
 
 Shutdown
 --------
