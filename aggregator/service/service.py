@@ -51,10 +51,9 @@ after its last checkpoint is redelivered to the new holder, never in two checkpo
 Shutdown
 --------
 On shutdown the service writes its final checkpoints, sends the PUBACKs they cover and
-logs at INFO what this run applied, ignored and rejected (by reason) and how many batches
-were left unacknowledged (by reason: ``connection_lost``, ``unprocessed``,
-``checkpoint_failed``, ``taken_over``; the broker redelivers those). Rejections and
-duplicates are logged only the 1st, 2nd, 4th, 8th... time of each kind per run.
+logs at INFO what this run applied, ignored, rejected and left unacknowledged, by reason
+(the broker redelivers the last). Rejections and duplicates are logged only the 1st, 2nd,
+4th, 8th... time of each kind per run.
 """
 
 from __future__ import annotations
