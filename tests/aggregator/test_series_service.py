@@ -108,7 +108,12 @@ def test_series_windows_and_gauges(mosquitto: Broker) -> None:  # noqa: PLR0915 
         def period(label: str) -> float | None:
             return gauge("coco_aggregator_epsilon_total_period", {"period": label})
 
-        await until(lambda: not math.isnan(period("1h") or math.nan), 120, progress=moving(agg))
+        # the level that covers every batch (an earlier one may hold fewer rounds)
+        await until(
+            lambda: agg.privacy_settled and not math.isnan(period("1h") or math.nan),
+            120,
+            progress=moving(agg),
+        )
         fetched["periods"] = {label: period(label) for label in ("1h", "1m")}
         fetched["estimates"] = json.loads((await ask("/estimates"))[2])
         fetched["r2"] = json.loads((await ask("/estimates?window=r2"))[2])
