@@ -204,6 +204,17 @@ def privacy(
             "(coco, collision)."
         ),
     ] = None,
+    period: Annotated[
+        str | None,
+        typer.Option(
+            help="Instead of --rounds: the rounds of one period (1d, 7d) of --round-seconds, "
+            "so epsilon_total is the level per period the aggregator reports "
+            "(epsilon_total_period, a device in every round of it).",
+        ),
+    ] = None,
+    round_seconds: Annotated[
+        int | None, typer.Option(help="The round length, with --period.")
+    ] = None,
     devices: Annotated[
         int | None,
         typer.Option(
@@ -263,6 +274,12 @@ def privacy(
     assert mechanism is not None
     assert epsilon is not None
     assert delta is not None
+    try:
+        if period is not None or round_seconds is not None:
+            rounds = _horizon(rounds, period, round_seconds)
+    except ValueError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     if devices is not None:
         try:
             document = shards_document(

@@ -107,3 +107,19 @@ def test_a_period_plan_refuses_what_it_cannot_plan(extra: tuple[str, ...], messa
     )
     assert bare.exit_code == 1
     assert "--participation needs --devices" in bare.stderr
+
+
+def test_coco_privacy_per_period_is_its_rounds() -> None:
+    """``coco privacy --period 1d --round-seconds 600`` is ``--rounds 144``: the level per
+    period the aggregator reports for a device in every round of it."""
+    base = [
+        *("--mechanism", "coco", "--epsilon", "1", "--s", "2", "--d", "6"),
+        *("--n", "1000", "--delta", "1e-6", "--json"),
+    ]
+    by_period = CliRunner().invoke(privacy_app, [*base, "--period", "1d", "--round-seconds", "600"])
+    by_rounds = CliRunner().invoke(privacy_app, [*base, "--rounds", "144"])
+    assert by_period.exit_code == 0, by_period.output
+    assert json.loads(by_period.stdout) == json.loads(by_rounds.stdout)
+    both = CliRunner().invoke(privacy_app, [*base, "--period", "1d", "--rounds", "5"])
+    assert both.exit_code == 1
+    assert "exactly one of --rounds and --period" in both.stderr
