@@ -43,6 +43,7 @@ from aggregator.service.core.acks import AckGenerations
 from aggregator.service.core.checkpoint import Checkpoint, LedgerRecord
 from aggregator.service.core.rules import AggregatorCore
 from aggregator.service.metrics import AggregatorMetrics
+from aggregator.service.quarantine_file import encode_quarantine, write_quarantine
 from aggregator.service.series_file import SeriesFile, SeriesWrite
 from aggregator.service.session import Ack, BatchSession
 
@@ -74,6 +75,9 @@ class Generations:
         """Called after each write attempt (the service updates its readiness)."""
         self.series_file: SeriesFile | None = None
         """The series file (set by the recovery; ``None``: no series, or no checkpoint)."""
+        self.quarantine_written = 0
+        """The quarantine's version the file beside the checkpoint holds."""
+        self._quarantine_writing = 0
         self._lock = asyncio.Lock()
 
     def acknowledge(self, ready: list[Ack]) -> None:
@@ -110,9 +114,18 @@ class Generations:
         ledger = encode_ledger(self.core.ledger, Bound(self.config.deployment, generation))
         ledger_generation = self.core.ledger.generation
         series = self._series_write(content)
+        quarantine = self._quarantine_write(generation)
         self.acks.snapshot()
         write = asyncio.ensure_future(
-            asyncio.to_thread(self._write_files, path, content, ledger, ledger_generation, series)
+            asyncio.to_thread(
+                self._write_files,
+                path,
+                content,
+                ledger,
+                ledger_generation,
+                series=series,
+                quarantine=quarantine,
+            )
         )
         try:
             await asyncio.shield(write)
@@ -135,6 +148,16 @@ class Generations:
         self._written(True, series_seq=content.series_seq)
         logger.debug("checkpoint generation %d written: n=%d", self.generation, content.state.n)
 
+    def _quarantine_write(self, generation: int) -> str | None:
+        """The quarantine file's text if what it holds changed (taken with the content, no
+        await between: :mod:`aggregator.service.quarantine_file`)."""
+        quarantine = self.core.quarantine
+        quarantine.assign(generation)
+        self._quarantine_writing = quarantine.version
+        if quarantine.version == self.quarantine_written:
+            return None
+        return encode_quarantine(quarantine, self.config.deployment)
+
     def _series_write(self, content: Checkpoint) -> SeriesWrite | None:
         """What ``content`` appends to the series file (taken with it, no await between)."""
         series = self.core.series
@@ -156,11 +179,16 @@ class Generations:
         content: Checkpoint,
         ledger: str,
         ledger_generation: int,
+        *,
         series: SeriesWrite | None = None,
+        quarantine: str | None = None,
     ) -> None:
-        """The series file's new records first (:mod:`aggregator.service.series_file`), then
-        the ledger and the checkpoint, which records the newest of them; once it is durable
-        the records are committed (and the file compacted when due)."""
+        """The quarantine first (what it keeps is durable before any PUBACK), the series
+        file's new records (:mod:`aggregator.service.series_file`), then the ledger and the
+        checkpoint, which records the newest of them; once it is durable the records are
+        committed (and the file compacted when due)."""
+        if quarantine is not None:
+            write_quarantine(path, quarantine)
         file = self.series_file if series is not None else None
         if file is None or series is None:
             self._write_ledger_and_checkpoint(path, content, ledger, ledger_generation)
@@ -218,6 +246,8 @@ class Generations:
             self.acks.failed()
             return
         self.generation += 1
+        self.quarantine_written = self._quarantine_writing
+        self.core.quarantine.durable(self.generation)
         if series_seq is not None and self.core.series is not None:
             self.core.series.committed(series_seq)
         self.metrics.checkpoint_generation.set(self.generation)

@@ -96,6 +96,7 @@ from aggregator.service.http import MetricsServer, Source
 from aggregator.service.intake import Intake
 from aggregator.service.metrics import AggregatorMetrics
 from aggregator.service.publishing import Publisher, RefreshOnCollect, log_shutdown
+from aggregator.service.rejected import Rejected
 from aggregator.service.series_file import recover_series
 from aggregator.service.session import Ack, BatchSession
 from aggregator.service.trust import KeyGuard
@@ -179,6 +180,14 @@ class Aggregator:
         self.generations = Generations(config, self.core, self.session, self.metrics)
         self.generations.on_failing = self._readiness_changed
         self.intake = Intake(config, self.core, self.metrics, self.publisher, self.generations)
+        self.rejected = Rejected(
+            self.core,
+            self.registry,
+            deployment=config.deployment,
+            checkpoint=config.checkpoint,
+            applied=self._replayed,
+        )
+        self.keys.on_trusted = lambda: self.rejected.replay("the trusted key changed")
         self.recovered = False
         """Whether the checkpoint (if any) has been recovered: readiness needs it."""
         self._shown_ready = False
@@ -286,6 +295,12 @@ class Aggregator:
 
     def _refresh(self) -> None:
         self.publisher.refresh()
+        self.rejected.refresh()
+
+    def _replayed(self) -> None:
+        """After a replay of the quarantine: metrics and the privacy level follow."""
+        self.metrics.sync(self.core)
+        self.publisher.applied()
 
     def _status(self) -> dict[str, Any]:
         return {
@@ -382,6 +397,9 @@ class Aggregator:
                 loaded.ledger.generation,
                 sum(loaded.ledger.rounds().values()),
             )
+        self.rejected.recover()
+        self.generations.quarantine_written = self.core.quarantine.version
+        self.rejected.replay("at start")
 
     async def _recover_series(self, path: Path, checkpoint: Checkpoint | None) -> None:
         """The series file's committed records replayed, the rest cut off
@@ -525,6 +543,7 @@ class Aggregator:
                 if self.config.checkpoint is not None:
                     tasks.create_task(self.generations.loop(), name="coco-aggregator-checkpoint")
                     tasks.create_task(self.keys.watch(), name="coco-aggregator-trust")
+                    tasks.create_task(self.rejected.watch(), name="coco-aggregator-replay")
                 tasks.create_task(
                     self.publisher.export_epsilon_curve(), name="coco-aggregator-eps-curve"
                 )
