@@ -248,6 +248,8 @@ class Generations:
         self.generation += 1
         self.quarantine_written = self._quarantine_writing
         self.core.quarantine.durable(self.generation)
+        if self.core.quarantine.version != self.quarantine_written:
+            self.core.dirty = True  # the file is to drop what two generations now hold
         if series_seq is not None and self.core.series is not None:
             self.core.series.committed(series_seq)
         self.metrics.checkpoint_generation.set(self.generation)

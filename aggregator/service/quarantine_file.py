@@ -12,7 +12,10 @@ One JSON document a line: a header, then one line per entry::
     {"version": 1, "deployment": "plant-7", "entries": 2, "dropped": 0, "discarded": 0,
      "checksum": "<64 hex>"}
     {"kind": "batch", "shard": null, "reason": "untrusted_key", "at": 1.7e9,
-     "payload": "<base64>", "checksum": "<64 hex>"}
+     "applied": false, "payload": "<base64>", "checksum": "<64 hex>"}
+
+``applied``: a replay applied it, and fewer than two checkpoint generations hold that yet
+(it is replayed again after a restart, as a duplicate if the checkpoint holds it).
 
 Each ``checksum`` is the SHA-256 of the other fields of its line as compact JSON with sorted
 keys. A damaged header refuses the file (one line naming it: move it away to start without
@@ -82,10 +85,11 @@ def encode_quarantine(quarantine: Quarantine, deployment: str) -> str:
         "discarded": quarantine.discarded,
     }
     lines = [_line(header)]
-    for entry in entries:
+    for entry, applied in entries:
         lines.append(
             _line(
                 {
+                    "applied": applied,
                     "kind": entry.kind,
                     "shard": entry.shard,
                     "reason": entry.reason,
@@ -99,13 +103,20 @@ def encode_quarantine(quarantine: Quarantine, deployment: str) -> str:
 
 @dataclass(frozen=True)
 class LoadedQuarantine:
-    """What a file held: its entries, the counts of its header, and how many entry lines
-    were damaged or missing (dropped)."""
+    """What a file held: its entries kept and those applied (awaiting two checkpoint
+    generations), the counts of its header, and how many entry lines were damaged or missing
+    (dropped)."""
 
     entries: list[Entry]
     dropped: int
     discarded: int
     damaged: int
+    applied: list[Entry]
+
+    @property
+    def every(self) -> list[Entry]:
+        """Everything to restore (and replay): the applied ones first."""
+        return self.applied + self.entries
 
 
 def _checked(line: str) -> dict[str, Any] | None:
@@ -148,19 +159,20 @@ def decode_quarantine(text: str, path: Path, deployment: str | None) -> LoadedQu
             f"{deployment!r}; move it away"
         )
     entries: list[Entry] = []
+    applied: list[Entry] = []
     for line in lines[1:]:
         document = _checked(line)
         entry = None if document is None else _entry(document)
-        if entry is not None:
-            entries.append(entry)
+        if document is not None and entry is not None:
+            (applied if document.get("applied") is True else entries).append(entry)
     listed = header.get("entries")  # checksummed: the count the file was written with
-    damaged = max(0, (listed if isinstance(listed, int) else 0) - len(entries))
+    damaged = max(0, (listed if isinstance(listed, int) else 0) - len(entries) - len(applied))
 
     def count(name: str) -> int:
         value = header.get(name)
         return value if isinstance(value, int) and value >= 0 else 0
 
-    return LoadedQuarantine(entries, count("dropped"), count("discarded"), damaged)
+    return LoadedQuarantine(entries, count("dropped"), count("discarded"), damaged, applied)
 
 
 def read_quarantine(checkpoint: Path, deployment: str | None) -> LoadedQuarantine | None:

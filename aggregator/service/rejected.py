@@ -103,7 +103,7 @@ class Rejected:
         if loaded is None:
             return
         self.core.quarantine.restore(
-            loaded.entries, dropped=loaded.dropped, discarded=loaded.discarded
+            loaded.every, dropped=loaded.dropped, discarded=loaded.discarded
         )
         self._seen = {"bounds": loaded.dropped, "discarded": loaded.discarded}
         if loaded.damaged:

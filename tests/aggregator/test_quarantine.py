@@ -114,10 +114,10 @@ def test_retired_entries_stay_in_the_file_until_two_generations_hold_them() -> N
     quarantine.add(e)
     quarantine.retire(e.key)
     assert len(quarantine) == 0
-    assert quarantine.persisted() == [e]
+    assert quarantine.persisted() == [(e, True)]
     quarantine.assign(5)  # snapshotted with generation 5
     quarantine.durable(5)
-    assert quarantine.persisted() == [e]  # one generation holds it
+    assert quarantine.persisted() == [(e, True)]  # one generation holds it
     quarantine.durable(6)
     assert quarantine.persisted() == []
     assert not quarantine.add(e) or len(quarantine) == 1  # a later redelivery may be kept
@@ -248,7 +248,7 @@ class Service:
         loaded = read_quarantine(path, DEPLOYMENT)
         if loaded is not None:
             assert loaded.damaged == 0
-            self.core.quarantine.restore(loaded.entries)
+            self.core.quarantine.restore(loaded.every)
         self.written = self.core.quarantine.version
         replay(self.core, now=NOW)
 

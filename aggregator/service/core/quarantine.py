@@ -171,9 +171,11 @@ class Quarantine:
                 del self._retired[key]
                 self.version += 1
 
-    def persisted(self) -> list[Entry]:
-        """What the file holds: the entries kept and those retired but not yet forgotten."""
-        return [entry for entry, _ in self._retired.values()] + list(self._entries.values())
+    def persisted(self) -> list[tuple[Entry, bool]]:
+        """What the file holds: the entries retired but not yet forgotten (``True``: applied)
+        and those kept (``False``)."""
+        retired = [(entry, True) for entry, _ in self._retired.values()]
+        return retired + [(entry, False) for entry in self._entries.values()]
 
     def restore(self, entries: list[Entry], *, dropped: int = 0, discarded: int = 0) -> None:
         """Start from a file's entries (retired ones among them replay as duplicates)."""
