@@ -38,6 +38,7 @@ from aggregator.service.core.quarantine import KEPT_REASONS, Entry, Quarantine
 from edge.errors import CocoError
 
 __all__ = [
+    "LoadedQuarantine",
     "QuarantineFileError",
     "decode_quarantine",
     "encode_quarantine",

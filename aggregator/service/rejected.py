@@ -28,15 +28,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from aggregator.service.config import AggregatorConfig
 from aggregator.service.core.quarantine import KEPT_REASONS
 from aggregator.service.core.replay import replay
 from aggregator.service.core.rules import AggregatorCore
-from aggregator.service.quarantine_file import read_quarantine, replay_request_path
+from aggregator.service.generations import Generations
+from aggregator.service.publishing import Publisher
+from aggregator.service.quarantine_file import (
+    LoadedQuarantine,
+    read_quarantine,
+    replay_request_path,
+)
 from aggregator.service.trust import PIN_POLL
 
 __all__ = ["DROP_CAUSES", "REPLAY_OUTCOMES", "Rejected"]
@@ -52,18 +58,18 @@ class Rejected:
 
     def __init__(
         self,
+        config: AggregatorConfig,
         core: AggregatorCore,
         registry: CollectorRegistry,
+        generations: Generations,
         *,
-        deployment: str,
-        checkpoint: Path | None,
-        applied: Callable[[], None],
+        publisher: Publisher,
     ) -> None:
         self.core = core
-        self.deployment = deployment
-        self.checkpoint = checkpoint
-        self.applied = applied
-        """Called after a replay that changed anything (metrics, privacy level)."""
+        self.deployment = config.deployment
+        self.checkpoint: Path | None = config.checkpoint
+        self.generations = generations
+        self.publisher = publisher
         p = "coco_aggregator"
         self.kept = Gauge(
             f"{p}_quarantined",
@@ -96,12 +102,17 @@ class Rejected:
         self._seen = {"bounds": 0, "discarded": 0}
 
     def recover(self) -> None:
-        """Read the file beside the checkpoint into the core (before the replay)."""
+        """Read the file beside the checkpoint into the core and replay it (once the
+        checkpoint, the ledger and the series are recovered)."""
         if self.checkpoint is None:
             return
         loaded = read_quarantine(self.checkpoint, self.deployment)
-        if loaded is None:
-            return
+        if loaded is not None:
+            self._restore(loaded)
+        self.generations.quarantine_written = self.core.quarantine.version
+        self.replay("at start")
+
+    def _restore(self, loaded: LoadedQuarantine) -> None:
         self.core.quarantine.restore(
             loaded.every, dropped=loaded.dropped, discarded=loaded.discarded
         )
@@ -129,7 +140,8 @@ class Rejected:
             why,
             ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items())),
         )
-        self.applied()
+        self.generations.metrics.sync(self.core)  # the service's metrics and privacy level follow
+        self.publisher.applied()
         self.refresh()
 
     def refresh(self) -> None:

@@ -181,11 +181,7 @@ class Aggregator:
         self.generations.on_failing = self._readiness_changed
         self.intake = Intake(config, self.core, self.metrics, self.publisher, self.generations)
         self.rejected = Rejected(
-            self.core,
-            self.registry,
-            deployment=config.deployment,
-            checkpoint=config.checkpoint,
-            applied=self._replayed,
+            config, self.core, self.registry, self.generations, publisher=self.publisher
         )
         self.keys.on_trusted = lambda: self.rejected.replay("the trusted key changed")
         self.recovered = False
@@ -297,11 +293,6 @@ class Aggregator:
         self.publisher.refresh()
         self.rejected.refresh()
 
-    def _replayed(self) -> None:
-        """After a replay of the quarantine: metrics and the privacy level follow."""
-        self.metrics.sync(self.core)
-        self.publisher.applied()
-
     def _status(self) -> dict[str, Any]:
         return {
             "subscribed": self.session.subscribed.is_set(),
@@ -397,9 +388,7 @@ class Aggregator:
                 loaded.ledger.generation,
                 sum(loaded.ledger.rounds().values()),
             )
-        self.rejected.recover()
-        self.generations.quarantine_written = self.core.quarantine.version
-        self.rejected.replay("at start")
+        self.rejected.recover()  # and replayed, once the rest is recovered
 
     async def _recover_series(self, path: Path, checkpoint: Checkpoint | None) -> None:
         """The series file's committed records replayed, the rest cut off

@@ -12,7 +12,11 @@ Checks, in order (:meth:`AggregatorCore.check`)
 -----------------------------------------------
 1. The topic's shard has a trusted key (``unknown_shard``), and the signature verifies under
    it (:class:`~edge.batch_auth.BatchVerifier`), before anything of the message is read:
-   ``bad_length``, ``bad_signature``.
+   ``bad_length``, ``bad_signature``. One signed by the key announced and not trusted yet
+   (:meth:`AggregatorCore.announce`) is ``untrusted_key`` (``unknown_shard`` on a shard of
+   an announced layout) and kept, as are verified batches refused as ``wrong_shard`` or
+   ``stale_round`` (:mod:`aggregator.service.core.quarantine`, replayed by
+   :mod:`aggregator.service.core.replay`).
 2. The wire format (:func:`~aggregator.service.core.batch_codec.decode_batch_arrays`):
    ``bad_version``, ``bad_kind``, ``bad_count``, ``bad_field``.
 3. The spec and size: ``fingerprint_mismatch``, ``empty``, ``below_min_batch``.
@@ -213,8 +217,7 @@ class AggregatorCore:
         self.delta = delta
         self.keys = TrustedKeys(rules.trusted, rules.deployment)
         self.announced: TrustedKeys | None = None
-        """The anchor announced and not trusted yet (refused by the pin), if any: what it
-        signed is kept in :attr:`quarantine`, not applied."""
+        """The anchor announced, not trusted yet: what it signs is kept, not applied."""
         self.quarantine = Quarantine()
         self.shards: dict[str, ShardStats] = {}
         """Per shard label (the trusted ones only: a bounded set)."""
@@ -247,8 +250,7 @@ class AggregatorCore:
         self._touch()
 
     def announce(self, anchor: str | None) -> None:
-        """The deployment announced ``anchor`` (``None``: nothing but the trusted one):
-        what it signs is kept, not applied, until it is trusted (:meth:`trust`)."""
+        """The deployment announced ``anchor`` (``None``: the trusted one): kept till trusted."""
         if anchor is None or anchor == self.rules.trusted:
             self.announced = None
         else:
@@ -443,15 +445,9 @@ class AggregatorCore:
         self, shard: str | None, round_: int, release_id: bytes, entries: Entries, sources: Sources
     ) -> None:
         account_release(
-            self.ledger,
-            self.counters,
-            min_batch=self.rules.min_batch,
-            shard=shard,
-            round_=round_,
-            release_id=release_id,
-            entries=entries,
-            sources=sources,
-        )
+            self.ledger, self.counters, min_batch=self.rules.min_batch, shard=shard,
+            round_=round_, release_id=release_id, entries=entries, sources=sources,
+        )  # fmt: skip
 
     def compact_ledger(self) -> None:
         """Fold the ledger's rounds older than ``ledger_lag_rounds`` behind the newest
@@ -500,9 +496,8 @@ class AggregatorCore:
         self._touch()
         return reason
 
-    def keep(
-        self, rejected: RejectedError, payload: bytes, *, shard: str | None, kind: Kind, now: float
-    ) -> None:
+    def keep(self, rejected: RejectedError, payload: bytes, *, shard: str | None, kind: Kind,
+             now: float) -> None:  # fmt: skip
         """Keep a verified message refused for ``rejected.reason`` (its ``keep``)."""
         entry = Entry(kind=kind, shard=shard, reason=rejected.reason, at=now, payload=payload)
         if self.quarantine.add(entry):
