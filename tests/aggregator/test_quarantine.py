@@ -33,6 +33,7 @@ from aggregator.service.quarantine_file import (
 )
 from edge import MechanismSpec
 from edge.batch_auth import BatchSigner
+from edge.codec import encode_manifest
 from tests.aggregator.test_core import Broker
 
 SPEC = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
@@ -149,6 +150,27 @@ def test_a_rotation_keeps_what_the_announced_key_signed_and_applies_it_once_trus
     assert replay(core, now=NOW) == {}
     assert core.handle(sealed[1], now=NOW) == "duplicate"
     assert core.handle(OLD.seal(batches[0][0]), now=NOW) == "bad_signature"
+
+
+def test_a_manifest_of_the_announced_key_is_kept_and_reconciled_once_trusted() -> None:
+    rng = np.random.default_rng(6)
+    core = AggregatorCore(rules(OLD.public_key_hex), delta=1e-6)
+    core.announce(NEW.public_key_hex)
+    batches = [raw_batch(i, rng) for i in range(2)]
+    entries = [(i.to_bytes(16, "big"), size) for i, (_, size) in enumerate(batches)]
+    total = sum(size for _, size in batches)
+    body = encode_manifest(SPEC.fingerprint_int, ROUND, b"r" * 16, entries, [(ROUND, 60, total)])
+    sealed = NEW.seal_manifest(body)
+    assert core.manifest(sealed, now=NOW) == "untrusted_key"
+    assert core.manifest(FORGER.seal_manifest(body), now=NOW) == "bad_signature"
+    assert [(e.kind, e.reason) for e in core.quarantine] == [("manifest", "untrusted_key")]
+    for raw, _ in batches:
+        assert core.handle(NEW.seal(raw), now=NOW) == "untrusted_key"
+    core.trust(NEW.public_key_hex)
+    assert replay(core, now=NOW) == {"accepted": 1, "applied": 2}
+    assert core.reconciler.counts.manifests == 1
+    assert core.reconcile(NOW + 1_000) == []  # every batch it lists came: nothing missing
+    assert core.manifest(sealed, now=NOW) == "duplicate"
 
 
 def test_a_stale_round_is_kept_and_applied_after_a_restart_with_a_longer_retention() -> None:
