@@ -58,8 +58,9 @@ SECRET = b"fault suite deployment secret"
 class Recorder:
     """Every distinct batch on the batches topic, through a persistent MQTT 5 session
     (clean start off, session expiry 600 s) that survives broker restarts (paho reconnects).
-    Each message is verified with the shuffler's public key before it is decoded; a
-    ``batch_id`` seen again must come with the same bytes."""
+    Each message is verified with the shuffler's public key (or a rotated one:
+    :meth:`also_verify`) before it is decoded; a ``batch_id`` seen again must come with the
+    same bytes."""
 
     def __init__(self, port: int, public_key: str, auth: tuple[str, str] | None) -> None:
         self.verifiers = [BatchVerifier(public_key, DEP)]
