@@ -1,6 +1,7 @@
-"""``coco aggregator run | snapshot | series | trust | plot`` (:data:`aggregator_app`): the
-streaming service, an offline snapshot of its checkpoint, its estimates over time, the
-pinned batch keys, and the series as a PNG (:mod:`aggregator.service.plot_cli`). ``coco privacy``
+"""``coco aggregator run | snapshot | series | trust | plot | rejected`` (:data:`aggregator_app`):
+the streaming service, an offline snapshot of its checkpoint, its estimates over time, the
+pinned batch keys, the series as a PNG (:mod:`aggregator.service.plot_cli`) and the verified
+batches kept after a refusal (:mod:`aggregator.service.rejected_cli`). ``coco privacy``
 lives in :mod:`aggregator.ledger.privacy_cli`."""
 
 from __future__ import annotations
@@ -507,10 +508,12 @@ def _register_over_time() -> None:
     """``coco aggregator series`` (:mod:`aggregator.service.series_cli`) and ``coco aggregator
     plot`` (:mod:`aggregator.service.plot_cli`)."""
     from aggregator.service.plot_cli import aggregator_plot  # noqa: PLC0415
+    from aggregator.service.rejected_cli import rejected_app  # noqa: PLC0415
     from aggregator.service.series_cli import aggregator_series  # noqa: PLC0415
 
     aggregator_app.command("series")(aggregator_series)
     aggregator_app.command("plot")(aggregator_plot)
+    aggregator_app.add_typer(rejected_app, name="rejected")
 
 
 _register_over_time()

@@ -56,6 +56,7 @@ from aggregator.service.core.acks import AckGenerations
 from aggregator.service.core.checkpoint import Checkpoint
 from aggregator.service.core.rules import AggregatorCore
 from aggregator.service.metrics import AggregatorMetrics
+from aggregator.service.quarantine_file import encode_quarantine, write_quarantine
 from aggregator.service.series_file import SeriesFile, SeriesWrite
 from aggregator.service.session import Ack, BatchSession
 
@@ -87,6 +88,9 @@ class Generations:
         """Called after each write attempt (the service updates its readiness)."""
         self.series_file: SeriesFile | None = None
         """The series file (set by the recovery; ``None``: no series, or no checkpoint)."""
+        self.quarantine_written = 0
+        """The quarantine's version the file beside the checkpoint holds."""
+        self._quarantine_writing = 0
         self._lock = asyncio.Lock()
         self.writer = (
             None
@@ -177,8 +181,15 @@ class Generations:
             Bound(self.config.deployment, generation),
         )
         series = self._series_write(content)
+        quarantine = self._quarantine_write(generation)
         self.acks.snapshot()
-        write = asyncio.ensure_future(asyncio.to_thread(writer.write, content, ledger, series))
+
+        def write_all() -> None:  # the quarantine durable before the checkpoint's PUBACKs
+            if quarantine is not None:
+                write_quarantine(writer.path, quarantine)
+            writer.write(content, ledger, series)
+
+        write = asyncio.ensure_future(asyncio.to_thread(write_all))
         try:
             await asyncio.shield(write)
         except asyncio.CancelledError:
@@ -208,6 +219,16 @@ class Generations:
             file.compact(series)
         except (OSError, ValueError) as exc:  # the file as it was is still whole
             logger.warning("cannot compact %s (kept as it is): %s", file.path, exc)
+
+    def _quarantine_write(self, generation: int) -> str | None:
+        """The quarantine file's text if what it holds changed (taken with the content, no
+        await between: :mod:`aggregator.service.quarantine_file`)."""
+        quarantine = self.core.quarantine
+        quarantine.assign(generation)
+        self._quarantine_writing = quarantine.version
+        if quarantine.version == self.quarantine_written:
+            return None
+        return encode_quarantine(quarantine, self.config.deployment)
 
     def _series_write(self, content: Checkpoint) -> tuple[SeriesFile, SeriesWrite] | None:
         """What ``content`` appends to the series file (taken with it, no await between)."""
@@ -239,6 +260,10 @@ class Generations:
             self.acks.failed()
             return
         self.generation += 1
+        self.quarantine_written = self._quarantine_writing
+        self.core.quarantine.durable(self.generation)
+        if self.core.quarantine.version != self.quarantine_written:
+            self.core.dirty = True  # the file is to drop what two generations now hold
         if series_seq is not None and self.core.series is not None:
             self.core.series.committed(series_seq)
         self.metrics.checkpoint_generation.set(self.generation)

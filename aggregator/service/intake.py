@@ -114,7 +114,7 @@ class Intake:
                     self.publisher.applied()
                     return "applied"
         except RejectedError as rejected:
-            self._reject(rejected)
+            self._reject(rejected, payload, shard)
             if core.ledger.generation != generation:  # refused, yet charged (ACCOUNTED_REFUSALS)
                 self.publisher.applied()
             return rejected.reason
@@ -165,8 +165,8 @@ class Intake:
                 )
             self.metrics.sync(self.core)
 
-    def _reject(self, rejected: RejectedError) -> None:
-        reason = self.core.reject(rejected)
+    def _reject(self, rejected: RejectedError, payload: bytes, shard: str | None) -> None:
+        reason = self.core.reject(rejected, payload, shard=shard, now=time.time())
         self.metrics.sync(self.core)
         count = self.core.counters.rejected[reason]
         if _is_power_of_two(count - self.run_start.rejected.get(reason, 0)):

@@ -44,6 +44,7 @@ REJECT_REASONS = (
     "unknown_shard",
     "bad_length",
     "bad_signature",
+    "untrusted_key",
     "bad_version",
     "bad_kind",
     "bad_count",
@@ -60,19 +61,21 @@ REJECT_REASONS = (
 """Every ``reason`` label of ``coco_aggregator_batches_rejected_total`` (pre-created at 0), in
 the order the checks run: ``unknown_shard`` (a topic of no trusted shard: a shard not
 announced, or a sharded topic in an unsharded deployment or the other way round),
-``bad_length`` (too short to hold a batch and its signature, or a
-length that does not match the count), ``bad_signature`` (not sealed by the trusted shuffler
-key), the codec's ``bad_version``, ``bad_kind``, ``bad_count``, ``bad_field``, then
-``fingerprint_mismatch`` (another spec), ``empty``, ``below_min_batch``, ``wrong_shard``
-(a round its shard's layout does not serve), ``stale_round``
-(a round below the retained horizon), ``future_round`` (a round more than the retained
-window ahead of the aggregator's clock) and the record checks ``z_out_of_range``,
-``seed_out_of_range``. A redelivered or replayed ``batch_id`` is not a rejection but a
-duplicate (``coco_aggregator_batches_duplicate_total``)."""
+``bad_length`` (too short to hold a batch and its signature, or a length that does not match
+the count), ``bad_signature`` (not sealed by the trusted shuffler key), ``untrusted_key``
+(sealed by a key the deployment announced that is not trusted yet: kept in the quarantine,
+:mod:`aggregator.service.rejected`), the codec's ``bad_version``, ``bad_kind``,
+``bad_count``, ``bad_field``, then ``fingerprint_mismatch`` (another spec), ``empty``,
+``below_min_batch``, ``wrong_shard`` (a round its shard's layout does not serve),
+``stale_round`` (a round below the retained horizon), ``future_round`` (a round more than
+the retained window ahead of the aggregator's clock) and the record checks
+``z_out_of_range``, ``seed_out_of_range``. A redelivered or replayed ``batch_id`` is not a
+rejection but a duplicate (``coco_aggregator_batches_duplicate_total``)."""
 MANIFEST_REJECT_REASONS = (
     "unknown_shard",
     "bad_length",
     "bad_signature",
+    "untrusted_key",
     "bad_version",
     "bad_kind",
     "bad_count",

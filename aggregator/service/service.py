@@ -12,30 +12,21 @@ only shuffled, locally randomised reports, never a device id, and logs none.
 
 Exactly once, across crashes
 ----------------------------
-Each batch carries a random 16-byte ``batch_id`` and its round, both covered by the
-shuffler's signature; the core remembers the ids it applied for the retained rounds. The
-ids are written in the *same* checkpoint as the sums they went into, atomically and in a
-thread, and every checkpoint keeps the generation before it (``<checkpoint>.previous``).
-Delivery is QoS 1 over a persistent session with manual acknowledgement, and the PUBACK of
-a batch is sent only once *two* durable generations hold it
-(:class:`~aggregator.service.core.acks.AckGenerations`). Hence:
-
-* crash after apply, before the checkpoint: the batch is neither in the checkpoint nor
-  acknowledged; the broker redelivers it and it is applied once;
-* crash after the checkpoint, before the PUBACK: the broker redelivers, the id is in the
-  checkpoint, the batch is counted as a duplicate and acknowledged;
-* the newest checkpoint damaged (a bit flipped, a torn disk): its checksum refuses it, the
-  service resumes from the previous generation, and the broker redelivers every batch that
-  generation lacks, since none of them was acknowledged: nothing lost, nothing doubled.
+Each batch carries a random 16-byte ``batch_id`` and its round, both signed; the ids applied
+in the retained rounds are written in the *same* checkpoint as the sums they went into, and
+every checkpoint keeps the generation before it (``<checkpoint>.previous``). Delivery is
+QoS 1 on a persistent session, each PUBACK sent once *two* durable generations hold its
+batch (:class:`~aggregator.service.core.acks.AckGenerations`). Hence
+a crash before the checkpoint: redelivered, applied once; after it, before the PUBACK:
+redelivered, a duplicate (its id is in the checkpoint); the newest generation damaged: its
+checksum refuses it, the previous one resumes, and every batch it lacks is redelivered
+(none was acknowledged).
 
 A checkpoint is written every ``checkpoint_interval`` seconds while anything changed or a
 PUBACK waits, in the background once half of ``max_unacked`` deliveries wait, and twice on
-shutdown. Without a checkpoint path batches are acknowledged as soon as they are applied
-(at-most-once across a crash).
+shutdown; without a checkpoint path, batches are acknowledged as applied (at most once).
 
-Readiness
----------
-``/ready`` (and ``coco_aggregator_ready``, and ``/estimates``' ``state``) is 200 once the
+Readiness: ``/ready`` (and ``coco_aggregator_ready``, and ``/estimates``' ``state``) is 200 once the
 checkpoint is recovered and the batches topic subscribed; 503, with the reason in one line,
 before, while disconnected, while the checkpoint or ledger cannot be written (a full disk:
 nothing lost, retried, ``coco_aggregator_checkpoint_failing`` 1) and once stopped. Until
@@ -91,6 +82,7 @@ from aggregator.service.http import MetricsServer, Source
 from aggregator.service.intake import Intake
 from aggregator.service.metrics import AggregatorMetrics
 from aggregator.service.publishing import Publisher, RefreshOnCollect, log_shutdown
+from aggregator.service.rejected import Rejected
 from aggregator.service.series_file import recover_series
 from aggregator.service.session import Ack, BatchSession
 from aggregator.service.trust import KeyGuard
@@ -174,6 +166,10 @@ class Aggregator:
         self.generations = Generations(config, self.core, self.session, self.metrics)
         self.generations.on_failing = self._readiness_changed
         self.intake = Intake(config, self.core, self.metrics, self.publisher, self.generations)
+        self.rejected = Rejected(
+            config, self.core, self.registry, self.generations, publisher=self.publisher
+        )
+        self.keys.on_trusted = lambda: self.rejected.replay("the trusted key changed")
         self.recovered = False
         """Whether the checkpoint (if any) has been recovered: readiness needs it."""
         self._shown_ready = False
@@ -284,6 +280,7 @@ class Aggregator:
 
     def _refresh(self) -> None:
         self.publisher.refresh()
+        self.rejected.refresh()
 
     def _status(self) -> dict[str, Any]:
         why = None if self.stopped else self.not_ready()
@@ -385,6 +382,7 @@ class Aggregator:
                 loaded.ledger.generation,
                 sum(loaded.ledger.rounds().values()),
             )
+        self.rejected.recover()  # and replayed, once the rest is recovered
 
     async def _recover_series(self, path: Path, checkpoint: Checkpoint | None) -> None:
         """The series file's committed records replayed, the rest cut off
@@ -529,6 +527,7 @@ class Aggregator:
                 if self.config.checkpoint is not None:
                     tasks.create_task(self.generations.loop(), name="coco-aggregator-checkpoint")
                     tasks.create_task(self.keys.watch(), name="coco-aggregator-trust")
+                    tasks.create_task(self.rejected.watch(), name="coco-aggregator-replay")
                 tasks.create_task(
                     self.publisher.export_epsilon_curve(), name="coco-aggregator-eps-curve"
                 )

@@ -20,7 +20,8 @@ deployment, or its announced shard layouts (every shard's key) as JSON text.
   new key, a reshard), at start or while running, is
   refused: an ERROR log, ``coco_aggregator_announcements_refused_total``, and the key is
   recorded as ``refused``; the pinned key stays in force, so batches signed by the new key
-  are rejected (``bad_signature``).
+  are refused (``untrusted_key``) and kept in the quarantine
+  (:mod:`aggregator.service.rejected`), to be applied once the key is trusted.
 * **Rotation** is the operator's: ``coco aggregator trust --checkpoint PATH
   --accept-announced`` (or ``--accept KEY``) prints the old and the new key and moves the
   pin; the running service picks the new pin up within seconds (:data:`PIN_POLL`), and a
@@ -255,6 +256,9 @@ class KeyGuard:
         self.path = None if checkpoint is None else trust_path(checkpoint)
         self.refused_counter = refused
         self._refused: str | None = None
+        self.on_trusted: Callable[[], None] = lambda: None
+        """Called after the service adopted a pin the operator moved (the quarantine is
+        replayed: :mod:`aggregator.service.rejected`)."""
         self._stamp: tuple[int, int] | None = None
 
     @property
@@ -266,8 +270,9 @@ class KeyGuard:
         """At start, after the checkpoint is recovered: the key in force (:func:`decide`)."""
         path = self.path
         assert path is not None
+        pins = load_pins(path)
         decision = decide(
-            pins=load_pins(path),
+            pins=pins,
             candidate=self.key,
             configured=configured,
             checkpoint_key=checkpoint_key,
@@ -281,6 +286,8 @@ class KeyGuard:
         self._stamp = _stamp(path)
         if decision.refused is not None:
             self.refuse(decision.refused)
+        elif pins is not None and pins.refused is not None:  # refused before: kept, not lost
+            self.core.announce(pins.refused)
 
     def announcement(self, payload: bytes) -> None:
         """A spec announcement arrived: refuse it if it names another batch key."""
@@ -301,6 +308,7 @@ class KeyGuard:
         if key == self._refused:
             return
         self._refused = key
+        self.core.announce(key)  # what it signs is kept (aggregator.service.core.quarantine)
         self.refused_counter.inc()
         how = (
             f"accept it with `coco aggregator trust --checkpoint {self.checkpoint} "
@@ -345,6 +353,7 @@ class KeyGuard:
                 )
                 self.core.trust(pins.trusted)
                 self._refused = None
+                self.on_trusted()
 
 
 def _stamp(path: Path) -> tuple[int, int] | None:

@@ -170,7 +170,8 @@ def reshard(
     rep: Reports,
     round_: int,
 ) -> None:
-    """A second layout from the next round on: refused until the operator accepts it."""
+    """A second layout from the next round on: refused until the operator accepts it, what
+    its new shard signed meanwhile kept, then applied once."""
     new = [BatchSigner.generate(DEPLOYMENT, f"g1s{i}") for i in range(3)]
 
     def sealed(batch_id: int) -> bytes:
@@ -201,11 +202,17 @@ def reshard(
     assert pins is not None
     assert "g1s2" not in pins.trusted  # the layouts as JSON: keys, not labels
     wait_running(lambda: "g1s2=" in (estimates(port) or {}).get("batch_public_key", ""), proc)
+
+    def g1s2_batches() -> object:
+        return (estimates(port) or {}).get("shards", {}).get("g1s2", {}).get("batches")
+
+    # the batch refused before the trust command was kept, and is applied once now
+    wait_running(lambda: g1s2_batches() == 1, proc)
     asyncio.run(send(mosquitto, (batches_topic(DEPLOYMENT, "g1s2"), sealed(7))))
-    wait_running(
-        lambda: (estimates(port) or {}).get("shards", {}).get("g1s2", {}).get("batches") == 1,
-        proc,
-    )
+    wait_running(lambda: g1s2_batches() == 2, proc)
+    samples = metrics(port) or {}
+    assert samples["coco_aggregator_quarantine_replayed_total{outcome=applied}"] == 1
+    assert samples["coco_aggregator_quarantined{reason=unknown_shard}"] == 0
 
 
 def test_a_shard_silent_while_the_others_release_is_logged_and_exported(

@@ -5,9 +5,11 @@ from the announcement), with a checkpoint.
 Issue 19's scenario: an announcement replayed with another key, the aggregator restarted.
 It used to adopt the new key, resume the old checkpoint and apply a forged 200-report
 batch while rejecting every genuine one. Now the pinned key stays in force (ERROR log,
-``coco_aggregator_announcements_refused_total``), the forged batch is rejected and every
-genuine one applied, until the operator accepts the new key with ``coco aggregator
-trust``."""
+``coco_aggregator_announcements_refused_total``), the batch signed by the announced key is
+refused (``untrusted_key``) and kept in the quarantine, never applied, and every genuine one
+applied, until the operator accepts the new key with ``coco aggregator trust``: then what
+the accepted key signed is applied once (the operator vouched for it), and a batch signed
+by the old key is ``bad_signature``."""
 
 from __future__ import annotations
 
@@ -77,11 +79,12 @@ def test_a_replayed_announcement_with_another_key_changes_nothing_until_the_oper
         wait_running(lambda: (estimates(port) or {}).get("n") == expected, second)
         document = estimates(port)
         assert document is not None
-        assert document["counters"]["rejected"] == {"bad_signature": 1}
+        assert document["counters"]["rejected"] == {"untrusted_key": 1}
         assert document["batch_public_key"] == SIGNER.public_key_hex
         samples = metrics(port)
         assert samples is not None
         assert samples["coco_aggregator_announcements_refused_total"] == 1
+        assert samples["coco_aggregator_quarantined{reason=untrusted_key}"] == 1
 
         shown = trust_cli(checkpoint)
         assert shown.returncode == 0, shown.stderr
@@ -100,14 +103,18 @@ def test_a_replayed_announcement_with_another_key_changes_nothing_until_the_oper
             lambda: (estimates(port) or {}).get("batch_public_key") == FORGER.public_key_hex,
             second,
         )
+        expected += 200  # the kept batch, signed by the key accepted, applied once
+        wait_running(lambda: (estimates(port) or {}).get("n") == expected, second)
         asyncio.run(publish(mosquitto, batch(genuine[3], 4, signer=FORGER), batch(genuine[3], 5)))
         expected += len(genuine[3][0])
         wait_running(
             lambda: (
-                (estimates(port) or {}).get("counters", {}).get("rejected") == {"bad_signature": 2}
+                (estimates(port) or {}).get("counters", {}).get("rejected")
+                == {"untrusted_key": 1, "bad_signature": 1}
             ),
             second,
         )
+        assert_the_kept_batch_was_replayed(port)
         assert (estimates(port) or {}).get("n") == expected
         rc, err = stop(second)
     assert rc == 0, err
@@ -117,6 +124,13 @@ def test_a_replayed_announcement_with_another_key_changes_nothing_until_the_oper
     assert FORGER.public_key_hex in refusals[0]
 
     assert_an_option_against_the_pin_is_refused(mosquitto, tmp_path, checkpoint, port)
+
+
+def assert_the_kept_batch_was_replayed(port: int) -> None:
+    samples = metrics(port)
+    assert samples is not None
+    assert samples["coco_aggregator_quarantined{reason=untrusted_key}"] == 0
+    assert samples["coco_aggregator_quarantine_replayed_total{outcome=applied}"] == 1
 
 
 def assert_an_option_against_the_pin_is_refused(

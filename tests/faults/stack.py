@@ -58,11 +58,12 @@ SECRET = b"fault suite deployment secret"
 class Recorder:
     """Every distinct batch on the batches topic, through a persistent MQTT 5 session
     (clean start off, session expiry 600 s) that survives broker restarts (paho reconnects).
-    Each message is verified with the shuffler's public key before it is decoded; a
-    ``batch_id`` seen again must come with the same bytes."""
+    Each message is verified with the shuffler's public key (or a rotated one:
+    :meth:`also_verify`) before it is decoded; a ``batch_id`` seen again must come with the
+    same bytes."""
 
     def __init__(self, port: int, public_key: str, auth: tuple[str, str] | None) -> None:
-        self.verifier = BatchVerifier(public_key, DEP)
+        self.verifiers = [BatchVerifier(public_key, DEP)]
         self.lock = threading.Lock()
         self.batches: dict[bytes, bytes] = {}
         self.records: dict[bytes, tuple[list[int], list[int]]] = {}
@@ -97,7 +98,7 @@ class Recorder:
         with self.lock:
             self.deliveries += 1
             try:
-                batch = bytes(self.verifier.open(payload))
+                batch = bytes(self._open(payload))
                 fingerprint, round_, batch_id, seeds, zs = decode_batch(batch)
             except (BatchAuthError, ValueError) as exc:
                 self.problems.append(f"unverified batch: {exc}")
@@ -109,6 +110,17 @@ class Recorder:
                 self.problems.append(f"batch {batch_id.hex()} re-sent with other bytes")
             self.records[batch_id] = (list(seeds), list(zs))
             self.rounds[batch_id] = round_
+
+    def also_verify(self, public_key: str) -> None:
+        """Verify under ``public_key`` too (a rotated batch key: what either signed)."""
+        with self.lock:
+            self.verifiers.append(BatchVerifier(public_key, DEP))
+
+    def _open(self, payload: bytes) -> memoryview:
+        for verifier in self.verifiers[:-1]:
+            with contextlib.suppress(BatchAuthError):
+                return verifier.open(payload)
+        return self.verifiers[-1].open(payload)
 
     @property
     def released(self) -> Counter[tuple[int, int]]:
@@ -185,13 +197,18 @@ class Stack:
         return ["--username", account, "--password-file", str(path)]
 
     def shuffler_process(
-        self, name: str, state_dir: Path, *extra: str, port: int | None = None
+        self,
+        name: str,
+        state_dir: Path,
+        *extra: str,
+        port: int | None = None,
+        signing_key: Path | None = None,
     ) -> Process:
         args = processes.shuffler_args(
             DEP,
             self.broker.url,
             state_dir=state_dir,
-            signing_key=self.state_dir / "signing.key",
+            signing_key=signing_key or self.state_dir / "signing.key",
             metrics_port=port or self.shuffler_port,
         )
         args += ["--flush-interval", "0.2"]
@@ -209,11 +226,12 @@ class Stack:
         args += self.auth("aggregator")
         return Process(name, args, self.workdir)
 
-    def announce(self) -> None:
+    def announce(self, public_key: str | None = None) -> None:
+        """``coco announce`` of the deployment with the batch key (``public_key``: another)."""
         args = processes.announce_args(
             DEP, SPEC, self.broker.url, min_batch=MIN_BATCH, round_seconds=ROUND_SECONDS
         )
-        args += ["--batch-public-key", self.public_key, *self.auth("announcer")]
+        args += ["--batch-public-key", public_key or self.public_key, *self.auth("announcer")]
         done = processes.coco(*args, timeout=60)
         assert done.returncode == 0, done.stderr
 

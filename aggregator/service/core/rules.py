@@ -12,7 +12,11 @@ Checks, in order (:meth:`AggregatorCore.check`)
 -----------------------------------------------
 1. The topic's shard has a trusted key (``unknown_shard``), and the signature verifies under
    it (:class:`~edge.batch_auth.BatchVerifier`), before anything of the message is read:
-   ``bad_length``, ``bad_signature``.
+   ``bad_length``, ``bad_signature``. One signed by the key announced and not trusted yet
+   (:meth:`AggregatorCore.announce`) is ``untrusted_key`` (``unknown_shard`` on a shard of
+   an announced layout) and kept, as are verified batches refused as ``wrong_shard`` or
+   ``stale_round`` (:mod:`aggregator.service.core.quarantine`, replayed by
+   :mod:`aggregator.service.core.replay`).
 2. The wire format (:func:`~aggregator.service.core.batch_codec.decode_batch_arrays`):
    ``bad_version``, ``bad_kind``, ``bad_count``, ``bad_field``.
 3. The spec and size: ``fingerprint_mismatch``, ``empty``, ``below_min_batch``.
@@ -27,8 +31,7 @@ Batch-id memory and the retained horizon
 ----------------------------------------
 The ids of applied batches are kept per round for the newest ``retention_rounds`` rounds
 applied (:class:`BatchMemory`): a replay of a retained round is a duplicate, a batch of an
-older round is ``stale_round``. Memory follows the traffic of the window, not the age of
-the deployment.
+older round is ``stale_round``. Memory follows the window's traffic, not the deployment's age.
 
 Trusted keys and shards
 -----------------------
@@ -69,11 +72,19 @@ import numpy.typing as npt
 from aggregator.estimation.estimators import AggregateState
 from aggregator.ledger.privacy_ledger import PrivacyLedger
 from aggregator.series.core import Delta, Series
+from aggregator.service.core.accounting import (
+    Entries,
+    Sources,
+    account_batch,
+    account_release,
+    charge_unplaced,
+)
 from aggregator.service.core.batch_codec import decode_batch_arrays
 from aggregator.service.core.checkpoint import CHECKPOINT_VERSION, Checkpoint, Counters
 from aggregator.service.core.keys import TrustedKeys
 from aggregator.service.core.manifests import Loss, Reconciler
 from aggregator.service.core.memory import BatchMemory, ShardStats
+from aggregator.service.core.quarantine import Entry, Kind, Quarantine
 from aggregator.service.core.silence import DEFAULT_SILENT_SHARD_ROUNDS, SilenceWatch
 from edge.batch_auth import BatchAuthError
 from edge.codec import CodecError, decode_manifest
@@ -107,12 +118,15 @@ batch was rejected (:data:`aggregator.service.metrics.REJECT_REASONS`)."""
 
 class RejectedError(Exception):
     """A batch refused for ``reason``; ``reports`` is its record count when its signature
-    verified (an unverified count means nothing), else 0."""
+    verified (an unverified count means nothing), else 0. ``keep``: verified under an
+    announced key and refused for a reason an operator can fix (kept in the quarantine:
+    :mod:`aggregator.service.core.quarantine`)."""
 
-    def __init__(self, reason: str, reports: int = 0) -> None:
+    def __init__(self, reason: str, reports: int = 0, *, keep: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.reports = reports
+        self.keep = keep
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -201,6 +215,9 @@ class AggregatorCore:
         self.spec = rules.spec
         self.delta = delta
         self.keys = TrustedKeys(rules.trusted, rules.deployment)
+        self.announced: TrustedKeys | None = None
+        """The anchor announced, not trusted yet: what it signs is kept, not applied."""
+        self.quarantine = Quarantine()
         self.shards: dict[str, ShardStats] = {}
         """Per shard label (the trusted ones only: a bounded set)."""
         self.reconciler = Reconciler(grace=rules.manifest_grace, min_batch=rules.min_batch)
@@ -227,22 +244,42 @@ class AggregatorCore:
         :mod:`aggregator.service.trust`)."""
         self.keys = TrustedKeys(anchor, self.rules.deployment)
         self.rules = replace(self.rules, trusted=anchor)
+        if self.announced is not None and self.announced.anchor == anchor:
+            self.announced = None
         self._touch()
+
+    def announce(self, anchor: str | None) -> None:
+        """The deployment announced ``anchor`` (``None``: the trusted one): kept till trusted."""
+        if anchor is None or anchor == self.rules.trusted:
+            self.announced = None
+        else:
+            self.announced = TrustedKeys(anchor, self.rules.deployment)
 
     def _open(self, payload: bytes, shard: str | None, *, manifest: bool) -> memoryview:
         verifier = self.keys.verifier(shard)
-        if verifier is None:
-            raise RejectedError("unknown_shard")
-        try:
-            return verifier.open_manifest(payload) if manifest else verifier.open(payload)
-        except BatchAuthError as exc:
-            raise RejectedError(exc.reason) from None
+        reason = "unknown_shard"
+        if verifier is not None:
+            try:
+                return verifier.open_manifest(payload) if manifest else verifier.open(payload)
+            except BatchAuthError as exc:
+                reason = exc.reason
+        announced = None if self.announced is None else self.announced.verifier(shard)
+        if announced is not None and reason in ("unknown_shard", "bad_signature"):
+            try:
+                announced.open_manifest(payload) if manifest else announced.open(payload)
+            except BatchAuthError:
+                pass
+            else:  # signed by the key announced, not yet trusted: kept
+                raise RejectedError(
+                    "unknown_shard" if verifier is None else "untrusted_key", keep=True
+                )
+        raise RejectedError(reason)
 
     def _check_round(self, shard: str | None, round_: int, size: int, now: float | None) -> None:
         if not self.keys.serves(shard, round_):
-            raise RejectedError("wrong_shard", size)
+            raise RejectedError("wrong_shard", size, keep=True)
         if self.memory.stale(round_):
-            raise RejectedError("stale_round", size)
+            raise RejectedError("stale_round", size, keep=True)
         if self._future(round_, now):
             raise RejectedError("future_round", size)
 
@@ -313,7 +350,7 @@ class AggregatorCore:
         if self.memory.stale(batch.round):  # released all the same: accounted
             self._account_batch(batch.round, batch.shard, batch.batch_id, batch.size)
             self._touch()
-            raise RejectedError("stale_round", batch.size)
+            raise RejectedError("stale_round", batch.size, keep=True)
         self.state.merge(partial)
         self.memory.remember(batch.batch_id, batch.round)
         size = partial.n
@@ -350,39 +387,15 @@ class AggregatorCore:
 
     def manifest(self, payload: bytes, *, now: float, shard: str | None = None) -> Outcome:
         """Check and reconcile one sealed manifest: ``"accepted"``, ``"duplicate"`` or the
-        reason it is rejected (counted in ``counters.manifests_rejected``)."""
+        reason it is rejected (counted in ``counters.manifests_rejected``; one the
+        quarantine keeps is kept)."""
         try:
-            inner = self._open(payload, shard, manifest=True)
-            try:
-                fingerprint, round_, release_id, entries, sources = decode_manifest(inner)
-            except CodecError as exc:
-                raise RejectedError(exc.reason) from None
-            if fingerprint != self.spec.fingerprint_int:
-                raise RejectedError("fingerprint_mismatch")
-            try:
-                self._check_round(shard, round_, 0, now)
-            except RejectedError as rejected:
-                if rejected.reason in ACCOUNTED_REFUSALS:  # released all the same
-                    self._account_release(shard, round_, release_id, entries, sources)
-                raise
-            outcome = self.reconciler.manifest(
-                release_id,
-                entries,
-                shard=shard,
-                round_=round_,
-                now=now,
-                known=self.memory.__contains__,
-            )
-            if outcome == "manifest_mismatch":
-                # verified (signed), so released: charged all the same, pessimistically
-                self._charge_unplaced(entries)
-                raise RejectedError(outcome)
-            if outcome == "accepted":
-                self._account_release(shard, round_, release_id, entries, sources)
-                self.silence.released(shard, round_)
+            outcome = self.manifest_checked(payload, now=now, shard=shard)
         except RejectedError as rejected:
             rejects = self.counters.manifests_rejected
             rejects[rejected.reason] = rejects.get(rejected.reason, 0) + 1
+            if rejected.keep:
+                self.keep(rejected, payload, shard=shard, kind="manifest", now=now)
             self._touch()
             return rejected.reason
         if outcome == "duplicate":
@@ -390,56 +403,50 @@ class AggregatorCore:
         self._touch()
         return outcome
 
-    def _account_release(
-        self,
-        shard: str | None,
-        round_: int,
-        release_id: bytes,
-        entries: list[tuple[bytes, int]],
-        sources: list[tuple[int, int, int]],
-    ) -> None:
-        """A verified release goes into the privacy ledger, applied here or not. One the
-        ledger cannot place (it contradicts a record, or a field is out of its range: an
-        empty release, a zero count, an unknown round with a length) is charged as an
-        extra participation at the smallest size a release can have (or the size it
-        claims, if smaller: :meth:`_charge_unplaced`), and counted
-        (``ledger_conflict``): its claimed counts are not to be trusted."""
+    def manifest_checked(self, payload: bytes, *, now: float, shard: str | None) -> Outcome:
+        """:meth:`manifest` without the counting: :class:`RejectedError` if refused."""
+        inner = self._open(payload, shard, manifest=True)
         try:
-            outcome = self.ledger.record_manifest(
-                round=round_,
-                shard=shard or "",
-                release_id=release_id,
-                batches=entries,
-                sources=[(r, length) for r, length, count in sources if count > 0],
-            )
-        except ValueError:
-            outcome = "mismatch"
-        if outcome == "mismatch":
-            self._charge_unplaced(entries)
-            self._count_conflict()
+            fingerprint, round_, release_id, entries, sources = decode_manifest(inner)
+        except CodecError as exc:
+            raise RejectedError(exc.reason) from None
+        if fingerprint != self.spec.fingerprint_int:
+            raise RejectedError("fingerprint_mismatch")
+        try:
+            self._check_round(shard, round_, 0, now)
+        except RejectedError as rejected:
+            if rejected.reason in ACCOUNTED_REFUSALS:  # released all the same
+                self._account_release(shard, round_, release_id, entries, sources)
+            raise
+        outcome = self.reconciler.manifest(
+            release_id,
+            entries,
+            shard=shard,
+            round_=round_,
+            now=now,
+            known=self.memory.__contains__,
+        )
+        if outcome == "manifest_mismatch":
+            # verified (signed), so released: charged all the same, pessimistically
+            charge_unplaced(self.ledger, self.rules.min_batch, entries)
+            raise RejectedError(outcome)
+        if outcome == "accepted":
+            self._account_release(shard, round_, release_id, entries, sources)
+            self.silence.released(shard, round_)
+        return outcome
 
     def _account_batch(self, round_: int, shard: str | None, batch_id: bytes, size: int) -> None:
-        """A verified batch goes into the privacy ledger; one that contradicts a record is
-        charged as an extra participation at its own (real) size, and counted."""
-        outcome = self.ledger.record_batch(
-            round=round_, shard=shard or "", batch_id=batch_id, size=size
+        account_batch(
+            self.ledger, self.counters, round_=round_, shard=shard, batch_id=batch_id, size=size
         )
-        if outcome == "mismatch":
-            self.ledger.record_extra(size=size)
-            self._count_conflict()
 
-    def _charge_unplaced(self, entries: list[tuple[bytes, int]]) -> None:
-        """One extra participation for a verified release the ledger cannot place: at
-        ``min_batch``, or at the smallest count its manifest lists if that is smaller (a
-        smaller release amplifies less, and claims the ledger could not place are not
-        trusted to be larger: never a size above the real one)."""
-        counts = [count for _, count in entries if count > 0]
-        size = min([self.rules.min_batch, *counts])
-        self.ledger.record_extra(size=size)
-
-    def _count_conflict(self) -> None:
-        rejects = self.counters.manifests_rejected
-        rejects["ledger_conflict"] = rejects.get("ledger_conflict", 0) + 1
+    def _account_release(
+        self, shard: str | None, round_: int, release_id: bytes, entries: Entries, sources: Sources
+    ) -> None:
+        account_release(
+            self.ledger, self.counters, min_batch=self.rules.min_batch, shard=shard,
+            round_=round_, release_id=release_id, entries=entries, sources=sources,
+        )  # fmt: skip
 
     def compact_ledger(self) -> None:
         """Fold the ledger's rounds older than ``ledger_lag_rounds`` behind the newest
@@ -465,18 +472,35 @@ class AggregatorCore:
             if batch is not None and self.apply(batch, self.partial(batch), now=now):
                 return "applied"
         except RejectedError as rejected:
-            return self.reject(rejected)
+            return self.reject(rejected, payload, shard=shard, now=now)
         return self.duplicate()
 
-    def reject(self, rejected: RejectedError) -> Outcome:
-        """Count ``rejected`` by its reason (and its verified reports)."""
+    def reject(
+        self,
+        rejected: RejectedError,
+        payload: bytes | None = None,
+        *,
+        shard: str | None = None,
+        now: float = 0.0,
+    ) -> Outcome:
+        """Count ``rejected`` by its reason (and its verified reports); keep ``payload``
+        in the quarantine if the refusal is one an operator can fix."""
         reason = rejected.reason
         self.counters.rejected[reason] = self.counters.rejected.get(reason, 0) + 1
         if rejected.reports:
             reports = self.counters.rejected_reports
             reports[reason] = reports.get(reason, 0) + rejected.reports
+        if rejected.keep and payload is not None:
+            self.keep(rejected, payload, shard=shard, kind="batch", now=now)
         self._touch()
         return reason
+
+    def keep(self, rejected: RejectedError, payload: bytes, *, shard: str | None, kind: Kind,
+             now: float) -> None:  # fmt: skip
+        """Keep a verified message refused for ``rejected.reason`` (its ``keep``)."""
+        entry = Entry(kind=kind, shard=shard, reason=rejected.reason, at=now, payload=payload)
+        if self.quarantine.add(entry):
+            self._touch()
 
     def duplicate(self) -> Outcome:
         self.counters.duplicates += 1
