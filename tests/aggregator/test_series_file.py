@@ -35,6 +35,7 @@ from aggregator.service.series_file import (
     series_path_for,
 )
 from edge.spec import MechanismSpec
+from tests.aggregator.test_series_core import fingerprint
 
 SPEC = MechanismSpec(mechanism="coco", d=5, s=2, epsilon=1.0)
 DEP = "series-test"
@@ -52,20 +53,8 @@ def new_series() -> Series:
 
 
 def rows(series: Series) -> list[tuple[object, ...]]:
-    return [
-        (
-            r.start,
-            r.end,
-            r.state.n,
-            r.state.sum_u.tolist(),
-            r.state.sum_v.tolist(),
-            r.batches,
-            r.smallest_release,
-            r.rounds,
-            r.round,
-        )
-        for r in series.rows()
-    ]
+    """Every row's identity and sums (:func:`tests.aggregator.test_series_core.fingerprint`)."""
+    return fingerprint(series)
 
 
 def checkpoint(path: Path, seq: int | None, generation: int = 1) -> Checkpoint:

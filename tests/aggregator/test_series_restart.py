@@ -34,6 +34,7 @@ from aggregator.service.service import Aggregator
 from edge.batch_auth import BatchSigner, BatchVerifier
 from edge.codec import decode_batch
 from edge.spec import MechanismSpec
+from tests.aggregator.test_series_core import fingerprint
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -77,21 +78,9 @@ def config(workdir: Path, **kwargs: object) -> AggregatorConfig:
 
 
 def rows(series: Series | None) -> list[tuple[object, ...]]:
+    """Every row's identity and sums (:func:`tests.aggregator.test_series_core.fingerprint`)."""
     assert series is not None
-    return [
-        (
-            r.round,
-            r.start,
-            r.end,
-            r.state.n,
-            r.state.sum_u.tolist(),
-            r.state.sum_v.tolist(),
-            r.batches,
-            r.smallest_release,
-            r.rounds,
-        )
-        for r in series.rows()
-    ]
+    return fingerprint(series)
 
 
 async def serve(
