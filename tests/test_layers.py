@@ -53,6 +53,9 @@ LEDGER_SHELL = (
     "aggregator.ledger.privacy_cli",
 )
 
+FLEET_SHELL = ("sim.fleet.run", "sim.fleet.pool", "sim.fleet.connection", "sim.fleet.cli")
+"""The fleet's modules that connect and publish."""
+
 CORES: dict[str, tuple[str, ...]] = {
     # module (or package prefix) -> the shell modules or packages it must not import
     "edge.device": ("edge.publisher", "edge.publisher_link", "edge.device_cli"),
@@ -74,6 +77,8 @@ CORES: dict[str, tuple[str, ...]] = {
     "aggregator.ledger.timeline": ("aggregator.service", *LEDGER_SHELL),
     "aggregator.page.truth": ("aggregator.service",),
     "aggregator.page.series_plot": ("aggregator.service",),
+    "sim.fleet.draws": FLEET_SHELL,
+    "sim.fleet.reporting": FLEET_SHELL,
 }
 """Pure cores, each with the shell modules it must not reach."""
 

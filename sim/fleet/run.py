@@ -78,21 +78,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from edge import LocalMechanism
 from edge.codec import encode_report
 from edge.mqtt_version import Negotiated
-from edge.participation import participates
 from edge.rounds import round_start
 from edge.shards import ShardLayout, ShardPlan
 from edge.topics import ingress_topic
 from sim.credentials.accounts import device_id
-from sim.fleet.caps import PeriodCaps
 from sim.fleet.config import (
     FDS_RESERVED,
     FleetConfig,
@@ -102,10 +98,12 @@ from sim.fleet.config import (
     next_round,
 )
 from sim.fleet.connection import Connection, Done, Report
+from sim.fleet.draws import FleetDraws, RoundReport, present
 from sim.fleet.layouts import watch_layouts
 from sim.fleet.metrics import PUBLISH_FAILURE_REASONS, FleetMetrics
-from sim.fleet.models import DeviceStreams, FleetModel, device_bits
+from sim.fleet.models import Sparse
 from sim.fleet.pool import Connections
+from sim.fleet.reporting import FleetStats, Tally, round_problems, summary_document
 from sim.fleet.truth import GroundTruth
 
 __all__ = [
@@ -114,6 +112,7 @@ __all__ = [
     "FleetError",
     "Mode",
     "ReportHook",
+    "RoundReport",
     "ensure_fd_limit",
     "next_round",
 ]
@@ -123,9 +122,6 @@ logger = logging.getLogger("sim.fleet")
 moved into the package, which is also the package's: ``sim.fleet: round ...``
 (tests/sim/test_fleet_broker_kill.py reads it). The other modules' loggers are children."""
 
-RoundReport = tuple[list[int], list[int], int, int]
-"""``(keys, signs, seed, z)`` of one device's report in a round."""
-
 ReportHook = Callable[[str, bytes], None]
 """Called with ``(topic, payload)`` of every report just before it is published (tests)."""
 
@@ -134,26 +130,6 @@ _YIELD_EVERY = 200
 
 
 # -- the fleet ------------------------------------------------------------------------------
-
-
-def _present(reports: list[RoundReport | None]) -> Iterator[tuple[int, RoundReport]]:
-    """``(device, report)`` of the devices that report in the round."""
-    return ((i, report) for i, report in enumerate(reports) if report is not None)
-
-
-@dataclass
-class _Stats:
-    started: float = field(default_factory=time.monotonic)
-    connect_seconds: float = 0.0
-    connected_first: int = 0
-    connections_first: int = 0
-    publish_seconds: float = 0.0
-    peak_connected: int = 0
-    rounds_completed: int = 0
-    rounds_skipped: int = 0
-    rounds_late: int = 0
-    interrupted: bool = False
-    connected_at_end: int = 0
 
 
 class Fleet:
@@ -179,14 +155,8 @@ class Fleet:
     ) -> None:
         self.config = config
         self.spec = config.spec
-        self.model = FleetModel(
-            name=config.model,
-            spec=config.spec,
-            n_devices=config.devices,
-            seed=config.seed,
-            round_seconds=config.round_seconds,
-            day_seconds=config.day_seconds,
-        )
+        self.draws = FleetDraws(config)
+        self.model = self.draws.model
         self.metrics = FleetMetrics(
             registry if registry is not None else CollectorRegistry(),
             d=config.spec.d,
@@ -202,32 +172,18 @@ class Fleet:
         self._on_report = on_report
         self._on_acked = on_acked
         self._on_round = on_round
-        self._mechanism = LocalMechanism.from_spec(config.spec)
-        self._streams = DeviceStreams(config.seed, config.devices)
-        self._caps = (
-            None
-            if config.period is None
-            else PeriodCaps(
-                config.period,
-                epsilon=config.spec.epsilon,
-                round_seconds=config.round_seconds,
-                q=config.participation,
-                seed=config.seed,
-                n_devices=config.devices,
-            )
-        )
         self._stop = asyncio.Event()
         self.connections = Connections(config, self.metrics, self.ids, self._stop)
         self._outstanding = 0
         self._settled = asyncio.Event()
-        self.stats = _Stats()
+        self.stats = FleetStats()
         self.rounds_used: list[int] = []
         """The wall-clock round numbers the run published in, in order."""
         self.published = 0
         self.sat_out = 0
         """Device-rounds sat out (nothing sent): not sampled, or the period's budget spent."""
         self.publish_failures = dict.fromkeys(PUBLISH_FAILURE_REASONS, 0)
-        self._logged: dict[str, Any] = self._tally()  # counts at the last round's log line
+        self._logged = self._tally()  # counts at the last round's log line
 
     # -- public surface --
 
@@ -308,35 +264,15 @@ class Fleet:
         """
         return self.round_data(round_)[1]
 
-    def round_data(
-        self, round_: int
-    ) -> tuple[list[tuple[list[int], list[int]]], list[RoundReport | None]]:
-        """Every device's vector in ``round_`` and its report (``None``: its period's budget
-        is spent, or it was not sampled)."""
-        allowed = None if self._caps is None else self._caps.allowed(round_)
-        streams = self._streams
-        streams.set_round(round_)
-        vectors = self.model.vectors(round_, streams)
-        mech = self._mechanism
-        q = self.config.participation
-        out: list[RoundReport | None] = []
-        for i, (keys, signs) in enumerate(vectors):
-            bits = device_bits(streams.randomiser(i))
-            if allowed is not None and not allowed[i]:  # its period's budget is spent
-                out.append(None)
-                continue
-            if q < 1 and not participates(q, bits):  # q = 1 draws nothing: the old streams
-                out.append(None)
-                continue
-            seed, z = mech.randomise_keys(keys, signs, getrandbits=bits)
-            out.append((keys, signs, seed, z))
-        return vectors, out
+    def round_data(self, round_: int) -> tuple[list[Sparse], list[RoundReport | None]]:
+        """Every device's vector in ``round_`` and its report (:class:`FleetDraws`)."""
+        return self.draws.round(round_)
 
     def _sampled_round(self, round_: int) -> list[RoundReport | None]:
         """:meth:`reports` of ``round_``; with sampling, the round's fleet-wide truth and the
         devices that sat it out are counted."""
         vectors, reports = self.round_data(round_)
-        if self.config.participation < 1 or self._caps is not None:
+        if self.config.participation < 1 or self.draws.caps is not None:
             self.truth.add_fleet(round_, vectors)
             self.sat_out += reports.count(None)
         return reports
@@ -346,7 +282,7 @@ class Fleet:
         cfg = self.config
         if cfg.mode == "connections":
             ensure_fd_limit(cfg.connection_count + FDS_RESERVED)
-        self.stats = _Stats()
+        self.stats = FleetStats()
         sweeper = asyncio.create_task(self._sweep(), name="fleet-timeouts")
         pool = self.connections
         watcher: asyncio.Task[None] | None = None
@@ -414,45 +350,16 @@ class Fleet:
 
     def summary(self) -> dict[str, Any]:
         """The run's counts and rates (the ``--json`` document of ``coco fleet``)."""
-        st = self.stats
-        duration = time.monotonic() - st.started
-        cfg = self.config
-        return {
-            "devices": cfg.devices,
-            "mode": cfg.mode,
-            "connections": cfg.connection_count,
-            "connected": self.connections.peak_connected,
-            "connected_at_start": st.connected_first,
-            "connected_at_end": st.connected_at_end,
-            "connections_lost": self.connections_lost,
-            "rounds": cfg.rounds,
-            "rounds_completed": st.rounds_completed,
-            "round_seconds": cfg.round_seconds,
-            "first_round": self.rounds_used[0] if self.rounds_used else None,
-            "last_round": self.rounds_used[-1] if self.rounds_used else None,
-            "rounds_skipped": st.rounds_skipped,
-            "rounds_late": st.rounds_late,
-            "reports_published": self.published,
-            "reports_not_sent": sum(self.publish_failures.values()),
-            "participation": cfg.participation,
-            "reports_sat_out": self.sat_out,
-            "publish_failures": dict(self.publish_failures),
-            "connect_failures": dict(self.connect_failures),
-            "connect_rate_per_s": (  # connections (not devices) per second
-                st.connections_first / st.connect_seconds if st.connect_seconds > 0 else None
-            ),
-            "publish_rate_per_s": (
-                self.published / st.publish_seconds if st.publish_seconds > 0 else None
-            ),
-            "duration_seconds": duration,
-            "seed": cfg.seed,
-            "model": cfg.model,
-            "qos": cfg.qos,
-            "mqtt_version": self.version,
-            "deployment": cfg.deployment,
-            "spec_fingerprint": self.spec.fingerprint,
-            "interrupted": st.interrupted,
-        }
+        return summary_document(
+            self.config,
+            self.stats,
+            self._tally(),
+            rounds_used=self.rounds_used,
+            peak_connected=self.connections.peak_connected,
+            sat_out=self.sat_out,
+            version=self.version,
+            fingerprint=self.spec.fingerprint,
+        )
 
     def ground_truth(self) -> dict[str, Any]:
         """The SIMULATION-ONLY ground-truth document (``--ground-truth``)."""
@@ -472,44 +379,28 @@ class Fleet:
             },
         )
 
-    def _tally(self) -> dict[str, Any]:
-        return {
-            "publish": dict(self.publish_failures),
-            "connect": dict(self.connect_failures),
-            "lost": self.connections_lost,
-            "published": self.published,
-        }
+    def _tally(self) -> Tally:
+        return Tally(
+            publish=dict(self.publish_failures),
+            connect=dict(self.connect_failures),
+            lost=self.connections_lost,
+            published=self.published,
+        )
 
     def _log_round(self, round_: int) -> None:
-        """At most one line per round: what was not sent and why, what connections did
-        (counts only: no device id)."""
+        """At most one line per round (:func:`~sim.fleet.reporting.round_problems`)."""
         now, before = self._tally(), self._logged
         self._logged = now
-        failed = {k: v - before["publish"][k] for k, v in now["publish"].items()}
-        refused = {k: v - before["connect"][k] for k, v in now["connect"].items()}
-        lost = now["lost"] - before["lost"]
-        if not (any(failed.values()) or any(refused.values()) or lost):
-            return
-        not_sent = sum(failed.values())
-        attempted = not_sent + now["published"] - before["published"]
-
-        def reasons(counts: dict[str, int]) -> str:
-            return ", ".join(f"{k} {v}" for k, v in counts.items() if v) or "none"
-
-        logger.warning(
-            "round %d: %d of %d reports not sent (%s); %d connections lost, %d connection "
-            "attempts failed (%s); %d of %d devices connected, %d reconnecting",
+        line = round_problems(
             round_,
-            not_sent,
-            attempted,
-            reasons(failed),
-            lost,
-            sum(refused.values()),
-            reasons(refused),
-            self.connected,
-            self.config.devices,
-            self.reconnecting,
+            before,
+            now,
+            connected=self.connected,
+            devices=self.config.devices,
+            reconnecting=self.reconnecting,
         )
+        if line is not None:
+            logger.warning("%s", line)
 
     # -- rounds --
 
@@ -556,7 +447,7 @@ class Fleet:
         start = time.monotonic()
         self._outstanding = 0
         self._settled.clear()
-        for i, (keys, signs, seed, z) in _present(reports):  # not those sampled out
+        for i, (keys, signs, seed, z) in present(reports):  # not those sampled out
             due = begin + cfg.round_spread * i / n
             if cfg.round_spread > 0 and not await self._sleep_until(due):
                 break

@@ -43,7 +43,7 @@ from edge import LocalMechanism
 from edge.announce import AnnouncedPeriod
 from edge.participation import WORD, threshold
 from edge.spec import MechanismSpec
-from sim.fleet.models import device_bits
+from sim.fleet.models import DeviceStreams, device_bits
 from sim.fleet.run import Fleet, FleetConfig, RoundReport
 
 K = 4.0
@@ -114,7 +114,7 @@ def test_at_q_one_the_reports_are_those_of_before_sampling() -> None:
     participation existed; with q < 1 the decision is that lane's first word."""
     sim = fleet(50, 1.0)
     mech = LocalMechanism.from_spec(SPEC)
-    streams = sim._streams
+    streams = DeviceStreams(sim.config.seed, 50)  # the device's own lanes, drawn anew
     for r in (FIRST_ROUND, FIRST_ROUND + 7):
         reports = sim.reports(r)
         streams.set_round(r)
@@ -127,7 +127,7 @@ def test_at_q_one_the_reports_are_those_of_before_sampling() -> None:
         assert reports == expected
     sampled = fleet(50, 0.5)
     reports = sampled.reports(FIRST_ROUND)
-    streams = sampled._streams
+    streams = DeviceStreams(sampled.config.seed, 50)
     streams.set_round(FIRST_ROUND)
     words = [int(streams.randomiser(i).random_raw()) >> 32 for i in range(50)]
     assert [r is not None for r in reports] == [w < threshold(0.5) for w in words]
