@@ -103,8 +103,16 @@ class Process:
         self.proc.send_signal(signum)
 
     def wait(self, timeout: float = TIMEOUT) -> int:
+        """Its exit code; a failed assertion with the end of its log if it still runs after
+        ``timeout`` s (the log is what tells why)."""
         assert self.proc is not None
-        return self.proc.wait(timeout)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"{self.name} still runs after {timeout:.0f} s; its log ends:\n"
+                + self.output()[-4000:]
+            ) from None
 
     def stop(self, signum: int = signal.SIGTERM) -> int:
         """Signal and wait; SIGKILL if it does not end within :data:`TIMEOUT`."""
