@@ -126,11 +126,13 @@ class Process:
         return self.proc.wait()
 
     def kill(self) -> None:
-        """SIGKILL and reap it, if it runs (a test's cleanup)."""
+        """SIGKILL and reap it, if it runs, and close its pipe (a test's cleanup)."""
         if self.alive():
             assert self.proc is not None
             self.proc.kill()
             self.proc.wait()
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -48,7 +48,7 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -83,6 +83,7 @@ from tests.processes import (
     wait_until,
 )
 from tests.service_http import metrics
+from tests.waiting import StalledError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -208,6 +209,10 @@ class Stack:
     checkpoint: Path = field(init=False)
     aggregator: Process = field(init=False)
     recorder: Recorder | None = None
+    others: list[Process] = field(default_factory=list)
+    """Processes beside the services (the fleet, an intruder): killed with the stack."""
+    timers: list[threading.Timer] = field(default_factory=list)
+    """A node's delayed restart: cancelled (or waited for) before the cluster stops."""
 
     def __post_init__(self) -> None:
         self.checkpoint = self.workdir / "aggregator.json"
@@ -271,11 +276,25 @@ class Stack:
 
     def start_shuffler(self, shard: Shard) -> None:
         shard.process.start()
-        wait_until(lambda: self.shuffler_ready(shard), TIMEOUT, what=f"shuffler {shard.label}")
+        self.wait_ready(shard.process, functools.partial(self.shuffler_ready, shard))
 
     def start_aggregator(self) -> None:
         self.aggregator.start()
-        wait_until(lambda: aggregator_ready(self.aggregator_port), TIMEOUT, what="the aggregator")
+        self.wait_ready(self.aggregator, lambda: aggregator_ready(self.aggregator_port))
+
+    @staticmethod
+    def wait_ready(process: Process, ready: Callable[[], bool]) -> None:
+        """Until ``ready()``; a failure names the process and ends with its log (what tells
+        why a restarted service did not come back)."""
+        try:
+            wait_until(ready, TIMEOUT, what=process.name)
+        except StalledError as exc:
+            raise AssertionError(f"{exc}; its log ends:\n{process.output()[-4000:]}") from None
+
+    def track(self, process: Process) -> Process:
+        """``process``, killed with the stack whatever the test's outcome."""
+        self.others.append(process)
+        return process
 
     def fleet(self, acked_log: Path, seed: int, rounds: int = ROUNDS) -> Process:
         args = fleet_args(
@@ -288,10 +307,13 @@ class Stack:
             acked_log=acked_log,
         )
         args += ["--mode", "multiplexed", "--connections", "12"]
-        return Process("fleet", args, self.workdir, capture=True)
+        return self.track(Process("fleet", args, self.workdir, capture=True))
 
     def close(self) -> None:
-        for process in [self.aggregator, *(s.process for s in self.shards.values())]:
+        for timer in self.timers:
+            timer.cancel()
+            timer.join()
+        for process in [self.aggregator, *(s.process for s in self.shards.values()), *self.others]:
             process.kill()
         if self.recorder is not None:
             self.recorder.close()
@@ -517,7 +539,9 @@ def test_kill_a_broker_node_a_shard_and_the_aggregator(tmp_path: Path) -> None:
             print(f"{what}: kill -9 {moment:.1f} s after the first PUBACK")
             if what == "node":
                 stack.cluster.kill(node)
-                threading.Timer(rng.uniform(2.0, 6.0), lambda: stack.cluster.start(node)).start()
+                restart = threading.Timer(rng.uniform(2.0, 6.0), stack.cluster.start, [node])
+                stack.timers.append(restart)
+                restart.start()
             elif what == "shard":
                 shard.process.send(signal.SIGKILL)
                 shard.process.wait()
@@ -555,22 +579,20 @@ def test_a_second_shuffler_on_an_owned_shard_and_a_reshard(tmp_path: Path) -> No
         stack.recorder.trust({s.label: stack.public(s) for s in new})
         # meanwhile a second process on a shard still owned, with its own state directory
         owned = stack.shards[label(0, rng.randrange(SHARDS))]
-        intruder = Process(
-            "intruder",
-            stack.shuffler_args(
-                owned.label, stack.workdir / "intruder-state", owned.key_dir, free_port()
-            ),
-            stack.workdir,
+        intruder = stack.track(
+            Process(
+                "intruder",
+                stack.shuffler_args(
+                    owned.label, stack.workdir / "intruder-state", owned.key_dir, free_port()
+                ),
+                stack.workdir,
+            )
         )
         for shard in new:
             shard.process.start()
         intruder.start()
         for shard in new:
-            wait_until(
-                functools.partial(stack.shuffler_ready, shard),
-                TIMEOUT,
-                what=f"shuffler {shard.label}",
-            )
+            stack.wait_ready(shard.process, functools.partial(stack.shuffler_ready, shard))
         done = coco(
             "aggregator", "trust", "--checkpoint", str(stack.checkpoint), "--accept-announced"
         )
