@@ -4,12 +4,14 @@ arm-none-eabi-gcc), and the Arduino and PlatformIO library layouts."""
 from __future__ import annotations
 
 import json
+import platform
+import random
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.libcoco import build
+from tests.libcoco import build, scripts
 
 pytestmark = pytest.mark.integration
 
@@ -177,3 +179,79 @@ def test_arduino_and_platformio_layouts() -> None:
     assert '#include "../include/coco.h"' in (build.LIBCOCO / "src" / "coco.h").read_text()
     header = (build.INCLUDE / "coco.h").read_text()
     assert f'#define COCO_VERSION "{properties["version"]}"' in header
+
+
+# --- floating point: contraction (FMA) changes nothing ---------------------------------------
+
+# Targets whose FPU has a fused multiply-add that GCC uses for doubles when contraction is on:
+# a Cortex-M7 with the double-precision FPv5 (hard-float ABI, as firmware for it is built),
+# and the host with -mfma where it is x86-64 (elsewhere the host is left out).
+FMA_TARGETS = {
+    "cortex-m7-fpv5-d16": ("-mcpu=cortex-m7", "-mthumb", "-mfpu=fpv5-d16", "-mfloat-abi=hard"),
+    "host-mfma": ("-mfma",),
+}
+FUSABLE = "double fused(double a, double b, double c) { return a * b + c; }\n"
+
+
+def _fma_toolchain(target: str) -> tuple[str, str, tuple[str, ...]]:
+    if target == "host-mfma":
+        if platform.machine() not in ("x86_64", "AMD64"):
+            pytest.skip(f"-mfma is an x86-64 flag; the host is {platform.machine()}")
+        return build.tool("cc", "gcc"), build.tool("objdump", "binutils"), FMA_TARGETS[target]
+    return (
+        build.tool("arm-none-eabi-gcc", "gcc-arm-none-eabi"),
+        build.tool("arm-none-eabi-objdump", "binutils-arm-none-eabi"),
+        FMA_TARGETS[target],
+    )
+
+
+def _instructions(gcc: str, objdump: str, flags: list[str], source: Path, out: Path) -> str:
+    """The disassembly of ``source`` compiled with ``flags`` (without the file name line)."""
+    subprocess.run(
+        [gcc, *flags, "-c", str(source), "-o", str(out)], check=True, capture_output=True
+    )
+    listing = subprocess.run(
+        [objdump, "-d", "--no-show-raw-insn", str(out)], capture_output=True, text=True, check=True
+    ).stdout
+    return listing.split("\n", 2)[2]
+
+
+@pytest.mark.parametrize("opt", ["-Os", "-O2", "-O3"])
+@pytest.mark.parametrize("target", list(FMA_TARGETS))
+def test_fp_contraction_changes_no_instruction(tmp_path: Path, target: str, opt: str) -> None:
+    """Where -ffp-contract=off cannot be passed (Arduino builds libraries in GNU C mode, where
+    GCC's default is -ffp-contract=fast), the result is the same: every source compiled with
+    contraction fast and off, on targets whose FPU fuses doubles, gives the same
+    instructions. The comparison sees fusion: a plain a * b + c compiles differently."""
+    gcc, objdump, cpu_flags = _fma_toolchain(target)
+    base = [*cpu_flags, opt, "-std=gnu11", "-ffreestanding", f"-I{build.INCLUDE}"]
+    probe = tmp_path / "fused.c"
+    probe.write_text(FUSABLE)
+    fused = _instructions(gcc, objdump, [*base, "-ffp-contract=fast"], probe, tmp_path / "f.o")
+    plain = _instructions(gcc, objdump, [*base, "-ffp-contract=off"], probe, tmp_path / "p.o")
+    assert fused != plain  # the control: this target fuses when allowed to
+    assert "fma" in fused  # vfma.f64 on the M7, vfmadd*sd on x86-64
+    assert "fma" not in plain
+    for source in build.SOURCES:
+        fast = _instructions(gcc, objdump, [*base, "-ffp-contract=fast"], source,
+                             tmp_path / f"{source.stem}-fast.o")  # fmt: skip
+        off = _instructions(gcc, objdump, [*base, "-ffp-contract=off"], source,
+                            tmp_path / f"{source.stem}-off.o")  # fmt: skip
+        assert fast == off, source.name
+        assert "fma" not in fast, source.name
+
+
+def test_a_contracting_build_gives_the_reference_results(tmp_path: Path) -> None:
+    """The host harness built with -mfma -ffp-contract=fast, on a CPU with FMA, runs the
+    published vectors and 300 seeded encoder cases (double readings and key-value data) with
+    the Python reference's results."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip(f"-mfma is an x86-64 flag; the host is {platform.machine()}")
+    flags = Path("/proc/cpuinfo").read_text().split("flags", 2)[1].split("\n", 1)[0].split()
+    if "fma" not in flags:
+        pytest.skip("this CPU has no FMA instructions: an -mfma build cannot run here")
+    binary = build.compile_host(
+        tmp_path, "driver-fma", sanitize=False, extra=("-mfma", "-ffp-contract=fast")
+    )
+    for script in (scripts.published_vectors(), scripts.random_encoders(random.Random(7), 300)):
+        script.check(build.run_host(binary, script.commands))
