@@ -81,6 +81,80 @@ def test_cmake_install_is_a_config_package(tmp_path: Path) -> None:
     assert run.stdout.split(" ", 1)[1].strip()  # the library's own name for the error
 
 
+# ESP-IDF is not packaged in Debian, so this stands in for its build system with the part of
+# its contract libcoco's CMakeLists.txt relies on: ESP_PLATFORM is set, the component's
+# library is named by ${COMPONENT_LIB} (ESP-IDF's own names are __idf_<component>), and
+# idf_component_register(SRCS ... INCLUDE_DIRS ...) creates it from the component's
+# directory. esp_fill_random is a stand-in with ESP-IDF's signature.
+IDF_STANDIN_CMAKE = """cmake_minimum_required(VERSION 3.16)
+project(idf_standin LANGUAGES C)
+set(ESP_PLATFORM 1)
+set(COMPONENT_LIB __idf_libcoco)
+function(idf_component_register)
+  cmake_parse_arguments(arg "" "" "SRCS;INCLUDE_DIRS;REQUIRES;PRIV_REQUIRES" ${ARGN})
+  add_library(${COMPONENT_LIB} STATIC ${arg_SRCS})
+  target_include_directories(${COMPONENT_LIB} PUBLIC ${arg_INCLUDE_DIRS})
+endfunction()
+add_subdirectory(@LIBCOCO@ libcoco)
+if(TARGET coco)
+  message(FATAL_ERROR "the ESP-IDF branch fell through to the plain target")
+endif()
+add_executable(app main.c)
+target_include_directories(app PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/stub)
+target_link_libraries(app PRIVATE __idf_libcoco)
+"""
+IDF_STANDIN_RANDOM_H = """#include <stddef.h>
+void esp_fill_random(void *buf, size_t len);
+"""
+IDF_STANDIN_MAIN = r"""#include <stdio.h>
+#include "coco_esp.h"
+static unsigned calls;
+void esp_fill_random(void *buf, size_t len) {  /* the stand-in: 0x01 0x02 0x03 ... */
+    unsigned char *b = buf;
+    size_t i;
+    calls++;
+    for (i = 0; i < len; i++) b[i] = (unsigned char)(i + 1);
+}
+int main(void) {
+    static const coco_rng rng = COCO_ESP_RNG;
+    unsigned char none[1] = {0xee};
+    uint32_t word = 0;
+    int rc = coco_random_u32(&rng, &word);
+    int empty = coco_esp_fill_random(NULL, none, 0);
+    printf("%d %08x %d %02x %u\n", rc, (unsigned)word, empty, none[0], calls);
+    return 0;
+}
+"""
+
+
+def test_the_esp_idf_component_and_its_rng_wrapper(tmp_path: Path) -> None:
+    """Under ESP_PLATFORM the CMakeLists registers a component and sets libcoco's flags on
+    ${COMPONENT_LIB}, not on a target of its own; COCO_ESP_RNG turns esp_fill_random (no
+    return value) into a coco_rng (0 on success), whose words libcoco reads big-endian."""
+    build.tool("cc", "gcc")
+    project = tmp_path / "project"
+    (project / "stub").mkdir(parents=True)
+    (project / "CMakeLists.txt").write_text(
+        IDF_STANDIN_CMAKE.replace("@LIBCOCO@", str(build.LIBCOCO))
+    )
+    (project / "stub" / "esp_random.h").write_text(IDF_STANDIN_RANDOM_H)
+    (project / "main.c").write_text(IDF_STANDIN_MAIN)
+    out = tmp_path / "build"
+    cmake("-S", str(project), "-B", str(out), "-DCOCO_MAX_S=40", "-DCMAKE_C_FLAGS=-Werror",
+          "-DCMAKE_EXPORT_COMPILE_COMMANDS=ON")  # fmt: skip
+    cmake("--build", str(out))
+    commands = json.loads((out / "compile_commands.json").read_text())
+    library = [c for c in commands if "/libcoco/src/" in c["file"]]
+    assert sorted(Path(c["file"]).name for c in library) == [s.name for s in build.SOURCES]
+    for entry in library:
+        for flag in (*build.LIBRARY_FLAGS, "-DCOCO_MAX_S=40"):
+            assert flag in entry["command"].split(), (flag, entry["command"])
+    (app,) = [c for c in commands if c["file"].endswith("main.c")]
+    assert "-DCOCO_MAX_S=40" in app["command"].split()  # public, as in the plain target
+    run = subprocess.run([str(out / "app")], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["0", "01020304", "0", "ee", "1"]
+
+
 def test_cmake_cross_builds_for_a_cortex_m(tmp_path: Path) -> None:
     """A firmware project's toolchain file, in four lines (libcoco needs no libc)."""
     gcc = build.tool("arm-none-eabi-gcc", "gcc-arm-none-eabi")
@@ -147,7 +221,10 @@ def test_the_library_needs_nothing_from_libc(tmp_path: Path, target: str, opt: s
 def test_the_build_manifests_pass_the_library_flags() -> None:
     """CMake and PlatformIO compile libcoco with the flags the tests compile it with."""
     cmake_lists = (build.LIBCOCO / "CMakeLists.txt").read_text()
-    options = cmake_lists.split("target_compile_options(coco PRIVATE", 1)[1].split(")", 1)[0]
+    options = cmake_lists.split("set(COCO_FLAGS", 1)[1].split(")", 1)[0]
+    # both the plain CMake target and the ESP-IDF component use them
+    assert "target_compile_options(coco PRIVATE -Wall -Wextra ${COCO_FLAGS}" in cmake_lists
+    assert "target_compile_options(${COMPONENT_LIB} PRIVATE ${COCO_FLAGS})" in cmake_lists
     manifest = json.loads((build.LIBCOCO / "library.json").read_text())
     for flag in build.LIBRARY_FLAGS:
         assert flag in options.split()
