@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import platform
 import random
+import struct
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -332,3 +334,117 @@ def test_a_contracting_build_gives_the_reference_results(tmp_path: Path) -> None
     )
     for script in (scripts.published_vectors(), scripts.random_encoders(random.Random(7), 300)):
         script.check(build.run_host(binary, script.commands))
+
+
+# --- the Arduino sketch -------------------------------------------------------------------------
+
+# The ESP32 Arduino core is not in Debian (Debian's arduino package builds for AVR, whose
+# 16-bit int and 32-bit double libcoco does not support), so the sketch is compiled as the
+# Arduino builder compiles a .ino (C++, Arduino.h first) against stand-ins of the few core
+# APIs it calls, with the real libcoco, and run once on the host.
+ARDUINO_STANDIN_H = r"""#pragma once
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#define HEX 16
+#define WL_CONNECTED 3
+struct SerialStandIn {
+    void begin(long) {}
+    void print(const char *s) { fputs(s, stdout); }
+    void print(char c) { putchar(c); }
+    void print(unsigned v, int) { printf("%X", v); }
+    void println(const char *s) { puts(s); }
+    void println() { putchar('\n'); }
+};
+extern SerialStandIn Serial;
+struct WiFiStandIn {
+    void begin(const char *, const char *) {}
+    int status() { return WL_CONNECTED; }
+};
+extern WiFiStandIn WiFi;
+inline void configTime(long, int, const char *) {}
+inline void delay(unsigned long) {}
+inline int analogRead(int pin) { return pin * 100; }
+struct Preferences {
+    unsigned char stored[64];
+    size_t length = 0;
+    bool begin(const char *, bool) { return true; }
+    size_t getBytes(const char *, void *buf, size_t len) {
+        size_t n = length < len ? length : len;
+        memcpy(buf, stored, n);
+        return n;
+    }
+    size_t putBytes(const char *, const void *buf, size_t len) {
+        memcpy(stored, buf, len);
+        length = len;
+        return len;
+    }
+};
+"""
+STANDIN_HEADER = """#pragma once
+#include "Arduino.h"
+extern "C" void esp_fill_random(void *, size_t);
+"""
+ARDUINO_STANDIN_MAIN = r"""#include "Arduino.h"
+#include <stdlib.h>
+#include <sys/random.h>
+SerialStandIn Serial;
+WiFiStandIn WiFi;
+extern "C" void esp_fill_random(void *buf, size_t len) {
+    if (getrandom(buf, len, 0) != (ssize_t)len) abort();
+}
+void setup();
+void loop();
+int main() {
+    setup();
+    loop();
+    loop();  /* the same round: nothing more */
+    return 0;
+}
+"""
+
+
+def test_the_arduino_sketch_builds_and_reports(tmp_path: Path) -> None:
+    """examples/<Name>/<Name>.ino (Arduino's layout) compiles as C++ with -Werror against
+    libcoco compiled as C in GNU mode without the library's flags (as Arduino builds it),
+    and one run prints its ingress topic and a report of this hour's round, once."""
+    cc, cxx = build.tool("cc", "gcc"), build.tool("c++", "g++")
+    (sketch,) = [p for p in (build.LIBCOCO / "examples").glob("*/*.ino")
+                 if p.stem == p.parent.name]  # fmt: skip
+    standin = tmp_path / "standin"
+    standin.mkdir()
+    (standin / "Arduino.h").write_text(ARDUINO_STANDIN_H)
+    for name in ("Preferences.h", "WiFi.h", "esp_random.h"):
+        (standin / name).write_text(STANDIN_HEADER)
+    (standin / "main.cpp").write_text(ARDUINO_STANDIN_MAIN)
+    cpp = tmp_path / "sketch.cpp"
+    cpp.write_text(f'#include "Arduino.h"\n#line 1 "{sketch.name}"\n{sketch.read_text()}')
+    objects = []
+    for source in build.SOURCES:
+        obj = tmp_path / f"{source.stem}.o"
+        subprocess.run([cc, "-std=gnu11", "-Os", "-Wall", "-Wextra", "-Werror",
+                        f"-I{build.LIBCOCO / 'src'}", "-c", str(source), "-o", str(obj)],
+                       check=True, capture_output=True)  # fmt: skip
+        objects.append(str(obj))
+    binary = tmp_path / "sketch"
+    proc = subprocess.run(
+        [cxx, "-std=gnu++17", "-Wall", "-Wextra", "-Werror", "-DARDUINO_ARCH_ESP32",
+         f"-I{standin}", f"-I{build.LIBCOCO / 'src'}", str(cpp), str(standin / "main.cpp"),
+         *objects, "-o", str(binary)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    before = int(time.time()) // 3600
+    lines = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout
+    after = int(time.time()) // 3600
+    (line,) = lines.splitlines()
+    topic, hex_report = line.split()
+    assert topic == "coco/v1/lab/ingress/esp32-0001"
+    version, kind, fingerprint, round_, _seed, z = struct.unpack(
+        ">BBIIIH", bytes.fromhex(hex_report)
+    )
+    assert (version, kind, fingerprint) == (1, 1, 0x52B85FD0)
+    assert before <= round_ <= after
+    assert 0 <= z < 4  # t = 4
+    assert "url=https://" in (build.LIBCOCO / "library.properties").read_text()
