@@ -4,10 +4,11 @@
  * For each of --devices device ids ("<prefix><i>"), one after another, in each of --rounds
  * rounds, it does what a microcontroller running libcoco does (docs/protocol.md section 12):
  * connect with client id = device id (clean session), subscribe to the retained spec
- * announcement and parse it (coco_announcement_parse), read its sensors (a deterministic
- * model of --channels readings in [0, 1023]; the announcement's d is the channel count),
- * encode them (coco_ternarise), charge its privacy ledger durably (one file per device in
- * --ledger-dir), draw a fresh seed and randomise (coco_make_report), publish the 16 bytes on
+ * announcement and parse it (coco_announcement_parse), read its sensors (the simulated model
+ * below: the announcement's d channels, readings in [0, 1023] around a known mean per
+ * channel), encode them (coco_ternarise), charge its privacy ledger durably (one file per
+ * device in --ledger-dir, created with its parents if missing), draw a fresh seed and
+ * randomise (coco_make_report), publish the 16 bytes on
  * its ingress topic (coco_device_ingress_topic: sharded deployments too) with QoS 1 and
  * retain 0, wait for the PUBACK, disconnect. It prints a JSON summary.
  *
@@ -31,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -178,10 +180,55 @@ static int wait_for(struct mosquitto *mosq, session *s, const int *flag, int tim
     return *flag > 0 && !s->failed;
 }
 
-/* --- the sensors: a deterministic model, readings in [0, 1023] -------------------------- */
+/* --- the sensors: a simulated model with a known mean per channel ----------------------- */
+
+/* Channel j of every device reads MODEL_CENTRE[j % 8] plus a noise uniform on the integers
+ * [-MODEL_NOISE, MODEL_NOISE] (mean 0), from a hash of (device, channel, --data-seed): the
+ * readings stay in [0, 1023], so none is clipped, and the mean of the encoder's value
+ * v = 2 x / 1023 - 1 of channel j is exactly mu_j = 2 MODEL_CENTRE[j % 8] / 1023 - 1:
+ * about +0.9, -0.9, +0.6, -0.6, +0.3, -0.3 and two within 0.001 of 0. A device that encodes
+ * s of the d channels reports x_j with mean (s / d) mu_j, which is what the aggregator
+ * estimates: an end-to-end check can tell these estimates from noise around 0. */
+#define MODEL_NOISE 48
+static const uint32_t MODEL_CENTRE[8] = {972, 51, 818, 205, 665, 358, 512, 511};
 
 static double reading(uint32_t data_seed, int device, uint32_t channel) {
-    return (double)(coco_xxh32_u32((uint32_t)device * 65536u + channel, data_seed) % 1024u);
+    uint32_t h = coco_xxh32_u32((uint32_t)device * 65536u + channel, data_seed);
+    uint32_t centre = MODEL_CENTRE[channel % 8u];
+    return (double)centre + (double)(h % (2u * MODEL_NOISE + 1u)) - (double)MODEL_NOISE;
+}
+
+/* --- the ledger directory, created like mkdir -p ----------------------------------------- */
+
+static int make_directories(const char *path) {
+    char buf[512];
+    size_t len = strlen(path), i;
+    struct stat st;
+    if (len == 0 || len >= sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(buf, path, len + 1);
+    for (i = 1; i <= len; i++) { /* each prefix that ends a component, then the whole path */
+        if (buf[i] != '/' && buf[i] != '\0') {
+            continue;
+        }
+        buf[i] = '\0';
+        if (mkdir(buf, 0700) != 0 && errno != EEXIST) {
+            return -1;
+        }
+        if (stat(buf, &st) != 0) {
+            return -1;
+        }
+        if (!S_ISDIR(st.st_mode)) {
+            errno = ENOTDIR;
+            return -1;
+        }
+        if (i < len) {
+            buf[i] = '/';
+        }
+    }
+    return 0;
 }
 
 /* --- one device --------------------------------------------------------------------------- */
@@ -414,6 +461,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "warning: --test-stream: deterministic reports, for tests only\n");
         test_stream.seed = o.stream_seed;
         test_stream.index = 0;
+    }
+    if (make_directories(o.ledger_dir) != 0) {
+        fprintf(stderr, "error: cannot create the ledger directory %s: %s\n", o.ledger_dir,
+                strerror(errno));
+        return 1;
     }
     if (o.reports_path != NULL && (reports = fopen(o.reports_path, "a")) == NULL) {
         fprintf(stderr, "error: cannot open %s\n", o.reports_path);

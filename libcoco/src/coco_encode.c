@@ -1,7 +1,20 @@
 /* Encoders (protocol section 6): sensor readings and key-value data -> s-sparse ternary
  * vectors. The only floating point in libcoco is here, in the reading -> sign probability
  * step of coco_ternarise and coco_pad_key_values (IEEE double, as the reference computes it);
- * coco_ternarise_int does the same for integer readings with integers only. */
+ * coco_ternarise_int does the same for integer readings with integers only.
+ *
+ * Bit-exact doubles need each operation rounded on its own: a compiler that fuses a multiply
+ * and an add into one FMA rounds once instead of twice. GCC does so by default in its GNU C
+ * modes (-std=gnu*, Arduino's) wherever the FPU has an FMA: a Cortex-M7 with a double FPU,
+ * ARMv8, x86-64 with -mfma. The library's builds pass -ffp-contract=off, but the arithmetic
+ * does not depend on it: no product here feeds a sum or a difference (2 (x - lo) is divided,
+ * (1 + v) multiplied by a power of two), so there is nothing to fuse, and
+ * tests/libcoco/test_build_systems.py checks that every source compiles to the same
+ * instructions with contraction on and off. Clang, which fuses within an expression by
+ * default, is told the standard's way as well; GCC ignores that pragma (with a warning). */
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
 #include "coco_internal.h"
 
 int coco__sample(uint32_t n, uint32_t k, const coco_rng *rng, uint32_t *out) {

@@ -72,13 +72,17 @@ def tool(command: str, package: str) -> str:
     pytest.skip(message)
 
 
-def compile_host(out: Path, name: str, *, sanitize: bool, law: bool = False) -> Path:
-    """The host harness ``out/name`` with the system compiler ``cc``."""
+def compile_host(
+    out: Path, name: str, *, sanitize: bool, law: bool = False, extra: Sequence[str] = ()
+) -> Path:
+    """The host harness ``out/name`` with the system compiler ``cc`` (``extra`` flags last,
+    so that they override :data:`FLOAT`)."""
     cc = tool("cc", "gcc")
     flags = [*WARNINGS, *FLOAT, f"-I{INCLUDE}", f"-I{HARNESS}"]
     flags += [*SANITIZE, "-O1"] if sanitize else ["-O2"]
     if law:
         flags.append("-DCOCO_TEST_RANDBELOW=driver_oracle")
+    flags += extra
     binary = out / name
     sources = [*SOURCES, *DRIVER, HARNESS / "host_main.c"]
     _run([cc, *flags, *map(str, sources), "-o", str(binary)])

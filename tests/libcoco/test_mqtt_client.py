@@ -1,14 +1,16 @@
 """C devices on the wire: libcoco/examples/mosquitto_publish.c (libcoco + Debian's
 libmosquitto) joins the real pipeline. A real Mosquitto on a free port holds the retained
 announcement; the shuffler and the aggregator run in-process; the C program connects as each
-of 300 devices in turn (client id = device id), reads and parses the announcement, encodes
-its sensor readings, charges its ledger file, randomises and publishes one report, and waits
-for the PUBACK.
+of 1000 devices in turn (client id = device id), reads and parses the announcement, encodes
+its sensor readings, charges its ledger file (in a directory it creates), randomises and
+publishes one report, and waits for the PUBACK.
 
 It is seeded (``--test-stream``), so the test replays every device in Python with
 ``edge.device`` and the same stream: every acknowledged report is the expected 16 bytes, is
-accepted by the shuffler, released in one batch and aggregated, and the aggregator's
-estimates cover the true mean of what the devices encoded.
+accepted by the shuffler, released in one batch and aggregated. The example's sensor model
+has a known mean per channel, well away from 0 on most of them: the estimates cover the mean
+of what the devices encoded and the model's true mean, and are far from 0 where the truth
+is, so that random reports (checked too) fail the same checks.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import struct
+import subprocess
 import time
 from collections.abc import Iterator
 from fractions import Fraction
@@ -27,7 +31,8 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from aggregator.estimation.estimators import AggregateState
+from aggregator.estimation.estimators import AggregateState, Estimates
+from aggregator.estimation.intervals import z_score
 from aggregator.service.config import AggregatorConfig
 from aggregator.service.service import Aggregator
 from broker.service.metrics import REJECT_REASONS
@@ -42,12 +47,34 @@ from tests.asyncutil import run, value, wait_until
 from tests.conftest import MOSQUITTO, Broker, free_port
 from tests.libcoco import build
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-SPEC = MechanismSpec(mechanism="coco", d=6, s=2, epsilon=1.0)
-DEP, DEVICES, STREAM_SEED, DATA_SEED, PREFIX = "c-lab", 300, 7, 11, "c-dev-"
-K = 4.0  # standard errors: over 6 dimensions a false failure has probability below 1e-3,
-# and the run is seeded (deterministic).
+# epsilon 4 and 1000 devices: the standard error of a mean is about 0.06 (randomiser and
+# encoding noise together, f = s/d = 1/2), small enough beside the model's truths of
+# +-0.45, +-0.3 and +-0.15 for random output to fail every check below.
+SPEC = MechanismSpec(mechanism="coco", d=8, s=4, epsilon=4.0)
+DEP, DEVICES, STREAM_SEED, DATA_SEED, PREFIX = "c-lab", 1000, 7, 11, "c-dev-"
+CONFIDENCE = 0.95
+K = 4.0  # standard errors for every dimension's error: a false failure has probability
+# 6e-5 per dimension under the normal approximation, below 1e-3 over 8; the run is seeded.
+K_COUNT = 3.0  # standard deviations of the binomial count of covering intervals: at most
+# 2 of 8 95% intervals may miss (Binomial(8, 0.05) exceeds that with probability 0.006).
+STRONG = 0.5  # |mu_j| from which the truth is far from 0: the interval must exclude 0
+
+# examples/mosquitto_publish.c's sensor model: channel j reads MODEL_CENTRE[j % 8] plus a
+# noise uniform on [-MODEL_NOISE, MODEL_NOISE], so the encoder's value 2 x / 1023 - 1 has
+# mean mu_j = 2 MODEL_CENTRE[j % 8] / 1023 - 1 (no reading is clipped).
+MODEL_CENTRE, MODEL_NOISE = (972, 51, 818, 205, 665, 358, 512, 511), 48
+
+
+def model_mu() -> np.ndarray:
+    """The model's mean of each channel's value in [-1, 1]."""
+    return np.array([2 * MODEL_CENTRE[j % 8] / 1023 - 1 for j in range(SPEC.d)])
+
+
+def model_reading(i: int, j: int) -> float:
+    noise = device.xxh32_u32(i * 65536 + j, DATA_SEED) % (2 * MODEL_NOISE + 1) - MODEL_NOISE
+    return float(MODEL_CENTRE[j % 8] + noise)
 
 
 @pytest.fixture
@@ -83,7 +110,7 @@ def replay() -> tuple[np.ndarray, list[tuple[int, int]]]:
     x_sum = np.zeros(SPEC.d)
     records = []
     for i in range(DEVICES):
-        readings = [float(device.xxh32_u32(i * 65536 + j, DATA_SEED) % 1024) for j in range(SPEC.d)]
+        readings = [model_reading(i, j) for j in range(SPEC.d)]
         keys, signs = device.ternarise(readings, [0.0] * SPEC.d, [1023.0] * SPEC.d, SPEC.s, bits)
         for j, b in zip(keys, signs, strict=True):
             x_sum[j] += b
@@ -101,8 +128,7 @@ def test_c_devices_join_the_pipeline(broker_nodelay: Broker, tmp_path: Path) -> 
     length = round_seconds_away_from_a_boundary(time.time())
     signer = BatchSigner.generate(DEP)
     shuffler_registry = CollectorRegistry()
-    ledgers = tmp_path / "ledgers"
-    ledgers.mkdir()
+    ledgers = tmp_path / "ledgers" / "c"  # the example creates it, parents too
     reports_file = tmp_path / "reports.hex"
     announcement = encode_announcement(
         SPEC.to_dict(),
@@ -155,7 +181,7 @@ def test_c_devices_join_the_pipeline(broker_nodelay: Broker, tmp_path: Path) -> 
                     "--reports", str(reports_file),
                     stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
                 )  # fmt: skip
-                stdout, stderr = await asyncio.wait_for(proc.communicate(), 120)
+                stdout, stderr = await asyncio.wait_for(proc.communicate(), 180)
                 assert proc.returncode == 0, stderr.decode()
                 await wait_until(lambda: aggregator.state.n >= DEVICES, 30)
             finally:
@@ -166,17 +192,62 @@ def test_c_devices_join_the_pipeline(broker_nodelay: Broker, tmp_path: Path) -> 
                     await asyncio.gather(*tasks, return_exceptions=True)
         return aggregator, json.loads(stdout), stderr.decode()
 
-    aggregator, summary, stderr = run(scenario(), 170)
+    aggregator, summary, stderr = run(scenario(), 230)
     assert summary == {
         "devices": DEVICES, "rounds": 1, "published": DEVICES, "acknowledged": DEVICES,
         "refused": 0, "skipped": 0, "failed": 0,
     }  # fmt: skip
     assert "test-stream" in stderr  # the deterministic stream announces itself
 
-    truth, records = replay()
+    encoded, records = replay()
     check_wire(reports_file, records)
-    check_pipeline(shuffler_registry, aggregator, records, truth)
+    check_pipeline(shuffler_registry, aggregator, records)
+    estimates = aggregator.state.estimate(confidence=CONFIDENCE)
+    assert coverage_failures(estimates, encoded, model_truth=False) == []
+    assert coverage_failures(estimates, SPEC.s / SPEC.d * model_mu(), model_truth=True) == []
     check_ledgers(ledgers)
+
+
+def test_random_reports_fail_the_coverage_checks() -> None:
+    """The checks above can fail: DEVICES uniformly random reports (seeds and z), what a
+    broken encoder or randomiser would send, estimate about 0 everywhere and miss the
+    model's truth."""
+    rng = np.random.default_rng(20250623)
+    state = AggregateState(SPEC)
+    state.add(
+        rng.integers(0, 2**32, DEVICES, dtype=np.uint64).astype(np.uint32),
+        rng.integers(0, SPEC.t, DEVICES, dtype=np.int64),
+    )
+    estimates = state.estimate(confidence=CONFIDENCE)
+    failures = coverage_failures(estimates, SPEC.s / SPEC.d * model_mu(), model_truth=True)
+    assert any("covered" in f for f in failures), failures
+    assert any("exclude 0" in f for f in failures), failures
+
+
+def test_the_example_creates_its_ledger_directory_or_says_why_not(tmp_path: Path) -> None:
+    """mkdir -p for --ledger-dir before anything is sent; where that cannot be done (a
+    regular file in the way) a one-line error and exit status 1, no connection attempted."""
+    client = build.compile_example(tmp_path)
+    (tmp_path / "a-file").write_text("not a directory")
+    proc = subprocess.run(
+        [str(client), "--deployment", DEP, "--ledger-dir", str(tmp_path / "a-file" / "ledgers"),
+         "--port", str(free_port()), "--timeout", "1"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr == (
+        f"error: cannot create the ledger directory {tmp_path / 'a-file' / 'ledgers'}: "
+        "Not a directory\n"
+    )
+    assert proc.stdout == ""
+    nested = tmp_path / "x" / "y" / "z"
+    proc = subprocess.run(
+        [str(client), "--deployment", DEP, "--ledger-dir", str(nested),
+         "--port", str(free_port()), "--timeout", "1"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert nested.is_dir()  # created; the device then fails to connect (no broker there)
+    assert "cannot connect" in proc.stderr
 
 
 def check_wire(reports_file: Path, records: list[tuple[int, int]]) -> None:
@@ -193,13 +264,9 @@ def check_wire(reports_file: Path, records: list[tuple[int, int]]) -> None:
 
 
 def check_pipeline(
-    registry: CollectorRegistry,
-    aggregator: Aggregator,
-    records: list[tuple[int, int]],
-    truth: np.ndarray,
+    registry: CollectorRegistry, aggregator: Aggregator, records: list[tuple[int, int]]
 ) -> None:
-    """Accepted, shuffled into one batch of all of them, aggregated exactly; the estimates
-    cover the truth (the mean of the vectors the devices encoded)."""
+    """Accepted, shuffled into one batch of all of them, aggregated exactly."""
     assert value(registry, "coco_shuffler_reports_accepted_total") == DEVICES
     for reason in REJECT_REASONS:
         assert value(registry, "coco_shuffler_reports_rejected_total", reason=reason) == 0
@@ -213,12 +280,47 @@ def check_pipeline(
     )
     np.testing.assert_array_equal(aggregator.state.sum_u, offline.sum_u)
     np.testing.assert_array_equal(aggregator.state.sum_v, offline.sum_v)
-    estimates = aggregator.state.estimate()
-    assert np.all(np.abs(estimates.mean - truth) <= K * estimates.mean_se), (
-        estimates.mean,
-        truth,
-        estimates.mean_se,
-    )
+
+
+def coverage_failures(estimates: Estimates, truth: np.ndarray, *, model_truth: bool) -> list[str]:
+    """What is wrong with ``estimates`` of ``truth``, per dimension (empty: nothing).
+
+    Against the mean of the vectors the devices encoded (``model_truth`` false) the
+    aggregator's own intervals apply: only the randomiser's noise separates the two. Against
+    the model's truth ``(s/d) mu_j``, the encoding's noise adds: a device's ``x_j`` is 0, +1
+    or -1 with mean ``(s/d) mu_j`` and variance ``s/d - ((s/d) mu_j)^2``, so its variance
+    over ``n`` devices is added to the aggregator's. Then:
+
+    * the intervals ``estimate +- z SE`` cover the truth in at least
+      ``d c - K_COUNT sqrt(d c (1 - c))`` dimensions (binomial, c the confidence);
+    * every error is within ``K`` standard errors;
+    * with the model's truth, where ``|mu_j| >= STRONG`` the interval excludes 0 and lies on
+      the truth's side: output that does not depend on the readings cannot pass.
+    """
+    d, n, c = SPEC.d, estimates.n, CONFIDENCE
+    var = estimates.mean_se**2
+    if model_truth:
+        f = SPEC.s / SPEC.d
+        var = var + (f - truth**2) / n
+    se = np.sqrt(var)
+    half = z_score(c) * se
+    error = estimates.mean - truth
+    failures = []
+    covered = int(np.sum(np.abs(error) <= half))
+    least = math.ceil(d * c - K_COUNT * math.sqrt(d * c * (1 - c)))
+    if covered < least:
+        failures.append(f"{covered} of {d} intervals covered the truth, fewer than {least}")
+    for j in np.flatnonzero(np.abs(error) > K * se):
+        failures.append(f"dimension {j}: error {error[j]:.4f} beyond {K} SE ({se[j]:.4f})")
+    if model_truth:
+        mu = truth * SPEC.d / SPEC.s
+        for j in np.flatnonzero(np.abs(mu) >= STRONG):
+            if not np.sign(truth[j]) * estimates.mean[j] > half[j]:
+                failures.append(
+                    f"dimension {j}: the interval {estimates.mean[j]:.4f} +- {half[j]:.4f} "
+                    f"does not exclude 0 on the side of the truth {truth[j]:.4f}"
+                )
+    return failures
 
 
 def check_ledgers(ledgers: Path) -> None:
