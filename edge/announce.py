@@ -36,6 +36,7 @@ from typing import Any
 
 from edge.budget import MAX_PERIOD_SECONDS, PeriodPolicy
 from edge.codec import U32_MAX
+from edge.defaults import DEFAULT_ROUND_SECONDS, check_delta
 from edge.errors import SpecError
 from edge.participation import check_participation
 from edge.rounds import check_round_seconds
@@ -47,7 +48,6 @@ _KEYS = frozenset({"protocol", "spec", "min_batch", "delta", "round_seconds"})
 _OPTIONAL_KEYS = frozenset(
     {"batch_public_key", "shards", "participation", "period_seconds", "budget_per_period"}
 )
-DEFAULT_ROUND_SECONDS = 60
 PUBLIC_KEY_HEX = 64
 
 
@@ -82,8 +82,10 @@ def _check_min_batch(min_batch: object) -> int:
 def _check_delta(delta: object) -> float:
     if isinstance(delta, bool) or not isinstance(delta, int | float):
         raise SpecError(f"delta must be a number, got {delta!r}")
-    if not 0 < delta < 1:  # also false for NaN; no float() of a huge int
-        raise SpecError(f"delta must be in (0, 1), got {delta}")
+    try:
+        check_delta(delta)  # no float() of a huge int
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
     return float(delta)
 
 

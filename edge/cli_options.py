@@ -15,6 +15,8 @@ from typing import Annotated
 
 import typer
 
+from edge.defaults import check_delta
+
 BrokerOption = Annotated[
     str, typer.Option(envvar="COCO_BROKER", help="mqtt://host:port or mqtts://host:port.")
 ]
@@ -63,6 +65,28 @@ CaFileOption = Annotated[
     str | None,
     typer.Option(envvar="COCO_MQTT_CA_FILE", help="CA bundle for mqtts:// (default: system)."),
 ]
+
+
+MetricsHostOption = Annotated[
+    str,
+    typer.Option(
+        envvar="COCO_METRICS_HOST",
+        help="Address the HTTP endpoints listen on (0.0.0.0: every interface, e.g. in a "
+        "container that Prometheus scrapes).",
+    ),
+]
+"""``--metrics-host`` of every service, default :data:`edge.defaults.DEFAULT_METRICS_HOST`."""
+
+
+def delta_option(value: float | None) -> float | None:
+    """The callback of every ``--delta``: a value outside ``(0, 1)`` is a usage error
+    (exit status 2, the same message from every command, before any work is done)."""
+    if value is None:
+        return None
+    try:
+        return check_delta(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 DEPRECATED_ENV = {

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from sim import cli_help
 from sim.demo.cli import demo
 
 if TYPE_CHECKING:
@@ -111,6 +112,8 @@ class _LazyGroup(TyperGroup):
         finally:
             self._listing = False
 
+
+cli_help.install()  # every help folds what does not fit, at any width
 
 app = typer.Typer(
     name="coco",

@@ -61,6 +61,7 @@ CORES: dict[str, tuple[str, ...]] = {
     "edge.device": ("edge.publisher", "edge.publisher_link", "edge.device_cli"),
     "edge.codec": ("edge.publisher", "edge.publisher_link", "edge.device_cli"),
     "edge.participation": ("edge.publisher", "edge.publisher_link", "edge.device_cli"),
+    "edge.defaults": ("edge.cli_options", "edge.publisher", "edge.device_cli"),
     "edge.budget": ("edge.ledger", "edge.publisher", "edge.publisher_link", "edge.device_cli"),
     "broker.core": ("broker.store", "broker.service"),
     "aggregator.service.core": (

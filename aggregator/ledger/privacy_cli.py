@@ -13,7 +13,7 @@ import typer
 
 from edge import CocoError, MechanismSpec
 from edge.budget import parse_period
-from edge.cli_options import check_output_file
+from edge.cli_options import check_output_file, delta_option
 
 __all__ = ["CalibrateMechanism", "PrivacyMechanism", "privacy_app", "privacy_rows"]
 
@@ -190,7 +190,10 @@ def privacy(
             "curve (required unless --devices)."
         ),
     ] = None,
-    delta: Annotated[float | None, typer.Option(help="Target delta (required).")] = None,
+    delta: Annotated[
+        float | None,
+        typer.Option(callback=delta_option, help="Target delta in (0, 1) (required)."),
+    ] = None,
     s: Annotated[int | None, typer.Option(help="Non-zeros per vector (coco, collision).")] = None,
     t: Annotated[
         int | None, typer.Option(help="Output domain size (default: MSE-optimal).")
@@ -359,7 +362,10 @@ def privacy_calibrate(
     epsilon_total: Annotated[
         float, typer.Option(help="Target composed central epsilon over the horizon.")
     ],
-    delta: Annotated[float, typer.Option(help="Target delta over the horizon.")],
+    delta: Annotated[
+        float,
+        typer.Option(callback=delta_option, help="Target delta over the horizon, in (0, 1)."),
+    ],
     rounds: Annotated[
         int | None,
         typer.Option(help="Rounds a device reports in over the horizon; or give --period."),

@@ -29,12 +29,15 @@ from edge.cli_options import (
     BrokerOption,
     CaFileOption,
     DeploymentOption,
+    MetricsHostOption,
     PasswordFileOption,
     PasswordOption,
     SpecFileOption,
     UsernameOption,
+    delta_option,
     resolve_password,
 )
+from edge.defaults import AGGREGATOR_METRICS_PORT, DEFAULT_METRICS_HOST
 from edge.shards import ShardPlan
 
 if TYPE_CHECKING:
@@ -56,7 +59,11 @@ def aggregator_run(
     spec: SpecFileOption = None,
     delta: Annotated[
         float | None,
-        typer.Option(envvar="COCO_DELTA", help="Target delta (default: the announcement's)."),
+        typer.Option(
+            envvar="COCO_DELTA",
+            callback=delta_option,
+            help="Target delta in (0, 1) (default: the announcement's).",
+        ),
     ] = None,
     checkpoint: Annotated[
         Path | None, typer.Option(envvar="COCO_CHECKPOINT", help="Checkpoint file.")
@@ -72,12 +79,10 @@ def aggregator_run(
             "(every scrape and /estimates request also gets fresh ones).",
         ),
     ] = 1.0,
-    metrics_host: Annotated[
-        str, typer.Option(envvar="COCO_METRICS_HOST", help="HTTP bind address.")
-    ] = "127.0.0.1",
+    metrics_host: MetricsHostOption = DEFAULT_METRICS_HOST,
     metrics_port: Annotated[
         int, typer.Option(envvar="COCO_METRICS_PORT", help="Port of /metrics and /estimates.")
-    ] = 9108,
+    ] = AGGREGATOR_METRICS_PORT,
     metrics_dims: Annotated[
         int, typer.Option(envvar="COCO_METRICS_DIMS", help="Dimensions exported as metrics.")
     ] = 16,

@@ -17,6 +17,7 @@ from aggregator.service.core.keys import anchor_of
 from aggregator.service.core.silence import DEFAULT_SILENT_SHARD_ROUNDS
 from edge import mqtt_url, topics
 from edge.batch_auth import BatchVerifier
+from edge.defaults import DEFAULT_METRICS_HOST, check_delta
 from edge.errors import CocoError
 from edge.mqtt_version import MqttVersion, check_mqtt_version
 from edge.rounds import check_round_seconds
@@ -122,7 +123,7 @@ class AggregatorConfig:
     """Seconds between rebuilds of the estimates and gauges while batches arrive (module
     docs, *Publishing*); every scrape and ``/estimates`` request also gets fresh ones."""
     metrics_dims: int | Sequence[int] = DEFAULT_METRICS_DIMS
-    http_host: str = "127.0.0.1"
+    http_host: str = DEFAULT_METRICS_HOST
     http_port: int | None = 9108
     """``None`` disables the HTTP endpoint; ``0`` picks a free port."""
     client_id: str | None = None
@@ -183,8 +184,7 @@ class AggregatorConfig:
     def __post_init__(self) -> None:
         mqtt_url.parse_broker_urls(self.broker)
         topics.check_name("deployment", self.deployment)
-        if not 0 < self.delta < 1:
-            raise ValueError(f"delta must be in (0, 1), got {self.delta}")
+        check_delta(self.delta)
         self._check_batch_rules()
         if not self.checkpoint_interval > 0:
             raise ValueError(f"checkpoint_interval must be > 0, got {self.checkpoint_interval}")

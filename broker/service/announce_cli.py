@@ -28,7 +28,6 @@ import typer
 
 from edge import CocoError, MechanismSpec
 from edge.announce import (
-    DEFAULT_ROUND_SECONDS,
     AnnouncedPeriod,
     encode_announcement,
     load_spec_file,
@@ -48,8 +47,10 @@ from edge.cli_options import (
     PasswordFileOption,
     PasswordOption,
     UsernameOption,
+    delta_option,
     resolve_password,
 )
+from edge.defaults import DEFAULT_ROUND_SECONDS
 from edge.errors import SpecError
 from edge.mqtt_url import parse_broker_url, parse_broker_urls
 from edge.mqtt_version import MqttVersion, VersionChoice, check_mqtt_version, is_version_refusal
@@ -384,7 +385,10 @@ def _policy(
 def announce(
     deployment: DeploymentOption,
     min_batch: Annotated[int, typer.Option(help="Smallest batch the shuffler may release.")],
-    delta: Annotated[float, typer.Option(help="Target delta of the accountant.")],
+    delta: Annotated[
+        float,
+        typer.Option(callback=delta_option, help="Target delta of the accountant, in (0, 1)."),
+    ],
     mechanism: Annotated[
         AnnouncedMechanism | None, typer.Option(help="Local randomiser (or --spec).")
     ] = None,
@@ -403,7 +407,7 @@ def announce(
         ),
     ] = None,
     round_seconds: Annotated[
-        int, typer.Option(help="Round length: devices report in floor(unix_time / it).")
+        int, typer.Option(help="Round length in seconds: devices report in floor(unix_time / it).")
     ] = DEFAULT_ROUND_SECONDS,
     batch_public_key: Annotated[
         str | None,

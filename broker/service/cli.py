@@ -18,6 +18,7 @@ from edge.cli_options import (
     DEFAULT_MQTT_VERSION,
     BrokerOption,
     CaFileOption,
+    MetricsHostOption,
     MqttVersionOption,
     PasswordFileOption,
     PasswordOption,
@@ -25,6 +26,7 @@ from edge.cli_options import (
     UsernameOption,
     resolve_password,
 )
+from edge.defaults import DEFAULT_METRICS_HOST, DEFAULT_ROUND_SECONDS, SHUFFLER_METRICS_PORT
 from edge.mqtt_version import check_mqtt_version
 from edge.shards import ShardPlan
 from edge.topics import spec_topic
@@ -152,7 +154,9 @@ def _repair(state_dir: Path | None, round_seconds: int | None) -> None:
         typer.echo("error: repair needs --state-dir", err=True)
         raise typer.Exit(2)
     # Rules do not matter to a repair; round_seconds only reads a version-1 log's rounds.
-    config = CoreConfig(fingerprint=0, t=1, round_seconds=round_seconds or 60, min_batch=2)
+    config = CoreConfig(
+        fingerprint=0, t=1, round_seconds=round_seconds or DEFAULT_ROUND_SECONDS, min_batch=2
+    )
     try:
         report = repair(state_dir, config)
     except (CocoError, OSError) as exc:
@@ -312,8 +316,13 @@ def shuffler(
     mqtt_version: MqttVersionOption = DEFAULT_MQTT_VERSION,
     metrics_port: Annotated[
         int | None,
-        typer.Option(envvar="COCO_METRICS_PORT", help="Serve /metrics and /ready here."),
+        typer.Option(
+            envvar="COCO_METRICS_PORT",
+            help=f"Serve /metrics and /ready on this port (the deployment files use "
+            f"{SHUFFLER_METRICS_PORT}; none without it).",
+        ),
     ] = None,
+    metrics_host: MetricsHostOption = DEFAULT_METRICS_HOST,
     announcement_timeout: Annotated[float, typer.Option(help="Seconds to wait for it.")] = 10.0,
 ) -> None:
     """Shuffle each round's ingress reports into signed batches of at least --min-batch."""
@@ -387,7 +396,7 @@ def shuffler(
         )
         registry = CollectorRegistry()
         if metrics_port is not None:
-            serve_http(metrics_port, registry)  # /metrics and /ready
+            serve_http(metrics_port, registry, metrics_host)  # /metrics and /ready
         asyncio.run(_serve(config, registry))
     except (
         CocoError,

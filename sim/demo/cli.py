@@ -24,6 +24,16 @@ class DemoMechanism(StrEnum):
     collision = "collision"
 
 
+def _delta_option(value: float) -> float:
+    """The shared ``--delta`` check (:func:`edge.cli_options.delta_option`), imported only
+    when the command runs."""
+    from edge.cli_options import delta_option  # noqa: PLC0415 (not for --help)
+
+    checked = delta_option(value)
+    assert checked is not None
+    return checked
+
+
 def demo(
     devices: Annotated[
         int | None,
@@ -39,7 +49,10 @@ def demo(
     channels: Annotated[int, typer.Option(help="Sensor channels d (any number from 1).")] = 6,
     s: Annotated[int, typer.Option(help="Channels each report carries.")] = 2,
     min_batch: Annotated[int, typer.Option(help="Smallest batch the shuffler releases.")] = 500,
-    delta: Annotated[float, typer.Option(help="Target delta of the accountant.")] = 1e-6,
+    delta: Annotated[
+        float,
+        typer.Option(callback=_delta_option, help="Target delta of the accountant, in (0, 1)."),
+    ] = 1e-6,
     seed: Annotated[int, typer.Option(help="Seed of the sensor model and randomisers.")] = 1,
     day_seconds: Annotated[
         int | None,

@@ -18,6 +18,7 @@ from aggregator.service.http import MetricsServer
 from aggregator.service.series_view import Reply
 from broker.service.shuffler import parse_broker_url
 from edge import CocoError, MechanismSpec
+from edge.defaults import DEFAULT_METRICS_HOST
 from edge.participation import check_participation
 from sim.models.day import check_day_seconds
 
@@ -33,8 +34,9 @@ __all__ = [
 ]
 
 DEFAULT_DEVICES = 2000
-HTTP_HOST = "127.0.0.1"
-"""Where the demo's aggregator serves its page (``http_port``): this machine only."""
+HTTP_HOST = DEFAULT_METRICS_HOST
+"""Where the demo's aggregator serves its page (``http_port``): this machine only, the
+services' default (:mod:`edge.defaults`)."""
 
 ReportSink = Callable[[str, int, int, int], None]
 """Called with ``(device_id, round, seed, z)`` for every report before it is published."""

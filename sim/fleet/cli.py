@@ -30,10 +30,12 @@ from edge.cli_options import (
     DEFAULT_MQTT_VERSION,
     BrokerOption,
     DeploymentOption,
+    MetricsHostOption,
     MqttVersionOption,
     SpecFileOption,
     check_output_file,
 )
+from edge.defaults import DEFAULT_METRICS_HOST, FLEET_METRICS_PORT
 from edge.mqtt_version import check_mqtt_version
 from edge.participation import check_participation
 from sim.credentials.accounts import DEFAULT_PREFIX, device_id, device_password, read_secret
@@ -461,11 +463,14 @@ def fleet(
         ),
     ] = None,
     metrics_port: Annotated[
-        int | None, typer.Option(envvar="COCO_METRICS_PORT", help="Serve /metrics here.")
+        int | None,
+        typer.Option(
+            envvar="COCO_METRICS_PORT",
+            help=f"Serve /metrics on this port (the deployment files use "
+            f"{FLEET_METRICS_PORT}; none without it).",
+        ),
     ] = None,
-    metrics_host: Annotated[
-        str, typer.Option(envvar="COCO_METRICS_HOST", help="Address of /metrics.")
-    ] = "0.0.0.0",
+    metrics_host: MetricsHostOption = DEFAULT_METRICS_HOST,
     metrics_dims: Annotated[
         int, typer.Option(help="Dimensions 0..k-1 of the ground-truth gauges (<= 1024).")
     ] = DEFAULT_METRICS_DIMS,

@@ -419,7 +419,7 @@ def test_a_busy_metrics_port_names_the_port_and_the_option(tmp_path: Path) -> No
     aggregator's wording now)."""
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(SPEC.to_dict()))
-    with busy_port("") as port:
+    with busy_port() as port:  # on 127.0.0.1, where the shuffler listens by default
         result = CliRunner().invoke(
             app,
             [
@@ -431,7 +431,8 @@ def test_a_busy_metrics_port_names_the_port_and_the_option(tmp_path: Path) -> No
         )
     assert result.exit_code == 1, result.output
     assert result.stderr.strip().splitlines() == [
-        f"error: port {port} is in use: choose another with --metrics-port (COCO_METRICS_PORT)"
+        f"error: port {port} on 127.0.0.1 is in use: choose another with --metrics-port "
+        "(COCO_METRICS_PORT)"
     ]
 
 

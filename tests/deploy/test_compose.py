@@ -26,6 +26,7 @@ import pytest
 import typer
 import typer.core
 
+from edge import defaults
 from sim.cli import app
 from tests.clusters import nats_server_or_skip
 
@@ -33,12 +34,13 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
 DEPLOYMENT = "fleet"  # the deployment every service, and the broker's roles, are for
 
-# The contract of the deployment: service -> the port it serves and publishes.
+# The contract of the deployment: service -> the port it serves and publishes (the coco
+# services' are the documented ones of edge/defaults.py).
 PORTS = {
     "mosquitto": 1883,
-    "aggregator": 9108,
-    "shuffler": 9109,
-    "fleet": 9110,
+    "aggregator": defaults.AGGREGATOR_METRICS_PORT,
+    "shuffler": defaults.SHUFFLER_METRICS_PORT,
+    "fleet": defaults.FLEET_METRICS_PORT,
     "prometheus": 9090,
     "grafana": 3000,
 }
@@ -215,11 +217,26 @@ def test_published_ports_are_the_ports_served(model: dict[str, Any]) -> None:
         if name in coco_services(model):
             cmd, params = resolve(service["command"])
             assert params["metrics_port"] == port, name
-    # The aggregator's port is its default, and it listens beyond the container's loopback.
+    # The aggregator's port is its default.
     cmd, params = resolve(model["services"]["aggregator"]["command"])
     default = next(p.default for p in cmd.params if p.name == "metrics_port")
     assert default == PORTS["aggregator"]
-    assert params["metrics_host"] == "0.0.0.0"
+
+
+def test_every_scraped_service_listens_beyond_the_container_loopback(
+    model: dict[str, Any],
+) -> None:
+    """Every service listens on 127.0.0.1 by default (edge/defaults.py): the ones Prometheus
+    scrapes over the compose network say --metrics-host 0.0.0.0, and those are the targets
+    of deploy/prometheus/prometheus.yml."""
+    text = (ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text()
+    targets = set(re.findall(r'"([a-z]+):(\d+)"', text))
+    assert targets == {(name, str(PORTS[name])) for name in ("shuffler", "aggregator", "fleet")}
+    for name, _ in targets:
+        cmd, params = resolve(model["services"][name]["command"])
+        default = next(p.default for p in cmd.params if p.name == "metrics_host")
+        assert default == defaults.DEFAULT_METRICS_HOST == "127.0.0.1", name
+        assert params["metrics_host"] == "0.0.0.0", name
 
 
 # -- credentials: every file read is a file written --------------------------------------------

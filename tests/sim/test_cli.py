@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -220,7 +221,6 @@ def test_privacy_rounds_json_contract_and_monotone() -> None:
             ],
             "epsilon must be in",
         ),
-        (["--mechanism", "generic", "--epsilon", "1", "--n", "10", "--delta", "2"], "delta"),
     ],
 )
 def test_privacy_errors_are_one_line(args: list[str], message: str) -> None:
@@ -374,7 +374,9 @@ def test_help_texts_read_whole_at_80_columns() -> None:
         result = CliRunner().invoke(app, [*command, "--help"], terminal_width=80)
         assert result.exit_code == 0, result.output
         assert "module doc" not in result.output
-        assert " ." not in result.output.replace("...", ""), command
+        # a word, a space, a full stop: a word lost (a "." alone on a line is the end of a
+        # word too wide for its column, folded there: sim/cli_help.py)
+        assert not re.search(r"\w \.", result.output.replace("...", "")), command
 
 
 HEAVY = ("numpy", "scipy", "matplotlib", "aiomqtt", "gmqtt", "paho", "cryptography")
