@@ -17,8 +17,12 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from aggregator.estimation.estimators import AggregateState
 from edge import LocalMechanism, MechanismSpec
