@@ -90,7 +90,7 @@ def test_dry_run_and_errors() -> None:
     assert result.exit_code == 0
     assert '"topic": "coco/v1/plant-7/spec"' in result.output
     bad = runner.invoke(app, [*ARGS[:-2], "--delta", "2", "--dry-run"])
-    assert bad.exit_code == 1
+    assert bad.exit_code == 2  # a usage error, as for every --delta (edge/defaults.py)
     assert "delta" in bad.output
     bad = runner.invoke(app, [*ARGS, "--broker", "mqtt://127.0.0.1:1", "--timeout", "2"])
     assert bad.exit_code == 1
