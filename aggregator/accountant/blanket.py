@@ -103,6 +103,8 @@ from numpy.typing import NDArray
 from scipy import special, stats
 
 from aggregator.accountant._checks import check_delta, check_n, check_real
+from aggregator.accountant.chains import chained_lower_cdf
+from aggregator.accountant.chains import lower_cdf as _lower_cdf
 from aggregator.accountant.search import gaussian_guess, search_epsilon
 from edge.spec import MechanismSpec, log_upper
 
@@ -211,43 +213,11 @@ def blanket_pair_for_spec(spec: MechanismSpec, *, n: int) -> BlanketPair:
     return BlanketPair(n=n, exp_epsilon0=spec.exp_epsilon, s=spec.s, t=spec.t)
 
 
-def _lower_cdf(x: FloatArray, m: FloatArray, q: float) -> FloatArray:
-    """``Pr[Bin(m, q) <= x] - [x >= m q]``: the cdf below the mean, minus the sf above it.
-
-    Differences of these values give window probabilities without forming ``1 - small``;
-    their absolute values are the magnitudes the error budget multiplies.
-    """
-    out = np.empty_like(x)
-    below = x < m * q
-    out[below] = stats.binom.cdf(x[below], m[below], q)
-    out[~below] = -stats.binom.sf(x[~below], m[~below], q)
-    return out
-
-
-def _boundary_cdfs(  # noqa: PLR0917 (private helper; call sites read positionally)
-    end: FloatArray,
-    offsets: NDArray[np.int64],
-    m: FloatArray,
-    first_prev: FloatArray,
-    first_m: FloatArray,
-    q: float,
-) -> tuple[FloatArray, FloatArray]:
-    """:func:`_lower_cdf` at every run's end and at its previous boundary.
-
-    Runs are stored K by K; a run's previous boundary is the end of the run before it, except
-    for the first run of each K (at ``offsets``), whose previous boundary is ``first_prev``.
-    """
-    c_end = _lower_cdf(end, m, q)
-    c_prev = np.empty_like(c_end)
-    c_prev[1:] = c_end[:-1]
-    c_prev[offsets] = _lower_cdf(first_prev, first_m, q)
-    return c_end, c_prev
-
-
 def _shifted_cdf(
-    x: FloatArray, m: FloatArray, q: float, c: FloatArray
+    x: FloatArray, m: FloatArray, q: float, c: FloatArray, pmf: FloatArray | None = None
 ) -> tuple[FloatArray, FloatArray]:
-    """``_lower_cdf(x - 1, m - 1, q)`` from ``c = _lower_cdf(x, m, q)`` and one pmf value,
+    """``_lower_cdf(x - 1, m - 1, q)`` from ``c = _lower_cdf(x, m, q)`` and one pmf value
+    (Boost's, computed here or given as ``pmf``: the same values),
     with a magnitude ``mag`` such that its error is at most ``rel * mag`` whenever ``c``'s
     and the pmf's are at most ``rel`` relative (``rel >= 1e-15``).
 
@@ -269,7 +239,8 @@ def _shifted_cdf(
     direct = (m < 1.0) | ((x >= m * q) & (x - 1.0 < (m - 1.0) * q))
     shift = ~direct
     xs, ms = x[shift], m[shift]
-    t = np.asarray(stats.binom.pmf(xs, ms, q)) * ((ms - xs) / ms)
+    b = np.asarray(stats.binom.pmf(xs, ms, q)) if pmf is None else pmf[shift]
+    t = b * ((ms - xs) / ms)
     out[shift] = c[shift] - t
     mag[shift] = (np.abs(c[shift]) + t) * (1.0 + 1e-5)
     if np.any(direct):
@@ -319,6 +290,11 @@ class _Engine:
             )
             skipped += _dot(self.pk, outside) * (1.0 + self.rel)
         self.skipped = p * skipped * (1.0 + self.rel) * (1.0 + 4 * _UNIT_ROUNDOFF)
+        if self.q0 > 0.0:  # the window's ends, the clipped boundaries (eps-independent)
+            self.ends = (self.lo0 - 1.0, self.hi0)
+            self.pmf_ends = [np.asarray(stats.binom.pmf(x, m0, self.q0)) for x in self.ends]
+            self.c_ends = [_lower_cdf(x, m0, self.q0) for x in self.ends]
+            self.d_first = _shifted_cdf(self.ends[0], m0, self.q0, self.c_ends[0])
         # Rounding of tau (module docstring): 2 eta S_(k-1) per unit of probability.
         self.eta = 64.0 * _UNIT_ROUNDOFF * (ks + self.hi0 + 2.0)
 
@@ -386,11 +362,23 @@ class _Engine:
         prev[offsets] = lo0 - 1.0
         empty = end <= prev
         m1 = np.maximum(m - 1.0, 0.0)
-        c_end, c_prev = _boundary_cdfs(end, offsets, m, lo0 - 1.0, m0, q0)
-        d_end, d_end_mag = _shifted_cdf(end, m, q0, c_end)
+        # cdf values chained along diagonals (aggregator.accountant.chains), their extra
+        # rounding added to the budget of every value
+        c_end, pmf_end = np.empty_like(end), np.empty_like(end)
+        inner = np.ones(end.shape, dtype=bool)
+        for side, bound in enumerate(self.ends):
+            at = end == bound[which]
+            c_end[at], pmf_end[at] = self.c_ends[side][which[at]], self.pmf_ends[side][which[at]]
+            inner &= ~at
+        c_end[inner], pmf_end[inner], extra = chained_lower_cdf(
+            end[inner], m[inner], q0, 2.0 * k[inner] - kk[inner], kk[inner]
+        )
+        c_prev = np.empty_like(c_end)
+        c_prev[1:], c_prev[offsets] = c_end[:-1], self.c_ends[0]
+        d_end, d_end_mag = _shifted_cdf(end, m, q0, c_end, pmf_end)
         d_prev, d_prev_mag = np.empty_like(d_end), np.empty_like(d_end)
         d_prev[1:], d_prev_mag[1:] = d_end[:-1], d_end_mag[:-1]
-        d_prev[offsets], d_prev_mag[offsets] = _shifted_cdf(lo0 - 1.0, m0, q0, c_prev[offsets])
+        d_prev[offsets], d_prev_mag[offsets] = self.d_first
         prob = (c_end - c_prev) + ((end >= m * q0).astype(np.float64) - (prev >= m * q0))
         # magnitudes for the error budget; |prob| also covers the rounding of 1 - small
         prob_mag = np.abs(c_end) + np.abs(c_prev) + np.abs(prob)
@@ -398,7 +386,7 @@ class _Engine:
         above = (end - 1.0 >= m1 * q0).astype(np.float64) - (prev - 1.0 >= m1 * q0)
         mass = scale * ((d_end - d_prev) + above)
         mass_mag = scale * (d_end_mag + d_prev_mag) + np.abs(mass)
-        head, s_k, rel = _threshold_tails(k, ks, k_last, counts, which, self.rel)
+        head, s_k, rel = _threshold_tails(k, ks, k_last, counts, which, self.rel + extra)
         lin = (0.5 * kk - t0) * s_k
         value = prob * (head + lin) - tau1 * s_k * mass
         value = np.where(empty, 0.0, np.maximum(value, 0.0))

@@ -1,9 +1,10 @@
 """The blanket engine's recurrences against the value-by-value evaluation they replaced.
 
 The engine takes most of its binomial values from a few special-function values by exact
-identities and recurrences (``_shifted_cdf``, ``_threshold_tails``). The value-by-value
+identities and recurrences (``_shifted_cdf``, ``_threshold_tails``, the neutral count's cdf
+chained along diagonals, :mod:`aggregator.accountant.chains`). The value-by-value
 evaluation (one Boost value per run and per quantity, as before) is run here by swapping
-those two helpers for direct ones: the certified curve must never come out below it (the
+those helpers for direct ones: the certified curve must never come out below it (the
 recurrences' rounding is budgeted on top of the special functions' own budget), and stays
 within ``1e-6`` relative of it (a relative change ``r`` of every curve point moves
 ``epsilon_total`` by about ``r / 2``, so its printed digits do not move; the difference is
@@ -23,7 +24,8 @@ from numpy.typing import NDArray
 from scipy import stats
 
 from aggregator.accountant import blanket
-from aggregator.accountant.blanket import BlanketPair, _Engine, _lower_cdf
+from aggregator.accountant.blanket import BlanketPair, _Engine
+from aggregator.accountant.chains import lower_cdf as _lower_cdf
 from aggregator.accountant.composition import grid_spacing
 from edge.spec import MechanismSpec
 
@@ -49,9 +51,20 @@ def _direct_shifted(
     m: FloatArray,
     q: float,
     c: FloatArray,  # noqa: ARG001 (the helper it replaces derives the value from c)
+    pmf: FloatArray | None = None,  # noqa: ARG001
 ) -> tuple[FloatArray, FloatArray]:
     value = _lower_cdf(x - 1.0, np.maximum(m - 1.0, 0.0), q)
     return value, np.abs(value)
+
+
+def _direct_chained(
+    x: FloatArray,
+    m: FloatArray,
+    q: float,
+    diagonal: FloatArray,  # noqa: ARG001 (the helper it replaces chains along it)
+    big_k: FloatArray,  # noqa: ARG001
+) -> tuple[FloatArray, FloatArray, float]:
+    return _lower_cdf(x, m, q), np.asarray(stats.binom.pmf(x, m, q)), 0.0
 
 
 def _schedule(pair: BlanketPair) -> list[float]:
@@ -83,6 +96,7 @@ def test_curve_never_below_the_value_by_value_evaluation(
     with monkeypatch.context() as patch:
         patch.setattr(blanket, "_threshold_tails", _direct_tails)
         patch.setattr(blanket, "_shifted_cdf", _direct_shifted)
+        patch.setattr(blanket, "chained_lower_cdf", _direct_chained)
         old = [_Engine(pair, 1e-20).divergence(x) for x in points]
     for x, fast, slow in zip(points, new, old, strict=True):
         assert fast >= slow, (x, fast, slow)

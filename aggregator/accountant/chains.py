@@ -1,0 +1,141 @@
+"""Binomial cdf values at the blanket engine's run boundaries, chained across rows.
+
+The engine of :mod:`aggregator.accountant.blanket` needs, for every run ``(K, k)`` of one
+``eps``, the cdf of the neutral count ``Bin(m, q)`` (``m = n - K``) at the run's end
+``x = ceil((k - tau0(K)) / tau1) - 1``: tens of thousands of values per ``eps``, which
+were three quarters of its time as one special-function value each. They are not
+independent. With ``c0 = 1`` (``t >= 2s``), ``tau0(K + 2) - tau0(K) - 1 = -(p + 1) tau1``,
+so the run ``(K + 2, k + 1)`` ends ``p + 1`` (rounded: 3 or 4 at ``eps0 = 1``) below the
+run ``(K, k)``: runs with the same ``2k - K`` (a *diagonal*) two rows apart end a few
+values apart, and their cdf values differ by a short sum of pmf values.
+
+The identity (exact): ``Bin(m, q) = Bin(m - 2, q) + Bin(2, q)``, so for ``x' <= x - 2``
+
+    F_m(x) - F_(m-2)(x') = D = sum_{y = x'+1}^{x} b_(m-2)(y) Pr[Bin(2, q) <= x - y],
+
+a sum of non-negative terms (the weights are ``(1 - q)^2``, ``1 - q^2`` and ``1``). The
+same ``D`` is ``G_(m-2)(x') - G_m(x)`` for the survival function ``G = 1 - F``. So along a
+diagonal (``K`` rising), the sf grows by ``D`` and the cdf falls by it: above the mean
+(where the engine uses ``-G``) a chain starts from one special-function value at its first
+point and adds the ``D``s forwards; below the mean (where it uses ``F``) from one at its
+last point, adding them backwards. Every value is an anchor plus non-negative terms:
+nothing cancels. The pmf values in ``D`` come from the next point's pmf (one Boost value,
+which the engine needs anyway for its shifted cdf) by the ratio
+``b(y) = b(y - 1) (m' - y + 1) / y * q / (1 - q)``.
+
+A link is used only where it is exact and well conditioned: same diagonal, rows ``K`` and
+``K + 2``, both points on the same side of the mean (the engine's own test ``x < m q``),
+``2 <= x - x' <= CAP``, ``x' >= 0`` and a pmf value far from underflow; elsewhere a chain
+ends and the next point is an anchor (a Collision pair with ``t < 2s``, whose diagonal
+step is below 2, gets one special-function value per point, as before).
+
+Error bound (relative to the value, which is what the engine's budget multiplies): the
+anchor and the pmf value carry the special functions' budget ``rel``; each ratio step
+adds at most ``5 u`` (a quotient of exact integers, the constant ``q / (1 - q)`` with two
+roundings, two products), the weight and its product ``4 u``, the sum of at most ``CAP``
+terms ``CAP u``, so a ``D`` is within ``rel + (6 CAP + 4) u``; the running sum of ``L``
+non-negative terms adds ``L u`` (recursive summation). :func:`chained_lower_cdf` returns
+``1.01 (6 CAP + 5 + L_max) u`` as the extra relative error of its values, to be added to
+``rel`` (the factor covers the second-order terms for ``rel <= 1e-3``).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+from numpy.typing import NDArray
+from scipy import stats
+
+__all__ = ["CAP", "chained_lower_cdf", "lower_cdf"]
+
+FloatArray = NDArray[np.float64]
+
+CAP: Final = 8
+"""Longest step ``x - x'`` of a link (``p + 1`` rounded up: ``eps0`` up to about 1.9)."""
+_TINY: Final = 2.0**-900
+"""A link needs pmf values and sums above this (no subnormal products)."""
+_U: Final = 2.0**-53
+
+
+def lower_cdf(x: FloatArray, m: FloatArray, q: float) -> FloatArray:
+    """``Pr[Bin(m, q) <= x] - [x >= m q]``: the cdf below the mean, minus the sf above it
+    (one Boost value each)."""
+    out = np.empty_like(x)
+    below = x < m * q
+    out[below] = stats.binom.cdf(x[below], m[below], q)
+    out[~below] = -stats.binom.sf(x[~below], m[~below], q)
+    return out
+
+
+def _link_sums(
+    x: FloatArray, x_next: FloatArray, m_next: FloatArray, pmf_next: FloatArray, q: float
+) -> FloatArray:
+    """``D`` of each link from ``(x, m_next + 2)`` to ``(x_next, m_next)`` (module
+    docstring), from ``pmf_next = b_(m_next)(x_next)``; requires ``2 <= x - x_next <=
+    CAP``."""
+    rho = q / (1.0 - q)
+    one_minus = 1.0 - q
+    weights = (one_minus * one_minus, one_minus * (1.0 + q))
+    step = x - x_next
+    b = pmf_next.copy()
+    total = np.zeros_like(b)
+    for j in range(1, CAP + 1):
+        y = x_next + j
+        b = b * ((m_next - y + 1.0) / y) * rho
+        gap = step - j  # x - y
+        weight = np.where(gap >= 2.0, 1.0, np.where(gap == 1.0, weights[1], weights[0]))
+        total += np.where(gap >= 0.0, b * weight, 0.0)
+    return total
+
+
+def chained_lower_cdf(
+    x: FloatArray, m: FloatArray, q: float, diagonal: FloatArray, big_k: FloatArray
+) -> tuple[FloatArray, FloatArray, float]:
+    """``(lower_cdf(x, m, q), pmf, extra)`` at every point, with ``pmf = b_m(x)`` (Boost)
+    and the cdf values chained along diagonals (module docstring); ``extra`` is the
+    relative error the chains add to the special functions' budget.
+
+    ``diagonal`` is ``2k - K`` of each point's run, ``big_k`` its ``K`` (``m = n - K``)."""
+    if x.size == 0:
+        return np.empty_like(x), np.empty_like(x), 0.0
+    pmf = np.asarray(stats.binom.pmf(x, m, q), dtype=np.float64)
+    order = np.lexsort((big_k, diagonal))
+    xs, ms, ps = x[order], m[order], pmf[order]
+    below = xs < ms * q
+    link = (
+        (diagonal[order][1:] == diagonal[order][:-1])
+        & (big_k[order][1:] == big_k[order][:-1] + 2.0)
+        & (ms[1:] == ms[:-1] - 2.0)
+        & (below[1:] == below[:-1])
+        & (xs[:-1] - xs[1:] >= 2.0)
+        & (xs[:-1] - xs[1:] <= CAP)
+        & (xs[1:] >= 0.0)
+        & (ps[1:] > _TINY)
+    )
+    sums = np.zeros(link.size)
+    if np.any(link):
+        sums[link] = _link_sums(xs[:-1][link], xs[1:][link], ms[1:][link], ps[1:][link], q)
+        link &= sums > _TINY
+    # segments: maximal runs of links; [start, stop) in sorted order
+    starts = np.flatnonzero(np.concatenate(([True], ~link)))
+    stops = np.concatenate((starts[1:], [xs.size]))
+    seg_below = below[starts]
+    anchors = np.where(seg_below, stops - 1, starts)  # last point below, first above
+    values = np.empty_like(xs)
+    values[anchors] = np.abs(lower_cdf(xs[anchors], ms[anchors], q))
+    longest = 1
+    for start, stop, low in zip(starts.tolist(), stops.tolist(), seg_below.tolist(), strict=True):
+        if stop - start < 2:
+            continue
+        longest = max(longest, stop - start)
+        if low:  # F at i = F at i + 1 + D_i, from the last point back
+            terms = np.concatenate(([values[stop - 1]], sums[start : stop - 1][::-1]))
+            values[start:stop] = np.cumsum(terms)[::-1]
+        else:  # G at i + 1 = G at i + D_i, from the first point on
+            terms = np.concatenate(([values[start]], sums[start : stop - 1]))
+            values[start:stop] = np.cumsum(terms)
+    out = np.empty_like(x)
+    out[order] = np.where(below, values, -values)
+    extra = 1.01 * (6 * CAP + 5 + longest) * _U
+    return out, pmf, extra
