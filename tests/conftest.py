@@ -34,6 +34,32 @@ __all__ = [
 
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 
+BROKER_FIXTURES = frozenset(
+    {
+        "mosquitto",
+        "mosquitto_persistent",
+        "mosquitto_client_id_acl",
+        "shipped_broker",
+        "small_queue_broker",
+        "broker_nodelay",
+        "nats",
+        "nats_cluster",
+        "quick_redelivery_cluster",
+        "cluster",
+    }
+)
+"""Fixtures that start a real broker: a test using one is an integration test."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that starts a real broker is marked ``integration`` (pyproject's marker) whether
+    or not its module says so, before ``-m`` selects: scripts/test runs the integration tests
+    at normal priority and the rest beside them at a lower one."""
+    for item in items:
+        if BROKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
 
 class Broker:
     """A Mosquitto process listening on 127.0.0.1:``port`` with anonymous access."""

@@ -14,6 +14,8 @@ import json
 import shlex
 import subprocess
 
+import pytest
+
 from sim.demo.brokers import EMBEDDED_BROKER_KIND, EMBEDDED_DEFAULT_DEVICES
 from tests.processes import COCO, ROOT
 
@@ -42,6 +44,7 @@ def test_the_pipeline_step_runs_whether_or_not_mosquitto_exists() -> None:
     assert "--devices" not in pipeline_step()  # coco demo sizes the fleet for its broker
 
 
+@pytest.mark.integration  # a whole pipeline in real time
 def test_the_pipeline_step_on_the_embedded_broker_accounts_for_every_report() -> None:
     args = [*pipeline_step(), "--embedded-broker", "--json"]
     done = subprocess.run(

@@ -129,6 +129,7 @@ README_DEMO_CPU = 8.0
 1,000 devices x 3 rounds (8-9 s; its wall-clock time is bench/bench_demo.py's to measure)."""
 
 
+@pytest.mark.integration  # a whole pipeline in real time
 @pytest.mark.timeout(300)
 def test_demo_cli_on_the_embedded_broker_accounts_for_every_report() -> None:
     """400 reports through the embedded broker, all accounted for. Its cost is checked in
@@ -166,6 +167,7 @@ def test_demo_cli_on_the_embedded_broker_accounts_for_every_report() -> None:
     assert cpu_seconds() - start < README_DEMO_CPU
 
 
+@pytest.mark.integration  # a whole pipeline in real time
 @pytest.mark.timeout(90)
 def test_without_mosquitto_the_fallback_runs_a_reduced_default_fleet(
     monkeypatch: pytest.MonkeyPatch,
