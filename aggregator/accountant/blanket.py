@@ -64,6 +64,9 @@ Numerical certificate (every item is *added* to the result)
   at ``z`` standard deviations, more where ``1 - q`` is tiny), is computed for the
   windows and added to that budget (:func:`_special_rel_err`). Boost's own error grows
   like ``sqrt(n)`` (2e-11 at ``n = 2^30``): batches above :data:`MAX_N` are refused.
+  The cdf and sf values at the run boundaries are chained from one Boost value each
+  (:mod:`aggregator.accountant.chains`: sums of non-negative pmf terms, never a
+  difference), and the chains' rounding bound is added to the same budget.
 * Rounding of ``tau``: ``f(tau) = E(N1 - tau)_+`` is convex and piecewise linear with
   kinks at the integers, slope ``-S_k`` on ``[k - 1, k]`` (``S_k = Pr[N1 >= k]``), and the
   group formula for ``k`` is its tangent ``g_k`` there. ``tau0`` is computed from
