@@ -217,29 +217,44 @@ class ShardControl:
             backoff = min(backoff * 2, 10.0)
 
     async def _watch(self, client: aiomqtt.Client, stop: asyncio.Event) -> None:
+        """Renew every ``ttl / 3`` s and take what arrives meanwhile.
+
+        One pending read of the messages at a time, never cancelled while the connection
+        lives: a cancelled read can drop the message it had just taken (aiomqtt's iterator
+        takes it off its queue before it returns), and the message it drops may be the
+        announcement that ends this shard's rounds. And each renewal subscribes to the
+        announcement again, so the broker sends the retained one anew (MQTT: a SUBSCRIBE
+        that replaces a subscription re-sends the retained messages): an announcement whose
+        live delivery was lost (seen on a NATS cluster: two of three shufflers never heard
+        of a reshard, and never retired) arrives within one renewal. The same announcement
+        again changes nothing (:meth:`broker.service.sharding.ShardMixin._set_plan` logs a
+        change of the shard's last round only, and the layouts' warnings once each)."""
         renew_every = max(self.ttl / 3, 0.1)
         await self._claim(client)
         next_renewal = time.monotonic() + renew_every
         messages = aiter(client.messages)
-        while not stop.is_set():
-            wait = max(next_renewal - time.monotonic(), 0.0)
-            stopped = asyncio.ensure_future(stop.wait())
-            message = asyncio.ensure_future(anext(messages))
-            try:
-                done, _ = await asyncio.wait(
-                    {stopped, message}, timeout=wait, return_when=asyncio.FIRST_COMPLETED
-                )
-            finally:
-                stopped.cancel()
-                if not message.done():
-                    message.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
-                        await message
-            if message in done:
-                self._received(message.result())
-            if time.monotonic() >= next_renewal:
-                await self._claim(client)
-                next_renewal = time.monotonic() + renew_every
+        stopped = asyncio.ensure_future(stop.wait())
+        message: asyncio.Future[aiomqtt.Message] | None = None
+        try:
+            while not stop.is_set():
+                if message is None:
+                    message = asyncio.ensure_future(anext(messages))
+                wait = max(next_renewal - time.monotonic(), 0.0)
+                either: set[asyncio.Future[Any]] = {stopped, message}
+                await asyncio.wait(either, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+                if message.done():
+                    taken, message = message, None
+                    self._received(taken.result())  # MqttError: the connection is lost
+                if time.monotonic() >= next_renewal:
+                    await self._claim(client)
+                    await client.subscribe(self._spec, qos=1)
+                    next_renewal = time.monotonic() + renew_every
+        finally:
+            stopped.cancel()
+            if message is not None and not message.done():
+                message.cancel()
+                with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
+                    await message
 
     def _received(self, message: aiomqtt.Message) -> None:
         payload = message.payload
