@@ -22,6 +22,7 @@ from aggregator.accountant.blanket import _SPECIAL_REL_ERR, blanket_pair_for_spe
 from aggregator.accountant.chains import CAP, chained_lower_cdf, lower_cdf
 from aggregator.accountant.composition import epsilon_total_counts
 from edge.spec import MechanismSpec
+from tests.aggregator.test_blanket_recurrences import direct_chained
 
 FloatArray = NDArray[np.float64]
 
@@ -100,16 +101,6 @@ def test_a_chain_that_would_cancel_is_not_formed() -> None:
         assert abs(mpmath.mpf(float(values[i])) - exact) <= 2e-10 * abs(exact)
 
 
-def _direct(
-    x: FloatArray,
-    m: FloatArray,
-    q: float,
-    diagonal: FloatArray,  # noqa: ARG001 (the helper it replaces chains along it)
-    big_k: FloatArray,  # noqa: ARG001
-) -> tuple[FloatArray, FloatArray, float]:
-    return lower_cdf(x, m, q), np.asarray(stats.binom.pmf(x, m, q)), 0.0
-
-
 def _clear_caches() -> None:
     for cached in (
         composition._curve,
@@ -134,7 +125,7 @@ def test_epsilon_total_never_below_the_value_by_value_path(
     new = epsilon_total_counts(counts, delta=delta)
     _clear_caches()
     with monkeypatch.context() as patch:
-        patch.setattr(blanket, "chained_lower_cdf", _direct)
+        patch.setattr(blanket, "chained_lower_cdf", direct_chained)
         old = epsilon_total_counts(counts, delta=delta)
     _clear_caches()
     assert new >= old

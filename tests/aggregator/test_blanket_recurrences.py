@@ -57,13 +57,15 @@ def _direct_shifted(
     return value, np.abs(value)
 
 
-def _direct_chained(
+def direct_chained(
     x: FloatArray,
     m: FloatArray,
     q: float,
     diagonal: FloatArray,  # noqa: ARG001 (the helper it replaces chains along it)
     big_k: FloatArray,  # noqa: ARG001
 ) -> tuple[FloatArray, FloatArray, float]:
+    """What the chains stand for: each boundary's cdf and pmf from scipy, no chain, no
+    chain rounding (patched over :func:`~aggregator.accountant.chains.chained_lower_cdf`)."""
     return _lower_cdf(x, m, q), np.asarray(stats.binom.pmf(x, m, q)), 0.0
 
 
@@ -96,7 +98,7 @@ def test_curve_never_below_the_value_by_value_evaluation(
     with monkeypatch.context() as patch:
         patch.setattr(blanket, "_threshold_tails", _direct_tails)
         patch.setattr(blanket, "_shifted_cdf", _direct_shifted)
-        patch.setattr(blanket, "chained_lower_cdf", _direct_chained)
+        patch.setattr(blanket, "chained_lower_cdf", direct_chained)
         old = [_Engine(pair, 1e-20).divergence(x) for x in points]
     for x, fast, slow in zip(points, new, old, strict=True):
         assert fast >= slow, (x, fast, slow)
