@@ -88,12 +88,15 @@ class Prepared:
     """The broker held the session already (prepared before, or the shuffler ran)."""
     held: int
     """Queued reports the broker sent to this connection, left unacknowledged (module docs)."""
+    expiry: int | None
+    """The session expiry asked for (MQTT 5); ``None`` on 3.1.1 (kept until a clean
+    connection)."""
 
     def line(self) -> str:
         """One line for the operator (no device is named: only the shard's filter)."""
         name = "deployment (unsharded)" if self.shard is None else f"shard {self.shard}"
         state = "already present" if self.session_present else "created"
-        expiry = "" if self.version == "3.1.1" else ", expiry kept"
+        expiry = "" if self.expiry is None else f", expiry {self.expiry} s"
         held = (
             f"; {self.held} queued reports left unacknowledged for the shuffler"
             if self.held
@@ -237,4 +240,5 @@ async def _subscribe_session(
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(settings.timeout):
                     await client.disconnect()  # reason 0: the broker keeps the session
-    return Prepared(shard, client_id, topic_filter, version, present, held)
+    expiry = settings.session_expiry if version == "5" else None
+    return Prepared(shard, client_id, topic_filter, version, present, held, expiry)

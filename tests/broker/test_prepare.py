@@ -17,6 +17,7 @@ import aiomqtt
 import pytest
 from prometheus_client import CollectorRegistry
 
+from broker.service.config import SESSION_EXPIRY
 from broker.service.prepare import Prepared, PrepareSettings, ShardRunningError, prepare_shard
 from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge.announce import encode_announcement
@@ -183,6 +184,7 @@ def check(prepared: list[Prepared], received: dict[str, float], released_seeds: 
     assert not first.session_present  # created by the first preparation
     assert again.session_present  # the second found it: preparing is idempotent
     assert first.client_id == "coco-shuffler-prepared-g0s0"  # the shuffler's own session
+    assert first.expiry == (SESSION_EXPIRY if first.version == "5" else None)
     assert "prepared shard g0s0" in first.line()
     assert received["g0s0"] == N  # everything published before the shuffler started
     assert released_seeds == N  # released, each once
