@@ -225,6 +225,16 @@ class ShardPlan:
     def labels(self) -> tuple[str, ...]:
         return tuple(label for layout in self.layouts for label in layout.labels)
 
+    def labels_ahead(self, round_: int) -> tuple[str, ...]:
+        """The shards of every layout whose first round comes after ``round_`` (the current
+        round): a reshard's new shards, before devices start publishing to them."""
+        return tuple(
+            label
+            for layout in self.layouts
+            if layout.from_round > round_
+            for label in layout.labels
+        )
+
 
 def plan_from_layouts(layouts: Sequence[ShardLayout]) -> ShardPlan:
     """A :class:`ShardPlan` of ``layouts`` (validated)."""

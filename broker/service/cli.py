@@ -198,6 +198,75 @@ async def _serve(config: ShufflerConfig, registry: CollectorRegistry) -> None:
 class Action(StrEnum):
     run = "run"
     repair = "repair"
+    prepare = "prepare"
+
+
+def _prepare(
+    deployment: str,
+    broker: str,
+    shards: list[str],
+    *,
+    settings: dict[str, Any],
+    password_file: Path | None,
+    announcement_timeout: float,
+) -> None:
+    """``coco shuffler prepare``: one line per shard prepared, one ``error:`` line per shard
+    that could not be (exit 1 if any); the shards are ``shards``, or by default every shard
+    of an announced layout whose first round is ahead (an unsharded deployment: its one
+    session)."""
+    import aiomqtt  # noqa: PLC0415 (not for --help)
+
+    from broker.service.prepare import PrepareSettings, prepare_shard  # noqa: PLC0415
+    from edge.rounds import current_round  # noqa: PLC0415
+
+    try:
+        password = resolve_password(settings.pop("password"), password_file)
+        settings["mqtt_version"] = check_mqtt_version(settings["mqtt_version"])
+        config = PrepareSettings(
+            broker=broker, deployment=deployment, password=password, **settings
+        )
+        announcement = asyncio.run(
+            read_announcement(
+                broker,
+                deployment,
+                announcement_timeout,
+                username=config.username,
+                password=config.password,
+                ca_file=config.ca_file,
+            )
+        )
+        targets: list[str | None]
+        if announcement.get("shards") is None:
+            if shards:
+                raise ValueError(f"--shard: deployment {deployment} is not sharded")
+            targets = [None]
+        else:
+            plan = ShardPlan.from_json(announcement["shards"])
+            now = current_round(int(announcement["round_seconds"]))
+            unknown = [label for label in shards if plan.layout_of_label(label) is None]
+            if unknown:
+                raise ValueError(
+                    f"--shard {', '.join(unknown)}: not an announced shard "
+                    f"({', '.join(plan.labels)})"
+                )
+            targets = list(dict.fromkeys(shards)) or list(plan.labels_ahead(now))
+            if not targets:
+                raise ValueError(
+                    f"no announced layout of {deployment} starts after the current round "
+                    f"{now}: nothing to prepare (name shards with --shard)"
+                )
+    except (CocoError, ValueError, OSError, TimeoutError, aiomqtt.MqttError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    failed = False
+    for target in targets:
+        try:
+            typer.echo(asyncio.run(prepare_shard(config, target)).line())
+        except (CocoError, OSError, TimeoutError) as exc:
+            typer.echo(f"error: {exc}", err=True)
+            failed = True
+    if failed:
+        raise typer.Exit(1)
 
 
 def shuffler(
@@ -205,7 +274,10 @@ def shuffler(
         Action,
         typer.Argument(
             help="run (default): the service. repair: salvage a damaged log in --state-dir "
-            "(the shuffler stopped), keeping a copy and printing what was dropped.",
+            "(the shuffler stopped), keeping a copy and printing what was dropped. prepare: "
+            "create the ingest session of each --shard (default: every shard of an announced "
+            "layout not begun yet) before its shuffler first starts, so the broker queues "
+            "that shard's reports until it does (refused for a shard whose shuffler runs).",
         ),
     ] = Action.run,
     deployment: Annotated[
@@ -267,11 +339,11 @@ def shuffler(
         ),
     ] = None,
     shard: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
             envvar="COCO_SHARD",
             help="This shuffler's shard (g<generation>s<index>, e.g. g0s1) in a sharded "
-            "deployment: required there, refused elsewhere.",
+            "deployment: required there, refused elsewhere. prepare: repeat it for several.",
         ),
     ] = None,
     lease_ttl: Annotated[
@@ -332,6 +404,27 @@ def shuffler(
     if deployment is None:
         typer.echo("error: --deployment is required (or COCO_DEPLOYMENT)", err=True)
         raise typer.Exit(2)
+    shards = shard or []
+    if action == Action.prepare:
+        _prepare(
+            deployment,
+            broker,
+            shards,
+            settings={
+                "username": username,
+                "password": password,
+                "ca_file": ca_file,
+                "client_id": client_id,
+                "mqtt_version": mqtt_version,
+            },
+            password_file=password_file,
+            announcement_timeout=announcement_timeout,
+        )
+        return
+    if len(shards) > 1:
+        typer.echo("error: --shard: a shuffler serves one shard (more only with prepare)", err=True)
+        raise typer.Exit(2)
+    one_shard = shards[0] if shards else None
     import aiomqtt  # noqa: PLC0415 (not for --help: the MQTT clients cost 0.1-0.2 s of CPU)
     from prometheus_client import CollectorRegistry  # noqa: PLC0415
 
@@ -365,7 +458,7 @@ def shuffler(
             announced_key = key if isinstance(key, str) else None
             if announcement.get("shards") is not None:
                 plan = ShardPlan.from_json(announcement["shards"])
-        announced_key = _shard_key(deployment, shard, plan, announced_key)
+        announced_key = _shard_key(deployment, one_shard, plan, announced_key)
         round_seconds, min_batch = _rules(round_seconds, announced_round, min_batch, announced)
         config = ShufflerConfig(
             broker=broker,
@@ -379,11 +472,13 @@ def shuffler(
             max_skew=max_skew,
             late_seconds=late_seconds,
             state_dir=state_dir
-            or Path("coco-state") / deployment / ("shuffler" + (f"-{shard}" if shard else "")),
+            or Path("coco-state")
+            / deployment
+            / ("shuffler" + (f"-{one_shard}" if one_shard else "")),
             signing_key=signing_key,
             create_signing_key=create_signing_key,
             broker_stats=broker_stats,
-            shard=shard,
+            shard=one_shard,
             plan=plan,
             lease_ttl=lease_ttl,
             mqtt_version=check_mqtt_version(mqtt_version),

@@ -22,6 +22,20 @@ INGEST_MAX_PACKET = 512
 """Largest MQTT packet the ingest connection accepts (a report's PUBLISH is under 100 bytes)."""
 
 
+SESSION_EXPIRY = 7 * 24 * 3600
+"""Seconds the broker keeps the ingest session (MQTT 5) while the shuffler is away; the same
+for ``coco shuffler prepare``, which creates the session before the shuffler's first start."""
+
+
+def ingest_client_id(
+    deployment: str, shard: str | None, *, client_id: str | None, username: str | None
+) -> str:
+    """The ingest session's client id: ``client_id``, else the username, else
+    ``coco-shuffler-<deployment>``; with ``-<label>`` for a shard."""
+    base = client_id or username or f"coco-shuffler-{deployment}"
+    return base if shard is None else f"{base}-{shard}"
+
+
 def parse_broker_url(url: str) -> tuple[str, int, bool]:
     """``(host, port, tls)`` of a broker URL (:func:`edge.mqtt_url.parse_broker_url`), or of
     the first node of a comma-separated list (:func:`edge.mqtt_url.parse_broker_urls`)."""
@@ -58,7 +72,7 @@ class ShufflerConfig:
     password: str | None = field(default=None, repr=False)
     ca_file: str | None = None
     client_id: str | None = None
-    session_expiry: int = 7 * 24 * 3600
+    session_expiry: int = SESSION_EXPIRY
     mqtt_version: MqttVersion = "auto"
     """``auto``: MQTT 5, or 3.1.1 where the broker refuses 5 (probed once per process,
     :func:`edge.mqtt_version.negotiate`). On 3.1.1 the session is ``clean_session=0`` (kept
@@ -158,5 +172,6 @@ class ShufflerConfig:
     def ingest_client_id(self) -> str:
         """The persistent session's client id: derived from the account, and fixed per
         shard (``-<label>``), so the broker lets one connection consume a shard's session."""
-        base = self.client_id or self.username or f"coco-shuffler-{self.deployment}"
-        return base if self.shard is None else f"{base}-{self.shard}"
+        return ingest_client_id(
+            self.deployment, self.shard, client_id=self.client_id, username=self.username
+        )

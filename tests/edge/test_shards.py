@@ -181,3 +181,12 @@ def test_announcement_refuses_bad_shards() -> None:
         mutate(message)
         with pytest.raises(SpecError):
             decode_announcement(json.dumps(message).encode())
+
+
+def test_labels_ahead_are_the_shards_of_layouts_not_begun() -> None:
+    """``coco shuffler prepare``'s default: the shards of every layout whose first round
+    is after the current one (not the one that begins now: devices publish to it already)."""
+    plan = ShardPlan((_layout(1), _layout(2, from_round=10, generation=1)))
+    assert plan.labels_ahead(9) == ("g1s0", "g1s1")
+    assert plan.labels_ahead(10) == ()
+    assert ShardPlan((_layout(2, from_round=5),)).labels_ahead(0) == ("g0s0", "g0s1")
