@@ -328,6 +328,15 @@ def running_stack(
 # -- one case -------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Settled:
+    """What the shufflers held in their pools, and dropped by their round policy, once the
+    pipeline settled."""
+
+    held: int
+    dropped: int
+
+
 @dataclass
 class Outcome:
     """What the devices were told, and what the shuffler still held at the end."""
@@ -336,6 +345,8 @@ class Outcome:
     summary: dict[str, Any]
     held: int
     """Reports in the last shuffler's pools when it stopped (its /metrics)."""
+    dropped: int = 0
+    """Reports the shuffler dropped by its round policy, counted (:data:`POLICY_DROPS`)."""
 
     @property
     def unacknowledged(self) -> int:
@@ -346,14 +357,28 @@ class Outcome:
 Fault = Callable[[Stack, random.Random], None]
 
 
-def held_by_shuffler(port: int) -> tuple[int, int] | None:
-    """Reports in a shuffler's pools, and in its outbox (released, not yet acknowledged by
-    the broker: perhaps delivered already, so they are waited for, never counted as held)."""
+POLICY_DROPS = ("carry_superseded", "small_round")
+"""What a shuffler drops by its round policy, counted (docs/operations.md): a small pool's
+report superseded, when the pool is carried, by its device's report in the round it joins (a
+device is never twice in one batch), or a small pool dropped. A fault that cuts the devices'
+connections leaves small rounds behind, so acknowledged reports can leave this way."""
+
+
+def held_by_shuffler(port: int) -> tuple[int, int, int] | None:
+    """Reports in a shuffler's pools, in its outbox (released, not yet acknowledged by the
+    broker: perhaps delivered already, so they are waited for, never counted as held), and
+    dropped by its round policy (:data:`POLICY_DROPS`) since it started."""
     samples = metrics(port)
     if samples is None:
         return None
-    return int(samples["coco_shuffler_buffer_reports"]), int(
-        samples["coco_shuffler_outbox_reports"]
+    dropped = sum(
+        int(samples.get(f"coco_shuffler_dropped_total{{reason={reason}}}", 0))
+        for reason in POLICY_DROPS
+    )
+    return (
+        int(samples["coco_shuffler_buffer_reports"]),
+        int(samples["coco_shuffler_outbox_reports"]),
+        dropped,
     )
 
 
@@ -361,19 +386,20 @@ def settle(
     stack: Stack,
     shufflers: list[tuple[Process, int]],
     acked: Counter[tuple[int, int]] | None,
-) -> int:
+) -> Settled:
     """Wait until the running shufflers are connected with empty outboxes, the aggregator
-    has applied every record the recorder saw, and every report in ``acked`` is released
-    or pooled in a shuffler (a pool below min_batch waits for traffic); then stop the
-    shufflers with SIGTERM and return what their pools held, summed. Reports queued at the
-    broker for a shuffler that is still reconnecting are waited for, not missed.
+    has applied every record the recorder saw, and every report in ``acked`` is released,
+    pooled in a shuffler (a pool below min_batch waits for traffic) or dropped by its round
+    policy; then stop the shufflers with SIGTERM and return what their pools held and what
+    they dropped, summed. Reports queued at the broker for a shuffler that is still
+    reconnecting are waited for, not missed.
 
     ``acked=None`` (after a broker crash, or with a second shuffler's state directory aside):
     until nothing has changed for 5 s instead. Past the timeout the checks that follow tell
     what is missing."""
     assert stack.recorder is not None
     recorder = stack.recorder
-    history: list[tuple[int, int, int, int]] = []
+    history: list[tuple[int, int, int, int, int]] = []
 
     def done() -> bool:
         held = [held_by_shuffler(port) for process, port in shufflers if process.alive()]
@@ -385,13 +411,15 @@ def settle(
             return False
         pooled = sum(h[0] for h in held if h is not None)
         outbox = sum(h[1] for h in held if h is not None)
-        state = (pooled, outbox, recorder.count, int(document["n"]))
+        dropped = sum(h[2] for h in held if h is not None)
+        state = (pooled, outbox, recorder.count, int(document["n"]), dropped)
         history.append(state)
         if acked is None:
             return len(history) >= 50 and len(set(history[-50:])) == 1
         missing = sum((acked - recorder.released).values())
         stable = len(history) >= 20 and len(set(history[-20:])) == 1  # 2 s unchanged
-        return outbox == 0 and state[2] == state[3] and missing == pooled and stable
+        settled = missing == pooled + dropped
+        return outbox == 0 and state[2] == state[3] and settled and stable
 
     with contextlib.suppress(AssertionError):
         wait_until(done, 60, what="the pipeline to settle")
@@ -399,22 +427,22 @@ def settle(
         if process.alive():
             assert process.stop() == 0, process.output()[-2000:]
     assert history, "no shuffler or aggregator answered"
-    pooled, outbox, _, _ = history[-1]  # the same scrape that found the pipeline settled
+    pooled, outbox, _, _, dropped = history[-1]  # the scrape that found the pipeline settled
     if acked is not None:
         assert outbox == 0
-    return pooled
+    return Settled(pooled, dropped)
 
 
 def run_case(
     stack: Stack,
     case: str,
     fault: Fault,
-    finish: Callable[[Stack, Counter[tuple[int, int]]], int] | None = None,
+    finish: Callable[[Stack, Counter[tuple[int, int]]], Settled] | None = None,
     *,
     exact: bool = True,
 ) -> Outcome:
     """The fleet's rounds with ``fault`` at a random moment once reports flow; then settle
-    (``finish``: settle and stop the shufflers, return what they held), stop everything
+    (``finish``: settle and stop the shufflers, return what they held and dropped), stop everything
     gracefully and read what the devices were told."""
     rng = rng_for(case)
     acked_log = stack.workdir / "acked.log"
@@ -437,11 +465,11 @@ def run_case(
     assert fleet.proc.returncode == expected, fleet.output()[-2000:]
     acked = processes.read_acked(acked_log)  # complete: the fleet has exited
     if finish is None:
-        held = settle(stack, [(stack.shuffler, stack.shuffler_port)], acked if exact else None)
+        settled = settle(stack, [(stack.shuffler, stack.shuffler_port)], acked if exact else None)
     else:
-        held = finish(stack, acked)
+        settled = finish(stack, acked)
     assert stack.aggregator.stop() == 0, stack.aggregator.output()[-2000:]
-    return Outcome(acked, summary, held)
+    return Outcome(acked, summary, settled.held, settled.dropped)
 
 
 def reconcile(
@@ -467,12 +495,15 @@ def reconcile(
     assert outcome.summary["rounds_completed"] == ROUNDS
     missing = acked - released  # acknowledged, not released
     extra = released - acked  # released, never acknowledged
-    # Nothing acknowledged is lost: what was not released is still in the shuffler.
-    lost = sum(missing.values()) - outcome.held
+    # Nothing acknowledged is lost: what was not released is still in the shuffler, or was
+    # dropped by its round policy and counted so.
+    lost = sum(missing.values()) - outcome.held - outcome.dropped
     if broker_crash:
-        assert lost >= 0, (sum(missing.values()), outcome.held)
+        assert lost >= 0, (sum(missing.values()), outcome.held, outcome.dropped)
     else:  # a repaired log loses exactly the reports its repair reported
-        assert lost == repaired_loss, (sum(missing.values()), outcome.held, repaired_loss)
+        assert lost == repaired_loss, (
+            sum(missing.values()), outcome.held, outcome.dropped, repaired_loss
+        )  # fmt: skip
     if cut_connections:
         assert sum(extra.values()) <= outcome.unacknowledged
     elif two_shufflers:  # released twice, not made up: each one was acknowledged once
@@ -503,16 +534,18 @@ def reconcile(
     check_series(stack, recorder, applied)
     rejected = sum(checkpoint.counters.rejected_reports.values())
     assert rejected == 0, checkpoint.counters.rejected_reports
-    # The identity, exactly: acknowledged == aggregated + rejected + held - never acked
-    # (+ lost, after a broker crash only).
+    # The identity, exactly: acknowledged == aggregated + rejected + held + dropped by the
+    # round policy - never acked (+ lost, after a broker crash only).
     assert sum(acked.values()) == (
-        checkpoint.state.n + rejected + outcome.held + lost - sum(extra.values())
-    )
+        checkpoint.state.n + rejected + outcome.held + outcome.dropped + lost
+        - sum(extra.values())
+    )  # fmt: skip
     print(
         f"acknowledged {sum(acked.values())}, released {recorder.count} in "
         f"{len(recorder.records)} batches ({recorder.deliveries} deliveries), "
         f"aggregated {checkpoint.state.n} (duplicates ignored: {checkpoint.counters.duplicates}, "
         f"left unacknowledged: {checkpoint.counters.unacknowledged}), held {outcome.held}, "
+        f"dropped by the round policy {outcome.dropped}, "
         f"released unacknowledged {sum(extra.values())} of {outcome.unacknowledged}, "
         f"lost {lost}"
     )

@@ -27,12 +27,16 @@ from outside: the ``round seed z`` lines of the reports devices got a PUBACK for
 fleet's ``--acked-log``); every batch released on the batches topic, as seen by an
 independent recorder with a persistent MQTT 5 session (deduplicated by ``batch_id``, each
 signature verified with the shuffler's ``signing.pub``); the last shuffler's ``/metrics``
-(reports still pooled or in its outbox); the aggregator's final checkpoint. After each case:
+(reports still pooled or in its outbox, and dropped by its round policy); the aggregator's
+final checkpoint. After each case:
 
-1. acknowledged == aggregated + rejected by the aggregator + still held by the shuffler,
-   exactly, the last two with their reasons;
+1. acknowledged == aggregated + rejected by the aggregator + still held by the shuffler +
+   dropped by the shuffler's round policy, exactly, with their reasons. A fault that cuts the
+   devices' connections leaves rounds below ``min_batch``; such a pool is carried into the
+   next round, and a device's report in it that meets the same device's report of that
+   round is dropped, counted as ``carry_superseded`` (one report per device per batch);
 2. the multiset of ``(seed, z)`` released equals the multiset acknowledged (minus what the
-   shuffler still holds); where a fault cut a device's connection before its PUBACK, a
+   shuffler still holds or dropped so); where a fault cut a device's connection before its PUBACK, a
    report may be released that no device saw acknowledged, at most as many as the fleet
    counted as unacknowledged;
 3. no report aggregated twice: the checkpoint's ``n`` is the number of distinct released

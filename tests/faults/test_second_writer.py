@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
-from tests.faults.stack import Stack, reconcile, run_case, running_stack, settle
+from tests.faults.stack import Settled, Stack, reconcile, run_case, running_stack, settle
 from tests.processes import error_lines
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
@@ -68,7 +68,7 @@ def test_a_second_shuffler_of_the_deployment_is_refused_and_counts_reconcile(
         def start_second(_stack: Stack, _rng: random.Random) -> None:
             second.start()
 
-        def finish(stack: Stack, acked: Counter[tuple[int, int]]) -> int:
+        def finish(stack: Stack, acked: Counter[tuple[int, int]]) -> Settled:
             assert second.wait() == 1
             errors = error_lines(second.output())
             assert len(errors) == 1, second.output()[-2000:]
