@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from broker.service.config import SESSION_EXPIRY
 from broker.service.prepare import Prepared, PrepareSettings, ShardRunningError, prepare_shard
-from broker.service.shuffler import Shuffler, ShufflerConfig
+from broker.service.shuffler import ShufflerConfig
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner, BatchVerifier
 from edge.codec import decode_batch, encode_report
@@ -28,6 +28,7 @@ from edge.rounds import current_round
 from edge.shards import ShardLayout, ShardPlan
 from edge.spec import MechanismSpec
 from edge.topics import batches_filter, ingress_topic, spec_topic
+from tests.broker.test_shards import running
 from tests.broker.test_shuffler import run, value, wait_until
 from tests.clusters import NatsCluster
 from tests.conftest import Broker
@@ -120,21 +121,6 @@ async def released(url: str, keys: dict[str, BatchSigner]) -> AsyncIterator[Coun
                 await task
 
 
-@contextlib.asynccontextmanager
-async def running(cfg: ShufflerConfig, registry: CollectorRegistry) -> AsyncIterator[Shuffler]:
-    async with Shuffler(cfg, registry=registry) as shuffler:
-        task = asyncio.create_task(shuffler.run())
-        await wait_until(lambda: shuffler.connected.is_set() or task.done(), 30)
-        if task.done():
-            task.result()
-        try:
-            yield shuffler
-        finally:
-            shuffler.stop()
-            async with asyncio.timeout(20):
-                await task
-
-
 def devices_of(plan: ShardPlan, label: str, round_: int) -> list[str]:
     found = [d for d in (f"dev{i}" for i in range(10 * N)) if plan.label_for(d, round_) == label]
     assert len(found) >= N
@@ -163,7 +149,7 @@ async def queued_until_the_shuffler_starts(
     async with released(observer, keys) as seeds, contextlib.AsyncExitStack() as stack:
         for label, registry in registries.items():
             cfg = config(nodes, label, plan, keys[label], tmp_path / label)
-            await stack.enter_async_context(running(cfg, registry))
+            await stack.enter_async_context(running(cfg, registry, connect_within=30))
         theirs = [1000 + i for i in range(N)]
 
         def done() -> int:
@@ -232,7 +218,7 @@ def test_prepare_refuses_a_running_shard_and_leaves_it_unharmed(
         ], ahead.stdout
         registry = CollectorRegistry()
         cfg = config(url, "g0s0", plan, keys["g0s0"], tmp_path / "g0s0")
-        async with running(cfg, registry) as shuffler:
+        async with running(cfg, registry, connect_within=30) as shuffler:
             refused = await asyncio.to_thread(coco, *prepare, "--shard", "g0s0")
             assert refused.returncode == 1, refused.stdout + refused.stderr
             errors = error_lines(refused.stderr)

@@ -154,10 +154,14 @@ def report(round_: int, seed: int) -> bytes:
 
 
 @contextlib.asynccontextmanager
-async def running(cfg: ShufflerConfig, registry: CollectorRegistry) -> AsyncIterator[Shuffler]:
+async def running(
+    cfg: ShufflerConfig, registry: CollectorRegistry, *, connect_within: float = 20
+) -> AsyncIterator[Shuffler]:
+    """A shuffler running in this event loop for the block (its start's failure raised),
+    stopped and awaited at the end."""
     async with Shuffler(cfg, registry=registry) as shuffler:
         task = asyncio.create_task(shuffler.run())
-        await wait_until(lambda: shuffler.connected.is_set() or task.done(), 20)
+        await wait_until(lambda: shuffler.connected.is_set() or task.done(), connect_within)
         if task.done():
             task.result()
         try:
