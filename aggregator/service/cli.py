@@ -248,7 +248,7 @@ def aggregator_run(
         series_options,
     )
     from aggregator.service.service import run_aggregator  # noqa: PLC0415
-    from aggregator.service.session import fetch_announcement  # noqa: PLC0415
+    from edge.announcement_reader import fetch_announcement  # noqa: PLC0415
     from edge.mqtt_version import check_mqtt_version  # noqa: PLC0415
 
     try:

@@ -52,9 +52,8 @@ from paho.mqtt.properties import Properties
 
 from aggregator.service.config import AggregatorConfig
 from edge import mqtt_url, topics
-from edge.announce import decode_announcement
-from edge.errors import CocoError, SpecError
-from edge.mqtt_version import MqttVersion, Negotiated, VersionChoice, is_version_refusal
+from edge.errors import CocoError
+from edge.mqtt_version import Negotiated, VersionChoice, is_version_refusal
 
 logger = logging.getLogger("aggregator.service")
 
@@ -166,66 +165,6 @@ def make_client(
         keepalive=30,
         timeout=timeout,
     )
-
-
-async def fetch_announcement(
-    broker: str,
-    deployment: str,
-    *,
-    timeout: float = 10.0,
-    username: str | None = None,
-    password: str | None = None,
-    ca_file: str | None = None,
-    mqtt_version: MqttVersion = "auto",
-) -> dict[str, Any]:
-    """The retained spec announcement of ``deployment`` (:func:`decode_announcement`), over
-    MQTT 5 or 3.1.1 (``auto``: 5, then 3.1.1 if the broker refuses 5)."""
-    nodes = mqtt_url.BrokerList(broker)
-    choice = VersionChoice(mqtt_version, broker=broker)
-    tried = 0
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                connection = mqtt_connection(
-                    broker,
-                    username=username,
-                    password=password,
-                    ca_file=ca_file,
-                    node=nodes.current,
-                )
-                try:
-                    return await _read_announcement(
-                        make_client(connection, choice.current, timeout=timeout), deployment
-                    )
-                except aiomqtt.MqttError as exc:
-                    if version_refused(exc):
-                        if choice.refused():
-                            continue
-                        raise CocoError(choice.describe_refusal()) from None
-                    tried += 1
-                    if tried < len(nodes):
-                        nodes.failed()  # a cluster node that is down: the next one
-                        continue
-                    raise CocoError(
-                        f"cannot read the spec announcement from {broker}: {exc}"
-                    ) from exc
-    except TimeoutError:
-        raise SpecError(
-            f"no retained spec announcement on {topics.spec_topic(deployment)} within {timeout:g} s"
-        ) from None
-
-
-async def _read_announcement(client: aiomqtt.Client, deployment: str) -> dict[str, Any]:
-    async with client:
-        # QoS 0: the retained announcement comes with the subscription either way (and a
-        # QoS 1 subscription can be refused while a node of a NATS cluster is down)
-        await client.subscribe(topics.spec_topic(deployment), qos=0)
-        async for message in client.messages:
-            payload = message.payload
-            if isinstance(payload, bytes | bytearray):
-                return decode_announcement(bytes(payload))
-            raise SpecError("the spec announcement is not a binary payload")
-    raise SpecError("the broker closed the announcement subscription")  # pragma: no cover
 
 
 OnBatch = Callable[[paho.Client, aiomqtt.Message], Awaitable[None]]

@@ -249,21 +249,24 @@ def _current(
     """The retained announcement (``None`` when there is none)."""
     import asyncio  # noqa: PLC0415
 
-    from broker.service.cli import read_announcement  # noqa: PLC0415 (MQTT client: not for --help)
+    from edge.announcement_reader import (  # noqa: PLC0415 (MQTT client: not for --help)
+        NotAnnouncedError,
+        fetch_announcement,
+    )
 
     try:
         return asyncio.run(
-            read_announcement(
+            fetch_announcement(
                 broker,
                 deployment,
-                timeout,
+                timeout=timeout,
                 username=username,
                 password=password,
                 ca_file=ca_file,
                 client_id=username,
             )
         )
-    except TimeoutError:
+    except NotAnnouncedError:
         return None
     except SpecError as exc:
         raise CocoError(f"the retained announcement is not valid: {exc}") from None

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from edge import CocoError, MechanismSpec
-from edge.announce import decode_announcement, load_spec_file
+from edge.announce import load_spec_file
 from edge.cli_options import (
     DEFAULT_BROKER,
     DEFAULT_MQTT_VERSION,
@@ -29,7 +29,6 @@ from edge.cli_options import (
 from edge.defaults import DEFAULT_METRICS_HOST, DEFAULT_ROUND_SECONDS, SHUFFLER_METRICS_PORT
 from edge.mqtt_version import check_mqtt_version
 from edge.shards import ShardPlan
-from edge.topics import spec_topic
 
 if TYPE_CHECKING:  # imported when a command runs, not for --help (MQTT clients, numpy)
     from prometheus_client import CollectorRegistry
@@ -42,56 +41,6 @@ logger = logging.getLogger("broker.cli")  # a fixed name: broker/__init__.py, "L
 class Policy(StrEnum):
     carry = "carry"
     drop = "drop"
-
-
-async def read_announcement(
-    broker: str,
-    deployment: str,
-    timeout: float,
-    *,
-    username: str | None = None,
-    password: str | None = None,
-    ca_file: str | None = None,
-    client_id: str | None = None,
-) -> dict[str, Any]:
-    """The retained spec announcement of ``deployment`` (``SpecError`` if invalid).
-
-    ``client_id``: for an account bound to its client id (a device's, under the
-    dynamic-security plugin); default: a random one."""
-    import aiomqtt  # noqa: PLC0415 (not for --help)
-
-    from edge.mqtt_url import parse_broker_urls  # noqa: PLC0415
-
-    nodes = parse_broker_urls(broker)
-    for attempt, (host, port, tls) in enumerate(nodes, start=1):
-        tls_params = aiomqtt.TLSParameters(ca_certs=ca_file) if tls else None
-        try:
-            async with aiomqtt.Client(
-                host,
-                port,
-                username=username,
-                password=password,
-                tls_params=tls_params,
-                identifier=client_id,
-            ) as client:
-                # QoS 0: the retained announcement comes with the subscription either way
-                await client.subscribe(spec_topic(deployment), qos=0)
-                try:
-                    async with asyncio.timeout(timeout):
-                        async for message in client.messages:
-                            payload = message.payload
-                            if isinstance(payload, bytes | bytearray):
-                                return decode_announcement(bytes(payload))
-                except TimeoutError:
-                    raise TimeoutError(
-                        f"no announcement on {spec_topic(deployment)} within {timeout:g} s "
-                        "(run coco announce, or pass --spec)"
-                    ) from None
-        except (OSError, aiomqtt.MqttError) as exc:
-            if isinstance(exc, TimeoutError) or attempt == len(nodes):
-                raise CocoError(f"cannot read the spec announcement from {broker}: {exc}") from exc
-            # a node of a cluster that is down: the next one
-    raise TimeoutError  # pragma: no cover  # the iterator only ends by raising
 
 
 def _rules(
@@ -217,6 +166,7 @@ def _prepare(
     import aiomqtt  # noqa: PLC0415 (not for --help)
 
     from broker.service.prepare import PrepareSettings, prepare_shard  # noqa: PLC0415
+    from edge.announcement_reader import fetch_announcement  # noqa: PLC0415
     from edge.rounds import current_round  # noqa: PLC0415
 
     try:
@@ -226,13 +176,14 @@ def _prepare(
             broker=broker, deployment=deployment, password=password, **settings
         )
         announcement = asyncio.run(
-            read_announcement(
+            fetch_announcement(
                 broker,
                 deployment,
-                announcement_timeout,
+                timeout=announcement_timeout,
                 username=config.username,
                 password=config.password,
                 ca_file=config.ca_file,
+                mqtt_version=config.mqtt_version,
             )
         )
         targets: list[str | None]
@@ -431,6 +382,7 @@ def shuffler(
     from broker.service.lease import LeaseRefusedError  # noqa: PLC0415
     from broker.service.metrics import serve_http  # noqa: PLC0415
     from broker.service.shuffler import SessionTakenOverError, ShufflerConfig  # noqa: PLC0415
+    from edge.announcement_reader import fetch_announcement  # noqa: PLC0415
 
     try:
         password = resolve_password(password, password_file)
@@ -442,13 +394,14 @@ def shuffler(
             mechanism = load_spec_file(spec)
         else:
             announcement = asyncio.run(
-                read_announcement(
+                fetch_announcement(
                     broker,
                     deployment,
-                    announcement_timeout,
+                    timeout=announcement_timeout,
                     username=username,
                     password=password,
                     ca_file=ca_file,
+                    mqtt_version=check_mqtt_version(mqtt_version),
                 )
             )
             mechanism = MechanismSpec.from_dict(announcement["spec"])

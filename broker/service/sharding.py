@@ -5,11 +5,21 @@ An unsharded deployment is one shard: its shuffler holds the lease of
 ``coco/v1/<dep>/shards/-/lease`` when it has a state directory (its persistent owner id), so
 a second ``coco shuffler`` of the deployment is refused at start. One without a state
 directory (in-process only: ``coco demo``, tests, benches; ``coco shuffler`` always has one)
-takes no unsharded lease: nothing would let its restart take over, and it keeps nothing."""
+takes no unsharded lease: nothing would let its restart take over, and it keeps nothing.
+
+The lease is claimed at start, often right after a crash and while a node of the broker
+cluster is down too: a node that cannot be reached gives way to the next one of
+``--broker``, with the reconnections' backoff, for :data:`START_WINDOW` seconds; only then
+does the shuffler give up (a shuffler restarted while the first node was down exited at
+once, with the other two nodes up)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+
+import aiomqtt
 
 from broker.service.lease import LeaseLostError, ShardControl
 from broker.service.shell import ShellState
@@ -18,6 +28,9 @@ from edge.rounds import current_round
 from edge.shards import ShardPlan
 
 logger = logging.getLogger("broker.shuffler")
+
+START_WINDOW = 60.0
+"""Seconds a starting shuffler tries the nodes of ``--broker`` to claim its lease."""
 
 
 class ShardMixin(ShellState):
@@ -32,6 +45,33 @@ class ShardMixin(ShellState):
         )
 
     async def _acquire_shard(self) -> None:
+        """Claim the lease, walking the nodes while they cannot be reached (module docs);
+        :class:`broker.service.lease.LeaseRefusedError` when another shuffler holds it."""
+        cfg = self.config
+        backoff = cfg.reconnect_min
+        deadline = time.monotonic() + START_WINDOW
+        while True:
+            try:
+                control = await self._claim_lease()
+            except (OSError, aiomqtt.MqttError) as exc:  # TimeoutError included
+                if time.monotonic() + backoff > deadline:
+                    raise
+                node = self._nodes.current
+                logger.warning(
+                    "lease: %s:%d cannot be reached (%s); trying the next node in %.2f s",
+                    node.host,
+                    node.port,
+                    exc,
+                    backoff,
+                )
+                self._nodes.failed()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, cfg.reconnect_max)
+                continue
+            self._control = control
+            return
+
+    async def _claim_lease(self) -> ShardControl:
         cfg = self.config
         version = await self._negotiated()
         control = ShardControl(
@@ -51,7 +91,7 @@ class ShardMixin(ShellState):
         )
         control.on_announcement = self._on_announcement
         await control.acquire()
-        self._control = control
+        return control
 
     async def _hold_shard(self) -> None:
         assert self._control is not None

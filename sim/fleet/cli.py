@@ -281,22 +281,22 @@ def _announced_spec(
     period policy, or a :class:`FleetError` that says what failed."""
     import aiomqtt  # noqa: PLC0415 (not for --help)
 
-    from broker.service.cli import read_announcement  # noqa: PLC0415 (the shuffler's: not for --help)
+    from edge.announcement_reader import fetch_announcement  # noqa: PLC0415 (not for --help)
     from sim.fleet.run import FleetError  # noqa: PLC0415
 
     try:
         announcement = asyncio.run(
-            read_announcement(
+            fetch_announcement(
                 broker,
                 deployment,
-                timeout,
+                timeout=timeout,
                 username=username,
                 password=password,
                 ca_file=ca_file,
                 client_id=client_id,
             )
         )
-    except TimeoutError as exc:  # read_announcement names the topic it waited on
+    except CocoError as exc:  # it names the topic it waited on, or the broker it could not read
         raise FleetError(str(exc)) from None
     except (OSError, aiomqtt.MqttError) as exc:
         raise FleetError(f"reading the announcement from {broker}: {exc}") from None

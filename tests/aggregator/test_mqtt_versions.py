@@ -20,9 +20,10 @@ import pytest
 
 from aggregator.service.checkpoint_files import load_checkpoint
 from aggregator.service.service import Aggregator
-from aggregator.service.session import SessionTakenOverError, fetch_announcement, make_client
+from aggregator.service.session import SessionTakenOverError, make_client
 from aggregator.service.session import mqtt_connection as connection_of
 from edge.announce import encode_announcement
+from edge.announcement_reader import fetch_announcement
 from edge.errors import CocoError
 from edge.topics import batches_topic, spec_topic
 from tests import waiting

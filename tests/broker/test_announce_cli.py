@@ -10,9 +10,9 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from broker.service.cli import read_announcement
 from edge import MechanismSpec
 from edge.announce import decode_announcement
+from edge.announcement_reader import fetch_announcement
 from sim.cli import app
 from tests.conftest import Broker, free_port
 
@@ -210,7 +210,7 @@ def test_a_layout_whose_first_round_has_begun_is_refused(mosquitto: Broker) -> N
             assert len(errors) == 1, result.output
             assert f"--shards-from-round {start} is not ahead of the current round" in errors[0]
             assert "or later" in errors[0]
-    retained = asyncio.run(read_announcement(mosquitto.url, "plant-7", 5.0))
+    retained = asyncio.run(fetch_announcement(mosquitto.url, "plant-7", timeout=5.0))
     assert retained["shards"] == announced["shards"]  # nothing published
     # a first layout from round 0 (a deployment sharded from the start) is not "late"
     from_zero = runner.invoke(app, [*args, "--shard-key", key, "--shards-from-round", "0"])
@@ -229,7 +229,7 @@ def test_shard_options_are_checked(mosquitto: Broker) -> None:
         app, [*ARGS, "--broker", mosquitto.url, "--reshard", "--shard-key", key, "--timeout", "1"]
     )
     assert nothing_to_reshard.exit_code == 1
-    assert "no announcement" in nothing_to_reshard.output
+    assert "needs the current announcement (none is retained)" in nothing_to_reshard.output
     unsharded = runner.invoke(app, [*ARGS, "--broker", mosquitto.url])
     assert unsharded.exit_code == 0, unsharded.output
     not_sharded = runner.invoke(
@@ -266,7 +266,7 @@ def test_announce_takes_a_cluster_s_node_list(mosquitto: Broker) -> None:
     nodes = f"mqtt://127.0.0.1:{free_port()},{mosquitto.url}"
     result = runner.invoke(app, [*ARGS, "--broker", nodes, "--timeout", "5"])
     assert result.exit_code == 0, result.output
-    announced = asyncio.run(read_announcement(mosquitto.url, "plant-7", 10))
+    announced = asyncio.run(fetch_announcement(mosquitto.url, "plant-7", timeout=10))
     assert announced["min_batch"] == 100
     args = [*ARGS, "--broker", nodes, "--round-seconds", "60", "--shard-seed", "9"]
     sharded = runner.invoke(app, [*args, "--shard-key", "ab" * 32])

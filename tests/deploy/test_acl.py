@@ -34,9 +34,9 @@ from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import CollectorRegistry
 from typer.testing import CliRunner
 
-from aggregator.service.session import fetch_announcement
 from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge import CocoError
+from edge.announcement_reader import fetch_announcement
 from edge.batch_auth import SIGNATURE_SIZE
 from edge.codec import decode_batch, encode_report
 from edge.rounds import current_round

@@ -623,7 +623,14 @@ def test_cli_errors_are_one_line_without_a_traceback(mosquitto: Broker, tmp_path
             "no announcement on coco/v1/cli-nothing-announced/spec within 0.5 s",
         ),
         (
-            ["--deployment", "cli-err", "--broker", f"mqtt://127.0.0.1:{free_port()}"],
+            [
+                "--deployment",
+                "cli-err",
+                "--broker",
+                f"mqtt://127.0.0.1:{free_port()}",
+                "--announcement-timeout",
+                "1",
+            ],
             "cannot read the spec announcement from",
         ),
         (

@@ -1,0 +1,104 @@
+"""A service that starts while a node of ``--broker`` is down, or is up and does not yet serve
+the retained messages, starts on the other nodes.
+
+Both were seen on a 3-node NATS cluster with a node killed: an aggregator restarted beside a
+just-restarted node spent its whole announcement timeout on that node (it accepted the
+connection and delivered nothing) and exited; a shuffler restarted while the first node of
+``--broker`` was down exited with ``Connect call failed`` while claiming its lease. Here the
+nodes are separate Mosquitto processes: a port with nothing listening is a node that is down,
+and a broker without the retained announcement is a node that answers and delivers nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiomqtt
+import pytest
+from prometheus_client import CollectorRegistry
+
+from broker.service.lease import Lease
+from edge.announce import encode_announcement
+from edge.announcement_reader import NotAnnouncedError, fetch_announcement
+from edge.errors import CocoError
+from edge.topics import shard_lease_topic, spec_topic
+from tests.asyncutil import run
+from tests.broker.test_shards import DEP, SPEC, config, plan_of, running, signers
+from tests.conftest import Broker, free_port
+
+pytestmark = pytest.mark.integration
+
+
+async def announce(broker: Broker) -> None:
+    payload = encode_announcement(SPEC.to_dict(), min_batch=5, delta=1e-6, round_seconds=8)
+    async with aiomqtt.Client("127.0.0.1", broker.port) as client:
+        await client.publish(spec_topic(DEP), payload, qos=1, retain=True)
+
+
+@pytest.fixture
+def silent(tmp_path: Path) -> Iterator[Broker]:
+    """A second Mosquitto, which never holds the announcement."""
+    workdir = tmp_path / "silent"
+    workdir.mkdir()
+    broker = Broker(workdir, free_port())
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def test_the_announcement_comes_from_the_node_that_has_it(
+    mosquitto: Broker, silent: Broker
+) -> None:
+    down = f"mqtt://127.0.0.1:{free_port()}"
+    run(announce(mosquitto), 20)
+    for nodes in (
+        f"{down},{mosquitto.url}",  # the first node is down
+        f"{silent.url},{mosquitto.url}",  # the first node answers and delivers nothing
+        f"{down},{silent.url},{mosquitto.url}",
+    ):
+        got = run(fetch_announcement(nodes, DEP, timeout=10), 30)
+        assert got["min_batch"] == 5, nodes
+        assert got["spec"] == SPEC.to_dict(), nodes
+
+
+def test_no_announcement_and_no_broker_are_told_apart(silent: Broker) -> None:
+    down = f"mqtt://127.0.0.1:{free_port()}"
+    with pytest.raises(NotAnnouncedError, match=f"no announcement on {spec_topic(DEP)}"):
+        run(fetch_announcement(f"{down},{silent.url}", DEP, timeout=3), 30)
+    other_down = f"mqtt://127.0.0.1:{free_port()}"
+    with pytest.raises(CocoError, match="cannot read the spec announcement from") as raised:
+        run(fetch_announcement(f"{down},{other_down}", DEP, timeout=3), 30)
+    assert not isinstance(raised.value, NotAnnouncedError)
+
+
+def test_a_shuffler_claims_its_lease_when_the_first_node_is_down(
+    mosquitto: Broker, tmp_path: Path
+) -> None:
+    keys = signers(["g0s0"])
+    first_down = f"mqtt://127.0.0.1:{free_port()},{mosquitto.url}"
+    cfg = config(
+        mosquitto, "g0s0", plan_of(keys), keys["g0s0"], state_dir=tmp_path / "state", lease_ttl=3
+    )
+    cfg = dataclasses.replace(cfg, broker=first_down)
+
+    async def lease() -> Lease:
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+            await client.subscribe(shard_lease_topic(DEP, "g0s0"), qos=1)
+            async for message in client.messages:
+                assert isinstance(message.payload, bytes)
+                held = Lease.decode(message.payload)
+                assert held is not None
+                return held
+        raise AssertionError("the subscription ended")  # pragma: no cover
+
+    async def scenario() -> None:
+        async with running(cfg, CollectorRegistry()) as shuffler:
+            held = await asyncio.wait_for(lease(), 10)
+            assert held.owner == shuffler._owner
+
+    run(scenario(), 90)
