@@ -23,6 +23,14 @@ delivered an announcement in time (``coco announce`` was not run, or its message
 deleted); :class:`edge.errors.CocoError` when none could be read
 from (the last cause in the message); ``SpecError`` too for an announcement that is not a
 valid one (:func:`edge.announce.decode_announcement`).
+
+A service that keeps watching the announcement while it runs (the aggregator for keys and
+layouts, the fleet for layouts) subscribes to it again every :data:`REFRESH_SECONDS`
+(:func:`refreshing`): a SUBSCRIBE that replaces a subscription makes the broker send the
+retained message again (MQTT 3.1.1 section 3.8.4, MQTT 5 Retain Handling 0), so an
+announcement whose live delivery was lost arrives within one refresh, not only at the next
+reconnection. Seen on a 3-node NATS cluster: two of three shufflers never heard of a reshard
+announced while they ran (they now refresh at each lease renewal).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiomqtt
@@ -42,7 +51,14 @@ from edge.announce import decode_announcement
 from edge.errors import CocoError, SpecError
 from edge.mqtt_version import MqttVersion, VersionChoice, is_version_refusal
 
-__all__ = ["MAX_PAUSE", "NODE_WAIT", "NotAnnouncedError", "fetch_announcement"]
+__all__ = [
+    "MAX_PAUSE",
+    "NODE_WAIT",
+    "REFRESH_SECONDS",
+    "NotAnnouncedError",
+    "fetch_announcement",
+    "refreshing",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +73,8 @@ class NotAnnouncedError(SpecError):
     """Brokers answered, and none delivered a retained announcement in time."""
 
 
+REFRESH_SECONDS = 30.0
+"""How often a running service subscribes to the announcement again (module docs)."""
 _NOT_AUTHORIZED = frozenset({4, 5, 0x86, 0x87})
 """CONNACK codes that another try cannot change: bad user name or password, not authorized
 (MQTT 3.1.1's 4 and 5, MQTT 5's 0x86 and 0x87)."""
@@ -151,3 +169,26 @@ async def fetch_announcement(
             f"no announcement on {topic} within {timeout:g} s (run coco announce, or pass --spec)"
         )
     raise CocoError(f"cannot read the spec announcement from {broker}: {last}")
+
+
+@contextlib.asynccontextmanager
+async def refreshing(
+    client: aiomqtt.Client, topic: str, *, qos: int, every: float = REFRESH_SECONDS
+) -> AsyncIterator[None]:
+    """While the block runs, subscribe ``client`` to ``topic`` again every ``every`` seconds
+    (module docs). A lost connection ends the refreshing quietly: the block's own reading of
+    the messages sees the loss."""
+
+    async def refresh() -> None:
+        with contextlib.suppress(aiomqtt.MqttError):
+            while True:
+                await asyncio.sleep(every)
+                await client.subscribe(topic, qos=qos)
+
+    task = asyncio.create_task(refresh(), name=f"refresh {topic}")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

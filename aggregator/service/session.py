@@ -28,7 +28,9 @@ with a warning; one that grants the subscription but drops the claim delays batc
 The session subscribes to the batches (``batches`` and, for sharded deployments,
 ``batches/+``), the release manifests (``manifests``, ``manifests/+``) and the retained
 spec announcement, so that a changed announcement is seen while the service runs
-(:mod:`aggregator.service.trust`); :func:`route` tells a batch from a manifest and names the shard.
+(:mod:`aggregator.service.trust`), and subscribes to the announcement again every
+``announcement_refresh`` seconds (a lost live delivery then arrives within one);
+:func:`route` tells a batch from a manifest and names the shard.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from paho.mqtt.properties import Properties
 
 from aggregator.service.config import AggregatorConfig
 from edge import mqtt_url, topics
+from edge.announcement_reader import refreshing
 from edge.errors import CocoError
 from edge.mqtt_version import Negotiated, VersionChoice, is_version_refusal
 
@@ -401,7 +404,13 @@ class BatchSession:
                     )
                     delay = self.config.reconnect_min
                     try:
-                        await self._consume(client, held, first=first, confirmed=confirmed)
+                        async with refreshing(
+                            client,
+                            topics.spec_topic(deployment),
+                            qos=1,
+                            every=self.config.announcement_refresh,
+                        ):
+                            await self._consume(client, held, first=first, confirmed=confirmed)
                     except asyncio.CancelledError:
                         # Shutdown: checkpoint and send the PUBACKs while still connected.
                         await asyncio.shield(

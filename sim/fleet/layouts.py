@@ -20,6 +20,7 @@ from collections.abc import Callable
 import aiomqtt
 
 from edge.announce import decode_announcement, shard_plan
+from edge.announcement_reader import refreshing
 from edge.errors import SpecError
 from edge.mqtt_url import BrokerList
 from edge.mqtt_version import Negotiated
@@ -67,26 +68,27 @@ async def watch_layouts(
             ) as client:
                 await client.subscribe(spec_topic(deployment), qos=0)
                 delay = _RETRY_MIN
-                async for message in client.messages:
-                    payload = message.payload
-                    if not isinstance(payload, bytes | bytearray) or not payload:
-                        continue
-                    try:
-                        announcement = decode_announcement(bytes(payload))
-                    except SpecError:
-                        continue  # devices ignore an invalid announcement too
-                    if announcement["spec"]["fingerprint"] != fingerprint:
-                        if not warned:
-                            warned = True
-                            logger.warning(
-                                "the deployment announces another spec (%s); the fleet keeps "
-                                "its own: restart it to follow",
-                                announcement["spec"]["fingerprint"],
-                            )
-                        continue
-                    plan = shard_plan(announcement)
-                    if plan is not None:
-                        on_plan(plan)
+                async with refreshing(client, spec_topic(deployment), qos=0):
+                    async for message in client.messages:
+                        payload = message.payload
+                        if not isinstance(payload, bytes | bytearray) or not payload:
+                            continue
+                        try:
+                            announcement = decode_announcement(bytes(payload))
+                        except SpecError:
+                            continue  # devices ignore an invalid announcement too
+                        if announcement["spec"]["fingerprint"] != fingerprint:
+                            if not warned:
+                                warned = True
+                                logger.warning(
+                                    "the deployment announces another spec (%s); the fleet "
+                                    "keeps its own: restart it to follow",
+                                    announcement["spec"]["fingerprint"],
+                                )
+                            continue
+                        plan = shard_plan(announcement)
+                        if plan is not None:
+                            on_plan(plan)
         except aiomqtt.MqttError as exc:
             nodes.failed()
             logger.debug("layout watch: connection lost (%s)", exc)
