@@ -5,7 +5,7 @@ counted as dropped with a reason. The shuffler keeps that promise across a crash
 writing every effect of :mod:`broker.core` (reports admitted, a pool released as sealed
 batches, a batch acknowledged, rounds closed...) to an append-only log *before* the effect
 takes place outside the process: before the reports' PUBACKs go to the broker, before a
-batch is published. On start, :meth:`EffectLog.replay` feeds the log back through
+batch is published. On start, :meth:`EffectLog.recover` feeds the log back through
 :meth:`broker.core.machine.ShufflerCore.apply` and the shuffler continues where it stopped, with its
 pools, its duplicate tokens and its unacknowledged batches (re-sent with the same bytes and
 ``batch_id``, which the aggregator deduplicates).
