@@ -250,7 +250,7 @@ class Shuffler(ShardMixin, IngestMixin, PublishMixin):
         self._owner = self._state.owner_id()
         self._state.publish_public_key(self.signer.public_key_hex)
         self._log = self._state.log(fsync=cfg.fsync, round_seconds=cfg.round_seconds)
-        for effect in self._log.replay():
+        for effect in self._log.recover():  # one record's effect held at a time
             self.core.apply(effect)
         before = self.core.state_config
         self._commit(self.core.reconfigure(self._maker()), compact=False)

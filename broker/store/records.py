@@ -24,6 +24,7 @@ header) are still read (:mod:`broker.store.logv1`).
 
 from __future__ import annotations
 
+import mmap
 import secrets
 import struct
 import zlib
@@ -44,6 +45,7 @@ from broker.core.effects import (
     Seen,
     Sourced,
 )
+from broker.store.mark import held
 
 __all__ = [
     "FILE_HEADER_SIZE",
@@ -51,7 +53,9 @@ __all__ = [
     "Problem",
     "Scan",
     "decode_record",
+    "effect_at",
     "encode_effect",
+    "encode_parts",
     "file_header",
     "read_header",
     "scan",
@@ -71,6 +75,7 @@ _U32 = struct.Struct("<I")
 _TWO = struct.Struct("<II")
 _THREE = struct.Struct("<III")
 _U64 = struct.Struct("<Q")
+Body = bytes | memoryview
 
 (ADMITTED, SEEN, POOLED, RELEASED, OUTBOXED, CARRIED, DROPPED, CLOSED, ACKED, CONFIGURED) = range(
     1, 11
@@ -98,7 +103,7 @@ def file_header(salt: int | None = None, version: int = VERSION) -> tuple[bytes,
     return head + _CRC.pack(zlib.crc32(head)), salt
 
 
-def header_of(data: bytes | memoryview) -> tuple[int, int] | None:
+def header_of(data: bytes | memoryview | mmap.mmap) -> tuple[int, int] | None:
     """``(version, salt)`` of a valid version-2 or -3 header at the start of ``data``."""
     if len(data) < FILE_HEADER_SIZE:
         return None
@@ -120,7 +125,7 @@ def _messages(messages: tuple[bytes, ...]) -> bytes:
     return _U32.pack(len(messages)) + b"".join(_U32.pack(len(m)) + m for m in messages)
 
 
-def _read_messages(body: bytes, offset: int) -> tuple[bytes, ...]:
+def _read_messages(body: Body, offset: int) -> tuple[bytes, ...]:
     (count,) = _U32.unpack_from(body, offset)
     offset += 4
     out = []
@@ -129,64 +134,77 @@ def _read_messages(body: bytes, offset: int) -> tuple[bytes, ...]:
         offset += 4
         if offset + size > len(body):
             raise ValueError("a batch message runs past the record")
-        out.append(body[offset : offset + size])
+        out.append(bytes(body[offset : offset + size]))
         offset += size
     if offset != len(body):
         raise ValueError("trailing bytes after the batch messages")
     return tuple(out)
 
 
-def _body(effect: Effect) -> tuple[int, bytes]:
+def _body_parts(effect: Effect) -> tuple[int, tuple[bytes, ...]]:
+    """The record type of ``effect`` and its body, in parts (joined, they are the body): a
+    pool's columns are parts of their own, never copied into one buffer."""
     match effect:
         case Admitted(round_, tokens, seeds, zs):
-            return ADMITTED, _TWO.pack(round_, len(seeds) // 4) + tokens + seeds + zs
+            return ADMITTED, (_TWO.pack(round_, len(seeds) // 4), tokens, seeds, zs)
         case Seen(round_, tokens):
-            return SEEN, _TWO.pack(round_, len(tokens) // 8) + tokens
+            return SEEN, (_TWO.pack(round_, len(tokens) // 8), tokens)
         case Pooled(round_, carried, tokens, seeds, zs):
-            return POOLED, _THREE.pack(round_, carried, len(seeds) // 4) + tokens + seeds + zs
+            return POOLED, (_THREE.pack(round_, carried, len(seeds) // 4), tokens, seeds, zs)
         case Released(round_, messages):
-            return RELEASED, _U32.pack(round_) + _messages(messages)
+            return RELEASED, (_U32.pack(round_), _messages(messages))
         case Outboxed(messages):
-            return OUTBOXED, _messages(messages)
+            return OUTBOXED, (_messages(messages),)
         case Carried(source, target):
-            return CARRIED, _TWO.pack(source, target)
+            return CARRIED, (_TWO.pack(source, target),)
         case Dropped(round_, reason):
-            return DROPPED, _U32.pack(round_) + reason.encode("ascii")
+            return DROPPED, (_U32.pack(round_), reason.encode("ascii"))
         case Closed(until):
-            return CLOSED, _U64.pack(until)
+            return CLOSED, (_U64.pack(until),)
         case Acked(batch_id):
-            return ACKED, bytes(batch_id)
+            return ACKED, (bytes(batch_id),)
         case Configured(round_seconds, fingerprint):
-            return CONFIGURED, _TWO.pack(round_seconds, fingerprint)
+            return CONFIGURED, (_TWO.pack(round_seconds, fingerprint),)
         case Sourced(round_, keys):
-            return SOURCED, _U32.pack(round_) + keys
+            return SOURCED, (_U32.pack(round_), keys)
     raise TypeError(f"not an effect: {effect!r}")  # pragma: no cover
+
+
+def encode_parts(effect: Effect, salt: int) -> tuple[bytes, ...]:
+    """One framed record of ``effect`` in a log whose header has ``salt``, in parts whose
+    concatenation is :func:`encode_effect`'s bytes (a compaction writes a pool of a million
+    reports without first copying it into one record)."""
+    kind, body = _body_parts(effect)
+    head = _HEAD.pack(MARKER, kind, sum(len(part) for part in body))
+    head_crc = zlib.crc32(head, salt)
+    body_crc = head_crc
+    for part in body:
+        body_crc = zlib.crc32(part, body_crc)
+    return (head + _CRC.pack(head_crc), *body, _CRC.pack(body_crc))
 
 
 def encode_effect(effect: Effect, salt: int) -> bytes:
     """One framed record of ``effect`` in a log whose header has ``salt``."""
-    kind, body = _body(effect)
-    head = _HEAD.pack(MARKER, kind, len(body))
-    head_crc = zlib.crc32(head, salt)
-    return head + _CRC.pack(head_crc) + body + _CRC.pack(zlib.crc32(body, head_crc))
+    return b"".join(encode_parts(effect, salt))
 
 
 def encode_effects(effects: Iterable[Effect], salt: int) -> bytes:
     return b"".join(encode_effect(effect, salt) for effect in effects)
 
 
-def _columns(body: bytes, offset: int, n: int, *, seeds: bool = True) -> tuple[bytes, ...]:
+def _columns(body: Body, offset: int, n: int, *, seeds: bool = True) -> tuple[bytes, ...]:
     width = 14 if seeds else 8
     if len(body) != offset + width * n:
         raise ValueError(f"{n} entries do not fill a body of {len(body)} bytes")
-    tokens = body[offset : offset + 8 * n]
+    tokens = bytes(body[offset : offset + 8 * n])
     if not seeds:
         return (tokens,)
-    return tokens, body[offset + 8 * n : offset + 12 * n], body[offset + 12 * n :]
+    return tokens, bytes(body[offset + 8 * n : offset + 12 * n]), bytes(body[offset + 12 * n :])
 
 
-def decode_record(kind: int, body: bytes) -> Effect:
-    """The effect of one record's body (``ValueError``/``struct.error`` if malformed)."""
+def decode_record(kind: int, body: Body) -> Effect:
+    """The effect of one record's body (``ValueError``/``struct.error`` if malformed): its
+    fields are copies (``bytes``), never views of ``body``."""
     if kind == ADMITTED:
         round_, n = _TWO.unpack_from(body)
         return Admitted(round_, *_columns(body, 8, n))
@@ -205,15 +223,15 @@ def decode_record(kind: int, body: bytes) -> Effect:
     if kind == CARRIED:
         return Carried(*_TWO.unpack(body))
     if kind == DROPPED:
-        return Dropped(_U32.unpack_from(body)[0], body[4:].decode("ascii"))
+        return Dropped(_U32.unpack_from(body)[0], bytes(body[4:]).decode("ascii"))
     if kind == CLOSED:
         return Closed(_U64.unpack(body)[0])
     if kind == ACKED and len(body) == 16:
-        return Acked(body)
+        return Acked(bytes(body))
     if kind == CONFIGURED:
         return Configured(*_TWO.unpack(body))
     if kind == SOURCED and len(body) >= 4 and (len(body) - 4) % 8 == 0:
-        return Sourced(_U32.unpack_from(body)[0], body[4:])
+        return Sourced(_U32.unpack_from(body)[0], bytes(body[4:]))
     raise ValueError(f"unknown record type {kind}")
 
 
@@ -235,15 +253,20 @@ class Scan:
     """Records read from ``start`` up to ``end`` (whole records), then the first problem."""
 
     effects: list[Effect]
+    """The records' effects (empty when read with ``keep=False``)."""
     end: int
     records: int
     problem: Problem | None
     starts: list[int] = field(default_factory=list)
     """The offset of each record read."""
+    reports: int = 0
+    released: int = 0
+    """The reports the records hold in pools and in batches (:func:`broker.store.mark.held`)."""
 
 
-def _record_at(data: memoryview, offset: int, salt: int) -> tuple[int, int, bytes] | str:
-    """``(kind, end, body)`` of a valid record at ``offset``, else why not."""
+def _record_at(data: memoryview, offset: int, salt: int) -> tuple[int, int, memoryview] | str:
+    """``(kind, end, body)`` of a valid record at ``offset`` (``body`` a view of ``data``),
+    else why not."""
     size = len(data)
     if size - offset < HEAD_SIZE:
         return "cut short"
@@ -259,7 +282,7 @@ def _record_at(data: memoryview, offset: int, salt: int) -> tuple[int, int, byte
     end = start + length + _CRC.size
     if end > size:
         return "cut short"
-    body = bytes(data[start : start + length])
+    body = data[start : start + length]
     if zlib.crc32(body, head_crc) != _CRC.unpack_from(data, start + length)[0]:
         return "bad body checksum"
     return kind, end, body
@@ -280,7 +303,7 @@ def head_at(data: bytes, offset: int, salt: int) -> tuple[int, int] | None:
 def next_valid(data: memoryview, start: int, salt: int) -> int | None:
     """The offset of the first valid record at or after ``start`` (a body that decodes
     included), else ``None``."""
-    raw = data.obj if isinstance(data.obj, bytes | bytearray) else bytes(data)
+    raw = data.obj if isinstance(data.obj, bytes | bytearray | mmap.mmap) else bytes(data)
     position = start
     while True:
         position = raw.find(MARKER, position)
@@ -298,14 +321,24 @@ def next_valid(data: memoryview, start: int, salt: int) -> int | None:
         position += 1
 
 
-def scan(data: bytes | bytearray, start: int, salt: int, stop: int | None = None) -> Scan:
+def scan(
+    data: bytes | bytearray | mmap.mmap,
+    start: int,
+    salt: int,
+    stop: int | None = None,
+    *,
+    keep: bool = True,
+) -> Scan:
     """Read records from ``start`` until the end (or the first record that ends at or after
     ``stop``) or the first problem (module docstring: the problem is a torn tail if no
-    valid record follows it)."""
+    valid record follows it). With ``keep=False`` every record is still decoded (a body
+    that does not decode is a problem) but its effect is not kept: a check of a whole log
+    that holds one record's effect at a time (:func:`effect_at` reads them again)."""
     view = memoryview(data)
     effects: list[Effect] = []
     starts: list[int] = []
     offset, size, records = start, len(data), 0
+    reports = released = 0
     stop = size if stop is None else min(stop, size)
     while offset < stop:
         found = _record_at(view, offset, salt)
@@ -321,17 +354,32 @@ def scan(data: bytes | bytearray, start: int, salt: int, stop: int | None = None
         else:
             kind, end, body = found
             try:
-                effects.append(decode_record(kind, body))
+                effect = decode_record(kind, body)
             except (ValueError, struct.error, UnicodeDecodeError) as exc:
                 reason = f"bad {TYPE_NAMES.get(kind, f'type-{kind}')} record: {exc}"
             else:
+                if keep:
+                    effects.append(effect)
+                pooled, batched = held(effect)
+                reports += pooled
+                released += batched
                 starts.append(offset)
                 offset = end
                 records += 1
                 continue
         problem = Problem(offset, reason, next_valid(view, offset + 1, salt), kind, length)
-        return Scan(effects, offset, records, problem, starts)
-    return Scan(effects, offset, records, None, starts)
+        return Scan(effects, offset, records, problem, starts, reports, released)
+    return Scan(effects, offset, records, None, starts, reports, released)
+
+
+def effect_at(data: memoryview, offset: int, salt: int) -> Effect:
+    """The effect of the record at ``offset`` of ``data``, one :func:`scan` found valid
+    (``ValueError`` if it is not, which only a file changed since can make)."""
+    found = _record_at(data, offset, salt)
+    if isinstance(found, str):
+        raise ValueError(f"no valid record at offset {offset}: {found}")
+    kind, _, body = found
+    return decode_record(kind, body)
 
 
 def record_spans(data: bytes, salt: int) -> list[tuple[int, int, int]]:

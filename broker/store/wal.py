@@ -5,7 +5,7 @@ counted as dropped with a reason. The shuffler keeps that promise across a crash
 writing every effect of :mod:`broker.core` (reports admitted, a pool released as sealed
 batches, a batch acknowledged, rounds closed...) to an append-only log *before* the effect
 takes place outside the process: before the reports' PUBACKs go to the broker, before a
-batch is published. On start, :meth:`EffectLog.replay` feeds the log back through
+batch is published. On start, :meth:`EffectLog.recover` feeds the log back through
 :meth:`broker.core.machine.ShufflerCore.apply` and the shuffler continues where it stopped, with its
 pools, its duplicate tokens and its unacknowledged batches (re-sent with the same bytes and
 ``batch_id``, which the aggregator deduplicates).
@@ -107,9 +107,9 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from broker.core.effects import Effect
-from broker.store.mark import MARK_SIZE, End, encode_mark, held, totals
+from broker.store.mark import MARK_SIZE, End, encode_mark, held
 from broker.store.reading import LogDamagedError, StoreError, mark_path, read_log
-from broker.store.records import encode_effect, file_header
+from broker.store.records import encode_effect, encode_parts, file_header
 
 __all__ = [
     "EffectLog",
@@ -171,9 +171,16 @@ class EffectLog:
         return mark_path(self.path)
 
     def replay(self) -> list[Effect]:
-        """Every effect in the log, oldest first; truncates a torn last write (with a
-        WARNING); raises :class:`LogDamagedError` or :class:`StoreError` for damage. Opens
-        the log for appending (a version-1 or -2 log is rewritten at once)."""
+        """Every effect in the log, oldest first, as a list (tools and tests: a shuffler
+        starts with :meth:`recover`, which holds one record's effect at a time)."""
+        return list(self.recover())
+
+    def recover(self) -> Iterable[Effect]:
+        """Every effect in the log, oldest first, each decoded as it is iterated (the log is
+        checked whole before this returns, :mod:`broker.store.reading`); truncates a torn
+        last write (with a WARNING); raises :class:`LogDamagedError` or
+        :class:`StoreError` for damage. Opens the log for appending (a version-1 or -2 log
+        is rewritten at once)."""
         got = read_log(self.path, self.round_seconds)
         if got.whole < got.size:
             logger.warning(
@@ -306,33 +313,28 @@ class EffectLog:
         is written first. A snapshot larger than the log it would replace is not written
         (compaction never grows the log): returns whether it replaced the log."""
         self.flush()  # raises after a failed write: a log that failed is never replaced
-        header, salt = file_header()
-        snapshot = list(effects)
-        data = bytearray(header)
-        for effect in snapshot:
-            data += encode_effect(effect, salt)
-        if self.version == 3 and self._fd is not None and len(data) >= self.size:
-            return False
-        records, reports, released = totals(snapshot)
-        new = End(salt, len(data), records, reports, released)
         temporary = self.path.with_name(self.path.name + ".compact")
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
         fd = os.open(temporary, flags, 0o600)
+        limit = self.size if self.version == 3 and self._fd is not None else None
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
+            new = _write_snapshot(fd, effects, limit)
+            if new is None:  # as large as the log already: left as it is
+                os.close(fd)
+                temporary.unlink()
+                return False
             os.fsync(fd)
             if self._mark_fd is None:
                 mark_flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
                 self._mark_fd = os.open(self.mark_path, mark_flags, 0o600)
             both = [self._end, new] if self.version == 3 and self._fd is not None else [new]
             self._write_mark(both, sync=True)
-        except OSError as exc:
-            os.close(fd)
+        except BaseException as exc:
+            with contextlib.suppress(OSError):
+                os.close(fd)
             with contextlib.suppress(OSError):
                 temporary.unlink()
-            if exc.errno in _FULL:  # the log is as it was: compact later
+            if isinstance(exc, OSError) and exc.errno in _FULL:  # the log is as it was
                 raise LogFullError(exc.errno, exc.strerror, str(temporary)) from exc
             raise
         os.close(fd)
@@ -345,7 +347,7 @@ class EffectLog:
         self._end = new
         self._write_mark([new])
         self.version = 3
-        self.size = len(data)
+        self.size = new.length
         return True
 
     def __del__(self) -> None:
@@ -371,6 +373,49 @@ class EffectLog:
         if self._mark_fd is not None:
             os.close(self._mark_fd)
             self._mark_fd = None
+
+
+_CHUNK = 1 << 16
+
+
+def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _write_snapshot(fd: int, effects: Iterable[Effect], limit: int | None) -> End | None:
+    """Write a new log of ``effects`` to ``fd``, one record at a time (a compaction holds
+    one pool's record at a time, never the whole log in memory), and return its end;
+    ``None`` as soon as it reaches ``limit`` bytes (it would not be smaller)."""
+    header, salt = file_header()
+    small = bytearray(header)
+    length = records = reports = released = 0
+    for effect in effects:
+        for part in encode_parts(effect, salt):
+            if len(part) < _CHUNK:
+                small += part
+            else:
+                _write_all(fd, small)
+                length += len(small)
+                small.clear()
+                _write_all(fd, part)
+                length += len(part)
+            if limit is not None and length + len(small) >= limit:
+                return None
+            if len(small) >= _CHUNK:
+                _write_all(fd, small)
+                length += len(small)
+                small.clear()
+        records += 1
+        pooled, batched = held(effect)
+        reports += pooled
+        released += batched
+    if limit is not None and length + len(small) >= limit:
+        return None
+    _write_all(fd, small)
+    length += len(small)
+    return End(salt, length, records, reports, released)
 
 
 def _fsync_directory(path: Path) -> None:
