@@ -23,7 +23,7 @@ from tests.cputime import IDLE_SHARE, idle_share
 from tests.processes import COCO, coco, env, service, wait_running
 from tests.service_http import ready
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.unhurried, pytest.mark.timeout(180)]
 
 DEP = "idle"
 

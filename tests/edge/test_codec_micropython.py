@@ -20,7 +20,7 @@ from tests.edge.test_micropython import (  # noqa: F401 (pytest fixtures used by
     run_micropython,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.unhurried]
 
 REPO = Path(__file__).resolve().parents[2]
 CODEC = REPO / "edge" / "codec.py"

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import pytest
 import xxhash
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.unhurried]
 
 REPO = Path(__file__).resolve().parents[2]
 HARNESS_DIR = REPO / "tests" / "micropython"

@@ -15,7 +15,7 @@ import pytest
 
 from tests.libcoco import build, scripts
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.unhurried]
 
 
 def cmake(*args: str) -> None:

@@ -25,7 +25,7 @@ from edge.participation import participates, threshold
 from tests.libcoco import announcements, build, scripts
 from tests.libcoco.commands import Script, Spec, Stream, add_spec, sparse_args, ternarise_int
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.unhurried]
 
 
 def run(binary: Path, script: Script) -> None:

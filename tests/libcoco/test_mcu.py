@@ -19,7 +19,7 @@ import pytest
 from tests.libcoco import build, scripts
 from tests.libcoco.commands import Script
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.unhurried]
 
 FLASH_GOAL = 4096
 RAM_GOAL = 256
