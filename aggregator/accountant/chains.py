@@ -47,12 +47,15 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
-__all__ = ["CAP", "chained_lower_cdf", "lower_cdf"]
+__all__ = ["CAP", "PMF_SPAN", "chained_lower_cdf", "lower_cdf"]
 
 FloatArray = NDArray[np.float64]
 
 CAP: Final = 8
 """Longest step ``x - x'`` of a link (``p + 1`` rounded up: ``eps0`` up to about 1.9)."""
+PMF_SPAN: Final = 32
+"""Longest chain of pmf values from one Boost value (their ratios' rounding grows with it,
+and every value's budget carries the longest)."""
 _TINY: Final = 2.0**-900
 """A link needs pmf values and sums above this (no subnormal products)."""
 _U: Final = 2.0**-53
@@ -68,40 +71,82 @@ def lower_cdf(x: FloatArray, m: FloatArray, q: float) -> FloatArray:
     return out
 
 
-def _link_sums(
-    x: FloatArray, x_next: FloatArray, m_next: FloatArray, pmf_next: FloatArray, q: float
-) -> FloatArray:
-    """``D`` of each link from ``(x, m_next + 2)`` to ``(x_next, m_next)`` (module
-    docstring), from ``pmf_next = b_(m_next)(x_next)``; requires ``2 <= x - x_next <=
-    CAP``."""
+def _link_factors(
+    x: FloatArray, x_next: FloatArray, m_next: FloatArray, q: float
+) -> tuple[FloatArray, FloatArray]:
+    """``(W, R)`` of each link from ``(x, m_next + 2)`` to ``(x_next, m_next)``: the link's
+    ``D = b_(m_next)(x_next) W`` (module docstring) and ``R = b_(m_next + 2)(x) /
+    b_(m_next)(x_next)``, both from ratios of exact integers; requires ``2 <= x - x_next
+    <= CAP`` and ``x <= m_next``."""
     rho = q / (1.0 - q)
     one_minus = 1.0 - q
     weights = (one_minus * one_minus, one_minus * (1.0 + q))
     step = x - x_next
-    b = pmf_next.copy()
-    total = np.zeros_like(b)
-    for j in range(1, CAP + 1):
+    ratio = np.ones_like(x)  # b(y) / b(x_next) for y = x_next + j
+    total = np.zeros_like(x)
+    for j in range(1, int(step.max()) + 1):
         y = x_next + j
-        b = b * ((m_next - y + 1.0) / y) * rho
+        ratio = np.where(step >= j, ratio * ((m_next - y + 1.0) / y) * rho, ratio)
         gap = step - j  # x - y
         weight = np.where(gap >= 2.0, 1.0, np.where(gap == 1.0, weights[1], weights[0]))
-        total += np.where(gap >= 0.0, b * weight, 0.0)
-    return total
+        total += np.where(gap >= 0.0, ratio * weight, 0.0)
+    # b_(m + 2)(x) = b_m(x) (m + 2)(m + 1) (1 - q)^2 / ((m + 2 - x)(m + 1 - x)), m = m_next
+    two = ((m_next + 2.0) / (m_next + 2.0 - x)) * ((m_next + 1.0) / (m_next + 1.0 - x))
+    return total, ratio * (two * weights[0])
+
+
+def _segments(link: NDArray[np.bool_]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """``[start, stop)`` of the maximal runs of links (in sorted order)."""
+    starts = np.flatnonzero(np.concatenate(([True], ~link)))
+    stops = np.concatenate((starts[1:], [link.size + 1]))
+    return starts, stops
+
+
+def _chained_pmf(  # noqa: PLR0917 (private helper)
+    xs: FloatArray,
+    ms: FloatArray,
+    q: float,
+    below: NDArray[np.bool_],
+    ratios: FloatArray,
+    starts: NDArray[np.int64],
+    stops: NDArray[np.int64],
+) -> FloatArray:
+    """``b_m(x)`` at every (sorted) point: one Boost value per segment, at the end its
+    cdf chain starts from (the last point below the mean, the first above), the rest by
+    the links' ratios ``b_i = b_(i+1) R_i``."""
+    low = below[starts]
+    anchors = np.where(low, stops - 1, starts)
+    first = np.zeros(xs.size, dtype=np.int64)
+    first[starts] = 1
+    seg = np.cumsum(first) - 1  # segment of each point
+    index = np.arange(xs.size)
+    # position along the chain, from its anchor: back from the last point below the mean,
+    # on from the first above
+    pos = np.where(low[seg], stops[seg] - 1 - index, index - starts[seg])
+    factors = np.ones_like(xs)
+    back = low[seg] & (pos >= 1)  # b_i = b_(i+1) R_i
+    factors[back] = ratios[index[back]]
+    on = ~low[seg] & (pos >= 1)  # b_i = b_(i-1) / R_(i-1)
+    factors[on] = 1.0 / ratios[index[on] - 1]
+    factors[anchors] = stats.binom.pmf(xs[anchors], ms[anchors], q)
+    grid = np.ones((starts.size, int(pos.max()) + 1))
+    grid[seg, pos] = factors
+    pmf: FloatArray = np.cumprod(grid, axis=1, dtype=np.float64)[seg, pos]
+    return pmf
 
 
 def chained_lower_cdf(
     x: FloatArray, m: FloatArray, q: float, diagonal: FloatArray, big_k: FloatArray
 ) -> tuple[FloatArray, FloatArray, float]:
-    """``(lower_cdf(x, m, q), pmf, extra)`` at every point, with ``pmf = b_m(x)`` (Boost)
-    and the cdf values chained along diagonals (module docstring); ``extra`` is the
-    relative error the chains add to the special functions' budget.
+    """``(lower_cdf(x, m, q), pmf, extra)`` at every point, with ``pmf = b_m(x)``, both
+    chained along diagonals (module docstring); ``extra`` is the relative error the chains
+    add to the special functions' budget, for both.
 
     ``diagonal`` is ``2k - K`` of each point's run, ``big_k`` its ``K`` (``m = n - K``)."""
     if x.size == 0:
         return np.empty_like(x), np.empty_like(x), 0.0
-    pmf = np.asarray(stats.binom.pmf(x, m, q), dtype=np.float64)
     order = np.lexsort((big_k, diagonal))
-    xs, ms, ps = x[order], m[order], pmf[order]
+    xs, ms = x[order], m[order]
     below = xs < ms * q
     link = (
         (diagonal[order][1:] == diagonal[order][:-1])
@@ -111,15 +156,22 @@ def chained_lower_cdf(
         & (xs[:-1] - xs[1:] >= 2.0)
         & (xs[:-1] - xs[1:] <= CAP)
         & (xs[1:] >= 0.0)
-        & (ps[1:] > _TINY)
+        & (xs[:-1] <= ms[1:])
     )
-    sums = np.zeros(link.size)
+    weights = np.zeros(link.size)
+    ratios = np.ones(link.size)
     if np.any(link):
-        sums[link] = _link_sums(xs[:-1][link], xs[1:][link], ms[1:][link], ps[1:][link], q)
-        link &= sums > _TINY
-    # segments: maximal runs of links; [start, stop) in sorted order
-    starts = np.flatnonzero(np.concatenate(([True], ~link)))
-    stops = np.concatenate((starts[1:], [xs.size]))
+        weights[link], ratios[link] = _link_factors(xs[:-1][link], xs[1:][link], ms[1:][link], q)
+    # the pmf's chains are at most PMF_SPAN points long (one more Boost value each)
+    span = np.arange(link.size) % PMF_SPAN != PMF_SPAN - 1
+    while True:  # a link whose values come near underflow is cut, and the chains redone
+        starts, stops = _segments(link)
+        pmf = _chained_pmf(xs, ms, q, below, ratios, *_segments(link & span))
+        sums = pmf[1:] * weights
+        cut = link & ((pmf[1:] <= _TINY) | (pmf[:-1] <= _TINY) | (sums <= _TINY))
+        if not np.any(cut):
+            break
+        link &= ~cut
     seg_below = below[starts]
     anchors = np.where(seg_below, stops - 1, starts)  # last point below, first above
     values = np.empty_like(xs)
@@ -136,6 +188,8 @@ def chained_lower_cdf(
             terms = np.concatenate(([values[start]], sums[start : stop - 1]))
             values[start:stop] = np.cumsum(terms)
     out = np.empty_like(x)
+    pmf_out = np.empty_like(x)
     out[order] = np.where(below, values, -values)
-    extra = 1.01 * (6 * CAP + 5 + longest) * _U
-    return out, pmf, extra
+    pmf_out[order] = pmf
+    extra = 1.01 * (PMF_SPAN * (4 * CAP + 11) + 5 * CAP + 5 + longest) * _U
+    return out, pmf_out, extra
