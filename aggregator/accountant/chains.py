@@ -47,7 +47,7 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
-__all__ = ["CAP", "PMF_SPAN", "chained_lower_cdf", "lower_cdf"]
+__all__ = ["CAP", "PMF_SPAN", "chained_lower_cdf", "lower_cdf", "shifted_cdf"]
 
 FloatArray = NDArray[np.float64]
 
@@ -69,6 +69,43 @@ def lower_cdf(x: FloatArray, m: FloatArray, q: float) -> FloatArray:
     out[below] = stats.binom.cdf(x[below], m[below], q)
     out[~below] = -stats.binom.sf(x[~below], m[~below], q)
     return out
+
+
+def shifted_cdf(
+    x: FloatArray, m: FloatArray, q: float, c: FloatArray, pmf: FloatArray | None = None
+) -> tuple[FloatArray, FloatArray]:
+    """``lower_cdf(x - 1, m - 1, q)`` from ``c = lower_cdf(x, m, q)`` and one pmf value
+    (Boost's, computed here or given as ``pmf``: the same values),
+    with a magnitude ``mag`` such that its error is at most ``rel * mag`` whenever ``c``'s
+    and the pmf's are at most ``rel`` relative (``rel >= 1e-15``).
+
+    With ``F_m``, ``G_m = 1 - F_m`` the cdf and sf of ``Bin(m, q)`` and ``b_m`` its pmf:
+    ``F_m(x) = (1 - q) F_(m-1)(x) + q F_(m-1)(x - 1)`` (the last trial fails or succeeds)
+    and ``F_(m-1)(x) - F_(m-1)(x - 1) = b_(m-1)(x) = b_m(x) (m - x) / (m (1 - q))`` give
+    ``F_(m-1)(x - 1) = F_m(x) - t`` and ``G_(m-1)(x - 1) = G_m(x) + t`` with ``t = b_m(x)
+    (m - x) / m`` (no cancellation against ``1``). Below the mean (``x < m q``, so also
+    ``x - 1 < (m - 1) q``) both sides are cdf values, above it (``x - 1 >= (m - 1) q``,
+    so also ``x >= m q``) both are minus sf values: in both cases the result is ``c - t``,
+    in error by at most ``rel |c| + (rel + 2u) t + u |c - t|`` (the pmf value, two
+    roundings of ``t``, one of the difference), which ``mag = (|c| + t)(1 + 1e-5)``
+    covers. The few values in between (``m q <= x < m q + 1 - q``, next to the mean) are
+    computed directly, as is ``m < 1`` (then the value is 0). The pmf costs a fifth of a
+    cdf value at ``m = 10^6``, which is why the engine shifts its cdf values rather than
+    computing the second set."""
+    out = np.empty_like(c)
+    mag = np.empty_like(c)
+    direct = (m < 1.0) | ((x >= m * q) & (x - 1.0 < (m - 1.0) * q))
+    shift = ~direct
+    xs, ms = x[shift], m[shift]
+    b = np.asarray(stats.binom.pmf(xs, ms, q)) if pmf is None else pmf[shift]
+    t = b * ((ms - xs) / ms)
+    out[shift] = c[shift] - t
+    mag[shift] = (np.abs(c[shift]) + t) * (1.0 + 1e-5)
+    if np.any(direct):
+        m1 = np.maximum(m[direct] - 1.0, 0.0)
+        out[direct] = lower_cdf(x[direct] - 1.0, m1, q)
+        mag[direct] = np.abs(out[direct])
+    return out, mag
 
 
 def _link_factors(
