@@ -70,27 +70,24 @@ def band_bounds(  # noqa: PLR0917 (the engine's helper)
     eta: FloatArray,
     rel: float,
 ) -> tuple[FloatArray, FloatArray]:
-    """``(upper, lower)`` for every row ``ks`` (consecutive rows) of the band ``N0`` in
-    ``[bottom, top]``: ``upper = Pr[N0 in band] f(tau(bottom))`` plus its error budget, a
-    certified bound (module docstring), and ``lower = Pr[N0 in band] f(tau(top))``, an
-    estimate from below of the exact sum (for deciding whether the bands are tight enough,
-    nothing certified). ``prob`` is the band's probability (a difference of cdf values,
-    ``prob_mag`` the magnitude its error budget multiplies; both 0 for an empty band),
-    ``eta`` the rows' bound on the rounding of ``tau``."""
+    """``(upper, lower)`` for every row ``ks`` (in runs of consecutive rows) of the band
+    ``N0`` in ``[bottom, top]``: ``upper = Pr[N0 in band] f(tau(bottom))`` plus its error
+    budget, a certified bound (module docstring), and ``lower``, an estimate from below of
+    the exact sum, ``Pr[N0 in band]`` times ``f(tau(bottom)) - (tau(top) - tau(bottom))
+    S_k`` (``f`` is convex with slope ``-S_k`` at ``tau(bottom)``; for deciding whether the
+    bands are tight enough, nothing certified). ``prob`` is the band's probability (a
+    difference of cdf values, ``prob_mag`` the magnitude its error budget multiplies; both
+    0 for an empty band), ``eta`` the rows' bound on the rounding of ``tau``."""
+    tau = tau0 + tau1 * bottom
+    k = np.clip(np.floor(tau) + 1.0, 0.0, ks + 1.0)
     ones = np.ones(ks.size, dtype=np.int64)
-    rows = np.arange(ks.size)
-    values = []
-    for n0 in (bottom, top):
-        tau = tau0 + tau1 * n0
-        k = np.clip(np.floor(tau) + 1.0, 0.0, ks + 1.0)
-        head, s_k, rel_out = threshold_tails(k, ks, k, ones, rows, rel)
-        lin = (0.5 * ks - tau) * s_k
-        values.append((k, head, s_k, lin, rel_out))
-    k, head, s_k, lin, rel_out = values[0]
+    head, s_k, rel_out = threshold_tails(k, ks, k, ones, np.arange(ks.size), rel)
+    lin = (0.5 * ks - tau) * s_k
     value = np.maximum(prob * (head + lin), 0.0)
     err = 3.0 * rel_out * prob_mag * (head + np.abs(lin))
     run_prob = np.abs(prob) + 3.0 * rel_out * prob_mag
     err += 2.0 * eta * slope_before(k, ks, head, s_k, rel_out) * run_prob
-    _, head, _, lin, _ = values[1]
-    lower = np.maximum(prob * (head + lin), 0.0)
+    # f falls at slope S_k at most beyond tau, so f(tau(top)) >= f(tau) - tau1 (top -
+    # bottom) S_k
+    lower = prob * np.maximum(head + lin - tau1 * (top - bottom) * s_k, 0.0)
     return np.where(prob_mag > 0.0, value + err, 0.0), np.where(prob_mag > 0.0, lower, 0.0)

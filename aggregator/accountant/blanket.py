@@ -306,9 +306,19 @@ class _Engine:
         c_lo1[rows] = self.inner.c_ends[0]
         top = hi0.copy()
         top[rows] = lo1 - 1.0
-        self.band_low = (top, _band_prob(lo0 - 1.0, top, m0, q0, c_lo0, c_lo1))
+        low = _band_prob(lo0 - 1.0, top, m0, q0, c_lo0, c_lo1)
         high = _band_prob(hi1, hi0[rows], m, q0, self.inner.c_ends[1], c_hi0[rows])
-        self.band_high = (hi0[rows], high)
+        # every row's band below, then the inner rows' bands above, as one set of rows
+        everything = np.arange(ks.size)
+        self.bands = (
+            np.concatenate((everything, everything[rows])),
+            np.concatenate((lo0, hi1 + 1.0)),  # the bands' lowest N0
+            np.concatenate((top, hi0[rows])),
+            np.concatenate((low[0], high[0])),
+            np.concatenate((low[1], high[1])),
+            np.concatenate((self.eta, self.inner.eta)),
+            np.concatenate((self.pk, self.inner.pk)),
+        )
 
     def _window(self, rows: slice, lo: FloatArray, hi: FloatArray) -> _Window:
         m = self.m0[rows]
@@ -365,17 +375,14 @@ class _Engine:
         """The inner window by runs and the bands around it, if the bands' slack is at most
         :data:`~aggregator.accountant.bands.BAND_SLACK` of the total; else the outer window
         by runs (:mod:`aggregator.accountant.bands`)."""
-        inner, ks, lo0, rel = self.inner, self.k, self.lo0, self.rel
+        inner, ks, rel = self.inner, self.k, self.rel
         rows = inner.rows
         total = self._grouped(inner, tau0[rows], tau1) if inner.lo.size else 0.0
-        top, (prob, mag) = self.band_low
-        low, low_lower = band_bounds(tau0, tau1, lo0, top, ks, prob, mag, self.eta, rel)
-        top, (prob, mag) = self.band_high
-        high, high_lower = band_bounds(
-            tau0[rows], tau1, inner.hi + 1.0, top, ks[rows], prob, mag, inner.eta, rel
+        b_rows, bottom, top, prob, mag, eta, pk = self.bands
+        band, estimate = band_bounds(
+            tau0[b_rows], tau1, bottom, top, ks[b_rows], prob, mag, eta, rel
         )
-        upper = _dot(self.pk, low) + _dot(inner.pk, high)
-        lower = _dot(self.pk, low_lower) + _dot(inner.pk, high_lower)
+        upper, lower = _dot(pk, band), _dot(pk, estimate)
         if upper - lower <= BAND_SLACK * (total + lower):
             return total + upper
         return self._grouped(self.outer, tau0, tau1)
