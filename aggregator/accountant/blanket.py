@@ -53,7 +53,12 @@ Numerical certificate (every item is *added* to the result)
 * Truncation: only ``K`` in a window of ``Bin(n, 2a)`` and, for each ``K``, ``N0`` in a
   window of ``Bin(n - K, q0)`` are summed. On the rest, ``(P - E Q)_+ <= P <= p Mult``, so
   ``p`` times the skipped multinomial mass (exact, from binomial cdf/sf values) is added.
-  ``K = 0`` contributes exactly 0 and is skipped for free.
+  ``K = 0`` contributes exactly 0 and is skipped for free. Inside these windows, runs are
+  summed only over an inner window (all but ``1e-14`` of the mass on each side); each
+  band between the two is bounded by one value, ``Pr[N0 in band]`` times a Chernoff bound
+  on ``f`` at the band's lowest ``N0`` (``f`` falls as ``N0`` grows), its rounding
+  covered (:mod:`aggregator.accountant.bands`); where the bands add more than ``1e-12``
+  of the total the outer window is summed by runs instead.
 * Special functions: scipy's Boost binomial pmf/cdf/sf, each given a relative error budget
   ``1e-10`` (measured below ``1e-11``; the test-suite re-checks against exact arithmetic).
   A group's value is a signed combination of such values; ``3e-10`` times the sum of the
@@ -66,7 +71,10 @@ Numerical certificate (every item is *added* to the result)
   like ``sqrt(n)`` (2e-11 at ``n = 2^30``): batches above :data:`MAX_N` are refused.
   The cdf and sf values at the run boundaries are chained from one Boost value each
   (:mod:`aggregator.accountant.chains`: sums of non-negative pmf terms, never a
-  difference), and the chains' rounding bound is added to the same budget.
+  difference), their pmf values from one Boost value per 32 points (ratios of exact
+  integers), the threshold's pmf and tail at each row's top from one pair per block of
+  256 rows (:mod:`aggregator.accountant.tails`: a ratio and a non-negative sum per row);
+  the rounding bounds of all of these are added to the same budget.
 * Rounding of ``tau``: ``f(tau) = E(N1 - tau)_+`` is convex and piecewise linear with
   kinks at the integers, slope ``-S_k`` on ``[k - 1, k]`` (``S_k = Pr[N1 >= k]``), and the
   group formula for ``k`` is its tangent ``g_k`` there. ``tau0`` is computed from
@@ -106,7 +114,7 @@ from numpy.typing import NDArray
 from scipy import special, stats
 
 from aggregator.accountant._checks import check_delta, check_n, check_real
-from aggregator.accountant.bands import BAND_SLACK, INNER_TAIL, band_bounds
+from aggregator.accountant.bands import BAND_SLACK, INNER_TAIL, chernoff_bounds
 from aggregator.accountant.bands import slope_before as _slope_before
 from aggregator.accountant.chains import chained_lower_cdf
 from aggregator.accountant.chains import lower_cdf as _lower_cdf
@@ -313,7 +321,6 @@ class _Engine:
         self.bands = (
             np.concatenate((everything, everything[rows])),
             np.concatenate((lo0, hi1 + 1.0)),  # the bands' lowest N0
-            np.concatenate((top, hi0[rows])),
             np.concatenate((low[0], high[0])),
             np.concatenate((low[1], high[1])),
             np.concatenate((self.eta, self.inner.eta)),
@@ -372,18 +379,16 @@ class _Engine:
         return min(total * (1.0 + _REL_SLACK), 1.0)
 
     def _banded(self, tau0: FloatArray, tau1: float) -> float:
-        """The inner window by runs and the bands around it, if the bands' slack is at most
-        :data:`~aggregator.accountant.bands.BAND_SLACK` of the total; else the outer window
-        by runs (:mod:`aggregator.accountant.bands`)."""
+        """The inner window by runs and the bands around it, if the bands add at most
+        :data:`~aggregator.accountant.bands.BAND_SLACK` of the inner sum; else the outer
+        window by runs (:mod:`aggregator.accountant.bands`)."""
         inner, ks, rel = self.inner, self.k, self.rel
         rows = inner.rows
         total = self._grouped(inner, tau0[rows], tau1) if inner.lo.size else 0.0
-        b_rows, bottom, top, prob, mag, eta, pk = self.bands
-        band, estimate = band_bounds(
-            tau0[b_rows], tau1, bottom, top, ks[b_rows], prob, mag, eta, rel
-        )
-        upper, lower = _dot(pk, band), _dot(pk, estimate)
-        if upper - lower <= BAND_SLACK * (total + lower):
+        b_rows, bottom, prob, mag, eta, pk = self.bands
+        band = chernoff_bounds(tau0[b_rows] + tau1 * bottom, ks[b_rows], prob, mag, eta, rel)
+        upper = _dot(pk, band)
+        if upper <= BAND_SLACK * total:
             return total + upper
         return self._grouped(self.outer, tau0, tau1)
 

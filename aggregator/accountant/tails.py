@@ -44,7 +44,7 @@ __all__ = ["BLOCK", "TINY", "WASTE", "threshold_tails"]
 
 FloatArray = NDArray[np.float64]
 
-BLOCK: Final = 128
+BLOCK: Final = 256
 """Most rows of one parity chained from one anchor."""
 TINY: Final = 2.0**-960
 """Below this a chained value may have lost digits (subnormal products ahead): its row is
