@@ -92,9 +92,13 @@ def shifted_cdf(
     computed directly, as is ``m < 1`` (then the value is 0). The pmf costs a fifth of a
     cdf value at ``m = 10^6``, which is why the engine shifts its cdf values rather than
     computing the second set."""
+    direct = (m < 1.0) | ((x >= m * q) & (x - 1.0 < (m - 1.0) * q))
+    if not np.any(direct):  # (the usual case: the same arithmetic without the masks)
+        b = np.asarray(stats.binom.pmf(x, m, q)) if pmf is None else pmf
+        t = b * ((m - x) / m)
+        return c - t, (np.abs(c) + t) * (1.0 + 1e-5)
     out = np.empty_like(c)
     mag = np.empty_like(c)
-    direct = (m < 1.0) | ((x >= m * q) & (x - 1.0 < (m - 1.0) * q))
     shift = ~direct
     xs, ms = x[shift], m[shift]
     b = np.asarray(stats.binom.pmf(xs, ms, q)) if pmf is None else pmf[shift]
