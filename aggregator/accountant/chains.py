@@ -1,4 +1,4 @@
-"""Binomial cdf values at the blanket engine's run boundaries, chained across rows.
+"""Binomial cdf and pmf values at the blanket engine's run boundaries, chained across rows.
 
 The engine of :mod:`aggregator.accountant.blanket` needs, for every run ``(K, k)`` of one
 ``eps``, the cdf of the neutral count ``Bin(m, q)`` (``m = n - K``) at the run's end
@@ -19,24 +19,31 @@ diagonal (``K`` rising), the sf grows by ``D`` and the cdf falls by it: above th
 (where the engine uses ``-G``) a chain starts from one special-function value at its first
 point and adds the ``D``s forwards; below the mean (where it uses ``F``) from one at its
 last point, adding them backwards. Every value is an anchor plus non-negative terms:
-nothing cancels. The pmf values in ``D`` come from the next point's pmf (one Boost value,
-which the engine needs anyway for its shifted cdf) by the ratio
-``b(y) = b(y - 1) (m' - y + 1) / y * q / (1 - q)``.
+nothing cancels. The pmf values in ``D`` come from the next point's pmf by the ratio
+``b(y) = b(y - 1) (m' - y + 1) / y * q / (1 - q)``, and the pmf values themselves are
+chained the same way: ``b_m(x) = b_(m-2)(x') R`` with ``R`` the product of those ratios
+up to ``x`` and ``b_m(x) / b_(m-2)(x) = m (m - 1) (1 - q)^2 / ((m - x)(m - x - 1))``, one
+Boost value per :data:`PMF_SPAN` points (at the end the chain's cdf starts from).
 
 A link is used only where it is exact and well conditioned: same diagonal, rows ``K`` and
 ``K + 2``, both points on the same side of the mean (the engine's own test ``x < m q``),
-``2 <= x - x' <= CAP``, ``x' >= 0`` and a pmf value far from underflow; elsewhere a chain
-ends and the next point is an anchor (a Collision pair with ``t < 2s``, whose diagonal
-step is below 2, gets one special-function value per point, as before).
+``2 <= x - x' <= CAP``, ``0 <= x' < x <= m - 2`` and pmf values and sums far from
+underflow; elsewhere a chain ends and the next point is an anchor (a Collision pair with
+``t < 2s``, whose diagonal step is below 2, gets one special-function value per point, as
+before).
 
 Error bound (relative to the value, which is what the engine's budget multiplies): the
-anchor and the pmf value carry the special functions' budget ``rel``; each ratio step
-adds at most ``5 u`` (a quotient of exact integers, the constant ``q / (1 - q)`` with two
-roundings, two products), the weight and its product ``4 u``, the sum of at most ``CAP``
-terms ``CAP u``, so a ``D`` is within ``rel + (6 CAP + 4) u``; the running sum of ``L``
-non-negative terms adds ``L u`` (recursive summation). :func:`chained_lower_cdf` returns
-``1.01 (6 CAP + 5 + L_max) u`` as the extra relative error of its values, to be added to
-``rel`` (the factor covers the second-order terms for ``rel <= 1e-3``).
+anchors carry the special functions' budget ``rel``; each ratio step adds at most ``5 u``
+(a quotient of exact integers, the constant ``q / (1 - q)`` with two roundings, two
+products), so a link's ``R`` is within ``(5 CAP + 7) u`` (the two-trial factor: two
+quotients, their product, ``(1 - q)^2`` and two products) and a chained pmf value,
+``PMF_SPAN`` links at most from its anchor (a division and a product more per link),
+within ``rel + PMF_SPAN (5 CAP + 9) u``; the weights and their products add ``4 u`` and the
+sum of at most ``CAP`` terms ``CAP u``, so a ``D`` is within that plus ``(6 CAP + 5) u``;
+the running sum of ``L`` non-negative terms adds ``L u`` (recursive summation).
+:func:`chained_lower_cdf` returns ``1.01 (PMF_SPAN (5 CAP + 9) + 6 CAP + 5 + L_max) u`` as
+the extra relative error of its values (cdf and pmf), to be added to ``rel`` (the factor
+covers the second-order terms for ``rel <= 1e-3``).
 """
 
 from __future__ import annotations
@@ -243,5 +250,5 @@ def chained_lower_cdf(
     pmf_out = np.empty_like(x)
     out[order] = np.where(below, values, -values)
     pmf_out[order] = pmf
-    extra = 1.01 * (PMF_SPAN * (4 * CAP + 11) + 5 * CAP + 5 + longest) * _U
+    extra = 1.01 * (PMF_SPAN * (5 * CAP + 9) + 6 * CAP + 5 + longest) * _U
     return out, pmf_out, extra
