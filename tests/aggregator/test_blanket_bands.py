@@ -5,7 +5,8 @@ band, one Boost value per term): never below it, within a factor 1000 of it; the
 certified curve against the sum over every ``(K, N0)`` of the windows, term by term (no
 runs, no bands, no recurrences), at batch sizes where the bands are used and where they
 are refused; and the curve with bands stays within ``1e-9`` relative of the curve summed
-run by run over the outer window.
+run by run over the outer window; ``epsilon_total`` never below the slow path (no bands,
+no chains, no recurrences) beyond the composition's rounding noise.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from scipy import stats
 
 from aggregator.accountant import bands, blanket
 from aggregator.accountant.blanket import BlanketPair, _Engine, blanket_pair_for_spec
+from aggregator.accountant.composition import epsilon_total_counts
 from edge.spec import MechanismSpec
+from tests.aggregator.test_blanket_chains import _COMPOSITION_NOISE, _clear_caches
+from tests.aggregator.test_blanket_recurrences import (
+    _direct_shifted,
+    _direct_tails,
+    direct_chained,
+)
 
 FloatArray = NDArray[np.float64]
 
@@ -151,3 +159,26 @@ def test_bands_move_the_curve_by_less_than_1e_9(
     old = [_Engine(pair, 1e-20).divergence(x) for x in points]
     for x, fast, slow in zip(points, new, old, strict=True):
         assert abs(fast - slow) <= 1e-9 * slow, (x, fast, slow)
+
+
+def test_epsilon_total_never_below_the_slow_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``epsilon_total`` of mixed sizes against the slow path: no bands (the inner window is
+    the outer one), every binomial value from Boost one by one (no chains, no recurrences).
+    Never below it beyond the composition's own rounding noise (test_blanket_chains.py),
+    within ``1e-6`` relative."""
+    spec = MechanismSpec(mechanism="coco", d=128, s=8, epsilon=1.0)
+    counts = {
+        blanket_pair_for_spec(spec, n=n): 5 + i for i, n in enumerate((20_480, 61_440, 98_304))
+    }
+    _clear_caches()
+    new = epsilon_total_counts(counts, delta=1e-8)
+    _clear_caches()
+    with monkeypatch.context() as patch:
+        patch.setattr(blanket, "INNER_TAIL", 1e-300)
+        patch.setattr(blanket, "_threshold_tails", _direct_tails)
+        patch.setattr(blanket, "_shifted_cdf", _direct_shifted)
+        patch.setattr(blanket, "chained_lower_cdf", direct_chained)
+        old = epsilon_total_counts(counts, delta=1e-8)
+    _clear_caches()
+    assert new >= old * (1.0 - _COMPOSITION_NOISE)
+    assert new <= old * (1.0 + 1e-6)
