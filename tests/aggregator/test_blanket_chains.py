@@ -1,10 +1,12 @@
-"""The neutral count's cdf values chained along diagonals (aggregator.accountant.chains).
+"""The neutral count's cdf and pmf values chained along diagonals (aggregator.accountant.chains).
 
-Against exact values (mpmath, 60 digits, the float ``q`` taken exactly): every chained value
-is within the special functions' budget plus the ``extra`` the chains report, on chains
-that cross the mean, start and end in the tails and break where a link is not allowed.
+Against exact values (mpmath, 60 digits, the float ``q`` taken exactly): every chained cdf
+and pmf value is within the special functions' budget plus the ``extra`` the chains report,
+on chains that cross the mean, start and end in the tails and break where a link is not
+allowed.
 And ``epsilon_total`` with the chains is never below the value-by-value evaluation (one
-Boost value per boundary, as before) and within ``1e-6`` relative of it.
+Boost value per boundary, as before) beyond the composition's own rounding noise, and
+within ``1e-6`` relative of it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ from edge.spec import MechanismSpec
 from tests.aggregator.test_blanket_recurrences import direct_chained
 
 FloatArray = NDArray[np.float64]
+_COMPOSITION_NOISE = 1e-11
+"""The composition is monotone in its curve points only to about 1e-12 relative: the last
+bits of its inputs move its FFT rounding budget and where its cuts fall (each result
+carries its own certified budget). The points themselves, where the ordering is exact, are
+never below the value-by-value ones (test_blanket_recurrences.py)."""
 
 
 def _exact_lower_cdf(x: int, m: int, q: float) -> mpmath.mpf:
@@ -35,6 +42,15 @@ def _exact_lower_cdf(x: int, m: int, q: float) -> mpmath.mpf:
         if x < m * q:
             return mpmath.fsum(terms[: max(0, x + 1)])
         return -mpmath.fsum(terms[x + 1 :])
+
+
+def _exact_pmf(x: int, m: int, q: float) -> mpmath.mpf:
+    """``Pr[Bin(m, q) = x]`` (60 digits, the float ``q`` taken exactly)."""
+    with mpmath.workdps(60):
+        if not 0 <= x <= m:
+            return mpmath.mpf(0)
+        qq = mpmath.mpf(q)
+        return mpmath.binomial(m, x) * qq**x * (1 - qq) ** (m - x)
 
 
 def _points(seed: int, n: int, q: float) -> tuple[FloatArray, ...]:
@@ -71,8 +87,9 @@ def test_chained_values_within_their_budget_of_exact(n: int, q: float, seed: int
     x, m, diagonal, big_k = _points(seed, n, q)
     values, pmf, extra = chained_lower_cdf(x, m, q, diagonal, big_k)
     assert 0.0 < extra < 1e-12
-    assert np.array_equal(pmf, np.asarray(stats.binom.pmf(x, m, q)))
     budget = _SPECIAL_REL_ERR + extra
+    boost = np.asarray(stats.binom.pmf(x, m, q))
+    assert np.all(np.abs(pmf - boost) <= 2.0 * budget * boost)
     chained = 0
     direct = lower_cdf(x, m, q)
     for i in range(x.size):
@@ -80,6 +97,8 @@ def test_chained_values_within_their_budget_of_exact(n: int, q: float, seed: int
         error = abs(mpmath.mpf(float(values[i])) - exact)
         assert error <= budget * abs(exact), (i, values[i], exact)
         chained += values[i] != direct[i]
+        exact_pmf = _exact_pmf(int(x[i]), int(m[i]), q)
+        assert abs(mpmath.mpf(float(pmf[i])) - exact_pmf) <= budget * exact_pmf, (i, pmf[i])
     assert chained > x.size // 4  # most values did come from chains
 
 
@@ -128,5 +147,5 @@ def test_epsilon_total_never_below_the_value_by_value_path(
         patch.setattr(blanket, "chained_lower_cdf", direct_chained)
         old = epsilon_total_counts(counts, delta=delta)
     _clear_caches()
-    assert new >= old
+    assert new >= old * (1.0 - _COMPOSITION_NOISE)
     assert new <= old * (1.0 + 1e-6)

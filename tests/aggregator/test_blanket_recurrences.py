@@ -1,8 +1,9 @@
 """The blanket engine's recurrences against the value-by-value evaluation they replaced.
 
 The engine takes most of its binomial values from a few special-function values by exact
-identities and recurrences (``_shifted_cdf``, ``_threshold_tails``, the neutral count's cdf
-chained along diagonals, :mod:`aggregator.accountant.chains`). The value-by-value
+identities and recurrences (``_shifted_cdf``, ``_threshold_tails`` with its rows' tops
+chained along diagonals, :mod:`aggregator.accountant.tails`, the neutral count's cdf and
+pmf chained along diagonals, :mod:`aggregator.accountant.chains`). The value-by-value
 evaluation (one Boost value per run and per quantity, as before) is run here by swapping
 those helpers for direct ones: the certified curve must never come out below it (the
 recurrences' rounding is budgeted on top of the special functions' own budget), and stays
@@ -23,7 +24,7 @@ import pytest
 from numpy.typing import NDArray
 from scipy import stats
 
-from aggregator.accountant import blanket
+from aggregator.accountant import blanket, tails
 from aggregator.accountant.blanket import BlanketPair, _Engine
 from aggregator.accountant.chains import lower_cdf as _lower_cdf
 from aggregator.accountant.composition import grid_spacing
@@ -140,3 +141,24 @@ def test_shifted_cdf_within_budget_of_boost(m: float, q: float) -> None:
     direct = _lower_cdf(x - 1.0, mm - 1.0, q)
     assert np.all(mag >= np.abs(value))
     assert np.all(np.abs(value - direct) <= 1e-10 * mag + 1e-10 * np.abs(direct))
+
+
+@pytest.mark.parametrize("z", [0.5, 4.0, 12.0])
+def test_threshold_tails_chained_across_rows_within_budget_of_boost(z: float) -> None:
+    """Consecutive rows, as the engine makes them: the rows' tops chained along diagonals
+    (aggregator.accountant.tails, one Boost pair per block), every run's head and S_k
+    within the two budgets of Boost's value-by-value ones."""
+    ks = np.arange(300_000.0, 301_200.0)
+    k_last = np.floor(0.5 * ks + z * np.sqrt(ks) / 2.0 + 0.004 * (ks - ks[0]))
+    counts = np.full(ks.size, 9, dtype=np.int64)
+    k_first = k_last - counts + 1
+    offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    which = np.repeat(np.arange(ks.size), counts)
+    k = k_first[which] + (np.arange(which.size) - offsets[which])
+    tops = tails._tops(ks, k_last)
+    assert not np.any(np.isnan(tops[1]))  # every row chained
+    head, s_k, rel = blanket._threshold_tails(k, ks, k_last, counts, which, 1e-10)
+    ref_head, ref_s, _ = _direct_tails(k, ks, k_last, counts, which, 1e-10)
+    budget = rel + 1e-10
+    assert np.all(np.abs(head - ref_head) <= budget * ref_head)
+    assert np.all(np.abs(s_k - ref_s) <= budget * ref_s)
