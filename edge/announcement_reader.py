@@ -13,8 +13,8 @@ or just restarted. So one reading walks the nodes of ``--broker`` until ``timeou
 * after a full round of the nodes with nothing, a short pause (doubling, at most
   :data:`MAX_PAUSE` seconds), then round again;
 * a refusal that connecting again cannot change ends the reading at once: a wrong password
-  or a missing permission (CONNACK *not authorized*), or MQTT 5 refused where 3.1.1 was not
-  allowed (``--mqtt-version 5``).
+  or a missing permission (CONNACK *not authorized*), MQTT 5 refused where 3.1.1 was not
+  allowed (``--mqtt-version 5``), or a TLS error (:func:`final_refusal`).
 
 ``mqtt_version`` ``auto`` connects with MQTT 5 and, once a broker refuses that version, with
 3.1.1 (:class:`edge.mqtt_version.VersionChoice`). Errors:
@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import logging
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiomqtt
@@ -57,6 +57,7 @@ __all__ = [
     "REFRESH_SECONDS",
     "NotAnnouncedError",
     "fetch_announcement",
+    "final_refusal",
     "refreshing",
 ]
 
@@ -78,6 +79,17 @@ REFRESH_SECONDS = 30.0
 _NOT_AUTHORIZED = frozenset({4, 5, 0x86, 0x87})
 """CONNACK codes that another try cannot change: bad user name or password, not authorized
 (MQTT 3.1.1's 4 and 5, MQTT 5's 0x86 and 0x87)."""
+
+
+def final_refusal(exc: BaseException) -> bool:
+    """Whether connecting again cannot help: a CONNACK *not authorized* or *bad user name or
+    password*, a refused protocol version (the caller's :class:`VersionChoice` decides
+    whether another version is worth a try), or a TLS error (a certificate that does not
+    verify stays so)."""
+    code = _connack_code(exc)
+    if code is not None and (code in _NOT_AUTHORIZED or is_version_refusal(code)):
+        return True
+    return isinstance(exc, ssl.SSLError)
 
 
 def _connack_code(exc: BaseException) -> int | None:
@@ -116,7 +128,7 @@ async def fetch_announcement(
     share = max(NODE_WAIT, timeout / (2 * len(nodes))) if len(nodes) > 1 else timeout
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    answered = False
+    connected = asyncio.Event()  # some node accepted a connection
     last: BaseException | None = None
     pause = 0.1
     tried = 0
@@ -133,25 +145,14 @@ async def fetch_announcement(
             timeout=min(remaining, share),
         )
         try:
-            async with asyncio.timeout(min(remaining, share)):
-                async with client:
-                    answered = True
-                    # QoS 0: the retained announcement comes with the subscription either
-                    # way (and a QoS 1 subscription can be refused while a node of a NATS
-                    # cluster is down)
-                    await client.subscribe(topic, qos=0)
-                    async for message in client.messages:
-                        payload = message.payload
-                        if isinstance(payload, bytes | bytearray):
-                            return decode_announcement(bytes(payload))
-                        raise SpecError("the spec announcement is not a binary payload")
+            return await _read_node(client, topic, min(remaining, share), connected.set)
         except (OSError, aiomqtt.MqttError) as exc:  # TimeoutError included: its share spent
             code = _connack_code(exc)
             if code is not None and is_version_refusal(code):
                 if choice.refused():
                     continue
                 raise CocoError(choice.describe_refusal()) from None
-            if code in _NOT_AUTHORIZED:
+            if final_refusal(exc):  # not authorized, or a TLS error
                 raise CocoError(f"cannot read the spec announcement from {broker}: {exc}") from exc
             last = exc
         if len(nodes) > 1:
@@ -164,11 +165,40 @@ async def fetch_announcement(
             with contextlib.suppress(TimeoutError):
                 await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
             pause = min(pause * 2, MAX_PAUSE)
-    if answered:
+    if connected.is_set():
         raise NotAnnouncedError(
             f"no announcement on {topic} within {timeout:g} s (run coco announce, or pass --spec)"
         )
     raise CocoError(f"cannot read the spec announcement from {broker}: {last}")
+
+
+async def _read_node(
+    client: aiomqtt.Client, topic: str, wait: float, on_connected: Callable[[], None]
+) -> dict[str, Any]:
+    """The announcement from ``client``'s node within ``wait`` seconds (``TimeoutError``:
+    none; an ``OSError`` or ``MqttError``: the node failed)."""
+    found: dict[str, Any] | None = None
+    try:
+        async with asyncio.timeout(wait):
+            async with client:
+                on_connected()
+                # QoS 0: the retained announcement comes with the subscription either way
+                # (and a QoS 1 subscription can be refused while a node of a NATS cluster is
+                # down)
+                await client.subscribe(topic, qos=0)
+                async for message in client.messages:
+                    payload = message.payload
+                    if not isinstance(payload, bytes | bytearray):
+                        raise SpecError("the spec announcement is not a binary payload")
+                    found = decode_announcement(bytes(payload))
+                    break
+    except (OSError, aiomqtt.MqttError):
+        if found is None:
+            raise
+        # read: only the DISCONNECT after it failed or was late
+    if found is None:
+        raise SpecError("the broker closed the announcement subscription")  # pragma: no cover
+    return found
 
 
 @contextlib.asynccontextmanager
@@ -180,15 +210,18 @@ async def refreshing(
     the messages sees the loss."""
 
     async def refresh() -> None:
-        with contextlib.suppress(aiomqtt.MqttError):
-            while True:
-                await asyncio.sleep(every)
+        while True:
+            await asyncio.sleep(every)
+            try:
                 await client.subscribe(topic, qos=qos)
+            except aiomqtt.MqttError as exc:  # a late SUBACK, or the connection is gone
+                # (the block's own reading of the messages sees a lost connection)
+                logger.debug("refreshing %s: %s", topic, exc)
 
     task = asyncio.create_task(refresh(), name=f"refresh {topic}")
     try:
         yield
     finally:
         task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        # not `await task`: a cancellation of this task arriving meanwhile must propagate
+        await asyncio.wait([task])

@@ -23,7 +23,7 @@ from tests.cputime import IDLE_SHARE, idle_share
 from tests.processes import COCO, coco, env, service, wait_running
 from tests.service_http import ready
 
-pytestmark = [pytest.mark.integration, pytest.mark.unhurried, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 DEP = "idle"
 
@@ -34,6 +34,7 @@ def coco_ok(args: list[str], cwd: Path) -> str:
     return done.stdout
 
 
+@pytest.mark.unhurried  # no wall-clock round: it runs beside the computations (scripts/test)
 @pytest.mark.parametrize("layout", ["default-state-dir", "state-dir", "shard"])
 def test_an_idle_shuffler_idles(mosquitto: Broker, tmp_path: Path, layout: str) -> None:
     """The README's commands: a batch key, the announcement, then the shuffler with its

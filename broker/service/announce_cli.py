@@ -245,6 +245,7 @@ def _current(
     username: str | None,
     password: str | None,
     ca_file: str | None,
+    mqtt_version: MqttVersion,
 ) -> dict[str, Any] | None:
     """The retained announcement (``None`` when there is none)."""
     import asyncio  # noqa: PLC0415
@@ -264,6 +265,7 @@ def _current(
                 password=password,
                 ca_file=ca_file,
                 client_id=username,
+                mqtt_version=mqtt_version,
             )
         )
     except NotAnnouncedError:
@@ -482,7 +484,9 @@ def announce(
             raise ValueError("a sharded deployment has --shard-key, not --batch-public-key")
         current = None
         if reshard:
-            current = _current(broker, deployment, timeout, username, password_value, ca_file)
+            current = _current(
+                broker, deployment, timeout, username, password_value, ca_file, version
+            )
         plan = _shards(
             shard_key,
             shard_seed,

@@ -10,8 +10,10 @@ takes no unsharded lease: nothing would let its restart take over, and it keeps 
 The lease is claimed at start, often right after a crash and while a node of the broker
 cluster is down too: a node that cannot be reached gives way to the next one of
 ``--broker``, with the reconnections' backoff, for :data:`START_WINDOW` seconds; only then
-does the shuffler give up (a shuffler restarted while the first node was down exited at
-once, with the other two nodes up)."""
+does the shuffler give up (at once for a refusal that another try cannot change: not
+authorized, a refused protocol version, a TLS error:
+:func:`edge.announcement_reader.final_refusal`). A shuffler restarted while the first node
+was down once exited at once, with the other two nodes up."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import aiomqtt
 
 from broker.service.lease import LeaseLostError, ShardControl
 from broker.service.shell import ShellState
+from edge.announcement_reader import final_refusal
 from edge.errors import SpecError
 from edge.rounds import current_round
 from edge.shards import ShardPlan
@@ -54,7 +57,7 @@ class ShardMixin(ShellState):
             try:
                 control = await self._claim_lease()
             except (OSError, aiomqtt.MqttError) as exc:  # TimeoutError included
-                if time.monotonic() + backoff > deadline:
+                if final_refusal(exc) or time.monotonic() + backoff > deadline:
                     raise
                 node = self._nodes.current
                 logger.warning(

@@ -320,7 +320,8 @@ class EffectLog:
         try:
             new = _write_snapshot(fd, effects, limit)
             if new is None:  # as large as the log already: left as it is
-                os.close(fd)
+                closing, fd = fd, -1  # closed once, whatever the unlink does
+                os.close(closing)
                 temporary.unlink()
                 return False
             os.fsync(fd)
@@ -330,8 +331,9 @@ class EffectLog:
             both = [self._end, new] if self.version == 3 and self._fd is not None else [new]
             self._write_mark(both, sync=True)
         except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
             with contextlib.suppress(OSError):
                 temporary.unlink()
             if isinstance(exc, OSError) and exc.errno in _FULL:  # the log is as it was

@@ -36,7 +36,7 @@ from edge.cli_options import (
     check_output_file,
 )
 from edge.defaults import DEFAULT_METRICS_HOST, FLEET_METRICS_PORT
-from edge.mqtt_version import check_mqtt_version
+from edge.mqtt_version import MqttVersion, check_mqtt_version
 from edge.participation import check_participation
 from sim.credentials.accounts import DEFAULT_PREFIX, device_id, device_password, read_secret
 from sim.fleet.metrics import DEFAULT_METRICS_DIMS
@@ -276,6 +276,7 @@ def _announced_spec(
     password: str | None,
     ca_file: str | None,
     client_id: str | None = None,
+    mqtt_version: MqttVersion = "auto",
 ) -> tuple[MechanismSpec, int, ShardPlan | None, float, AnnouncedPeriod | None]:
     """The retained announcement's spec, round_seconds, shard layouts, participation and
     period policy, or a :class:`FleetError` that says what failed."""
@@ -294,6 +295,7 @@ def _announced_spec(
                 password=password,
                 ca_file=ca_file,
                 client_id=client_id,
+                mqtt_version=mqtt_version,
             )
         )
     except CocoError as exc:  # it names the topic it waited on, or the broker it could not read
@@ -519,7 +521,14 @@ def fleet(
                 user = client_id = device_id(0, prefix)
                 pw = device_password(secret, user)
             mechanism, length, shards, q, period = _announced_spec(
-                broker, deployment, announcement_timeout, user, pw, ca_file, client_id
+                broker,
+                deployment,
+                announcement_timeout,
+                user,
+                pw,
+                ca_file,
+                client_id,
+                check_mqtt_version(mqtt_version),
             )
             length = _round_length(length, round_seconds, "the announcement")
             q = _participation(q, participation, "the announcement")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from broker.service.lease import Lease
+from broker.service.shuffler import Shuffler
 from edge.announce import encode_announcement
 from edge.announcement_reader import NotAnnouncedError, fetch_announcement
 from edge.errors import CocoError
@@ -102,3 +104,26 @@ def test_a_shuffler_claims_its_lease_when_the_first_node_is_down(
             assert held.owner == shuffler._owner
 
     run(scenario(), 90)
+
+
+def test_a_refused_login_ends_the_lease_claim_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not authorized is an answer, not a node that is down: no walk, no backoff."""
+    caplog.set_level(logging.WARNING, logger="broker.shuffler")
+    broker = Broker(tmp_path, free_port(), extra_config="allow_anonymous false\n")
+    broker.start()
+    keys = signers(["g0s0"])
+    cfg = config(broker, "g0s0", plan_of(keys), keys["g0s0"], state_dir=tmp_path / "state")
+    cfg = dataclasses.replace(cfg, username="nobody", password="wrong")
+
+    async def scenario() -> None:
+        async with Shuffler(cfg, registry=CollectorRegistry()) as shuffler:
+            await shuffler.run()
+
+    try:
+        with pytest.raises(aiomqtt.MqttError, match=r"[Nn]ot authori[sz]ed"):
+            run(scenario(), 120)
+    finally:
+        broker.stop()
+    assert not [r for r in caplog.records if "cannot be reached" in r.getMessage()]
