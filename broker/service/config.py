@@ -96,6 +96,9 @@ class ShufflerConfig:
     """The shard lease's time to live (broker/service/lease.py); renewed every third of it."""
     lease_settle: float = 1.0
     """How long a lease claim waits before it reads the retained value back."""
+    lease_start_window: float = 60.0
+    """Seconds a starting shuffler walks the nodes of ``broker`` to claim its lease
+    (:mod:`broker.service.sharding`)."""
     broker_stats: bool = False
     """Export Mosquitto's ``$SYS`` loss counters (``coco_mosquitto_*``,
     :mod:`broker.service.broker_stats`) on the shuffler's registry, over a connection of its own;
@@ -128,6 +131,7 @@ class ShufflerConfig:
             "drain_timeout",
             "reconnect_min",
             "reconnect_max",
+            "lease_start_window",
         ):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):

@@ -47,13 +47,19 @@ from edge.errors import CocoError
 from edge.mqtt_url import BrokerList
 from edge.topics import shard_lease_topic, spec_topic
 
-__all__ = ["Lease", "LeaseLostError", "LeaseRefusedError", "ShardControl"]
+__all__ = ["Lease", "LeaseLostError", "LeaseRefusedError", "LeaseUnconfirmedError", "ShardControl"]
 
 logger = logging.getLogger("broker.lease")  # a fixed name: broker/__init__.py, "Loggers"
 
 
 class LeaseRefusedError(CocoError):
     """Another shuffler holds the shard (a fresh lease of another owner), or won the race."""
+
+
+class LeaseUnconfirmedError(CocoError):
+    """The broker node kept no lease at all after the claim: a node that does not serve its
+    retained messages yet (a NATS node just restarted), or an ACL that drops the lease
+    topic. The shuffler tries the next node (:mod:`broker.service.sharding`)."""
 
 
 class LeaseLostError(CocoError):
@@ -189,11 +195,15 @@ class ShardControl:
             await self._claim(client)
         await asyncio.sleep(self.settle)
         again = await self.read()
-        if again is None or again.instance != self.instance:
-            holder = "nobody (the broker kept no lease)" if again is None else again.owner
+        if again is None:
+            raise LeaseUnconfirmedError(
+                f"{self.name}: the broker kept no lease after the claim (a node that does not "
+                "serve retained messages yet, or an ACL without the lease topic)"
+            )
+        if again.instance != self.instance:
             raise LeaseRefusedError(
                 f"{self.name}: another shuffler claimed it at the same moment and "
-                f"the broker kept its claim ({holder}): refusing to start"
+                f"the broker kept its claim ({again.owner}): refusing to start"
             )
         logger.info("%s: lease acquired (ttl %g s)", self.name, self.ttl)
 

@@ -8,8 +8,9 @@ directory (in-process only: ``coco demo``, tests, benches; ``coco shuffler`` alw
 takes no unsharded lease: nothing would let its restart take over, and it keeps nothing.
 
 The lease is claimed at start, often right after a crash and while a node of the broker
-cluster is down too: a node that cannot be reached gives way to the next one of
-``--broker``, with the reconnections' backoff, for :data:`START_WINDOW` seconds; only then
+cluster is down too: a node that cannot be reached, or that keeps no claim (a NATS node just
+restarted serves no retained message for a while), gives way to the next one of
+``--broker``, with the reconnections' backoff, for ``lease_start_window`` seconds; only then
 does the shuffler give up (at once for a refusal that another try cannot change: not
 authorized, a refused protocol version, a TLS error:
 :func:`edge.announcement_reader.final_refusal`). A shuffler restarted while the first node
@@ -23,7 +24,7 @@ import time
 
 import aiomqtt
 
-from broker.service.lease import LeaseLostError, ShardControl
+from broker.service.lease import LeaseLostError, LeaseUnconfirmedError, ShardControl
 from broker.service.shell import ShellState
 from edge.announcement_reader import final_refusal
 from edge.errors import SpecError
@@ -31,9 +32,6 @@ from edge.rounds import current_round
 from edge.shards import ShardPlan
 
 logger = logging.getLogger("broker.shuffler")
-
-START_WINDOW = 60.0
-"""Seconds a starting shuffler tries the nodes of ``--broker`` to claim its lease."""
 
 
 class ShardMixin(ShellState):
@@ -52,16 +50,17 @@ class ShardMixin(ShellState):
         :class:`broker.service.lease.LeaseRefusedError` when another shuffler holds it."""
         cfg = self.config
         backoff = cfg.reconnect_min
-        deadline = time.monotonic() + START_WINDOW
+        start = time.monotonic()
         while True:
             try:
                 control = await self._claim_lease()
-            except (OSError, aiomqtt.MqttError) as exc:  # TimeoutError included
-                if final_refusal(exc) or time.monotonic() + backoff > deadline:
+            except (OSError, aiomqtt.MqttError, LeaseUnconfirmedError) as exc:  # TimeoutError too
+                if final_refusal(exc) or time.monotonic() + backoff > self._start_deadline(start):
                     raise
                 node = self._nodes.current
                 logger.warning(
-                    "lease: %s:%d cannot be reached (%s); trying the next node in %.2f s",
+                    "lease: %s:%d cannot be reached or kept no claim (%s); trying the next "
+                    "node in %.2f s",
                     node.host,
                     node.port,
                     exc,
@@ -73,6 +72,9 @@ class ShardMixin(ShellState):
                 continue
             self._control = control
             return
+
+    def _start_deadline(self, start: float) -> float:
+        return start + self.config.lease_start_window
 
     async def _claim_lease(self) -> ShardControl:
         cfg = self.config

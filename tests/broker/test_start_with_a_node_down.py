@@ -40,6 +40,18 @@ async def announce(broker: Broker) -> None:
         await client.publish(spec_topic(DEP), payload, qos=1, retain=True)
 
 
+async def lease_on(broker: Broker) -> Lease:
+    """The retained lease of shard g0s0 on ``broker``."""
+    async with aiomqtt.Client("127.0.0.1", broker.port) as client:
+        await client.subscribe(shard_lease_topic(DEP, "g0s0"), qos=1)
+        async for message in client.messages:
+            assert isinstance(message.payload, bytes)
+            held = Lease.decode(message.payload)
+            assert held is not None
+            return held
+    raise AssertionError("the subscription ended")  # pragma: no cover
+
+
 @pytest.fixture
 def silent(tmp_path: Path) -> Iterator[Broker]:
     """A second Mosquitto, which never holds the announcement."""
@@ -88,19 +100,9 @@ def test_a_shuffler_claims_its_lease_when_the_first_node_is_down(
     )
     cfg = dataclasses.replace(cfg, broker=first_down)
 
-    async def lease() -> Lease:
-        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
-            await client.subscribe(shard_lease_topic(DEP, "g0s0"), qos=1)
-            async for message in client.messages:
-                assert isinstance(message.payload, bytes)
-                held = Lease.decode(message.payload)
-                assert held is not None
-                return held
-        raise AssertionError("the subscription ended")  # pragma: no cover
-
     async def scenario() -> None:
         async with running(cfg, CollectorRegistry()) as shuffler:
-            held = await asyncio.wait_for(lease(), 10)
+            held = await asyncio.wait_for(lease_on(mosquitto), 10)
             assert held.owner == shuffler._owner
 
     run(scenario(), 90)
@@ -127,3 +129,34 @@ def test_a_refused_login_ends_the_lease_claim_at_once(
     finally:
         broker.stop()
     assert not [r for r in caplog.records if "cannot be reached" in r.getMessage()]
+
+
+def test_a_node_that_keeps_no_claim_gives_way_to_the_next(
+    mosquitto: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node that accepts the claim and keeps nothing (as a NATS node just restarted, which
+    serves no retained message for a while; here an ACL that drops the lease topic) is not
+    a refusal: the shuffler claims its lease through the next node."""
+    caplog.set_level(logging.WARNING, logger="broker.shuffler")
+    workdir = tmp_path / "forgetful"
+    workdir.mkdir()
+    acl = workdir / "acl"
+    acl.write_text(f"topic readwrite #\ntopic deny {shard_lease_topic(DEP, 'g0s0')}\n")
+    forgetful = Broker(workdir, free_port(), extra_config=f"acl_file {acl}\n")
+    forgetful.start()
+    keys = signers(["g0s0"])
+    cfg = config(
+        mosquitto, "g0s0", plan_of(keys), keys["g0s0"], state_dir=tmp_path / "state", lease_ttl=3
+    )
+    cfg = dataclasses.replace(cfg, broker=f"{forgetful.url},{mosquitto.url}")
+
+    async def scenario() -> None:
+        async with running(cfg, CollectorRegistry()) as shuffler:
+            held = await asyncio.wait_for(lease_on(mosquitto), 10)
+            assert held.owner == shuffler._owner
+
+    try:
+        run(scenario(), 90)
+    finally:
+        forgetful.stop()
+    assert [r for r in caplog.records if "kept no lease after the claim" in r.getMessage()]
