@@ -45,9 +45,10 @@ def _f(big_k: float, tau: FloatArray) -> FloatArray:
     """``E(N1 - tau)_+``, ``N1 ~ Bin(K, 1/2)``, one Boost pmf and sf per value."""
     k = np.clip(np.floor(tau) + 1.0, 0.0, big_k + 1.0)
     head = 0.25 * big_k * np.asarray(stats.binom.pmf(k - 1.0, big_k - 1.0, 0.5))
-    return np.maximum(
+    value: FloatArray = np.maximum(
         head + (0.5 * big_k - tau) * np.asarray(stats.binom.sf(k - 1.0, big_k, 0.5)), 0.0
     )
+    return value
 
 
 def _row_sum(engine: _Engine, eps: float, row: int, bottom: float, top: float) -> float:
@@ -74,7 +75,10 @@ def _direct(engine: _Engine, eps: float) -> float:
 def _pair(
     mechanism: Literal["coco", "collision"], d: int, s: int, n: int, t: int | None = None
 ) -> BlanketPair:
-    spec = MechanismSpec(mechanism=mechanism, d=d, s=s, t=t, epsilon=1.0)
+    if t is None:  # the mechanism's default t
+        spec = MechanismSpec(mechanism=mechanism, d=d, s=s, epsilon=1.0)
+    else:
+        spec = MechanismSpec(mechanism=mechanism, d=d, s=s, t=t, epsilon=1.0)
     return blanket_pair_for_spec(spec, n=n)
 
 

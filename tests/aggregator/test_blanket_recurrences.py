@@ -24,7 +24,7 @@ import pytest
 from numpy.typing import NDArray
 from scipy import stats
 
-from aggregator.accountant import blanket, tails
+from aggregator.accountant import blanket, chains, tails
 from aggregator.accountant.blanket import BlanketPair, _Engine
 from aggregator.accountant.chains import lower_cdf as _lower_cdf
 from aggregator.accountant.composition import grid_spacing
@@ -121,7 +121,7 @@ def test_threshold_tails_within_budget_of_boost(big_k: int) -> None:
     offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
     which = np.repeat(np.arange(ks.size), counts)
     k = k_first[which] + (np.arange(which.size) - offsets[which])
-    head, s_k, rel = blanket._threshold_tails(k, ks, k_last, counts, which, 1e-10)
+    head, s_k, rel = tails.threshold_tails(k, ks, k_last, counts, which, 1e-10)
     ref_head, ref_s, _ = _direct_tails(k, ks, k_last, counts, which, 1e-10)
     budget = rel + 1e-10
     assert np.all(np.abs(head - ref_head) <= budget * ref_head)
@@ -137,7 +137,7 @@ def test_shifted_cdf_within_budget_of_boost(m: float, q: float) -> None:
     x = np.unique(np.clip(np.round(m * q + sd * np.linspace(-9, 9, 181)), -1.0, m))
     mm = np.full(x.size, m)
     c = _lower_cdf(x, mm, q)
-    value, mag = blanket._shifted_cdf(x, mm, q, c)
+    value, mag = chains.shifted_cdf(x, mm, q, c)
     direct = _lower_cdf(x - 1.0, mm - 1.0, q)
     assert np.all(mag >= np.abs(value))
     assert np.all(np.abs(value - direct) <= 1e-10 * mag + 1e-10 * np.abs(direct))
@@ -157,7 +157,7 @@ def test_threshold_tails_chained_across_rows_within_budget_of_boost(z: float) ->
     k = k_first[which] + (np.arange(which.size) - offsets[which])
     tops = tails._tops(ks, k_last)
     assert not np.any(np.isnan(tops[1]))  # every row chained
-    head, s_k, rel = blanket._threshold_tails(k, ks, k_last, counts, which, 1e-10)
+    head, s_k, rel = tails.threshold_tails(k, ks, k_last, counts, which, 1e-10)
     ref_head, ref_s, _ = _direct_tails(k, ks, k_last, counts, which, 1e-10)
     budget = rel + 1e-10
     assert np.all(np.abs(head - ref_head) <= budget * ref_head)
