@@ -24,13 +24,13 @@ deleted); :class:`edge.errors.CocoError` when none could be read
 from (the last cause in the message); ``SpecError`` too for an announcement that is not a
 valid one (:func:`edge.announce.decode_announcement`).
 
-A service that keeps watching the announcement while it runs (the aggregator for keys and
-layouts, the fleet for layouts) subscribes to it again every :data:`REFRESH_SECONDS`
-(:func:`refreshing`): a SUBSCRIBE that replaces a subscription makes the broker send the
-retained message again (MQTT 3.1.1 section 3.8.4, MQTT 5 Retain Handling 0), so an
-announcement whose live delivery was lost arrives within one refresh, not only at the next
-reconnection. Seen on a 3-node NATS cluster: two of three shufflers never heard of a reshard
-announced while they ran (they now refresh at each lease renewal).
+The fleet, which keeps watching the announcement for layouts while it runs, subscribes to it
+again every :data:`REFRESH_SECONDS` (:func:`refreshing`): a SUBSCRIBE that replaces a
+subscription makes the broker send the retained message again (MQTT 3.1.1 section 3.8.4,
+MQTT 5 Retain Handling 0), so an announcement whose live delivery was lost arrives within
+one refresh, not only at the next reconnection. Seen on a 3-node NATS cluster: two of three
+shufflers never heard of a reshard announced while they ran (they now refresh at each lease
+renewal).
 """
 
 from __future__ import annotations

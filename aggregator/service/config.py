@@ -147,10 +147,6 @@ class AggregatorConfig:
     (:class:`aggregator.service.core.acks.AckGenerations`), so keep ``2 * max_unacked`` within the
     broker's in-flight window (Mosquitto's ``max_inflight_messages``, 20 by default; NATS's
     ``max_ack_pending``)."""
-    announcement_refresh: float = 30.0
-    """Seconds between two subscriptions to the spec announcement while connected: a lost
-    live delivery (a key rotation, a reshard) arrives within one
-    (:func:`edge.announcement_reader.refreshing`)."""
     confidence: float = 0.95
     reconnect_min: float = 0.1
     reconnect_max: float = 10.0
@@ -194,8 +190,6 @@ class AggregatorConfig:
             raise ValueError(f"checkpoint_interval must be > 0, got {self.checkpoint_interval}")
         if not self.publish_interval > 0:
             raise ValueError(f"publish_interval must be > 0, got {self.publish_interval}")
-        if not self.announcement_refresh > 0:
-            raise ValueError(f"announcement_refresh must be > 0, got {self.announcement_refresh}")
         if not self.lease_timeout > 0:
             raise ValueError(f"lease_timeout must be > 0, got {self.lease_timeout}")
         check_mqtt_version(self.mqtt_version)
