@@ -192,7 +192,8 @@ def test_a_forged_small_or_stale_batch_charges_nothing(reason: str) -> None:
         body = raw(size, 5, round_)
         payload = forger.seal(body) if reason == "bad_signature" else body[:10]
         assert agg.handle(payload, now=NOW, shard="g0s0") == reason
-        forged = manifest("g0s0", round_, 1, [(40, size)])[:-1] + b"\x00"
+        signed = manifest("g0s0", round_, 1, [(40, size)])
+        forged = signed[:-1] + bytes([signed[-1] ^ 1])  # never the signature itself
         assert agg.manifest(forged, now=NOW, shard="g0s0") == "bad_signature"
     assert agg.ledger.generation == generation
     assert agg.counters.rejected[reason] == 2
