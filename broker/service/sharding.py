@@ -50,12 +50,12 @@ class ShardMixin(ShellState):
         :class:`broker.service.lease.LeaseRefusedError` when another shuffler holds it."""
         cfg = self.config
         backoff = cfg.reconnect_min
-        start = time.monotonic()
+        deadline = time.monotonic() + cfg.lease_start_window
         while True:
             try:
                 control = await self._claim_lease()
             except (OSError, aiomqtt.MqttError, LeaseUnconfirmedError) as exc:  # TimeoutError too
-                if final_refusal(exc) or time.monotonic() + backoff > self._start_deadline(start):
+                if final_refusal(exc) or time.monotonic() + backoff > deadline:
                     raise
                 node = self._nodes.current
                 logger.warning(
@@ -72,9 +72,6 @@ class ShardMixin(ShellState):
                 continue
             self._control = control
             return
-
-    def _start_deadline(self, start: float) -> float:
-        return start + self.config.lease_start_window
 
     async def _claim_lease(self) -> ShardControl:
         cfg = self.config
