@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -39,12 +38,11 @@ from tests.aggregator.test_service import (
     offline,
     reports,
 )
+from tests.clusters import NATS_SERVER, nats_server_or_skip
 from tests.conftest import Broker, free_port
 from tests.waiting import until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-NATS = shutil.which("nats-server") or "/usr/sbin/nats-server"
 
 
 class Nats:
@@ -60,7 +58,9 @@ class Nats:
             f"mqtt {{ listen: 127.0.0.1:{self.port} }}\n"
         )
         self.log = (workdir / "nats.log").open("wb")
-        self.proc = subprocess.Popen([NATS, "-c", str(conf)], stdout=self.log, stderr=self.log)
+        self.proc = subprocess.Popen(
+            [NATS_SERVER, "-c", str(conf)], stdout=self.log, stderr=self.log
+        )
         proc = self.proc
 
         def listening() -> bool:
@@ -93,8 +93,7 @@ class Nats:
 
 @pytest.fixture
 def nats(tmp_path: Path) -> Iterator[Nats]:
-    if not Path(NATS).exists():
-        pytest.skip("nats-server is not installed (apt-get install nats-server)")
+    nats_server_or_skip()
     server = Nats(tmp_path)
     try:
         yield server

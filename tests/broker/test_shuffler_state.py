@@ -41,8 +41,9 @@ from tests.broker.test_shuffler import (
     wait_until,
 )
 from tests.broker.test_store import fill
+from tests.clusters import NATS_SERVER
 from tests.conftest import Broker, free_port
-from tests.edge.test_mqtt_version import NATS_SERVER, _nats_mqtt
+from tests.edge.test_mqtt_version import _nats_mqtt
 from tests.ports import busy_port
 from tests.processes import COCO, ROOT, env, error_lines
 

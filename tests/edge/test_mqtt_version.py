@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -19,6 +18,7 @@ from edge.mqtt_version import (
     probe,
 )
 from tests import waiting
+from tests.clusters import NATS_SERVER
 from tests.conftest import Broker, free_port
 
 
@@ -90,9 +90,6 @@ def _nats_mqtt(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
         proc.kill()
         pytest.fail("nats-server did not open its MQTT listener")
     return proc, port
-
-
-NATS_SERVER = shutil.which("nats-server") or "/usr/sbin/nats-server"
 
 
 @pytest.mark.integration
