@@ -173,7 +173,7 @@ def _prepare(
         password = resolve_password(settings.pop("password"), password_file)
         settings["mqtt_version"] = check_mqtt_version(settings["mqtt_version"])
         config = PrepareSettings(
-            broker=broker, deployment=deployment, password=password, **settings
+            broker=broker, deployment=deployment, password=password, announced=True, **settings
         )
         announcement = asyncio.run(
             fetch_announcement(
@@ -436,6 +436,7 @@ def shuffler(
             lease_ttl=lease_ttl,
             mqtt_version=check_mqtt_version(mqtt_version),
             announced_public_key=announced_key,
+            announced=spec is None,
             fsync=fsync,
             client_id=client_id,
             username=username,

@@ -96,6 +96,9 @@ class ShufflerConfig:
     """The shard lease's time to live (broker/service/lease.py); renewed every third of it."""
     lease_settle: float = 1.0
     """How long a lease claim waits before it reads the retained value back."""
+    announced: bool = False
+    """The spec came from the deployment's retained announcement: a node must deliver it
+    with the lease for its "no lease" to be believed (broker/service/lease.py)."""
     lease_start_window: float = 60.0
     """Seconds a starting shuffler walks the nodes of ``broker`` to claim its lease
     (:mod:`broker.service.sharding`)."""

@@ -11,13 +11,20 @@ whose lease is ``coco/v1/<dep>/shards/-/lease``, held by the shuffler of a state
 * **acquire** (before the ingest subscribes): read the retained lease from a fresh
   subscription; another owner's lease renewed less than ``ttl`` ago refuses the start (one
   line naming the shard and the owner); the same owner (a restart of the same state
-  directory) takes over at once; a stale lease may be taken. The claim is published, the
-  claimant waits ``settle`` seconds, then re-reads the retained value from another fresh
-  subscription: only the process whose instance is there goes on (two claims that raced:
-  the broker kept one);
+  directory) takes over at once; a stale lease may be taken. Where the deployment's
+  announcement is retained (``announced``), the read subscribes to it too: a node that
+  delivers neither within ``settle`` seconds serves no retained messages yet (a NATS node
+  just restarted), so its silence is not taken for "no lease" and the claim goes to the
+  next node (:class:`LeaseUnconfirmedError`) instead of over a running owner. The claim is
+  published, the claimant waits ``settle`` seconds, then re-reads the retained value from
+  another fresh subscription: only the process whose instance is there goes on (two claims
+  that raced: the broker kept one);
 * **hold**: renew every ``ttl / 3``, and watch the topic: a claim by another instance means
   another process took the shard over (a restart of this state directory elsewhere, or a
-  stale lease taken): this one stops at once;
+  stale lease taken): this one stops at once. A lease of another instance renewed *before*
+  this one's claim is not a claim: it is a late copy of the value this claim replaced (a
+  NATS node delivered the previous instance's last renewal 0.4 s after a restarted
+  shuffler had acquired the shard, which then stopped); it is logged and ignored;
 * **release** (a retired shard only): a lease with ``ttl`` 0, free for anyone.
 
 The same connection watches the retained announcement, so a reshard announced while the
@@ -123,6 +130,7 @@ class ShardControl:
         settle: float = 1.0,
         mqtt5: bool = True,
         timeout: float = 10.0,
+        announced: bool = False,
     ) -> None:
         self._nodes = nodes
         self._tls = ssl.create_default_context(cafile=ca_file) if tls else None
@@ -139,7 +147,13 @@ class ShardControl:
         self.settle = settle
         self.mqtt5 = mqtt5
         self.timeout = timeout
+        self.announced = announced
+        """The deployment's announcement is retained: a node must deliver it with the lease
+        for its "no lease" to be believed (module docs)."""
         self.on_announcement: Callable[[dict[str, Any]], None] | None = None
+        self.claimed_at: float | None = None
+        """``renewed`` of this instance's first claim (``acquire``): a lease of another
+        instance renewed before it is a late copy, not a takeover (module docs)."""
 
     def _client(self, identifier: str | None) -> aiomqtt.Client:
         kwargs: dict[str, Any] = {}
@@ -165,19 +179,34 @@ class ShardControl:
 
     async def read(self) -> Lease | None:
         """The retained lease, from a fresh subscription (``None``: none within
-        ``settle`` seconds, or not a lease)."""
+        ``settle`` seconds, or not a lease). With ``announced``, :class:`LeaseUnconfirmedError`
+        when the node delivered neither the lease nor the announcement (module docs)."""
+        heard_announcement = False
         async with self._client(None) as client:
             await client.subscribe(self.topic, qos=1)
+            if self.announced:
+                await client.subscribe(self._spec, qos=1)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settle):
                     async for message in client.messages:
+                        if message.topic.matches(self._spec):
+                            heard_announcement = True
+                            continue
                         payload = message.payload
                         if isinstance(payload, bytes | bytearray):
                             return Lease.decode(bytes(payload))
+        if self.announced and not heard_announcement:
+            raise LeaseUnconfirmedError(
+                f"{self.name}: the node delivered neither the lease nor the retained "
+                f"announcement within {self.settle:g} s (it serves no retained messages yet): "
+                "its silence is not taken for a free shard"
+            )
         return None
 
     async def _claim(self, client: aiomqtt.Client, ttl: float | None = None) -> None:
         lease = Lease(self.owner, self.instance, time.time(), self.ttl if ttl is None else ttl)
+        if self.claimed_at is None:
+            self.claimed_at = lease.renewed
         await client.publish(self.topic, lease.encode(), qos=1, retain=True)
 
     async def acquire(self) -> None:
@@ -199,6 +228,11 @@ class ShardControl:
             raise LeaseUnconfirmedError(
                 f"{self.name}: the broker kept no lease after the claim (a node that does not "
                 "serve retained messages yet, or an ACL without the lease topic)"
+            )
+        if self._late_copy(again):
+            raise LeaseUnconfirmedError(
+                f"{self.name}: the broker still served a lease renewed before the claim (a "
+                "node behind the cluster's retained messages)"
             )
         if again.instance != self.instance:
             raise LeaseRefusedError(
@@ -266,6 +300,14 @@ class ShardControl:
                 with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
                     await message
 
+    def _late_copy(self, lease: Lease) -> bool:
+        """Another instance's lease renewed before this one's claim (module docs)."""
+        return (
+            lease.instance != self.instance
+            and self.claimed_at is not None
+            and lease.renewed < self.claimed_at
+        )
+
     def _received(self, message: aiomqtt.Message) -> None:
         payload = message.payload
         if not isinstance(payload, bytes | bytearray):
@@ -280,11 +322,19 @@ class ShardControl:
                     self.on_announcement(announcement)
             return
         lease = Lease.decode(bytes(payload))
-        if lease is not None and lease.instance != self.instance:
-            raise LeaseLostError(
-                f"{self.name}: another shuffler (state directory id {lease.owner}) "
-                "claimed it: stopping"
+        if lease is None or lease.instance == self.instance:
+            return
+        if self._late_copy(lease):
+            logger.info(
+                "%s: a lease of another instance (state directory id %s) renewed before "
+                "this one's claim arrived late: ignored",
+                self.name,
+                lease.owner,
             )
+            return
+        raise LeaseLostError(
+            f"{self.name}: another shuffler (state directory id {lease.owner}) claimed it: stopping"
+        )
 
     async def release(self) -> None:
         """A lease with ``ttl`` 0 (a retired shard, or a shuffler that stopped and keeps

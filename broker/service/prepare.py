@@ -41,7 +41,7 @@ from gmqtt.mqtt.constants import MQTTv50, MQTTv311  # type: ignore[import-untype
 
 from broker.service.config import INGEST_MAX_PACKET, SESSION_EXPIRY, ingest_client_id
 from broker.service.ingest import MQTT_LOGGER, Acks, IngestError
-from broker.service.lease import ShardControl
+from broker.service.lease import LeaseUnconfirmedError, ShardControl
 from edge.errors import CocoError
 from edge.mqtt_url import BrokerList
 from edge.mqtt_version import MqttVersion, Negotiated, negotiate
@@ -74,6 +74,10 @@ class PrepareSettings:
     lease_settle: float = 1.0
     """Seconds to wait for the retained lease (as the shuffler's own lease read)."""
     timeout: float = 10.0
+    announced: bool = False
+    """The deployment's announcement is retained (``coco shuffler prepare`` reads it first):
+    a node that delivers neither it nor the lease serves no retained messages yet, and the
+    next node is asked whether the shard's shuffler runs (broker/service/lease.py)."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,13 @@ async def prepare_shard(settings: PrepareSettings, shard: str | None) -> Prepare
             )
             await _refuse_if_running(settings, shard, nodes, version)
             return await _subscribe_session(settings, shard, nodes, version, tls)
-        except (OSError, TimeoutError, aiomqtt.MqttError, gmqtt.MQTTConnectError) as exc:
+        except (
+            OSError,
+            TimeoutError,
+            aiomqtt.MqttError,
+            gmqtt.MQTTConnectError,
+            LeaseUnconfirmedError,
+        ) as exc:
             if attempt == len(nodes):
                 raise CocoError(f"cannot prepare at {settings.broker}: {exc}") from exc
             nodes.failed()  # a cluster's next node
@@ -149,6 +159,7 @@ async def _refuse_if_running(
         settle=settings.lease_settle,
         mqtt5=version == "5",
         timeout=settings.timeout,
+        announced=settings.announced,
     )
     lease = await control.read()
     now = time.time()

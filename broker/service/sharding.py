@@ -59,8 +59,8 @@ class ShardMixin(ShellState):
                     raise
                 node = self._nodes.current
                 logger.warning(
-                    "lease: %s:%d cannot be reached or kept no claim (%s); trying the next "
-                    "node in %.2f s",
+                    "lease: %s:%d cannot be reached, serves no retained messages yet or kept "
+                    "no claim (%s); trying the next node in %.2f s",
                     node.host,
                     node.port,
                     exc,
@@ -90,6 +90,7 @@ class ShardMixin(ShellState):
             settle=cfg.lease_settle,
             mqtt5=version == "5",
             timeout=cfg.publish_timeout,
+            announced=cfg.announced,
         )
         control.on_announcement = self._on_announcement
         await control.acquire()

@@ -12,8 +12,10 @@ and a broker without the retained announcement is a node that answers and delive
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +23,8 @@ import aiomqtt
 import pytest
 from prometheus_client import CollectorRegistry
 
-from broker.service.lease import Lease
+from broker.service.lease import Lease, LeaseLostError, LeaseRefusedError
+from broker.service.prepare import PrepareSettings, ShardRunningError, prepare_shard
 from broker.service.shuffler import Shuffler
 from edge.announce import encode_announcement
 from edge.announcement_reader import NotAnnouncedError, fetch_announcement
@@ -29,6 +32,7 @@ from edge.errors import CocoError
 from edge.topics import shard_lease_topic, spec_topic
 from tests.asyncutil import run
 from tests.broker.test_shards import DEP, SPEC, config, plan_of, running, signers
+from tests.broker.test_shuffler import wait_until
 from tests.conftest import Broker, free_port
 
 pytestmark = pytest.mark.integration
@@ -160,3 +164,101 @@ def test_a_node_that_keeps_no_claim_gives_way_to_the_next(
     finally:
         forgetful.stop()
     assert [r for r in caplog.records if "kept no lease after the claim" in r.getMessage()]
+
+
+def test_a_node_serving_no_retained_messages_does_not_hand_over_an_owned_shard(
+    mosquitto: Broker, silent: Broker, tmp_path: Path
+) -> None:
+    """The first node delivers nothing (as a NATS node just restarted, before it serves the
+    retained messages); the second holds the announcement and another owner's fresh lease.
+    Silence on the first must not read as a free shard: the start is refused, naming the
+    holder, and the holder's lease is left as it was."""
+    keys = signers(["g0s0"])
+    holder = Lease("the-running-owner", "its-instance", time.time(), 600.0)
+
+    async def setup() -> None:
+        await announce(mosquitto)
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+            await client.publish(
+                shard_lease_topic(DEP, "g0s0"), holder.encode(), qos=1, retain=True
+            )
+
+    run(setup(), 20)
+    cfg = config(
+        mosquitto, "g0s0", plan_of(keys), keys["g0s0"], state_dir=tmp_path / "state", lease_ttl=3
+    )
+    cfg = dataclasses.replace(cfg, broker=f"{silent.url},{mosquitto.url}", announced=True)
+
+    async def scenario() -> None:
+        async with Shuffler(cfg, registry=CollectorRegistry()) as shuffler:
+            await shuffler.run()
+
+    with pytest.raises(LeaseRefusedError, match="the-running-owner"):
+        run(scenario(), 90)
+    assert run(lease_on(mosquitto), 20) == holder
+    assert run(lease_on_or_none(silent), 20) is None  # nothing claimed through the silent node
+
+
+def test_prepare_asks_the_next_node_when_the_first_serves_no_retained_messages(
+    mosquitto: Broker, silent: Broker
+) -> None:
+    """``coco shuffler prepare`` (which reads the announcement first) on the same nodes: the
+    silent first node does not make a running shard look free; the second node's lease
+    refuses the preparation, which would have taken over the running shuffler's session."""
+    holder = Lease("the-running-owner", "its-instance", time.time(), 600.0)
+
+    async def scenario() -> None:
+        await announce(mosquitto)
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+            await client.publish(
+                shard_lease_topic(DEP, "g0s0"), holder.encode(), qos=1, retain=True
+            )
+        settings = PrepareSettings(
+            broker=f"{silent.url},{mosquitto.url}",
+            deployment=DEP,
+            lease_settle=0.5,
+            announced=True,
+        )
+        with pytest.raises(ShardRunningError, match="the-running-owner"):
+            await prepare_shard(settings, "g0s0")
+
+    run(scenario(), 60)
+
+
+async def lease_on_or_none(broker: Broker, settle: float = 1.0) -> Lease | None:
+    """The retained lease of shard g0s0 on ``broker``, or None after ``settle`` seconds."""
+    async with aiomqtt.Client("127.0.0.1", broker.port) as client:
+        await client.subscribe(shard_lease_topic(DEP, "g0s0"), qos=1)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(settle):
+                async for message in client.messages:
+                    assert isinstance(message.payload, bytes)
+                    return Lease.decode(message.payload)
+    return None
+
+
+def test_a_late_copy_of_an_older_lease_is_not_a_takeover(mosquitto: Broker, tmp_path: Path) -> None:
+    """Seen on a NATS cluster: 0.4 s after a restarted shuffler had acquired its shard, the
+    node delivered the previous instance's last renewal, and the shuffler stopped as if
+    taken over. A lease of another instance renewed before this one's claim is a late copy:
+    ignored. A newer one is a takeover. Both arrive in order on the shuffler's watch, so the
+    stop must name the newer claim's owner, not the older one's."""
+    keys = signers(["g0s0"])
+    cfg = config(
+        mosquitto, "g0s0", plan_of(keys), keys["g0s0"], state_dir=tmp_path / "state", lease_ttl=3
+    )
+
+    async def scenario() -> None:
+        async with running(cfg, CollectorRegistry()) as shuffler:
+            held = await asyncio.wait_for(lease_on(mosquitto), 10)
+            assert held.owner == shuffler._owner
+            older = Lease("an-earlier-owner", "its-instance", time.time() - 60.0, 3.0)
+            newer = Lease("a-newer-owner", "its-instance", time.time() + 1.0, 3.0)
+            async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
+                for lease in (older, newer):
+                    await client.publish(shard_lease_topic(DEP, "g0s0"), lease.encode(), qos=1)
+            await wait_until(lambda: shuffler.failure is not None, 20)
+
+    # the run ends with the first lease it took for a takeover
+    with pytest.raises(LeaseLostError, match="a-newer-owner"):
+        run(scenario(), 90)
