@@ -56,6 +56,16 @@ async def lease_on(broker: Broker) -> Lease:
     raise AssertionError("the subscription ended")  # pragma: no cover
 
 
+async def owned(broker: Broker) -> Lease:
+    """The announcement and a fresh lease of shard g0s0 held by another owner, retained on
+    ``broker``; returns that lease."""
+    await announce(broker)
+    holder = Lease("the-running-owner", "its-instance", time.time(), 600.0)
+    async with aiomqtt.Client("127.0.0.1", broker.port) as client:
+        await client.publish(shard_lease_topic(DEP, "g0s0"), holder.encode(), qos=1, retain=True)
+    return holder
+
+
 @pytest.fixture
 def silent(tmp_path: Path) -> Iterator[Broker]:
     """A second Mosquitto, which never holds the announcement."""
@@ -174,16 +184,7 @@ def test_a_node_serving_no_retained_messages_does_not_hand_over_an_owned_shard(
     Silence on the first must not read as a free shard: the start is refused, naming the
     holder, and the holder's lease is left as it was."""
     keys = signers(["g0s0"])
-    holder = Lease("the-running-owner", "its-instance", time.time(), 600.0)
-
-    async def setup() -> None:
-        await announce(mosquitto)
-        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
-            await client.publish(
-                shard_lease_topic(DEP, "g0s0"), holder.encode(), qos=1, retain=True
-            )
-
-    run(setup(), 20)
+    holder = run(owned(mosquitto), 20)
     cfg = config(
         mosquitto, "g0s0", plan_of(keys), keys["g0s0"], state_dir=tmp_path / "state", lease_ttl=3
     )
@@ -205,14 +206,9 @@ def test_prepare_asks_the_next_node_when_the_first_serves_no_retained_messages(
     """``coco shuffler prepare`` (which reads the announcement first) on the same nodes: the
     silent first node does not make a running shard look free; the second node's lease
     refuses the preparation, which would have taken over the running shuffler's session."""
-    holder = Lease("the-running-owner", "its-instance", time.time(), 600.0)
 
     async def scenario() -> None:
-        await announce(mosquitto)
-        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
-            await client.publish(
-                shard_lease_topic(DEP, "g0s0"), holder.encode(), qos=1, retain=True
-            )
+        await owned(mosquitto)
         settings = PrepareSettings(
             broker=f"{silent.url},{mosquitto.url}",
             deployment=DEP,
