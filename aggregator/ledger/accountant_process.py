@@ -160,9 +160,10 @@ def _functions() -> dict[str, Callable[..., object]]:
         file = None
         if curves is not None:  # the curve's points kept across a restart
             file = curve_files.get((curves, spec, delta))
-            if file is None:
-                file = curve_files[(curves, spec, delta)] = CurveFile(curves, spec, delta)
+            if file is None:  # kept once read (a cancelled read is tried again)
+                file = CurveFile(curves, spec, delta)
                 file.load()
+                curve_files[(curves, spec, delta)] = file
         result = ledger.compute(snapshot)
         if file is not None:
             file.save()

@@ -286,7 +286,8 @@ def read_curves(path: Path, *, spec: MechanismSpec, delta: float) -> list[CurveP
         problem = _spot_check(records)
         if problem is not None:
             raise CurveFileError(problem)
-    except CurveFileError as exc:
+    except (OSError, ValueError, TypeError, ArithmeticError) as exc:  # CurveFileError too
+        # a cache must never stop a computation: whatever went wrong, the points are computed
         logger.warning("ignoring curve file %s (recomputing its points): %s", path, exc)
         return []
     return records

@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,13 @@ def damage_skipped_point(path: Path) -> None:
     reseal(path, skip)
 
 
+def damage_not_a_delta(path: Path) -> None:
+    def nan(document: dict[str, Any]) -> None:
+        document["curves"][-1]["deltas"][0] = math.nan
+
+    reseal(path, nan)
+
+
 @pytest.mark.parametrize(
     ("damage", "reason"),
     [
@@ -173,6 +181,7 @@ def damage_skipped_point(path: Path) -> None:
         (damage_other_tail, "curve differ"),
         (damage_other_engine, "engine differ"),
         (damage_skipped_point, "not the schedule's"),
+        (damage_not_a_delta, "not a delta in [0, 1]"),
     ],
 )
 def test_a_damaged_or_forged_file_is_ignored_with_one_warning(
