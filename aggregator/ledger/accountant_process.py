@@ -31,7 +31,10 @@ checkpoint's lock, not a socket), and it never re-imports the caller's ``__main_
 closes or its parent is gone (checked every :data:`PARENT_CHECK` seconds), so a ``kill -9``
 of the service leaves nothing behind. What runs there is the same pure code as in a thread
 (:meth:`PrivacyLedger.compute`, :func:`~aggregator.ledger.levels.epsilon_curve`); the numbers are
-identical. A worker that dies is replaced and the call retried once.
+identical. A worker that dies is replaced and the call retried once. A level call may
+name the ledger's curve file (:mod:`aggregator.ledger.curve_file`): the worker reads it at
+the first call naming it, so a restarted service does not compute the certified curve's
+points again, and writes it after each computation that added points (only then).
 
 Calls, time limits and cancellation
 -----------------------------------
