@@ -14,7 +14,11 @@ The live ledger's case (issue 27): 1,000 rounds whose release sizes are drawn un
 ledger does (``aggregator.accountant.history.epsilon_total_rounds``): the first call in a
 fresh process (cold, its target 10 s) and then ``--increments`` calls each after one more
 round (a size from the same draw), as the ledger asks after every round. Each repeat draws
-another history (seed = repeat), the same for both trees.
+another history (seed = repeat), the same for both trees. This tree runs it twice: in a
+fresh process with no curve file (writing one afterwards, untimed but reported), then in
+another fresh process that reads that file first (the realistic restart of a live ledger:
+:mod:`aggregator.ledger.curve_file`; reading and checking it is timed as part of cold, and
+the increments write it as the accountant's process does).
 """
 
 from __future__ import annotations
@@ -36,6 +40,45 @@ ROOT = Path(__file__).resolve().parents[1]
 CASES = ((10**6, 1_000, 1e-8), (10**6, 10_000, 1e-8), (10**6, 1_000, 1e-6))
 TARGET = 10.0
 VARIED_CHILD = """
+import json, random, sys, time
+from collections import Counter
+from pathlib import Path
+from aggregator.accountant.history import accounting_size, epsilon_total_rounds
+from edge.spec import MechanismSpec
+seed, rounds, increments = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+curves = Path(sys.argv[4]) if len(sys.argv) > 5 else Path()
+mode = sys.argv[5] if len(sys.argv) > 5 else "none"  # none, write (after), read (first)
+spec = MechanismSpec(mechanism="coco", d=128, s=8, epsilon=1.0)
+rng = random.Random(seed)
+history = Counter(rng.randint(500_000, 2_000_000) for _ in range(rounds))
+distinct = len({accounting_size(n) for n in history})
+file = None
+if mode != "none":
+    from aggregator.ledger.curve_file import CurveFile
+    file = CurveFile(curves, spec, 1e-8)
+start = time.process_time()
+if mode == "read":
+    loaded = file.load()
+value = epsilon_total_rounds(spec, history, delta=1e-8)
+cold = time.process_time() - start
+write = None
+if mode == "write":
+    start = time.process_time()
+    file.save()
+    write = time.process_time() - start
+steps = []
+for _ in range(increments):
+    history[rng.randint(500_000, 2_000_000)] += 1
+    start = time.process_time()
+    last = epsilon_total_rounds(spec, history, delta=1e-8)
+    if mode == "read":
+        file.save()  # as the accountant's process does after each computation
+    steps.append(time.process_time() - start)
+print(json.dumps({"value": value, "cold": cold, "steps": steps, "last": last,
+                  "distinct": distinct, "write": write,
+                  "loaded": loaded if mode == "read" else None}))
+"""
+CHILD = """
 import json, random, sys, time
 from collections import Counter
 from aggregator.accountant.history import accounting_size, epsilon_total_rounds
@@ -144,51 +187,82 @@ def median_cpu(results: list[tuple[float, float] | None]) -> float:
 
 
 def varied(trees: dict[str, Path], args: argparse.Namespace) -> None:
-    """The live ledger's case, both trees side by side per repeat (alternating which runs
-    first, so a change of load hits both)."""
-    results: dict[str, list[dict[str, Any] | None]] = {name: [] for name in trees}
-    for repeat in range(args.repeats):
-        order = list(trees) if repeat % 2 == 0 else list(trees)[::-1]
-        for name in order:
+    """The live ledger's case: each tree cold with no curve file, and this tree again in a
+    fresh process reading the curve file the first one wrote (a restart), side by side per
+    repeat (alternating which tree runs first, so a change of load hits both)."""
+    ours, theirs = list(trees)
+    rows = {f"{ours}, no file": ours, f"{ours}, restart": ours, f"{theirs}": theirs}
+    results: dict[str, list[dict[str, Any] | None]] = {row: [] for row in rows}
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            curves = Path(tmp) / f"seed{repeat}.curves"
             argv = [str(repeat), "1000", str(args.increments)]
-            results[name].append(child(trees[name], VARIED_CHILD, argv, args.varied_timeout))
+            order = [
+                (f"{ours}, no file", [*argv, str(curves), "write"]),
+                (f"{ours}, restart", [*argv, str(curves), "read"]),
+                (f"{theirs}", argv),
+            ]
+            if repeat % 2:
+                order = [order[2], order[0], order[1]]
+            for row, row_argv in order:
+                tree = trees[rows[row]]
+                results[row].append(child(tree, VARIED_CHILD, row_argv, args.varied_timeout))
     print()
     print(
         f"1,000 rounds of sizes uniform in [5e5, 2e6], delta 1e-8, {args.repeats} histories "
         f"(seed = repeat), {args.increments} one-round increments each; CPU seconds "
-        "min / median / max"
+        "min / median / max; 'restart': a fresh process that reads the curve file the "
+        "'no file' run wrote (reading and checking it is counted in 'cold')"
     )
-    header = f"{'tree':>10} | {'epsilon_total':>15} | {'cold':>24} | {'one more round':>24}"
+    header = f"{'run':>22} | {'cold':>24} | {'one more round':>24} | epsilon_total"
     print(header)
     print("-" * len(header))
-    for name, runs in results.items():
+    for row, runs in results.items():
         done = [r for r in runs if r is not None]
         if len(done) < len(runs):
-            print(f"{name:>10} | {'no finish':>15} | {f'> {args.varied_timeout:g} s CPU':>24} |")
+            print(f"{row:>22} | {f'> {args.varied_timeout:g} s CPU':>24} |")
             continue
         values = ", ".join(f"{r['value']:.9f}" for r in done)
         cold = summary([float(r["cold"]) for r in done])
         steps = summary([float(t) for r in done for t in r["steps"]])
-        print(f"{name:>10} | {values} | {cold:>24} | {steps:>24}")
-        print(f"{'':>10}   distinct accounting sizes: {[r['distinct'] for r in done]}")
-    ours, theirs = (results[name] for name in trees)
-    if all(r is not None for r in (*ours, *theirs)):
-        ratio_cold = statistics.median(float(r["cold"]) for r in theirs if r) / statistics.median(
-            float(r["cold"]) for r in ours if r
-        )
-        ratio_step = statistics.median(
-            float(t) for r in theirs if r for t in r["steps"]
-        ) / statistics.median(float(t) for r in ours if r for t in r["steps"])
-        print(
-            f"speed-up (median over median): cold {ratio_cold:.1f}x, "
-            f"one more round {ratio_step:.1f}x"
-        )
-        for mine, old in zip(ours, theirs, strict=True):
-            assert mine is not None
+        print(f"{row:>22} | {cold:>24} | {steps:>24} | {values}")
+        extra = f"distinct accounting sizes {[r['distinct'] for r in done]}"
+        if done[0]["write"] is not None:
+            extra += f"; writing the file: {summary([float(r['write']) for r in done])} s"
+        if done[0]["loaded"] is not None:
+            extra += f"; sizes read from it: {[r['loaded'] for r in done]}"
+        print(f"{'':>22}   {extra}")
+    base = results[theirs]
+    if all(r is not None for rs in results.values() for r in rs):
+        for row in (f"{ours}, no file", f"{ours}, restart"):
+            mine = results[row]
+            ratio_cold = _median(base, "cold") / _median(mine, "cold")
+            ratio_step = _median_steps(base) / _median_steps(mine)
+            print(
+                f"{row}: speed-up over {theirs} (median over median): cold "
+                f"{ratio_cold:.1f}x, one more round {ratio_step:.1f}x"
+            )
+        for fresh, restart, old in zip(
+            results[f"{ours}, no file"], results[f"{ours}, restart"], base, strict=True
+        ):
+            assert fresh is not None
+            assert restart is not None
             assert old is not None
-            change = (float(mine["value"]) - float(old["value"])) / float(old["value"])
-            print(f"{'':>10}   epsilon_total relative to the baseline: {change:+.2e}")
+            same = fresh["value"] == restart["value"] and fresh["last"] == restart["last"]
+            change = (float(fresh["value"]) - float(old["value"])) / float(old["value"])
+            print(
+                f"{'':>22}   restart == no file bit for bit: {same}; relative to "
+                f"{theirs}: {change:+.2e}"
+            )
     print(f"target (issue 27): cold within {TARGET:g} s")
+
+
+def _median(runs: list[dict[str, Any] | None], key: str) -> float:
+    return statistics.median(float(r[key]) for r in runs if r is not None)
+
+
+def _median_steps(runs: list[dict[str, Any] | None]) -> float:
+    return statistics.median(float(t) for r in runs if r is not None for t in r["steps"])
 
 
 def main() -> None:

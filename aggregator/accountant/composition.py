@@ -78,10 +78,19 @@ that depends only on the number of sizes and the number of rounds rounded up to 
 two (:func:`_convolutions_bound`), so the floor and the cut move only when a size appears or
 the number of rounds crosses a power of two; then the parts are recomputed (the curve's
 points stay cached).
+
+The curve's points are most of the cost of a first composition (about 0.4 s per size at
+10^6 reports, the composition itself a few seconds for 33 sizes), and a function of the
+pair and this module's constants alone, so the accountant's process also keeps them
+across a restart, in a file beside the ledger (:mod:`aggregator.ledger.curve_file`). Here
+that is :func:`curve_points` (what was evaluated), :func:`check_curve_points` and
+:func:`recompute_curve_point` (what a file is checked with) and :func:`seed_curve_points`
+(points read back, the same bits as computed: the result is the uncached one exactly).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import threading
@@ -101,13 +110,20 @@ from aggregator.accountant.blanket import (
 )
 
 __all__ = [
+    "CURVE_PINS",
     "ComposedPLD",
+    "CurvePoints",
     "blanket_pld",
+    "check_curve_points",
+    "clear_caches",
     "compose",
+    "curve_points",
     "epsilon_total",
     "epsilon_total_batches",
     "epsilon_total_counts",
     "grid_spacing",
+    "recompute_curve_point",
+    "seed_curve_points",
 ]
 
 LongArray = NDArray[np.longdouble]
@@ -194,10 +210,137 @@ class _Curve:
             if eps >= eps0 or value <= _PLATEAU * additive:
                 self.finished = True
 
+    def record(self) -> CurvePoints:
+        """The points evaluated so far (a consistent copy)."""
+        with self._lock:
+            done = len(self.deltas)
+            return CurvePoints(
+                pair=self.pair,
+                step=self.step,
+                indices=tuple(self.indices[:done]),
+                deltas=tuple(self.deltas),
+                finished=self.finished,
+            )
 
-@functools.lru_cache(maxsize=256)
+    def seed(self, points: CurvePoints) -> bool:
+        """Take ``points`` (checked by :func:`check_curve_points`) if they extend what is
+        evaluated; whether they did."""
+        with self._lock:
+            if len(points.deltas) <= len(self.deltas):
+                return False
+            self.indices = list(points.indices)
+            self.deltas = list(points.deltas)
+            self.finished = points.finished
+            return True
+
+
+_CURVES_KEPT: Final = 256
+_curves: collections.OrderedDict[BlanketPair, _Curve] = collections.OrderedDict()
+_curves_lock = threading.Lock()
+
+
 def _curve(pair: BlanketPair) -> _Curve:
-    return _Curve(pair)
+    """The pair's curve (the :data:`_CURVES_KEPT` most recently used are kept)."""
+    with _curves_lock:
+        curve = _curves.get(pair)
+        if curve is None:
+            curve = _curves[pair] = _Curve(pair)
+            while len(_curves) > _CURVES_KEPT:
+                _curves.popitem(last=False)
+        else:
+            _curves.move_to_end(pair)
+        return curve
+
+
+# The certified curve's points, kept across a restart (aggregator.ledger.curve_file): they
+# are a deterministic function of the pair and the constants of CURVE_PINS alone, so points
+# read back are the points this process would compute, bit for bit, and a cache can only
+# save time. Nothing here reads or writes a file.
+
+
+CURVE_PINS: Final = {
+    "tail": _CURVE_TAIL,
+    "plateau": _PLATEAU,
+    "schedule": [[limit if math.isfinite(limit) else None, step] for limit, step in _SCHEDULE],
+    "min_step_fraction": _MIN_STEP_FRACTION,
+}
+"""The constants the curve's points depend on besides the pair (a file of points records
+them, and is not used under others)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CurvePoints:
+    """The certified curve of ``pair`` evaluated at its schedule's first points:
+    ``deltas[j]`` at ``indices[j] * step``; ``finished`` once no later point adds anything
+    (the ``(eps0, 0)`` end or the plateau was reached)."""
+
+    pair: BlanketPair
+    step: float
+    indices: tuple[int, ...]
+    deltas: tuple[float, ...]
+    finished: bool
+
+
+def curve_points(select: Callable[[BlanketPair], bool] | None = None) -> list[CurvePoints]:
+    """The points evaluated so far of every kept pair (``select``: of those it accepts),
+    in a fixed order (by pair); pairs with no point are left out."""
+    with _curves_lock:
+        curves = list(_curves.values())
+    records = [curve.record() for curve in curves if select is None or select(curve.pair)]
+    return sorted((r for r in records if r.deltas), key=lambda r: _order(r.pair))
+
+
+def check_curve_points(points: CurvePoints) -> str | None:
+    """What is wrong with ``points`` as the pair's curve (``None``: nothing), from their
+    structure alone: the grid step, the indices of the schedule, values in ``[0, 1]``, the
+    last point ``(eps0, 0)`` and ``finished`` only at the end. It cannot tell a value that
+    is not the engine's (:func:`recompute_curve_point` can, one point at a time)."""
+    curve = _Curve(points.pair)
+    if points.step != curve.step:
+        return f"grid step {points.step!r}, not {curve.step!r}"
+    if not points.deltas or len(points.indices) != len(points.deltas):
+        return "indices and deltas differ in number (or are empty)"
+    index = 0
+    eps0 = points.pair.epsilon0
+    for j, (k, value) in enumerate(zip(points.indices, points.deltas, strict=True)):
+        if j:
+            index = curve._next_index(index)
+        if k != index:
+            return f"point {j} at index {k}, not the schedule's {index}"
+        if not (isinstance(value, float) and 0.0 <= value <= 1.0):
+            return f"point {j} holds {value!r}, not a delta in [0, 1]"
+        at_end = k * curve.step >= eps0
+        if at_end and (value != 0.0 or j != len(points.deltas) - 1):
+            return f"point {j} is at or above eps0 but not the last, at delta 0"
+    if points.indices[-1] * curve.step >= eps0 and not points.finished:
+        return "ends at eps0 but is not finished"
+    return None
+
+
+def recompute_curve_point(points: CurvePoints, j: int) -> tuple[float, bool]:
+    """Point ``j`` of the pair's curve computed afresh (its delta, and whether the curve
+    would finish there): what :class:`_Curve` computes, bit for bit."""
+    eps = points.indices[j] * points.step
+    if eps >= points.pair.epsilon0:
+        return 0.0, True
+    value, additive = blanket_delta_curve_and_floor(points.pair, tail=_CURVE_TAIL)(eps)
+    return min(1.0, value), value <= _PLATEAU * additive
+
+
+def clear_caches() -> None:
+    """Forget every cached point and part (as a process that just started)."""
+    with _curves_lock:
+        _curves.clear()
+    for cached in (_pair_pld, _square, _power_cached, _product):
+        cached.cache_clear()
+
+
+def seed_curve_points(points: CurvePoints) -> bool:
+    """Use ``points`` (checked by the caller with :func:`check_curve_points`, each value
+    the engine's: read back from a file of this module's own points) as the pair's
+    evaluated points, if they extend what this process has; whether they did. Later
+    points, for a lower floor, are computed as usual from where they end."""
+    return _curve(points.pair).seed(points)
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,7 +486,9 @@ def _convolve(a: ComposedPLD, b: ComposedPLD, cut: float) -> ComposedPLD:
     docstring)."""
     length = a.probs.size + b.probs.size - 1
     size = _fft_size(length)
-    product = np.fft.rfft(a.probs, n=size) * np.fft.rfft(b.probs, n=size)
+    transform = np.fft.rfft(a.probs, n=size)
+    # a squaring transforms its array once: the same bits as transforming it twice
+    product = transform * (transform if b is a else np.fft.rfft(b.probs, n=size))
     probs = np.maximum(np.fft.irfft(product, n=size)[:length], np.longdouble(0))
     s_a, s_b = float(np.sum(a.probs)), float(np.sum(b.probs))
     r_a = float(np.sqrt(np.sum(a.probs * a.probs)))

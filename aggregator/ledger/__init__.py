@@ -11,6 +11,8 @@ recorded, kept, computed and planned.
   :func:`~aggregator.ledger.levels.epsilon_curve`;
 * :mod:`~aggregator.ledger.ledger_file`: the ledger's own checksummed file, apart from the
   estimates' checkpoint;
+* :mod:`~aggregator.ledger.curve_file`: the certified curve's points per accounting size,
+  kept beside the ledger across a restart (a checked cache: never a different result);
 * :mod:`~aggregator.ledger.accountant_process`: the low-priority worker process the numbers
   are computed in;
 * :mod:`~aggregator.ledger.privacy_cli`: ``coco privacy`` (and ``calibrate``), the same
@@ -23,6 +25,7 @@ compose, what is exported). The service records into the ledger, saves it and sh
 levels; the ledger knows nothing of the service.
 
 May import: :mod:`aggregator.accountant`, :mod:`aggregator.durable`, ``edge``, typer (the
-command line) and the standard library; nothing of :mod:`aggregator.service`. Its pure
+command line), numpy and scipy (the accountant's own: the curve file pins their versions)
+and the standard library; nothing of :mod:`aggregator.service`. Its pure
 modules (``privacy_ledger``, ``records``, ``levels``) do no I/O: the service's core uses them.
 """

@@ -31,7 +31,10 @@ checkpoint's lock, not a socket), and it never re-imports the caller's ``__main_
 closes or its parent is gone (checked every :data:`PARENT_CHECK` seconds), so a ``kill -9``
 of the service leaves nothing behind. What runs there is the same pure code as in a thread
 (:meth:`PrivacyLedger.compute`, :func:`~aggregator.ledger.levels.epsilon_curve`); the numbers are
-identical. A worker that dies is replaced and the call retried once.
+identical. A worker that dies is replaced and the call retried once. A level call may
+name the ledger's curve file (:mod:`aggregator.ledger.curve_file`): the worker reads it at
+the first call naming it, so a restarted service does not compute the certified curve's
+points again, and writes it after each computation that added points (only then).
 
 Calls, time limits and cancellation
 -----------------------------------
@@ -71,6 +74,7 @@ from concurrent.futures import CancelledError, Future
 from pathlib import Path
 from typing import IO, Any, Final
 
+from aggregator.ledger.curve_file import CurveFile
 from aggregator.ledger.levels import PrivacyLevel, Snapshot, epsilon_curve
 from aggregator.ledger.privacy_ledger import PrivacyLedger
 from edge.spec import MechanismSpec
@@ -148,12 +152,25 @@ def _read(stream: IO[bytes]) -> Any:
 
 def _functions() -> dict[str, Callable[..., object]]:
     ledgers: dict[tuple[MechanismSpec, float], PrivacyLedger] = {}
+    curve_files: dict[tuple[Path, MechanismSpec, float], CurveFile] = {}
 
-    def level(spec: MechanismSpec, delta: float, snapshot: Snapshot) -> PrivacyLevel:
+    def level(
+        spec: MechanismSpec, delta: float, snapshot: Snapshot, curves: Path | None = None
+    ) -> PrivacyLevel:
         ledger = ledgers.get((spec, delta))
         if ledger is None:  # its per-size cache of bounds lives as long as the worker
             ledger = ledgers[(spec, delta)] = PrivacyLedger(spec, delta=delta)
-        return ledger.compute(snapshot)
+        file = None
+        if curves is not None:  # the curve's points kept across a restart
+            file = curve_files.get((curves, spec, delta))
+            if file is None:  # kept once read (a cancelled read is tried again)
+                file = CurveFile(curves, spec, delta)
+                file.load()
+                curve_files[(curves, spec, delta)] = file
+        result = ledger.compute(snapshot)
+        if file is not None:
+            file.save()
+        return result
 
     def curve(spec: MechanismSpec, delta: float, grid: tuple[int, ...]) -> dict[int, float]:
         return epsilon_curve(spec, delta=delta, grid=grid)
@@ -206,6 +223,8 @@ def main() -> None:
     global _busy  # noqa: PLW0603 (the signal handler's view of the loop)
     with contextlib.suppress(OSError):  # not permitted (some sandboxes): normal priority
         os.nice(NICENESS)
+    # its warnings (a curve file ignored or not written) on stderr, one line each
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGUSR1, _on_cancel)
     threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
     # the frames get a private copy of stdout; anything else printed goes to stderr, so a
@@ -456,11 +475,18 @@ def _remember(snapshot: Snapshot, level: PrivacyLevel) -> None:
 
 
 async def compute_level(
-    spec: MechanismSpec, delta: float, snapshot: Snapshot, *, timeout: float | None = None
+    spec: MechanismSpec,
+    delta: float,
+    snapshot: Snapshot,
+    *,
+    timeout: float | None = None,
+    curves: Path | None = None,
 ) -> PrivacyLevel:
     """:meth:`PrivacyLedger.compute` of ``snapshot``, in the accountant's process (within
-    ``timeout`` seconds, else :class:`AccountantTimeoutError`)."""
-    level: PrivacyLevel = await _call("level", (spec, delta, snapshot), timeout)
+    ``timeout`` seconds, else :class:`AccountantTimeoutError`). ``curves``: the ledger's
+    curve file (:mod:`aggregator.ledger.curve_file`), read at the first call naming it and
+    written whenever the computation added points."""
+    level: PrivacyLevel = await _call("level", (spec, delta, snapshot, curves), timeout)
     _remember(snapshot, level)
     return level
 
@@ -473,11 +499,14 @@ async def compute_curve(
     return curve
 
 
-def submit_level(spec: MechanismSpec, delta: float, snapshot: Snapshot) -> Future[Any]:
+def submit_level(
+    spec: MechanismSpec, delta: float, snapshot: Snapshot, *, curves: Path | None = None
+) -> Future[Any]:
     """:meth:`PrivacyLedger.compute` of ``snapshot`` queued for the accountant's process,
     from any thread (no event loop needed): a future of the :class:`PrivacyLevel`. It is
-    not remembered as a ledger's level (a window's participations are not the ledger's)."""
-    return _CALLS.submit("level", (spec, delta, snapshot))
+    not remembered as a ledger's level (a window's participations are not the ledger's).
+    ``curves`` as :func:`compute_level`'s."""
+    return _CALLS.submit("level", (spec, delta, snapshot, curves))
 
 
 def last_level(snapshot: Snapshot) -> PrivacyLevel | None:
@@ -489,20 +518,26 @@ def last_level(snapshot: Snapshot) -> PrivacyLevel | None:
 
 
 def level_now(
-    spec: MechanismSpec, delta: float, snapshot: Snapshot, *, timeout: float = LEVEL_WAIT
+    spec: MechanismSpec,
+    delta: float,
+    snapshot: Snapshot,
+    *,
+    timeout: float = LEVEL_WAIT,
+    curves: Path | None = None,
 ) -> PrivacyLevel | None:
     """The level of ``snapshot`` if the worker computes it within ``timeout`` seconds, else
     :func:`last_level` (possibly ``None``). Blocks the calling thread at most ``timeout``
     (0: never); the computation goes on in the background and its result is kept for the
     next call. One computation per ledger at a time: while one is under way, a call waits
-    for it (within its own ``timeout``) instead of queueing another."""
+    for it (within its own ``timeout``) instead of queueing another. ``curves`` as
+    :func:`compute_level`'s."""
     with _LEVELS_LOCK:
         known = _LEVELS.get(snapshot.ledger) if snapshot.ledger else None
         if known is not None and known.generation >= snapshot.generation:
             return known
         future = _PENDING.get(snapshot.ledger) if snapshot.ledger else None
         if future is None:
-            future = _CALLS.submit("level", (spec, delta, snapshot))
+            future = _CALLS.submit("level", (spec, delta, snapshot, curves))
             if snapshot.ledger:
                 _PENDING[snapshot.ledger] = future
                 future.add_done_callback(lambda done: _settle(snapshot.ledger, done))

@@ -57,6 +57,7 @@ __all__ = [
     "Bound",
     "LedgerFileError",
     "LoadedLedger",
+    "canonical_json",
     "decode_ledger",
     "encode_ledger",
     "encode_ledger_content",
@@ -115,13 +116,15 @@ def previous_path(path: Path) -> Path:
     return path.with_name(path.name + ".prev")
 
 
-def _canonical(value: object) -> str:
+def canonical_json(value: object) -> str:
+    """Canonical JSON (sorted keys, no spaces, ASCII): what the checksums of the ledger's
+    files are computed over."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def _content_digest(bound: object, content: object, version: int) -> str:
     covered = content if version == 1 else {"checkpoint": bound, "ledger": content}
-    return hashlib.sha256(_canonical(covered).encode("ascii")).hexdigest()
+    return hashlib.sha256(canonical_json(covered).encode("ascii")).hexdigest()
 
 
 def encode_ledger(ledger: PrivacyLedger, bound: Bound | None = None) -> str:
@@ -137,13 +140,13 @@ def encode_ledger_content(content: Mapping[str, Any], bound: Bound | None = None
     The canonical JSON of ``checkpoint`` and ``ledger`` is encoded once and used twice:
     hashed inside ``{"checkpoint":…,"ledger":…}`` and placed in the document, whose sorted
     keys put the two in the same order around ``format`` (the same text as
-    ``_canonical(document)``)."""
-    binding = _canonical(None if bound is None else bound.to_dict())
-    ledger = _canonical(content)
+    ``canonical_json(document)``)."""
+    binding = canonical_json(None if bound is None else bound.to_dict())
+    ledger = canonical_json(content)
     covered = f'{{"checkpoint":{binding},"ledger":{ledger}}}'
     digest = hashlib.sha256(covered.encode("ascii")).hexdigest()
     return (
-        f'{{"checkpoint":{binding},"format":{_canonical(FORMAT)},"ledger":{ledger},'
+        f'{{"checkpoint":{binding},"format":{canonical_json(FORMAT)},"ledger":{ledger},'
         f'"sha256":"{digest}","version":{VERSION}}}\n'
     )
 

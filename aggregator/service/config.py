@@ -289,6 +289,14 @@ class AggregatorConfig:
         return self.checkpoint.with_name(self.checkpoint.name + ".trust")
 
     @property
+    def curves_path(self) -> Path | None:
+        """``<checkpoint>.ledger.curves``, the certified curve's points kept across a
+        restart (:mod:`aggregator.ledger.curve_file`; ``None`` without a checkpoint)."""
+        if self.checkpoint is None:
+            return None
+        return self.checkpoint.with_name(self.checkpoint.name + ".ledger.curves")
+
+    @property
     def lock_path(self) -> Path | None:
         """``<checkpoint>.lock``, the single-writer lock (``None`` without a checkpoint)."""
         if self.checkpoint is None:

@@ -149,7 +149,10 @@ class Publisher:
             try:  # in the accountant's process, where its caches are; waits at most
                 # LEVEL_WAIT, then serves the last level (the computation goes on)
                 level = accountant_process.level_now(
-                    self.core.spec, self.config.delta, self.core.ledger.snapshot()
+                    self.core.spec,
+                    self.config.delta,
+                    self.core.ledger.snapshot(),
+                    curves=self.config.curves_path,
                 )
             except ACCOUNTING_ERRORS:
                 logger.exception("cannot compute the central privacy level; serving the last")
@@ -324,7 +327,7 @@ class Publisher:
         self._computing = snapshot.generation
         try:
             level = await accountant_process.compute_level(
-                self.core.spec, self.config.delta, snapshot
+                self.core.spec, self.config.delta, snapshot, curves=self.config.curves_path
             )
         except ACCOUNTING_ERRORS:  # accounting must not stop the service
             logger.exception("cannot compute the central privacy level; retrying later")

@@ -302,7 +302,9 @@ class SeriesView:
     def _submit(self, key: LevelKey) -> concurrent.futures.Future[Any]:
         sizes, smallest, latest = key
         snapshot = LedgerSnapshot(rounds=sizes, smallest=smallest, latest=latest, generation=0)
-        return accountant_process.submit_level(self.spec, self.config.delta, snapshot)
+        return accountant_process.submit_level(
+            self.spec, self.config.delta, snapshot, curves=self.config.curves_path
+        )
 
     def _level_ready(self) -> None:
         self.core.changed = True  # the gauges show it at the next publication

@@ -121,14 +121,7 @@ def test_a_chain_that_would_cancel_is_not_formed() -> None:
 
 
 def _clear_caches() -> None:
-    for cached in (
-        composition._curve,
-        composition._pair_pld,
-        composition._square,
-        composition._power_cached,
-        composition._product,
-    ):
-        cached.cache_clear()
+    composition.clear_caches()
 
 
 @pytest.mark.parametrize(
