@@ -22,9 +22,10 @@ whose lease is ``coco/v1/<dep>/shards/-/lease``, held by the shuffler of a state
 * **hold**: renew every ``ttl / 3``, and watch the topic: a claim by another instance means
   another process took the shard over (a restart of this state directory elsewhere, or a
   stale lease taken): this one stops at once. A lease of another instance renewed *before*
-  this one's claim is not a claim: it is a late copy of the value this claim replaced (a
-  NATS node delivered the previous instance's last renewal 0.4 s after a restarted
-  shuffler had acquired the shard, which then stopped); it is logged and ignored;
+  this one's claim, of the same owner or already stale then, is not a claim: it is a late
+  copy of the value this claim replaced (a NATS node delivered the previous instance's
+  last renewal 0.4 s after a restarted shuffler had acquired the shard, which then
+  stopped); it is logged and ignored. Hosts' clocks must agree to well within ``ttl``;
 * **release** (a retired shard only): a lease with ``ttl`` 0, free for anyone.
 
 The same connection watches the retained announcement, so a reshard announced while the
@@ -50,6 +51,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from edge.announce import decode_announcement
+from edge.announcement_reader import NODE_WAIT
 from edge.errors import CocoError
 from edge.mqtt_url import BrokerList
 from edge.topics import shard_lease_topic, spec_topic
@@ -180,17 +182,27 @@ class ShardControl:
     async def read(self) -> Lease | None:
         """The retained lease, from a fresh subscription (``None``: none within
         ``settle`` seconds, or not a lease). With ``announced``, :class:`LeaseUnconfirmedError`
-        when the node delivered neither the lease nor the announcement (module docs)."""
+        when the node delivered neither the lease nor the announcement (module docs).
+
+        The lease is subscribed first: a node that holds both retained messages sends the
+        lease before the announcement, so an announcement with no lease before it means
+        there is none. A node is given :data:`NODE_WAIT` seconds (at least ``settle``) to
+        deliver the announcement, as the announcement reader gives it: a just-restarted NATS
+        node may take that long to serve its retained messages."""
         heard_announcement = False
+        patience = max(self.settle, NODE_WAIT) if self.announced else self.settle
+        loop = asyncio.get_running_loop()
         async with self._client(None) as client:
             await client.subscribe(self.topic, qos=1)
             if self.announced:
                 await client.subscribe(self._spec, qos=1)
+            settled = loop.time() + self.settle
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settle):
+                async with asyncio.timeout(patience) as deadline:
                     async for message in client.messages:
                         if message.topic.matches(self._spec):
                             heard_announcement = True
+                            deadline.reschedule(max(settled, loop.time()))
                             continue
                         payload = message.payload
                         if isinstance(payload, bytes | bytearray):
@@ -198,7 +210,7 @@ class ShardControl:
         if self.announced and not heard_announcement:
             raise LeaseUnconfirmedError(
                 f"{self.name}: the node delivered neither the lease nor the retained "
-                f"announcement within {self.settle:g} s (it serves no retained messages yet): "
+                f"announcement within {patience:g} s (it serves no retained messages yet): "
                 "its silence is not taken for a free shard"
             )
         return None
@@ -301,11 +313,17 @@ class ShardControl:
                     await message
 
     def _late_copy(self, lease: Lease) -> bool:
-        """Another instance's lease renewed before this one's claim (module docs)."""
+        """Another instance's lease renewed before this one's claim, of this owner (the
+        previous process of the same state directory) or already stale at the claim (module
+        docs). A lease of another owner still fresh at the claim is not one: this instance
+        claimed over a live owner, and stops. Times of different hosts are compared, so
+        their clocks must agree to well within ``ttl`` (NTP)."""
+        claimed = self.claimed_at
         return (
             lease.instance != self.instance
-            and self.claimed_at is not None
-            and lease.renewed < self.claimed_at
+            and claimed is not None
+            and lease.renewed < claimed
+            and (lease.owner == self.owner or not lease.fresh(claimed))
         )
 
     def _received(self, message: aiomqtt.Message) -> None:

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -233,12 +234,24 @@ async def lease_on_or_none(broker: Broker, settle: float = 1.0) -> Lease | None:
     return None
 
 
-def test_a_late_copy_of_an_older_lease_is_not_a_takeover(mosquitto: Broker, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("case", "stopped_by"),
+    [
+        ("this owner's earlier instance", "a-newer-owner"),
+        ("another owner, stale at the claim", "a-newer-owner"),
+        ("another owner, fresh at the claim", "a-live-owner"),
+    ],
+)
+def test_a_late_copy_of_an_older_lease_is_not_a_takeover(
+    mosquitto: Broker, tmp_path: Path, case: str, stopped_by: str
+) -> None:
     """Seen on a NATS cluster: 0.4 s after a restarted shuffler had acquired its shard, the
     node delivered the previous instance's last renewal, and the shuffler stopped as if
-    taken over. A lease of another instance renewed before this one's claim is a late copy:
-    ignored. A newer one is a takeover. Both arrive in order on the shuffler's watch, so the
-    stop must name the newer claim's owner, not the older one's."""
+    taken over. A lease renewed before this instance's claim, of the same owner or already
+    stale then, is a late copy: ignored. One of another owner still fresh at the claim means
+    the claim went over a live owner: a takeover. A newer claim is a takeover. The messages
+    arrive in order on the shuffler's watch, so the stop names the first one taken for a
+    takeover."""
     keys = signers(["g0s0"])
     cfg = config(
         mosquitto, "g0s0", plan_of(keys), keys["g0s0"], state_dir=tmp_path / "state", lease_ttl=3
@@ -246,15 +259,88 @@ def test_a_late_copy_of_an_older_lease_is_not_a_takeover(mosquitto: Broker, tmp_
 
     async def scenario() -> None:
         async with running(cfg, CollectorRegistry()) as shuffler:
-            held = await asyncio.wait_for(lease_on(mosquitto), 10)
-            assert held.owner == shuffler._owner
-            older = Lease("an-earlier-owner", "its-instance", time.time() - 60.0, 3.0)
-            newer = Lease("a-newer-owner", "its-instance", time.time() + 1.0, 3.0)
+            assert shuffler._control is not None
+            claimed = shuffler._control.claimed_at
+            assert claimed is not None
+            # the watch renews only once it has subscribed: wait for its first renewal
+            async with asyncio.timeout(20):
+                while (await lease_on(mosquitto)).renewed <= claimed:
+                    await asyncio.sleep(0.1)
+            older = {
+                "this owner's earlier instance": Lease(shuffler._owner, "i0", claimed - 0.5, 3),
+                "another owner, stale at the claim": Lease("a-gone-owner", "i1", claimed - 9, 3),
+                "another owner, fresh at the claim": Lease("a-live-owner", "i2", claimed - 0.5, 3),
+            }[case]
+            newer = Lease("a-newer-owner", "i3", time.time() + 1.0, 3.0)
             async with aiomqtt.Client("127.0.0.1", mosquitto.port) as client:
                 for lease in (older, newer):
                     await client.publish(shard_lease_topic(DEP, "g0s0"), lease.encode(), qos=1)
             await wait_until(lambda: shuffler.failure is not None, 20)
 
     # the run ends with the first lease it took for a takeover
-    with pytest.raises(LeaseLostError, match="a-newer-owner"):
+    with pytest.raises(LeaseLostError, match=stopped_by):
         run(scenario(), 90)
+
+
+def test_a_read_back_of_an_older_lease_gives_way_to_the_next_node(
+    mosquitto: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node behind the cluster's retained messages: it drops the claim (here an ACL that
+    lets the shuffler read the lease topic, not write it) and still serves the lease of this
+    state directory's previous process, renewed before the claim. The read-back shows that
+    older lease: not another shuffler's claim at the same moment (which would refuse the
+    start) but a node that has not caught up; the claim goes to the next node."""
+    caplog.set_level(logging.WARNING, logger="broker.shuffler")
+    workdir = tmp_path / "behind"
+    workdir.mkdir()
+    passwords = workdir / "passwords"
+    subprocess.run(
+        ["mosquitto_passwd", "-b", "-c", str(passwords), "seeder", "seeder-password"],
+        check=True,
+        capture_output=True,
+    )
+    base = f"coco/v1/{DEP}"
+    acl = workdir / "acl"
+    acl.write_text(
+        # anonymous (the shuffler): everything it uses, but the lease read-only
+        f"topic read {shard_lease_topic(DEP, 'g0s0')}\n"
+        f"topic readwrite {base}/ingress/#\ntopic readwrite {base}/batches/#\n"
+        f"topic readwrite {base}/manifests/#\ntopic readwrite {spec_topic(DEP)}\n"
+        "user seeder\ntopic readwrite #\n"
+    )
+    behind = Broker(
+        workdir, free_port(), extra_config=f"password_file {passwords}\nacl_file {acl}\n"
+    )
+    behind.start()
+    keys = signers(["g0s0"])
+    cfg = config(
+        mosquitto, "g0s0", plan_of(keys), keys["g0s0"], state_dir=tmp_path / "state", lease_ttl=3
+    )
+    cfg = dataclasses.replace(cfg, broker=f"{behind.url},{mosquitto.url}")
+
+    async def scenario() -> None:
+        async with Shuffler(cfg, registry=CollectorRegistry()) as shuffler:
+            earlier = Lease(shuffler._owner, "the-previous-process", time.time() - 1.0, 3.0)
+            async with aiomqtt.Client(
+                "127.0.0.1", behind.port, username="seeder", password="seeder-password"
+            ) as client:
+                topic = shard_lease_topic(DEP, "g0s0")
+                await client.publish(topic, earlier.encode(), qos=1, retain=True)
+            task = asyncio.create_task(shuffler.run())
+            try:
+                await wait_until(lambda: shuffler.connected.is_set() or task.done(), 30)
+                if task.done():
+                    task.result()
+                held = await asyncio.wait_for(lease_on(mosquitto), 10)
+                assert held.owner == shuffler._owner
+                assert held.instance != "the-previous-process"
+            finally:
+                shuffler.stop()
+                async with asyncio.timeout(20):
+                    await task
+
+    try:
+        run(scenario(), 90)
+    finally:
+        behind.stop()
+    assert [r for r in caplog.records if "renewed before the claim" in r.getMessage()]
