@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from rabbit_cluster import RABBIT_BIN, RabbitCluster
 
 from edge.mqtt_url import parse_broker_url
-from tests.clusters import NATS_SERVER, NatsCluster
+from tests.clusters import NATS_SERVER, NatsCluster, release_of
 from tests.cputime import process_tree, tree_cpu_seconds
 from tests.mqtt_adapters import FailoverClient
 
@@ -372,7 +372,11 @@ class CandidateResult:
 def with_cluster(name: str, work: Path) -> tuple[Any, Callable[[], list[int]], str]:
     if name == "nats":
         nats = NatsCluster(work / "nats")
-        return nats, lambda: [n.proc.pid for n in nats.nodes if n.proc is not None], "2.9.10"
+        return (
+            nats,
+            lambda: [n.proc.pid for n in nats.nodes if n.proc is not None],
+            release_of(NATS_SERVER),
+        )
     rabbit = RabbitCluster(work / "rabbit")
     return rabbit, lambda: [p for i in range(3) for p in rabbit.pids(i)], "3.10.8"
 

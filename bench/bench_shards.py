@@ -559,7 +559,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.quick:
         args.devices, args.rounds, args.round_seconds, args.repeats = 1000, 2, 6, 1
     if not Path(NATS_SERVER).exists():
-        parser.error(f"{NATS_SERVER} is not installed (apt-get install nats-server)")
+        parser.error(f"{NATS_SERVER} is not installed (scripts/setup dev installs it)")
     shard_counts = sorted(set(args.shards))
     print(
         f"{platform.node()}: {os.cpu_count()} cores, load {os.getloadavg()}, "

