@@ -20,6 +20,7 @@ without a word, so the PUBACK alone proves nothing there).
 from __future__ import annotations
 
 import json
+import time
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -57,6 +58,9 @@ from edge.mqtt_version import MqttVersion, VersionChoice, check_mqtt_version, is
 from edge.rounds import current_round
 from edge.shards import ShardLayout, ShardPlan
 from edge.topics import spec_topic
+
+ECHO_RETRY = 0.5
+"""Seconds between the subscriptions that ask for the retained announcement back."""
 
 if TYPE_CHECKING:  # paho is imported when the command runs, not for --help
     import paho.mqtt.client as mqtt
@@ -147,10 +151,11 @@ class _UnreachableError(Exception):
 class _Outcome:
     """What the paho callbacks saw: refusals, and the retained message read back."""
 
-    def __init__(self, topic: str) -> None:
+    def __init__(self, topic: str, expected: bytes) -> None:
         import threading  # noqa: PLC0415
 
         self.topic = topic
+        self.expected = expected
         self.refused: list[str] = []
         self.version_refused = threading.Event()
         self.echoed: list[bytes] = []
@@ -172,7 +177,8 @@ class _Outcome:
     def on_message(self, _c: mqtt.Client, _u: object, message: mqtt.MQTTMessage) -> None:
         if message.topic == self.topic and message.retain:
             self.echoed.append(bytes(message.payload))
-            self.echo.set()
+            if self.echoed[-1] == self.expected:
+                self.echo.set()
 
 
 def _publish_once(
@@ -202,7 +208,7 @@ def _publish_once(
         client.tls_set(ca_certs=ca_file)
     # A refused CONNECT and a PUBACK with a failure reason code (MQTT 5: e.g. 0x87 Not
     # authorized when the ACL denies the spec topic) both mean nothing was announced.
-    seen = _Outcome(topic)
+    seen = _Outcome(topic, payload)
     client.on_connect = seen.on_connect
     client.on_publish = seen.on_publish
     client.on_message = seen.on_message
@@ -226,8 +232,17 @@ def _publish_once(
             raise CocoError(f"the broker at {url}: {seen.refused[0]}")
         if not info.is_published():
             raise CocoError(f"the broker did not acknowledge the announcement within {timeout} s")
-        client.subscribe(topic, qos=1)  # the retained message comes back on subscription
-        if not seen.echo.wait(timeout) or seen.echoed[-1] != payload:
+        # The retained message comes back on subscription. A NATS node serves a retained
+        # message some time after its PUBACK (seen: none at all on a subscription made at
+        # once, on 2.15.1): subscribe again until it shows, as a SUBSCRIBE that replaces a
+        # subscription is sent the retained message anew.
+        deadline = time.monotonic() + timeout
+        while not seen.echo.is_set():
+            client.subscribe(topic, qos=1)
+            left = deadline - time.monotonic()
+            if seen.echo.wait(min(ECHO_RETRY, max(left, 0.0))) or left <= ECHO_RETRY:
+                break
+        if not seen.echo.is_set():
             raise CocoError(
                 f"the broker at {url} acknowledged the announcement but does not retain it on "
                 f"{topic} (an ACL that refuses the topic, or a broker without retained "
