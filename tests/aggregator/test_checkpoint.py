@@ -51,7 +51,7 @@ def reference(ckpt: Checkpoint) -> dict[str, Any]:
     """Slow reference: the whole document (without its checksums) as the json module
     would write it."""
     return {
-        "version": 3,
+        "version": 4,
         "generation": ckpt.generation,
         "fingerprint": ckpt.fingerprint,
         "deployment": ckpt.deployment,
