@@ -51,7 +51,7 @@ T0 = 1_800_000_000  # a multiple of 2, 3, 10 and 60
 GRACE = 30.0
 
 
-def rules(round_seconds: int, retention_rounds: int = 50) -> CoreRules:
+def rules(round_seconds: int | None, retention_rounds: int = 50) -> CoreRules:
     return CoreRules(
         spec=SPEC,
         deployment=DEPLOYMENT,
@@ -237,6 +237,24 @@ def test_a_version_1_batch_is_read_under_the_announced_length() -> None:
     assert core.handle(SIGNER.seal(again), now=T0 + 61) == "duplicate"
 
 
+def test_without_a_round_length_the_horizon_counts_rounds_of_the_newest_length() -> None:
+    """A spec file without ``round_seconds``: version-2 batches still carry theirs, and
+    the horizon counts ``retention_rounds`` of the newest round's length."""
+    core = AggregatorCore(rules(None, retention_rounds=5), delta=DELTA)
+    plan = schedule([(60, 12)], seed=6)
+    outcomes = [
+        core.handle(sealed, now=release.at)
+        for release in sorted(plan.releases, key=lambda r: r.round)[:4]
+        for sealed in release.batches
+    ]
+    assert outcomes == ["applied"] * 8
+    assert core.memory.floor == (T0 // 60 + 3 - 5 + 1) * 60
+    late = sorted(plan.releases, key=lambda r: r.round)[11]
+    assert core.handle(late.batches[0], now=late.at) == "applied"
+    early = sorted(plan.releases, key=lambda r: r.round)[4]
+    assert core.handle(early.batches[0], now=late.at) == "stale_round"
+
+
 # -- the batch memory --------------------------------------------------------------------
 
 
@@ -244,10 +262,10 @@ def test_a_version_1_batch_is_read_under_the_announced_length() -> None:
 @given(
     st.lists(st.tuples(st.sampled_from([1, 2, 3, 10, 60]), st.integers(0, 400)), min_size=1),
     st.integers(1, 20),
-    st.sampled_from([1, 2, 60]),
+    st.sampled_from([1, 2, 60, None]),
 )
 def test_the_memory_forgets_only_below_a_floor_that_never_moves_back(
-    batches: list[tuple[int, int]], retention: int, unit: int
+    batches: list[tuple[int, int]], retention: int, unit: int | None
 ) -> None:
     memory = BatchMemory(retention, unit)
     floors: list[int] = []
@@ -259,15 +277,25 @@ def test_the_memory_forgets_only_below_a_floor_that_never_moves_back(
             assert memory.floor is not None
             assert start < memory.floor
             continue
-        memory.remember(batch_id, start)
+        memory.remember(batch_id, start, length)
         applied[batch_id] = start
         assert memory.floor is not None
         floors.append(memory.floor)
     assert floors == sorted(floors)
     for batch_id, start in applied.items():  # remembered exactly while not stale
         assert (batch_id in memory) == (not memory.stale(start))
-    if memory.newest_start is not None:
+    if memory.newest_start is not None and unit is not None:
         assert memory.floor == max(0, memory.newest_start - retention * unit + unit)
+    # restored (a restart): nothing forgotten is accepted again, nothing kept is stale
+    again = BatchMemory(retention, unit)
+    again.restore({s: list(ids) for s, ids in memory.by_round().items()})
+    assert len(again) == len(memory)
+    for batch_id, start in applied.items():
+        if batch_id in memory:
+            assert batch_id in again
+            assert not again.stale(start)
+        else:
+            assert again.stale(start)
 
 
 # -- the codec -----------------------------------------------------------------------------

@@ -15,14 +15,17 @@ class BatchMemory:
 
     A round is keyed by its start time (Unix seconds: ``round * round_seconds``), so that
     rounds counted before and after a change of ``round_seconds`` keep their order in time.
-    ``unit`` is the round length the horizon is counted in (the announced one, at start).
+    ``unit`` is the round length the horizon is counted in (the announced one, at start;
+    ``None`` without one: the length of the newest round applied).
     The oldest start still accepted, :attr:`floor`, never moves back while the service
     runs; a restart with a longer horizon (a larger ``retention_rounds``, or a longer
     announced round length) widens it, as a longer retention always did."""
 
-    def __init__(self, retention_rounds: int, unit: int = 1) -> None:
+    def __init__(self, retention_rounds: int, unit: int | None = 1) -> None:
         self.retention_rounds = retention_rounds
-        self.unit = unit
+        self.given_unit = unit
+        self.newest_length = 1
+        """The length of the newest round applied."""
         self.newest_start: int | None = None
         self.floor: int | None = None
         """The oldest start still accepted; ``None`` before the first batch."""
@@ -34,6 +37,11 @@ class BatchMemory:
 
     def __contains__(self, batch_id: object) -> bool:
         return batch_id in self._seen
+
+    @property
+    def unit(self) -> int:
+        """The round length the horizon is counted in (module docs)."""
+        return self.newest_length if self.given_unit is None else self.given_unit
 
     @property
     def horizon(self) -> int:
@@ -54,11 +62,14 @@ class BatchMemory:
         """Whether a round starting at ``start`` is below the horizon."""
         return self.floor is not None and start < self.floor
 
-    def remember(self, batch_id: bytes, start: int) -> None:
+    def remember(self, batch_id: bytes, start: int, length: int = 1) -> None:
+        """Batch ``batch_id`` of the round of ``length`` seconds that starts at ``start``
+        was applied."""
         self._seen[batch_id] = start
         self._rounds.setdefault(start, []).append(batch_id)
         if self.newest_start is None or start > self.newest_start:
             self.newest_start = start
+            self.newest_length = length
             floor = max(0, start - self.horizon + self.unit)
             if self.floor is None or floor > self.floor:
                 self.floor = floor
@@ -78,11 +89,21 @@ class BatchMemory:
         return {s: tuple(ids) for s, ids in self._rounds.items()}
 
     def restore(self, rounds: dict[int, list[bytes]]) -> None:
-        """The ids of :meth:`by_round` (the :attr:`floor` is the one they imply)."""
+        """The ids of :meth:`by_round` (the :attr:`floor` is the one they imply; without a
+        ``unit``, whose lengths are not kept, the oldest start among them: every id from
+        it on is kept)."""
         self._seen.clear()
         self._rounds.clear()
         self.newest_start = None
         self.floor = None
+        self.newest_length = 1
+        if self.given_unit is None:
+            for start, ids in sorted(rounds.items()):
+                self._rounds[start] = list(ids)
+                self._seen.update(dict.fromkeys(ids, start))
+            if self._rounds:
+                self.newest_start, self.floor = max(self._rounds), min(self._rounds)
+            return
         for start, ids in sorted(rounds.items()):
             for batch_id in ids:
                 self.remember(batch_id, start)

@@ -176,7 +176,8 @@ class CoreRules:
     def unit(self) -> int:
         """The round length of a batch or manifest of wire version 1, and the one the
         horizon and the ledger's lag are counted in: the announced ``round_seconds``, or 1
-        without one (rounds then keyed by their numbers, as they come)."""
+        without one (version-1 rounds then keyed by their numbers, as they come; the
+        horizon and the lag then count rounds of the newest length applied)."""
         return 1 if self.round_seconds is None else self.round_seconds
 
     def new_series(self) -> Series | None:
@@ -262,7 +263,7 @@ class AggregatorCore:
         """Whether a file keeps the series' changes (a checkpoint); if not, they are
         forgotten as they come."""
         self.counters = Counters()
-        self.memory = BatchMemory(rules.retention_rounds, rules.unit)
+        self.memory = BatchMemory(rules.retention_rounds, rules.round_seconds)
         self.ledger = PrivacyLedger(rules.spec, delta=delta, round_seconds=rules.round_seconds)
         self.smallest_batch: int | None = None
         self.latest_batch: int | None = None
@@ -395,7 +396,7 @@ class AggregatorCore:
             self._touch()
             raise RejectedError("stale_round", batch.size, keep=True)
         self.state.merge(partial)
-        self.memory.remember(batch.batch_id, start)
+        self.memory.remember(batch.batch_id, start, batch.round_seconds)
         size = partial.n
         if self.series is not None:
             self.series.add(
@@ -502,7 +503,7 @@ class AggregatorCore:
         dropped: the ledger stays small). A record that arrives later for such a round is
         counted again, pessimistically."""
         newest = self.memory.newest_start
-        lag = self.rules.ledger_lag_rounds * self.rules.unit
+        lag = self.rules.ledger_lag_rounds * self.memory.unit
         if newest is not None and newest > lag:
             self.ledger.compact(newest - lag)
 
