@@ -427,8 +427,8 @@ class PrivacyLedger:
         record: _Manifest | _Batch | None = None
         if isinstance(ident, bytes):
             record = self._manifests.get(ident) if kind == "r" else self._batches.get(ident)
-        if record is None or self.round_seconds is None:
-            return None
+        if record is None or self.round_seconds is None or self.numbered:
+            return None  # undated (numbered: not renumbered yet): counted in every period
         return record.round + self.round_seconds
 
     def period_rounds(self, start: float, end: float) -> dict[int, int]:

@@ -83,6 +83,7 @@ _ORDER = (
     "state",
     "ledger",
     "series",
+    "newest_length",
     "batch_rounds",
 )
 """The fields of a version-3 checkpoint, in the order they are written (``checksums``
@@ -187,6 +188,9 @@ class Checkpoint:
     ledger: LedgerRecord | None = None
     """The ledger file written with this generation (``None``: a file from before the field,
     or content not yet bound to its ledger file)."""
+    newest_length: int | None = None
+    """The length of the newest round applied (``None``: none yet, or a file before
+    version 4): the horizon's unit without an announced round length."""
     series_seq: int | None = None
     """The sequence number of the newest series record written before this generation
     (``None``: no series, or a file from before the field)."""
@@ -454,6 +458,7 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
         batch_sizes=_parse_batch_sizes(fields, smallest, counters.batches),
         last_batch_timestamp=None if last is None else float(last),
         written_at=_optional_time(data.get("written_at")),
+        newest_length=_parse_length(fields) if version == CHECKPOINT_VERSION else None,
         retention_rounds=_optional_rounds(data.get("retention_rounds")),
         shards=_parse_shards(fields) if checked else {},
         reconciliation=_parse_reconciliation(fields) if checked else None,
@@ -463,6 +468,18 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
     if checked:
         _verify_checksums(fields)
     return checkpoint
+
+
+def _parse_length(fields: _Fields) -> int | None:
+    if "newest_length" not in fields.data:
+        return None
+    raw = fields.data["newest_length"]
+    if raw is None:
+        return None
+    length = fields.count("newest_length", raw)
+    if not 1 <= length <= 86_400:
+        raise fields.error("newest_length", f"must be a round length in [1, 86400]: {length}")
+    return length
 
 
 def _optional_time(value: object) -> float | None:
@@ -572,6 +589,8 @@ def _document_head(checkpoint: Checkpoint) -> dict[str, Any]:
         head["ledger"] = checkpoint.ledger.to_dict()
     if checkpoint.series_seq is not None:
         head["series"] = {"seq": checkpoint.series_seq}
+    if checkpoint.newest_length is not None:
+        head["newest_length"] = checkpoint.newest_length
     return head
 
 

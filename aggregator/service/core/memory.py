@@ -88,25 +88,17 @@ class BatchMemory:
         """A copy: round start -> ids applied in it."""
         return {s: tuple(ids) for s, ids in self._rounds.items()}
 
-    def restore(self, rounds: dict[int, list[bytes]]) -> None:
-        """The ids of :meth:`by_round` (the :attr:`floor` is the one they imply; without a
-        ``unit``, whose lengths are not kept, the oldest start among them: every id from
-        it on is kept)."""
+    def restore(self, rounds: dict[int, list[bytes]], newest_length: int = 1) -> None:
+        """The ids of :meth:`by_round`, the newest of a round of ``newest_length`` seconds
+        (:attr:`newest_length`, kept with them); the :attr:`floor` is the one they imply."""
         self._seen.clear()
         self._rounds.clear()
         self.newest_start = None
         self.floor = None
         self.newest_length = 1
-        if self.given_unit is None:
-            for start, ids in sorted(rounds.items()):
-                self._rounds[start] = list(ids)
-                self._seen.update(dict.fromkeys(ids, start))
-            if self._rounds:
-                self.newest_start, self.floor = max(self._rounds), min(self._rounds)
-            return
         for start, ids in sorted(rounds.items()):
             for batch_id in ids:
-                self.remember(batch_id, start)
+                self.remember(batch_id, start, newest_length)
 
 
 @dataclass
