@@ -9,13 +9,15 @@ A checkpoint is one UTF-8 JSON object (:func:`encode_checkpoint`)::
      "last_batch_timestamp": ..., "written_at": ..., "shards": {"<label>": {...}},
      "reconciliation": {...}, "state": AggregateState.to_dict(),
      "ledger": {"generation": 41, "sha256": "<64 hex>"}, "series": {"seq": 812},
-     "batch_rounds": {"<start>": ["<32 hex>", ...]}, "checksums": {"<field>": "<32 hex>"}}
+     "newest_length": 60, "batch_rounds": {"<start>": ["<32 hex>", ...]},
+     "checksums": {"<field>": "<32 hex>"}}
 
 Rounds are keyed by their start time, Unix seconds (``batch_rounds``, and the rounds of
-``reconciliation``; :mod:`aggregator.service.core.rules`, *Rounds are times*). A checkpoint
-of version 3 or older keyed rounds by their numbers: it is read under the announced round
-length (:func:`migrate_rounds`), and refused if that cannot be the length
-it was written under (:func:`numbered_rounds_problem`).
+``reconciliation``; :mod:`aggregator.service.core.rules`, *Rounds are times*), and
+``newest_length`` is the length of the newest round applied (absent before the first). A
+checkpoint of version 3 or older keyed rounds by their numbers: it is read under the
+announced round length (:func:`migrate_rounds`), and refused if that cannot be the length it
+was written under (:func:`numbered_rounds_problem`).
 
 ``batch_rounds`` holds the ids of the applied batches of the retained rounds only
 (:mod:`aggregator.service.core.rules`), so its size follows the traffic of the window, not the age
