@@ -150,7 +150,7 @@ def malformed_vectors() -> list[dict[str, str]]:
         ("manifest", b"", "bad_length"),
         ("manifest", batch, "bad_kind"),
         ("manifest", manifest[: codec.MANIFEST_HEADER_SIZE - 1], "bad_length"),
-        ("manifest", b"\x02" + manifest[1:], "bad_version"),
+        ("manifest", b"\x07" + manifest[1:], "bad_version"),
         ("manifest", manifest[:-1], "bad_count"),
         ("manifest", manifest + b"\x00" * codec.MANIFEST_SOURCE_SIZE, "bad_count"),
         ("manifest", manifest[:70], "bad_count"),  # cut before its sources

@@ -47,6 +47,7 @@ from typing import Any, Final
 
 from aggregator.durable import write_atomically
 from aggregator.ledger.privacy_ledger import ID_BYTES, MAX_ROUND, PrivacyLedger
+from aggregator.ledger.records import MAX_START
 from aggregator.ledger.timeline import Timeline
 from edge.errors import CocoError
 from edge.spec import MechanismSpec
@@ -255,7 +256,7 @@ def _parse(spec: MechanismSpec, delta: float, data: Mapping[str, Any]) -> Privac
     ledger.restore_history(
         compacted=read.counts("compacted"),
         compacted_smallest=read.optional("compacted_smallest", low=1),
-        compacted_through=read.optional("compacted_through", high=MAX_ROUND),
+        compacted_through=read.optional("compacted_through", high=MAX_START),
         late=read.counts("late"),
         per_batch=read.counts("per_batch"),
         per_batch_latest=read.optional("per_batch_latest", low=1),
@@ -270,7 +271,7 @@ def _parse(spec: MechanismSpec, delta: float, data: Mapping[str, Any]) -> Privac
         listed = [
             (read.hex_id(name, b), read.integer(f"{name}.count", c, low=1)) for b, c in row[3]
         ]
-        round_ = read.integer(f"{name}.round", row[0])
+        round_ = read.integer(f"{name}.round", row[0], high=MAX_START)
         release_id = read.hex_id(name, row[2])
         sources = _sources(name, row[4] if len(row) == 5 else None)
         try:
@@ -283,7 +284,7 @@ def _parse(spec: MechanismSpec, delta: float, data: Mapping[str, Any]) -> Privac
             raise _FieldError(name, f"contradicts an earlier entry ({outcome})")
     for i, row in enumerate(read.rows("batches", "[round, shard, batch_id, size]")):
         name = f"batches[{i}]"
-        round_ = read.integer(f"{name}.round", row[0])
+        round_ = read.integer(f"{name}.round", row[0], high=MAX_START)
         batch_id = read.hex_id(name, row[2])
         size = read.integer(f"{name}.size", row[3], low=1)
         try:
@@ -295,6 +296,10 @@ def _parse(spec: MechanismSpec, delta: float, data: Mapping[str, Any]) -> Privac
     ledger.restore_forgotten(_forgotten(data.get("forgotten", [])))
     ledger.timeline = _timeline(data.get("timeline"), read.counts("compacted"))
     ledger.generation = read.integer("generation", read.get("generation"), high=_BIG)
+    rounds = data.get("rounds")
+    if rounds not in (None, "start"):
+        raise _FieldError("rounds", f"must be 'start', got {rounds!r}")
+    ledger.numbered = rounds is None  # written before rounds were times: renumber()
     return ledger
 
 

@@ -13,11 +13,11 @@ The API the service calls
     from aggregator.ledger import accountant_process, ledger_file
     ledger = ledger_file.load_ledger(path, spec=spec, delta=delta)  # None: no file yet
     ledger = ledger or PrivacyLedger(spec, delta=delta)
-    ledger.record_manifest(round=r, shard="g0s1", release_id=rid,
+    ledger.record_manifest(round=start, shard="g0s1", release_id=rid,
                            batches=[(batch_id, count), ...],   # a verified manifest
                            sources=[(sent_round, round_seconds), ...])
-    ledger.record_batch(round=r, shard="g0s1", batch_id=bid, size=n)  # an applied batch
-    ledger.compact(through_round)     # fold old rounds' detail, keep their cost
+    ledger.record_batch(round=start, shard="g0s1", batch_id=bid, size=n)  # an applied batch
+    ledger.compact(through_start)     # fold old rounds' detail, keep their cost
     ledger_file.save_ledger(path, ledger)   # with the checkpoint, in a thread
     snapshot = ledger.snapshot()      # immutable, picklable
     level = await accountant_process.compute_level(spec, delta, snapshot)  # privacy loop
@@ -25,14 +25,19 @@ The API the service calls
     settled = level.generation == ledger.generation
     shown = level.for_sizes(smallest=ledger.smallest, latest=ledger.latest)
 
-``shard`` is the shard label of docs/protocol.md (``g<generation>s<index>``) or ``""`` for
-an unsharded deployment. Both ``record_*`` methods are idempotent and return a
-:data:`Outcome`: ``"recorded"`` (the ledger changed), ``"duplicate"`` (seen before, nothing
-changed), ``"covered"`` (a batch its manifest already accounts for), ``"mismatch"`` (it
-contradicts what is recorded: nothing changed; count it), ``"late"`` (a round whose detail
-was compacted: accounted as an extra participation, the pessimistic reading). Invalid
-arguments raise ``ValueError``; :meth:`PrivacyLedger.record_extra` charges what the caller
-could not record (a ``"mismatch"``, a ``ValueError``) as an extra participation.
+``round`` is the start of the release's round, Unix seconds (``round_number *
+round_seconds``: rounds are times, so that releases before and after a change of
+``round_seconds`` keep their order); without a round length, its number. A ledger read from
+a file written when they were numbers (no ``"rounds": "start"`` in it) is brought to starts
+by :meth:`PrivacyLedger.renumber`. ``shard`` is the shard label of docs/protocol.md
+(``g<generation>s<index>``) or ``""`` for an unsharded deployment. Both ``record_*`` methods
+are idempotent and return a :data:`Outcome`: ``"recorded"`` (the ledger changed),
+``"duplicate"`` (seen before, nothing changed), ``"covered"`` (a batch its manifest already
+accounts for), ``"mismatch"`` (it contradicts what is recorded: nothing changed; count it),
+``"late"`` (a round whose detail was compacted: accounted as an extra participation, the
+pessimistic reading). Invalid arguments raise ``ValueError``;
+:meth:`PrivacyLedger.record_extra` charges what the caller could not record (a
+``"mismatch"``, a ``ValueError``) as an extra participation.
 ``generation`` grows by one with every change; ``PrivacyLevel.batches`` is the number of
 participations a level composed.
 
@@ -131,10 +136,10 @@ from aggregator.ledger.records import BatchRecord as _Batch
 from aggregator.ledger.records import Key as _Key
 from aggregator.ledger.records import ManifestRecord as _Manifest
 from aggregator.ledger.records import check_id as _check_id
-from aggregator.ledger.records import check_round as _check_round
 from aggregator.ledger.records import check_shard as _check_shard
 from aggregator.ledger.records import check_size as _check_size
 from aggregator.ledger.records import check_source as _check_source
+from aggregator.ledger.records import check_start as _check_round
 from aggregator.ledger.records import digest as _digest
 from aggregator.ledger.timeline import DEFAULT_KEEP_SECONDS, Timeline
 from edge.spec import MechanismSpec
@@ -190,9 +195,13 @@ class PrivacyLedger:
         self.spec = spec
         self.delta = delta
         self.round_seconds = round_seconds
-        """The deployment's round length, which dates a release known only by its round
-        number (a release without sources, a batch without manifest); ``None``: such
-        participations count in every period (:mod:`aggregator.ledger.timeline`)."""
+        """The deployment's round length, which dates a release known only by its round's
+        start (a release without sources, a batch without manifest: it ended one such
+        length after it started, or later); ``None``: such participations count in every
+        period (:mod:`aggregator.ledger.timeline`)."""
+        self.numbered = False
+        """Whether the records' rounds are numbers (read from a file written before
+        rounds were times), to be made starts (:meth:`renumber`)."""
         self.timeline = Timeline(keep_seconds)
         self.generation = 0
         self.id = os.urandom(8).hex()
@@ -352,6 +361,31 @@ class PrivacyLedger:
         self.generation += 1
         return len(levels)
 
+    def renumber(self, round_seconds: int) -> None:
+        """Make the rounds of a ledger read with numbers (:attr:`numbered`) their starts,
+        under ``round_seconds`` (the length they were counted in). The digests of the ids
+        it remembers of compacted rounds name the old records: a replay of one is charged
+        once more (pessimistic)."""
+        if not self.numbered:
+            return
+        self.numbered = False
+        unit = round_seconds
+        self._manifests = {
+            k: _Manifest(round=m.round * unit, shard=m.shard, batches=m.batches, sources=m.sources)
+            for k, m in self._manifests.items()
+        }
+        self._batches = {
+            k: _Batch(round=b.round * unit, shard=b.shard, size=b.size)
+            for k, b in self._batches.items()
+        }
+        self._rounds = {r * unit: ids for r, ids in self._rounds.items()}
+        through = self._history.compacted_through
+        if through is not None:
+            # the rounds up to ``through`` are compacted: every start before the next one
+            self._history.compacted_through = (through + 1) * unit - 1
+        self._levels_cache = None
+        self.generation += 1
+
     def _compacted(self, round_: int) -> bool:
         through = self._history.compacted_through
         return through is not None and round_ <= through
@@ -393,9 +427,9 @@ class PrivacyLedger:
         record: _Manifest | _Batch | None = None
         if isinstance(ident, bytes):
             record = self._manifests.get(ident) if kind == "r" else self._batches.get(ident)
-        if record is None or self.round_seconds is None:
-            return None
-        return (record.round + 1) * self.round_seconds
+        if record is None or self.round_seconds is None or self.numbered:
+            return None  # undated (numbered: not renumbered yet): counted in every period
+        return record.round + self.round_seconds
 
     def period_rounds(self, start: float, end: float) -> dict[int, int]:
         """:meth:`rounds` of a device present in every round that ended in ``(start, end]``:
@@ -535,6 +569,7 @@ class PrivacyLedger:
             "fingerprint": self.spec.fingerprint,
             "delta": self.delta,
             "generation": self.generation,
+            "rounds": "start",
             "manifests": [
                 [
                     m.round,

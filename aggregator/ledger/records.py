@@ -11,6 +11,8 @@ from typing import Final
 ID_BYTES: Final = 16
 """Length of a release id and of a batch id (docs/protocol.md)."""
 MAX_ROUND: Final = 0xFFFFFFFF
+MAX_START: Final = MAX_ROUND * 86_400
+"""The latest start of a release round: a u32 round of the longest length."""
 
 Key = tuple[object, ...]
 """A participation: ``("s", round, round_seconds)`` (a source round), ``("r", release_id)``
@@ -20,6 +22,8 @@ Key = tuple[object, ...]
 @dataclass(frozen=True, slots=True)
 class ManifestRecord:
     round: int
+    """The start of the release's round (Unix seconds; its number in a file of format
+    version 2 or older, or without a round length)."""
     shard: str
     batches: tuple[tuple[bytes, int], ...]
     sources: tuple[tuple[int, int], ...] | None = None
@@ -55,6 +59,13 @@ def check_id(name: str, value: bytes) -> bytes:
 def check_round(value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ROUND:
         raise ValueError(f"round must be an integer in [0, 2^32), got {value!r}")
+    return value
+
+
+def check_start(value: int) -> int:
+    """A release round's start, Unix seconds (the key of the ledger's records)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_START:
+        raise ValueError(f"a round start must be an integer in [0, {MAX_START}], got {value!r}")
     return value
 
 

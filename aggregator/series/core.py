@@ -135,15 +135,25 @@ class Series:
 
     # -- changes ---------------------------------------------------------------------------
 
-    def add(self, round_: int, partial: AggregateState, *, batch_size: int) -> None:
-        """One applied batch of ``round_`` (its sums ``partial``, its size)."""
-        start = round_ * self.round_seconds
+    def add(
+        self,
+        round_: int,
+        partial: AggregateState,
+        *,
+        batch_size: int,
+        round_seconds: int | None = None,
+    ) -> None:
+        """One applied batch of ``round_`` (its sums ``partial``, its size), a round of
+        ``round_seconds`` (default: the series' own): its row is
+        ``[round_ * round_seconds, (round_ + 1) * round_seconds)``."""
+        length = self.round_seconds if round_seconds is None else round_seconds
+        start = round_ * length
         delta = Delta(
             seq=0,
             coarse=False,
             round=round_,
             start=start,
-            end=start + self.round_seconds,
+            end=start + length,
             n=partial.n,
             sum_u=partial.sum_u.copy(),
             sum_v=partial.sum_v.copy(),

@@ -156,12 +156,12 @@ class Intake:
             await asyncio.sleep(min(5.0, self.config.manifest_grace / 4))
             for loss in self.core.reconcile(time.time()):
                 logger.warning(
-                    "%d reports in %d batches of shard %s, round %d, listed in a manifest, "
-                    "never came (coco_aggregator_reports_missing_total)",
+                    "%d reports in %d batches of shard %s, round starting at %d, listed in a "
+                    "manifest, never came (coco_aggregator_reports_missing_total)",
                     loss.reports,
                     loss.batches,
                     loss.shard or "-",
-                    loss.round,
+                    loss.start,
                 )
             self.metrics.sync(self.core)
 

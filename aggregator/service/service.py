@@ -74,7 +74,12 @@ from aggregator.service.checkpoint_files import ledger_seen, lock_checkpoint, re
 from aggregator.service.config import AggregatorConfig
 from aggregator.service.core.acks import AckGenerations
 from aggregator.service.core.binding import check_binding
-from aggregator.service.core.checkpoint import Checkpoint, CheckpointError, Counters
+from aggregator.service.core.checkpoint import (
+    CHECKPOINT_VERSION,
+    Checkpoint,
+    CheckpointError,
+    Counters,
+)
 from aggregator.service.core.keys import describe_anchor
 from aggregator.service.core.rules import AggregatorCore, CoreRules, check_resumable
 from aggregator.service.generations import Generations
@@ -376,6 +381,13 @@ class Aggregator:
         if loaded is not None:  # what the devices spent, kept apart from the estimates
             self.core.ledger = loaded.ledger
             loaded.ledger.round_seconds = self.config.round_seconds  # dates its releases
+            if loaded.ledger.numbered:  # written when rounds were numbers
+                loaded.ledger.renumber(self.core.rules.unit)
+                logger.info(
+                    "privacy ledger %s kept round numbers: read under round_seconds %d",
+                    loaded.path,
+                    self.core.rules.unit,
+                )
             logger.info(
                 "privacy ledger %s: generation %d, %d participations",
                 loaded.path,
@@ -436,11 +448,14 @@ class Aggregator:
         restored = self.core.counters
         self.metrics.sync(self.core)
         self.metrics.checkpoint_generation.set(self.generation)
-        if checkpoint.version < 3:
+        if checkpoint.version < CHECKPOINT_VERSION:
             logger.info(
-                "checkpoint %s is version %d: rewritten as version 3 (with checksums)%s",
+                "checkpoint %s is version %d: its round numbers read under round_seconds %d "
+                "and rewritten as version %d (rounds keyed by their start time)%s",
                 checkpoint.path,
                 checkpoint.version,
+                self.core.rules.unit,
+                CHECKPOINT_VERSION,
                 "; its unsigned batch ids are dropped" if checkpoint.version == 1 else "",
             )
         logger.info(

@@ -47,7 +47,7 @@ from broker.core.effects import (
 )
 from broker.core.rules import BatchMaker
 from broker.core.state import CoreState, distinct, source_key
-from edge.codec import encode_batch_header, encode_manifest
+from edge.codec import encode_batch_header, encode_manifest, encode_trailer
 
 __all__ = ["Release"]
 
@@ -205,14 +205,19 @@ class Release(CoreState):
             part = permutation[k * n // slices : (k + 1) * n // slices]
             if part.size < cfg.min_batch:
                 raise AssertionError("a slice below min_batch")  # max_batch >= 2 min_batch
-            header = encode_batch_header(fp, round_, maker.new_batch_id(), int(part.size))
-            messages.append(maker.seal(header + records[part].tobytes()))
+            header = encode_batch_header(
+                fp, round_, maker.new_batch_id(), int(part.size), self._units
+            )
+            trailer = encode_trailer(self._units)  # the round's length: a round is a time
+            messages.append(maker.seal(header + records[part].tobytes() + trailer))
         if maker.seal_manifest is not None:
             entries = [(batch_id_of(m), batch_count_of(m)) for m in messages]
             rounds = [
                 (key & 0xFFFFFFFF, key >> 32, count) for key, count in sorted(sources.items())
             ]
-            manifest = encode_manifest(fp, round_, maker.new_batch_id(), entries, rounds)
+            manifest = encode_manifest(
+                fp, round_, maker.new_batch_id(), entries, rounds, round_seconds=self._units
+            )
             messages.append(maker.seal_manifest(manifest))
         return Released(round_, tuple(messages))
 

@@ -51,7 +51,7 @@ def reference(ckpt: Checkpoint) -> dict[str, Any]:
     """Slow reference: the whole document (without its checksums) as the json module
     would write it."""
     return {
-        "version": 3,
+        "version": 4,
         "generation": ckpt.generation,
         "fingerprint": ckpt.fingerprint,
         "deployment": ckpt.deployment,
@@ -105,6 +105,7 @@ def test_the_series_sequence_is_a_checked_field_and_older_files_have_none() -> N
     document = json.loads(text)
     assert document["series"] == {"seq": 812}
     assert list(document).index("series") == list(document).index("batch_rounds") - 1
+    # newest_length (between them) is written once a batch was applied: none here
     assert decode_checkpoint(text, Path("c.json")).series_seq == 812
     # a digit changed: valid JSON, a plausible number, refused by its checksum
     damaged = text.replace('"series":{"seq":812}', '"series":{"seq":813}')

@@ -108,10 +108,10 @@ def test_the_timeline_survives_the_file_and_an_older_file_counts_its_past_in_eve
 
 def test_unknown_times_count_in_every_period() -> None:
     ledger = PrivacyLedger(SPEC, delta=DELTA, round_seconds=None)
-    ledger.record_batch(round=5, shard="", batch_id=os.urandom(16), size=77)  # no manifest
+    ledger.record_batch(round=50, shard="", batch_id=os.urandom(16), size=77)  # round start 50
     ledger.record_extra(size=33)
     for start, end in [(0, 1), (10**6, 10**6 + 1)]:
         assert ledger.period_rounds(start, end) == {33: 1, 77: 1}
-    ledger.round_seconds = R  # now the batch is dated by its round: [50, 60)
+    ledger.round_seconds = R  # now the batch is dated by its round's start: [50, 60)
     assert ledger.period_rounds(0, 1) == {33: 1}
     assert ledger.period_rounds(55, 60) == {33: 1, 77: 1}

@@ -315,7 +315,7 @@ def test_invalid_records_are_value_errors() -> None:
     ledger = PrivacyLedger(SPEC, delta=DELTA)
     for kwargs, match in (
         ({"round": -1, "shard": "", "batch_id": bid(1), "size": 5}, "round"),
-        ({"round": 2**32, "shard": "", "batch_id": bid(1), "size": 5}, "round"),
+        ({"round": 2**32 * 86_400, "shard": "", "batch_id": bid(1), "size": 5}, "round"),
         ({"round": 1, "shard": "", "batch_id": b"short", "size": 5}, "batch_id"),
         ({"round": 1, "shard": "", "batch_id": bid(1), "size": 0}, "size"),
     ):

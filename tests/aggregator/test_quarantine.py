@@ -367,6 +367,6 @@ def test_a_rotation_at_any_point_applies_each_batch_of_the_new_key_once_and_no_f
         assert len(core.quarantine) == 0
         assert core.counters.batches == len(published)
         assert core.state.n == sum(batches[i][1] for i in published)
-        assert set(core.memory.by_round().get(ROUND, [])) == {
+        assert set(core.memory.by_round().get(ROUND * core.rules.unit, [])) == {
             i.to_bytes(16, "big") for i in published
         }

@@ -173,8 +173,8 @@ def test_manifests_reconcile_against_batches() -> None:
     # within the grace period nothing is missing yet
     assert agg.reconcile(NOW + GRACE / 2) == []
     losses = agg.reconcile(NOW + GRACE + 1)
-    assert [(loss.shard, loss.round, loss.batches, loss.reports) for loss in losses] == [
-        ("g0s0", ROUND, 1, 7)
+    assert [(loss.shard, loss.start, loss.batches, loss.reports) for loss in losses] == [
+        ("g0s0", ROUND * agg.rules.unit, 1, 7)  # a round is told by its start
     ]
     counts = agg.reconciler.counts
     assert (counts.reports_missing, counts.batches_missing, counts.batches_unlisted) == (7, 1, 1)

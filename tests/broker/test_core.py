@@ -34,7 +34,7 @@ from broker.core.machine import (
     batch_id_of,
 )
 from broker.store.records import FILE_HEADER_SIZE, encode_effect, file_header, scan
-from edge.codec import KIND_MANIFEST, decode_batch, encode_batch
+from edge.codec import KIND_MANIFEST, decode_batch, encode_batch, round_seconds_of
 
 L = 10  # round_seconds
 T0 = 1_800_000_000.0  # a Unix time after the clock floor, at a round boundary
@@ -365,7 +365,8 @@ def test_a_released_batch_is_the_codec_s_batch_of_its_records() -> None:
     h.tick(T0 + L + 2)
     (batch,) = h.batches
     fingerprint, round_, batch_id, seeds, zs = decode_batch(batch)
-    assert encode_batch(fingerprint, round_, batch_id, seeds, zs) == batch
+    assert round_seconds_of(batch) == L  # wire version 2: the round's length at its end
+    assert encode_batch(fingerprint, round_, batch_id, seeds, zs, round_seconds=L) == batch
 
 
 def test_split_above_max_batch_into_near_equal_slices() -> None:

@@ -31,7 +31,7 @@ from aggregator.service.checkpoint_files import load_checkpoint
 from aggregator.service.series_file import load_series
 from edge.batch_auth import BatchAuthError, BatchVerifier, load_or_create_signing_key
 from edge.batch_auth import public_key_hex as key_hex
-from edge.codec import decode_batch
+from edge.codec import decode_batch, round_seconds_of
 from edge.spec import MechanismSpec
 from edge.topics import batches_topic
 from sim.credentials.accounts import SERVICE_ACCOUNTS, service_password
@@ -69,6 +69,8 @@ class Recorder:
         self.records: dict[bytes, tuple[list[int], list[int]]] = {}
         self.rounds: dict[bytes, int] = {}
         """The release round each batch carries (signed)."""
+        self.lengths: dict[bytes, int] = {}
+        """The round length each batch carries (signed; 0: wire version 1)."""
         self.deliveries = 0
         self.problems: list[str] = []
         self.subscribed = threading.Event()
@@ -110,6 +112,7 @@ class Recorder:
                 self.problems.append(f"batch {batch_id.hex()} re-sent with other bytes")
             self.records[batch_id] = (list(seeds), list(zs))
             self.rounds[batch_id] = round_
+            self.lengths[batch_id] = round_seconds_of(batch)
 
     def also_verify(self, public_key: str) -> None:
         """Verify under ``public_key`` too (a rotated batch key: what either signed)."""
@@ -226,10 +229,13 @@ class Stack:
         args += self.auth("aggregator")
         return Process(name, args, self.workdir)
 
-    def announce(self, public_key: str | None = None) -> None:
-        """``coco announce`` of the deployment with the batch key (``public_key``: another)."""
+    def announce(
+        self, public_key: str | None = None, *, round_seconds: int = ROUND_SECONDS
+    ) -> None:
+        """``coco announce`` of the deployment with the batch key (``public_key``: another)
+        and round length."""
         args = processes.announce_args(
-            DEP, SPEC, self.broker.url, min_batch=MIN_BATCH, round_seconds=ROUND_SECONDS
+            DEP, SPEC, self.broker.url, min_batch=MIN_BATCH, round_seconds=round_seconds
         )
         args += ["--batch-public-key", public_key or self.public_key, *self.auth("announcer")]
         done = processes.coco(*args, timeout=60)

@@ -1,4 +1,4 @@
-"""Vectorised encoder and decoder of shuffled batches (wire format version 1).
+"""Vectorised encoder and decoder of shuffled batches (wire format versions 1 and 2).
 
 Byte for byte the same format as :func:`edge.codec.encode_batch` /
 :func:`edge.codec.decode_batch` (the layout is documented there). The header goes through
@@ -58,8 +58,11 @@ def encode_batch_arrays(
     batch_id: bytes,
     seeds: npt.ArrayLike,
     z: npt.ArrayLike,
+    *,
+    round_seconds: int = 0,
 ) -> bytes:
-    """A batch of the records ``(seeds[i], z[i])`` in the given (shuffled) order.
+    """A batch of the records ``(seeds[i], z[i])`` in the given (shuffled) order, of a
+    round of ``round_seconds`` (version 2; 0: version 1).
 
     ``seeds`` and ``z`` are one-dimensional integer arrays of equal length with values in
     ``[0, 2^32)`` and ``[0, 2^16)``; anything else raises :class:`CodecError`, with the
@@ -69,11 +72,13 @@ def encode_batch_arrays(
     z_column = _column("z", z)
     if seed_column.size != z_column.size:
         raise CodecError(f"{seed_column.size} seeds but {z_column.size} z values", "bad_count")
-    header = codec.encode_batch_header(fingerprint, round_, batch_id, seed_column.size)
+    header = codec.encode_batch_header(
+        fingerprint, round_, batch_id, seed_column.size, round_seconds
+    )
     _check_range("seed", seed_column, codec.U32_MAX)
     _check_range("z", z_column, codec.U16_MAX)
     records = np.empty(seed_column.size, dtype=RECORD_DTYPE)
     if seed_column.size:
         records["seed"] = seed_column
         records["z"] = z_column
-    return header + records.tobytes()
+    return header + records.tobytes() + codec.encode_trailer(round_seconds)

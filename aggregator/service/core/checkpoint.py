@@ -3,13 +3,21 @@ I/O (the files: :mod:`aggregator.service.checkpoint_files`).
 
 A checkpoint is one UTF-8 JSON object (:func:`encode_checkpoint`)::
 
-    {"version": 3, "generation": 17, "fingerprint": ..., "deployment": ..., "delta": ...,
+    {"version": 4, "generation": 17, "fingerprint": ..., "deployment": ..., "delta": ...,
      "trusted": ..., "retention_rounds": ..., "counters": {...},
      "smallest_batch": ..., "latest_batch": ..., "batch_sizes": {...},
      "last_batch_timestamp": ..., "written_at": ..., "shards": {"<label>": {...}},
      "reconciliation": {...}, "state": AggregateState.to_dict(),
      "ledger": {"generation": 41, "sha256": "<64 hex>"}, "series": {"seq": 812},
-     "batch_rounds": {"<round>": ["<32 hex>", ...]}, "checksums": {"<field>": "<32 hex>"}}
+     "newest_length": 60, "batch_rounds": {"<start>": ["<32 hex>", ...]},
+     "checksums": {"<field>": "<32 hex>"}}
+
+Rounds are keyed by their start time, Unix seconds (``batch_rounds``, and the rounds of
+``reconciliation``; :mod:`aggregator.service.core.rules`, *Rounds are times*), and
+``newest_length`` is the length of the newest round applied (absent before the first). A
+checkpoint of version 3 or older keyed rounds by their numbers: it is read under the
+announced round length (:func:`migrate_rounds`), and refused if that cannot be the length it
+was written under (:func:`numbered_rounds_problem`).
 
 ``batch_rounds`` holds the ids of the applied batches of the retained rounds only
 (:mod:`aggregator.service.core.rules`), so its size follows the traffic of the window, not the age
@@ -39,7 +47,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +59,12 @@ from aggregator.service.core.keys import is_anchor
 from aggregator.service.core.manifests import Reconciler
 from edge.errors import CocoError
 
-CHECKPOINT_VERSION = 3
-"""Version 3 adds ``generation``, ``trusted``, ``shards``, ``reconciliation`` and
-``checksums``. Version 2 kept the
-applied batch ids per round (``batch_rounds``); a version-1 checkpoint (unsigned batches,
-a flat ``seen`` list) is read for its sums and counters, its ids dropped, since a
-redelivered unsigned batch fails its signature anyway."""
+CHECKPOINT_VERSION = 4
+"""Version 4 keys rounds by their start time. Version 3 adds ``generation``, ``trusted``,
+``shards``, ``reconciliation`` and ``checksums``. Version 2 kept the applied batch ids per
+round (``batch_rounds``); a version-1 checkpoint (unsigned batches, a flat ``seen`` list) is
+read for its sums and counters, its ids dropped, since a redelivered unsigned batch fails
+its signature anyway."""
 CHECKSUM_HEX = 32
 _ORDER = (
     "version",
@@ -77,6 +85,7 @@ _ORDER = (
     "state",
     "ledger",
     "series",
+    "newest_length",
     "batch_rounds",
 )
 """The fields of a version-3 checkpoint, in the order they are written (``checksums``
@@ -160,7 +169,8 @@ class Checkpoint:
     (:mod:`aggregator.service.core.keys`; ``None`` in files of version 1 and 2)."""
     state: AggregateState
     batch_rounds: dict[int, list[bytes]]
-    """Applied batch ids by round (empty for a version-1 file)."""
+    """Applied batch ids by round start (by round number before version 4; empty for a
+    version-1 file)."""
     retention_rounds: int | None = None
     counters: Counters
     smallest_batch: int | None
@@ -180,6 +190,9 @@ class Checkpoint:
     ledger: LedgerRecord | None = None
     """The ledger file written with this generation (``None``: a file from before the field,
     or content not yet bound to its ledger file)."""
+    newest_length: int | None = None
+    """The length of the newest round applied (``None``: none yet, or a file before
+    version 4): the horizon's unit without an announced round length."""
     series_seq: int | None = None
     """The sequence number of the newest series record written before this generation
     (``None``: no series, or a file from before the field)."""
@@ -232,15 +245,20 @@ class _Fields:
         return {str(k): self.count(f"{name}.{k}", v) for k, v in value.items()}
 
 
-def _parse_batch_rounds(fields: _Fields) -> dict[int, list[bytes]]:
+MAX_START = 0xFFFFFFFF * 86_400
+"""The latest round start a batch can bear (a u32 round of the longest length)."""
+
+
+def _parse_batch_rounds(fields: _Fields, version: int) -> dict[int, list[bytes]]:
     name = "batch_rounds"
     raw = fields.get(name)
     if not isinstance(raw, dict):
         raise fields.error(name, f"must be an object of rounds, got {_short(raw)}")
     rounds: dict[int, list[bytes]] = {}
+    high, what = (MAX_START, "a round start") if version >= 4 else (0xFFFFFFFF, "a u32")
     for key, ids in raw.items():
-        if not (isinstance(key, str) and key.isdigit() and int(key) <= 0xFFFFFFFF):
-            raise fields.error(name, f"has a round that is not a u32: {_short(key)}")
+        if not (isinstance(key, str) and key.isdigit() and int(key) <= high):
+            raise fields.error(name, f"has a round that is not {what}: {_short(key)}")
         if not isinstance(ids, list):
             raise fields.error(f"{name}.{key}", f"must be a list of batch ids, got {_short(ids)}")
         parsed = []
@@ -396,9 +414,10 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
         raise CheckpointError(f"checkpoint {path} is not a JSON object")
     fields = _Fields(path, data)
     version = fields.get("version")
-    if version not in (1, 2, CHECKPOINT_VERSION) or isinstance(version, bool):
+    if version not in (1, 2, 3, CHECKPOINT_VERSION) or isinstance(version, bool):
         raise fields.error("version", f"must be 1 to {CHECKPOINT_VERSION}, got {_short(version)}")
-    if version == CHECKPOINT_VERSION:
+    checked = version >= 3  # with checksums
+    if checked:
         unknown = sorted(set(data) - {*_ORDER, "checksums"})
     else:  # a damaged key name must not pass as an older version's file
         unknown = sorted(
@@ -423,9 +442,7 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
     last = fields.get("last_batch_timestamp")
     if last is not None and (isinstance(last, bool) or not isinstance(last, int | float)):
         raise fields.error("last_batch_timestamp", f"must be a number, got {_short(last)}")
-    generation = (
-        0 if version < CHECKPOINT_VERSION else fields.count("generation", fields.get("generation"))
-    )
+    generation = 0 if not checked else fields.count("generation", fields.get("generation"))
     deployment = data.get("deployment")
     checkpoint = Checkpoint(
         path=path,
@@ -434,22 +451,99 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
         fingerprint=fingerprint,
         deployment=deployment if isinstance(deployment, str) else None,
         delta=float(delta),
-        trusted=_parse_trusted(fields) if version == CHECKPOINT_VERSION else None,
+        trusted=_parse_trusted(fields) if checked else None,
         state=state,
-        batch_rounds={} if version == 1 else _parse_batch_rounds(fields),
+        batch_rounds={} if version == 1 else _parse_batch_rounds(fields, version),
         counters=counters,
         smallest_batch=smallest,
         latest_batch=fields.optional_count("latest_batch"),
         batch_sizes=_parse_batch_sizes(fields, smallest, counters.batches),
         last_batch_timestamp=None if last is None else float(last),
-        shards=_parse_shards(fields) if version == CHECKPOINT_VERSION else {},
-        reconciliation=_parse_reconciliation(fields) if version == CHECKPOINT_VERSION else None,
-        ledger=_parse_ledger(fields) if version == CHECKPOINT_VERSION else None,
-        series_seq=_parse_series(fields) if version == CHECKPOINT_VERSION else None,
+        written_at=_optional_time(data.get("written_at")),
+        newest_length=_parse_length(fields) if version == CHECKPOINT_VERSION else None,
+        retention_rounds=_optional_rounds(data.get("retention_rounds")),
+        shards=_parse_shards(fields) if checked else {},
+        reconciliation=_parse_reconciliation(fields) if checked else None,
+        ledger=_parse_ledger(fields) if checked else None,
+        series_seq=_parse_series(fields) if checked else None,
     )
-    if version == CHECKPOINT_VERSION:
+    if checked:
         _verify_checksums(fields)
     return checkpoint
+
+
+def _parse_length(fields: _Fields) -> int | None:
+    if "newest_length" not in fields.data:
+        return None
+    raw = fields.data["newest_length"]
+    if raw is None:
+        return None
+    length = fields.count("newest_length", raw)
+    if not 1 <= length <= 86_400:
+        raise fields.error("newest_length", f"must be a round length in [1, 86400]: {length}")
+    return length
+
+
+def _optional_time(value: object) -> float | None:
+    """``written_at`` (informative: read when it is a number, else ``None``)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _optional_rounds(value: object) -> int | None:
+    """``retention_rounds`` (informative: read when it is a count, else ``None``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value
+
+
+def numbered_rounds_problem(checkpoint: Checkpoint, unit: int) -> str | None:
+    """Why a checkpoint of version 3 or older (rounds by number) cannot be read under the
+    round length ``unit`` (the announced one), or ``None``: its newest round would start
+    after the checkpoint was written, so it was written under a longer length. (A shorter
+    one puts its rounds in the past instead, which an idle fleet does too: not told.)"""
+    if checkpoint.version >= CHECKPOINT_VERSION or not checkpoint.batch_rounds:
+        return None
+    newest = max(checkpoint.batch_rounds)
+    written = checkpoint.written_at
+    horizon = (checkpoint.retention_rounds or 1) * unit
+    if written is not None and newest * unit > written + horizon:
+        return (
+            f"is of version {checkpoint.version}, whose rounds are numbers: its newest, "
+            f"{newest}, would start at {newest * unit} under the announced round_seconds "
+            f"{unit}, after the file was written ({written:.0f}); it was written under another "
+            "round length: start once under that length to rewrite it, then change it"
+        )
+    return None
+
+
+def _scale_reconciliation(data: dict[str, Any], unit: int) -> dict[str, Any]:
+    out = dict(data)
+    out["pending"] = [{**item, "round": int(item["round"]) * unit} for item in data["pending"]]
+    out["releases"] = {str(int(r) * unit): ids for r, ids in data["releases"].items()}
+    out["manifested"] = [[s, int(r) * unit, at] for s, r, at in data["manifested"]]
+    out["missing"] = [[b, int(r) * unit, c] for b, r, c in data["missing"]]
+    out["losses"] = [
+        {**{k: v for k, v in item.items() if k != "round"}, "start": int(item["round"]) * unit}
+        for item in data["losses"]
+    ]
+    return out
+
+
+def migrate_rounds(checkpoint: Checkpoint, unit: int) -> Checkpoint:
+    """A checkpoint of version 3 or older with its round numbers made round starts under
+    the round length ``unit`` (:func:`numbered_rounds_problem` first)."""
+    if checkpoint.version >= CHECKPOINT_VERSION:
+        return checkpoint
+    reconciliation = checkpoint.reconciliation
+    return replace(
+        checkpoint,
+        batch_rounds={r * unit: list(ids) for r, ids in checkpoint.batch_rounds.items()},
+        reconciliation=None
+        if reconciliation is None
+        else _scale_reconciliation(reconciliation, unit),
+    )
 
 
 _HEX_PAIRS = np.array(
@@ -497,6 +591,8 @@ def _document_head(checkpoint: Checkpoint) -> dict[str, Any]:
         head["ledger"] = checkpoint.ledger.to_dict()
     if checkpoint.series_seq is not None:
         head["series"] = {"seq": checkpoint.series_seq}
+    if checkpoint.newest_length is not None:
+        head["newest_length"] = checkpoint.newest_length
     return head
 
 

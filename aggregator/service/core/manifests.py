@@ -1,5 +1,8 @@
 """Release manifests against batches, per (shard, round): loss you can see (no I/O).
 
+A round is told by its start, Unix seconds (``round * round_seconds``: rounds are times,
+:mod:`aggregator.service.core.rules`): every ``round`` here is such a start.
+
 Each shuffler release (one round's pool, shuffled, maybe in several slices) comes with a
 signed manifest listing its batches and their report counts (docs/protocol.md, kind 3),
 published after them. :class:`Reconciler` holds each accepted manifest until every batch it
@@ -58,10 +61,10 @@ class Seen:
 
 @dataclass(frozen=True)
 class Loss:
-    """Reports of one (shard, round) counted missing."""
+    """Reports of one (shard, round) counted missing; ``start`` is the round's start."""
 
     shard: str | None
-    round: int
+    start: int
     batches: int
     reports: int
     at: float
@@ -69,7 +72,7 @@ class Loss:
     def to_json(self) -> dict[str, Any]:
         return {
             "shard": self.shard,
-            "round": self.round,
+            "start": self.start,
             "batches": self.batches,
             "reports": self.reports,
             "at": self.at,
@@ -265,7 +268,8 @@ class Reconciler:
         for b, round_, count in data["missing"]:
             out.missing[bytes.fromhex(b)] = (int(round_), int(count))
         for item in data["losses"]:
+            start = item["start"] if "start" in item else item["round"]  # before version 4
             out.losses.append(
-                Loss(item["shard"], item["round"], item["batches"], item["reports"], item["at"])
+                Loss(item["shard"], start, item["batches"], item["reports"], item["at"])
             )
         return out

@@ -1,4 +1,4 @@
-"""What the core remembers of the batches it applied: their ids by round, for the retained
+"""What the core remembers of the batches it applied: their ids by round start, for the retained
 horizon (:class:`BatchMemory`), and their sizes per shard (:class:`ShardStats`). Pure code
 (:mod:`aggregator.service.core.rules` uses them; its module docs say why)."""
 
@@ -10,11 +10,25 @@ __all__ = ["BatchMemory", "ShardStats"]
 
 
 class BatchMemory:
-    """Applied batch ids by round, for the newest ``retention_rounds`` rounds applied."""
+    """Applied batch ids by round, for the rounds that started in the newest
+    ``retention_rounds * unit`` seconds applied.
 
-    def __init__(self, retention_rounds: int) -> None:
+    A round is keyed by its start time (Unix seconds: ``round * round_seconds``), so that
+    rounds counted before and after a change of ``round_seconds`` keep their order in time.
+    ``unit`` is the round length the horizon is counted in (the announced one, at start;
+    ``None`` without one: the length of the newest round applied).
+    The oldest start still accepted, :attr:`floor`, never moves back while the service
+    runs; a restart with a longer horizon (a larger ``retention_rounds``, or a longer
+    announced round length) widens it, as a longer retention always did."""
+
+    def __init__(self, retention_rounds: int, unit: int | None = 1) -> None:
         self.retention_rounds = retention_rounds
-        self.newest_round: int | None = None
+        self.given_unit = unit
+        self.newest_length = 1
+        """The length of the newest round applied."""
+        self.newest_start: int | None = None
+        self.floor: int | None = None
+        """The oldest start still accepted; ``None`` before the first batch."""
         self._seen: dict[bytes, int] = {}
         self._rounds: dict[int, list[bytes]] = {}
 
@@ -25,43 +39,66 @@ class BatchMemory:
         return batch_id in self._seen
 
     @property
+    def unit(self) -> int:
+        """The round length the horizon is counted in (module docs)."""
+        return self.newest_length if self.given_unit is None else self.given_unit
+
+    @property
+    def horizon(self) -> int:
+        """Seconds of rounds retained behind the newest start applied."""
+        return self.retention_rounds * self.unit
+
+    @property
+    def newest_round(self) -> int | None:
+        """The newest start applied, in rounds of ``unit`` (for gauges and pages)."""
+        return None if self.newest_start is None else self.newest_start // self.unit
+
+    @property
     def oldest_round(self) -> int | None:
-        """The oldest round still accepted; ``None`` before the first batch."""
-        if self.newest_round is None:
-            return None
-        return max(0, self.newest_round - self.retention_rounds + 1)
+        """The oldest start still accepted, in rounds of ``unit`` (rounded up)."""
+        return None if self.floor is None else -(-self.floor // self.unit)
 
-    def stale(self, round_: int) -> bool:
-        oldest = self.oldest_round
-        return oldest is not None and round_ < oldest
+    def stale(self, start: int) -> bool:
+        """Whether a round starting at ``start`` is below the horizon."""
+        return self.floor is not None and start < self.floor
 
-    def remember(self, batch_id: bytes, round_: int) -> None:
-        self._seen[batch_id] = round_
-        self._rounds.setdefault(round_, []).append(batch_id)
-        if self.newest_round is None or round_ > self.newest_round:
-            self.newest_round = round_
+    def remember(self, batch_id: bytes, start: int, length: int = 1) -> None:
+        """Batch ``batch_id`` of the round of ``length`` seconds that starts at ``start``
+        was applied."""
+        self._seen[batch_id] = start
+        self._rounds.setdefault(start, []).append(batch_id)
+        if self.newest_start is None or start > self.newest_start:
+            self.newest_start = start
+            self.newest_length = length
+            floor = max(0, start - self.horizon + self.unit)
+            if self.floor is None or floor > self.floor:
+                self.floor = floor
             self._evict()
 
     def _evict(self) -> None:
         """Forget the ids of rounds below the horizon (those batches are now stale)."""
-        oldest = self.oldest_round
-        if oldest is None:
+        floor = self.floor
+        if floor is None:
             return
-        for round_ in [r for r in self._rounds if r < oldest]:
-            for batch_id in self._rounds.pop(round_):
+        for start in [s for s in self._rounds if s < floor]:
+            for batch_id in self._rounds.pop(start):
                 self._seen.pop(batch_id, None)
 
     def by_round(self) -> dict[int, tuple[bytes, ...]]:
-        """A copy: round -> ids applied in it."""
-        return {r: tuple(ids) for r, ids in self._rounds.items()}
+        """A copy: round start -> ids applied in it."""
+        return {s: tuple(ids) for s, ids in self._rounds.items()}
 
-    def restore(self, rounds: dict[int, list[bytes]]) -> None:
+    def restore(self, rounds: dict[int, list[bytes]], newest_length: int = 1) -> None:
+        """The ids of :meth:`by_round`, the newest of a round of ``newest_length`` seconds
+        (:attr:`newest_length`, kept with them); the :attr:`floor` is the one they imply."""
         self._seen.clear()
         self._rounds.clear()
-        self.newest_round = None
-        for round_, ids in sorted(rounds.items()):
+        self.newest_start = None
+        self.floor = None
+        self.newest_length = 1
+        for start, ids in sorted(rounds.items()):
             for batch_id in ids:
-                self.remember(batch_id, round_)
+                self.remember(batch_id, start, newest_length)
 
 
 @dataclass

@@ -27,11 +27,22 @@ Checks, in order (:meth:`AggregatorCore.check`)
 6. The records (:meth:`AggregatorCore.partial`): ``z_out_of_range``,
    ``seed_out_of_range``.
 
+Rounds are times
+----------------
+A round is identified by its start time, Unix seconds ``round * round_seconds``, with its
+length alongside: a batch or manifest of wire version 2 carries its round's length, one of
+version 1 is read under the announced length (:attr:`CoreRules.unit`). Everything kept per
+round (the batch memory and its horizon, the manifests' reconciliation, the silent shards,
+the series' rows, the privacy ledger's releases) is keyed by that start, so that a change of
+``round_seconds`` in either direction keeps rounds in their order in time: the rounds
+numbered under the new length follow those of the old one, whatever their numbers.
+
 Batch-id memory and the retained horizon
 ----------------------------------------
-The ids of applied batches are kept per round for the newest ``retention_rounds`` rounds
-applied (:class:`BatchMemory`): a replay of a retained round is a duplicate, a batch of an
-older round is ``stale_round``. Memory follows the window's traffic, not the deployment's age.
+The ids of applied batches are kept per round for the rounds that started in the newest
+``retention_rounds * unit`` seconds applied (:class:`BatchMemory`): a replay of a retained
+round is a duplicate, a batch of an older round is ``stale_round``. Memory follows the
+window's traffic, not the deployment's age.
 
 Trusted keys and shards
 -----------------------
@@ -80,14 +91,20 @@ from aggregator.service.core.accounting import (
     charge_unplaced,
 )
 from aggregator.service.core.batch_codec import decode_batch_arrays
-from aggregator.service.core.checkpoint import CHECKPOINT_VERSION, Checkpoint, Counters
+from aggregator.service.core.checkpoint import (
+    CHECKPOINT_VERSION,
+    Checkpoint,
+    Counters,
+    migrate_rounds,
+    numbered_rounds_problem,
+)
 from aggregator.service.core.keys import TrustedKeys
 from aggregator.service.core.manifests import Loss, Reconciler
 from aggregator.service.core.memory import BatchMemory, ShardStats
 from aggregator.service.core.quarantine import Entry, Kind, Quarantine
 from aggregator.service.core.silence import DEFAULT_SILENT_SHARD_ROUNDS, SilenceWatch
 from edge.batch_auth import BatchAuthError
-from edge.codec import CodecError, decode_manifest
+from edge.codec import CodecError, decode_manifest, round_seconds_of
 from edge.errors import ReportError
 from edge.rounds import ClockError, check_round_seconds, round_of
 from edge.spec import MechanismSpec
@@ -155,6 +172,14 @@ class CoreRules:
     series_coarse_retention: float = 90 * 86400.0
     """Seconds the coarse rows are kept past ``series_retention``."""
 
+    @property
+    def unit(self) -> int:
+        """The round length of a batch or manifest of wire version 1, and the one the
+        horizon and the ledger's lag are counted in: the announced ``round_seconds``, or 1
+        without one (version-1 rounds then keyed by their numbers, as they come; the
+        horizon and the lag then count rounds of the newest length applied)."""
+        return 1 if self.round_seconds is None else self.round_seconds
+
     def new_series(self) -> Series | None:
         """An empty series for these rules; ``None`` without a round length."""
         if self.round_seconds is None:
@@ -196,10 +221,17 @@ class Verified:
     seeds: npt.NDArray[np.uint32]
     z: npt.NDArray[np.uint16]
     shard: str | None = None
+    round_seconds: int = 1
+    """The length of ``round`` (the batch's, or the announced one for wire version 1)."""
 
     @property
     def size(self) -> int:
         return int(self.seeds.size)
+
+    @property
+    def start(self) -> int:
+        """When the round started (Unix seconds): the round's key (module docs)."""
+        return self.round * self.round_seconds
 
 
 class AggregatorCore:
@@ -221,7 +253,7 @@ class AggregatorCore:
         self.shards: dict[str, ShardStats] = {}
         """Per shard label (the trusted ones only: a bounded set)."""
         self.reconciler = Reconciler(grace=rules.manifest_grace, min_batch=rules.min_batch)
-        self.silence = SilenceWatch(rules.silent_shard_rounds)
+        self.silence = SilenceWatch(rules.silent_shard_rounds, unit=rules.unit)
         """Which shard of the layout in force released nothing for a while (not in the
         checkpoint: it starts afresh with each run)."""
         self.state = AggregateState(rules.spec)
@@ -231,7 +263,7 @@ class AggregatorCore:
         """Whether a file keeps the series' changes (a checkpoint); if not, they are
         forgotten as they come."""
         self.counters = Counters()
-        self.memory = BatchMemory(rules.retention_rounds)
+        self.memory = BatchMemory(rules.retention_rounds, rules.round_seconds)
         self.ledger = PrivacyLedger(rules.spec, delta=delta, round_seconds=rules.round_seconds)
         self.smallest_batch: int | None = None
         self.latest_batch: int | None = None
@@ -275,12 +307,21 @@ class AggregatorCore:
                 )
         raise RejectedError(reason)
 
-    def _check_round(self, shard: str | None, round_: int, size: int, now: float | None) -> None:
-        if not self.keys.serves(shard, round_):
+    def _length(self, message: memoryview) -> int:
+        """The round length of a decoded batch or manifest (module docs, *Rounds are
+        times*)."""
+        return round_seconds_of(message) or self.rules.unit
+
+    def _check_round(
+        self, shard: str | None, round_: int, length: int, size: int, now: float | None
+    ) -> None:
+        start = round_ * length
+        # a layout's from_round counts rounds of the announced length (edge.shards)
+        if not self.keys.serves(shard, start // self.rules.unit):
             raise RejectedError("wrong_shard", size, keep=True)
-        if self.memory.stale(round_):
+        if self.memory.stale(start):
             raise RejectedError("stale_round", size, keep=True)
-        if self._future(round_, now):
+        if self._future(start, length, now):
             raise RejectedError("future_round", size)
 
     # -- the checks ------------------------------------------------------------------------
@@ -297,6 +338,7 @@ class AggregatorCore:
             fingerprint, round_, batch_id, seeds, z = decode_batch_arrays(inner)
         except CodecError as exc:
             raise RejectedError(exc.reason) from None
+        length = self._length(inner)
         size = int(seeds.size)
         if fingerprint != self.spec.fingerprint_int:
             raise RejectedError("fingerprint_mismatch", size)
@@ -304,29 +346,30 @@ class AggregatorCore:
             raise RejectedError("empty")
         if size < self.rules.min_batch:
             # released all the same (signed): accounted at its real size, like any batch
-            self._account_batch(round_, shard, batch_id, size)
+            self._account_batch(round_ * length, shard, batch_id, size)
             self._touch()
             raise RejectedError("below_min_batch", size)
         try:
-            self._check_round(shard, round_, size, now)
+            self._check_round(shard, round_, length, size, now)
         except RejectedError as rejected:
             if rejected.reason in ACCOUNTED_REFUSALS:  # released all the same: accounted
-                self._account_batch(round_, shard, batch_id, size)
+                self._account_batch(round_ * length, shard, batch_id, size)
                 self._touch()
             raise
         if batch_id in self.memory:
             return None
-        return Verified(batch_id, round_, seeds, z, shard)
+        return Verified(batch_id, round_, seeds, z, shard, length)
 
-    def _future(self, round_: int, now: float | None) -> bool:
-        round_seconds = self.rules.round_seconds
-        if round_seconds is None or now is None:
+    def _future(self, start: int, length: int, now: float | None) -> bool:
+        """Whether a round of ``length`` starting at ``start`` begins more than the horizon
+        after the clock's round of that length."""
+        if self.rules.round_seconds is None or now is None:
             return False
         try:
-            current = round_of(now, round_seconds)
+            current = round_of(now, length) * length
         except ClockError:  # a clock that is not set cannot judge
             return False
-        return round_ > current + self.rules.retention_rounds
+        return start > current + self.memory.horizon
 
     def partial(self, batch: Verified) -> AggregateState:
         """The sums of ``batch``'s records (check 6): :class:`RejectedError` for a record outside
@@ -347,15 +390,18 @@ class AggregatorCore:
         past its round. Nothing is counted for ``False``: see :meth:`duplicate`."""
         if batch.batch_id in self.memory:
             return False
-        if self.memory.stale(batch.round):  # released all the same: accounted
-            self._account_batch(batch.round, batch.shard, batch.batch_id, batch.size)
+        start = batch.start
+        if self.memory.stale(start):  # released all the same: accounted
+            self._account_batch(start, batch.shard, batch.batch_id, batch.size)
             self._touch()
             raise RejectedError("stale_round", batch.size, keep=True)
         self.state.merge(partial)
-        self.memory.remember(batch.batch_id, batch.round)
+        self.memory.remember(batch.batch_id, start, batch.round_seconds)
         size = partial.n
         if self.series is not None:
-            self.series.add(batch.round, partial, batch_size=size)
+            self.series.add(
+                batch.round, partial, batch_size=size, round_seconds=batch.round_seconds
+            )
             if not self.series_kept:  # no file: nothing to keep for
                 self.series.take()
                 self.series.committed(self.series.seq)
@@ -366,18 +412,18 @@ class AggregatorCore:
         )
         self.latest_batch = size
         self.last_batch_timestamp = now
-        self._account_batch(batch.round, batch.shard, batch.batch_id, size)
+        self._account_batch(start, batch.shard, batch.batch_id, size)
         if batch.shard is not None:
             self.shards.setdefault(batch.shard, ShardStats()).add(size)
-            self.silence.released(batch.shard, batch.round)
+            self.silence.released(batch.shard, start)
         agrees = self.reconciler.batch(
-            batch.batch_id, shard=batch.shard, round_=batch.round, count=size, now=now
+            batch.batch_id, shard=batch.shard, round_=start, count=size, now=now
         )
         if not agrees:
             self.counters.manifests_rejected["manifest_mismatch"] = (
                 self.counters.manifests_rejected.get("manifest_mismatch", 0) + 1
             )
-        oldest = self.memory.oldest_round
+        oldest = self.memory.floor
         if oldest is not None:
             self.reconciler.forget_before(oldest)
         self._touch()
@@ -412,17 +458,19 @@ class AggregatorCore:
             raise RejectedError(exc.reason) from None
         if fingerprint != self.spec.fingerprint_int:
             raise RejectedError("fingerprint_mismatch")
+        length = self._length(inner)
+        start = round_ * length
         try:
-            self._check_round(shard, round_, 0, now)
+            self._check_round(shard, round_, length, 0, now)
         except RejectedError as rejected:
             if rejected.reason in ACCOUNTED_REFUSALS:  # released all the same
-                self._account_release(shard, round_, release_id, entries, sources)
+                self._account_release(shard, start, release_id, entries, sources)
             raise
         outcome = self.reconciler.manifest(
             release_id,
             entries,
             shard=shard,
-            round_=round_,
+            round_=start,
             now=now,
             known=self.memory.__contains__,
         )
@@ -431,30 +479,33 @@ class AggregatorCore:
             charge_unplaced(self.ledger, self.rules.min_batch, entries)
             raise RejectedError(outcome)
         if outcome == "accepted":
-            self._account_release(shard, round_, release_id, entries, sources)
-            self.silence.released(shard, round_)
+            self._account_release(shard, start, release_id, entries, sources)
+            self.silence.released(shard, start)
         return outcome
 
-    def _account_batch(self, round_: int, shard: str | None, batch_id: bytes, size: int) -> None:
+    def _account_batch(self, start: int, shard: str | None, batch_id: bytes, size: int) -> None:
+        """The ledger keys a release by its round's start (module docs)."""
         account_batch(
-            self.ledger, self.counters, round_=round_, shard=shard, batch_id=batch_id, size=size
+            self.ledger, self.counters, round_=start, shard=shard, batch_id=batch_id, size=size
         )
 
     def _account_release(
-        self, shard: str | None, round_: int, release_id: bytes, entries: Entries, sources: Sources
+        self, shard: str | None, start: int, release_id: bytes, entries: Entries, sources: Sources
     ) -> None:
         account_release(
             self.ledger, self.counters, min_batch=self.rules.min_batch, shard=shard,
-            round_=round_, release_id=release_id, entries=entries, sources=sources,
+            round_=start, release_id=release_id, entries=entries, sources=sources,
         )  # fmt: skip
 
     def compact_ledger(self) -> None:
-        """Fold the ledger's rounds older than ``ledger_lag_rounds`` behind the newest
-        round applied (their cost kept, their ids dropped: the ledger stays small). A
-        record that arrives later for such a round is counted again, pessimistically."""
-        newest = self.memory.newest_round
-        if newest is not None and newest > self.rules.ledger_lag_rounds:
-            self.ledger.compact(newest - self.rules.ledger_lag_rounds)
+        """Fold the ledger's rounds that started ``ledger_lag_rounds`` rounds (of the
+        announced length) before the newest round applied (their cost kept, their ids
+        dropped: the ledger stays small). A record that arrives later for such a round is
+        counted again, pessimistically."""
+        newest = self.memory.newest_start
+        lag = self.rules.ledger_lag_rounds * self.memory.unit
+        if newest is not None and newest > lag:
+            self.ledger.compact(newest - lag)
 
     def reconcile(self, now: float) -> list[Loss]:
         """Count what the grace period did not bring (:meth:`Reconciler.reconcile`)."""
@@ -541,6 +592,7 @@ class AggregatorCore:
             trusted=self.rules.trusted,
             state=self.state.copy(),
             batch_rounds={r: list(ids) for r, ids in self.memory.by_round().items()},
+            newest_length=None if self.memory.newest_start is None else self.memory.newest_length,
             retention_rounds=self.rules.retention_rounds,
             counters=self.counters.copy(),
             smallest_batch=self.smallest_batch,
@@ -560,7 +612,12 @@ class AggregatorCore:
         (:func:`aggregator.service.series_file.recover_series`)."""
         self.state = checkpoint.state.copy()
         self.series = self.rules.new_series()
-        self.memory.restore(checkpoint.batch_rounds)
+        unit = self.rules.unit
+        if checkpoint.version < CHECKPOINT_VERSION:
+            # rounds are numbers there, of the length announced then: the one announced
+            # now, as check_resumable made sure of
+            checkpoint = migrate_rounds(checkpoint, unit)
+        self.memory.restore(checkpoint.batch_rounds, checkpoint.newest_length or unit)
         self.counters = checkpoint.counters.copy()
         self.smallest_batch = checkpoint.smallest_batch
         self.latest_batch = checkpoint.latest_batch
@@ -597,4 +654,6 @@ def check_resumable(core: AggregatorCore, checkpoint: Checkpoint) -> str | None:
         )
     if checkpoint.state.spec.canonical() != spec.canonical():
         return "field 'state' is for another spec"
+    if checkpoint.version < CHECKPOINT_VERSION:
+        return numbered_rounds_problem(checkpoint, core.rules.unit)
     return None

@@ -49,12 +49,15 @@ class SilenceChange:
 class SilenceWatch:
     """Silent rounds per shard of the layout in force (module docs)."""
 
-    def __init__(self, threshold: int = DEFAULT_SILENT_SHARD_ROUNDS) -> None:
+    def __init__(self, threshold: int = DEFAULT_SILENT_SHARD_ROUNDS, *, unit: int = 1) -> None:
         if threshold < 1:
             raise ValueError(f"silent_shard_rounds must be >= 1, got {threshold}")
         self.threshold = threshold
+        self.unit = unit
+        """The announced round length: rounds are told by their start (Unix seconds), and
+        a layout's ``from_round`` counts rounds of this length."""
         self._last: dict[str, int] = {}
-        """Per shard label: the newest round it released."""
+        """Per shard label: the start of the newest round it released."""
         self._rounds: list[int] = []
         """Rounds in which some shard released, newer than some shard's last release
         (sorted)."""
@@ -63,7 +66,8 @@ class SilenceWatch:
         """The shards reported silent, with the most silent rounds counted since."""
 
     def released(self, shard: str | None, round_: int) -> None:
-        """``shard`` released (part of) ``round_``: an applied batch or accepted manifest."""
+        """``shard`` released (part of) the round that starts at ``round_`` (Unix seconds):
+        an applied batch or accepted manifest."""
         if shard is None:
             return
         last = self._last.get(shard)
@@ -80,7 +84,7 @@ class SilenceWatch:
         an unsharded deployment)."""
         if plan is None or self._newest is None:
             return None
-        return plan.layout_for_round(self._newest)
+        return plan.layout_for_round(self._newest // self.unit)
 
     def silent_rounds(self, plan: ShardPlan | None) -> dict[str, int]:
         """Silent rounds per shard label of the layout in force (empty: no layout yet)."""
@@ -98,7 +102,8 @@ class SilenceWatch:
     def _forget(self, plan: ShardPlan, layout: ShardLayout) -> None:
         """Keep the released rounds of ``layout`` (the newest layout: none are newer) that
         some shard of it has not caught up with, at most the newest :data:`TRACKED_ROUNDS`."""
-        first, _ = plan.rounds_of(layout)
+        first_round, _ = plan.rounds_of(layout)
+        first = first_round * self.unit
         lasts = [self._last.get(label) for label in layout.labels]
         if None not in lasts:
             first = max(first, min(r for r in lasts if r is not None) + 1)
