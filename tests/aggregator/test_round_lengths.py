@@ -465,3 +465,22 @@ def test_a_ledger_file_of_round_numbers_is_renumbered_with_the_same_participatio
         )
         == "recorded"
     )
+
+
+def test_a_restart_under_a_longer_length_never_lets_a_forgotten_batch_back_in() -> None:
+    """Retention 5 rounds at 10 s: a batch of the first round is forgotten after 12 rounds
+    and refused as ``stale_round`` (the quarantine keeps such a batch and replays it at
+    every start). Restarted under 60 s, the horizon in seconds is 6 times wider: it must
+    not move back below where it was, or that batch would be applied a second time."""
+    core = AggregatorCore(rules(10, retention_rounds=5), delta=DELTA)
+    plan = schedule([(10, 12)], seed=7)
+    for release in plan.releases:
+        for sealed in release.batches:
+            assert core.handle(sealed, now=release.at) == "applied"
+    first = plan.releases[0].batches[0]
+    now = plan.releases[-1].at
+    assert core.handle(first, now=now) == "stale_round"
+    n = core.state.n
+    restarted = restart(core, 60, now, [])
+    assert restarted.handle(first, now=now + 1) == "stale_round"
+    assert restarted.state.n == n

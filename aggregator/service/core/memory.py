@@ -88,9 +88,13 @@ class BatchMemory:
         """A copy: round start -> ids applied in it."""
         return {s: tuple(ids) for s, ids in self._rounds.items()}
 
-    def restore(self, rounds: dict[int, list[bytes]], newest_length: int = 1) -> None:
+    def restore(
+        self, rounds: dict[int, list[bytes]], newest_length: int = 1, floor: int | None = None
+    ) -> None:
         """The ids of :meth:`by_round`, the newest of a round of ``newest_length`` seconds
-        (:attr:`newest_length`, kept with them); the :attr:`floor` is the one they imply."""
+        (:attr:`newest_length`, kept with them); the :attr:`floor` is the one they imply, or
+        ``floor`` (the one saved with them) where that is higher: a restart under a longer
+        unit or retention never lets an id forgotten before it count as new again."""
         self._seen.clear()
         self._rounds.clear()
         self.newest_start = None
@@ -99,6 +103,9 @@ class BatchMemory:
         for start, ids in sorted(rounds.items()):
             for batch_id in ids:
                 self.remember(batch_id, start, newest_length)
+        if floor is not None and (self.floor is None or floor > self.floor):
+            self.floor = floor
+            self._evict()
 
 
 @dataclass

@@ -593,6 +593,7 @@ class AggregatorCore:
             state=self.state.copy(),
             batch_rounds={r: list(ids) for r, ids in self.memory.by_round().items()},
             newest_length=None if self.memory.newest_start is None else self.memory.newest_length,
+            memory_floor=self.memory.floor,
             retention_rounds=self.rules.retention_rounds,
             counters=self.counters.copy(),
             smallest_batch=self.smallest_batch,
@@ -617,7 +618,9 @@ class AggregatorCore:
             # rounds are numbers there, of the length announced then: the one announced
             # now, as check_resumable made sure of
             checkpoint = migrate_rounds(checkpoint, unit)
-        self.memory.restore(checkpoint.batch_rounds, checkpoint.newest_length or unit)
+        self.memory.restore(
+            checkpoint.batch_rounds, checkpoint.newest_length or unit, checkpoint.memory_floor
+        )
         self.counters = checkpoint.counters.copy()
         self.smallest_batch = checkpoint.smallest_batch
         self.latest_batch = checkpoint.latest_batch
