@@ -142,6 +142,7 @@ from aggregator.ledger.records import check_source as _check_source
 from aggregator.ledger.records import check_start as _check_round
 from aggregator.ledger.records import digest as _digest
 from aggregator.ledger.timeline import DEFAULT_KEEP_SECONDS, Timeline
+from edge.rounds import MAX_ROUND_SECONDS
 from edge.spec import MechanismSpec
 
 __all__ = [
@@ -419,17 +420,19 @@ class PrivacyLedger:
         return levels
 
     def _end_of(self, key: _Key) -> int | None:
-        """When participation ``key``'s round ended (Unix seconds), if known."""
-        kind, ident = key[0], key[1]
-        if kind == "s":
-            round_, length = int(str(ident)), int(str(key[2]))
-            return (round_ + 1) * length
-        record: _Manifest | _Batch | None = None
-        if isinstance(ident, bytes):
-            record = self._manifests.get(ident) if kind == "r" else self._batches.get(ident)
-        if record is None or self.round_seconds is None or self.numbered:
-            return None  # undated (numbered: not renumbered yet): counted in every period
-        return record.round + self.round_seconds
+        """When participation ``key``'s round ended (Unix seconds), if known: a source
+        round's, from its number and its length as the signed manifest lists them. A
+        participation of a release or batch record (a batch no manifest covers, a manifest
+        without sources) is undated, counted in every period: its record keeps its round's
+        start but not its length, and a length guessed from the configuration dated such
+        records too early (a longer round) or decades off (a start renumbered under the
+        wrong length), out of the periods they belong to."""
+        if key[0] != "s":
+            return None
+        round_, length = int(str(key[1])), int(str(key[2]))
+        if not 1 <= length <= MAX_ROUND_SECONDS:
+            return None  # the unknown round (length 0), or a length no round has
+        return (round_ + 1) * length
 
     def period_rounds(self, start: float, end: float) -> dict[int, int]:
         """:meth:`rounds` of a device present in every round that ended in ``(start, end]``:
@@ -569,7 +572,7 @@ class PrivacyLedger:
             "fingerprint": self.spec.fingerprint,
             "delta": self.delta,
             "generation": self.generation,
-            "rounds": "start",
+            **({} if self.numbered else {"rounds": "start"}),
             "manifests": [
                 [
                     m.round,

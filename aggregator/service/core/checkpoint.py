@@ -9,14 +9,14 @@ A checkpoint is one UTF-8 JSON object (:func:`encode_checkpoint`)::
      "last_batch_timestamp": ..., "written_at": ..., "shards": {"<label>": {...}},
      "reconciliation": {...}, "state": AggregateState.to_dict(),
      "ledger": {"generation": 41, "sha256": "<64 hex>"}, "series": {"seq": 812},
-     "newest_length": 60, "memory_floor": <start>,
+     "newest_length": 60, "forgotten": [<start>, <start>],
      "batch_rounds": {"<start>": ["<32 hex>", ...]},
      "checksums": {"<field>": "<32 hex>"}}
 
 Rounds are keyed by their start time, Unix seconds (``batch_rounds``, and the rounds of
 ``reconciliation``; :mod:`aggregator.service.core.rules`, *Rounds are times*), and
 ``newest_length`` is the length of the newest round applied (absent before the first), and
-``memory_floor`` the start below which batches were stale (a restart never moves it back). A
+``forgotten`` the starts whose batch ids were forgotten (never accepted again). A
 checkpoint of version 3 or older keyed rounds by their numbers: it is read under the
 announced round length (:func:`migrate_rounds`), and refused if that cannot be the length it
 was written under (:func:`numbered_rounds_problem`).
@@ -88,7 +88,7 @@ _ORDER = (
     "ledger",
     "series",
     "newest_length",
-    "memory_floor",
+    "forgotten",
     "batch_rounds",
 )
 """The fields of a version-3 checkpoint, in the order they are written (``checksums``
@@ -196,11 +196,11 @@ class Checkpoint:
     newest_length: int | None = None
     """The length of the newest round applied (``None``: none yet, or a file before
     version 4): the horizon's unit without an announced round length."""
-    memory_floor: int | None = None
-    """The start below which batches were stale when it was written (``None``: none yet,
-    or a file without it). A restart never moves the horizon back below it: a longer round
-    length or retention would otherwise let a batch whose id was already forgotten (one the
-    quarantine kept as ``stale_round``, replayed at start) be applied a second time."""
+    forgotten: tuple[int, int] | None = None
+    """``(first, high)`` of :class:`aggregator.service.core.memory.BatchMemory`: the starts
+    whose batch ids were forgotten (``None``: none yet, or a file without it). A restart
+    with a longer horizon never accepts those again: a batch whose id was forgotten (one
+    the quarantine kept as ``stale_round``, replayed at start) would be applied twice."""
     series_seq: int | None = None
     """The sequence number of the newest series record written before this generation
     (``None``: no series, or a file from before the field)."""
@@ -469,7 +469,7 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
         last_batch_timestamp=None if last is None else float(last),
         written_at=_optional_time(data.get("written_at")),
         newest_length=_parse_length(fields) if version == CHECKPOINT_VERSION else None,
-        memory_floor=_parse_floor(fields) if version == CHECKPOINT_VERSION else None,
+        forgotten=_parse_forgotten(fields) if version == CHECKPOINT_VERSION else None,
         retention_rounds=_optional_rounds(data.get("retention_rounds")),
         shards=_parse_shards(fields) if checked else {},
         reconciliation=_parse_reconciliation(fields) if checked else None,
@@ -481,14 +481,16 @@ def decode_checkpoint(text: str, path: Path) -> Checkpoint:
     return checkpoint
 
 
-def _parse_floor(fields: _Fields) -> int | None:
-    raw = fields.data.get("memory_floor")
+def _parse_forgotten(fields: _Fields) -> tuple[int, int] | None:
+    raw = fields.data.get("forgotten")
     if raw is None:
         return None
-    floor = fields.count("memory_floor", raw)
-    if floor > MAX_START:
-        raise fields.error("memory_floor", f"must be a round start, at most {MAX_START}: {floor}")
-    return floor
+    if not isinstance(raw, list) or len(raw) != 2:
+        raise fields.error("forgotten", f"must be [first, high], got {_short(raw)}")
+    first, high = (fields.count("forgotten", value) for value in raw)
+    if not first <= high <= MAX_START:
+        raise fields.error("forgotten", f"must be two round starts, first <= high: {raw}")
+    return first, high
 
 
 def _parse_length(fields: _Fields) -> int | None:
@@ -612,8 +614,8 @@ def _document_head(checkpoint: Checkpoint) -> dict[str, Any]:
         head["series"] = {"seq": checkpoint.series_seq}
     if checkpoint.newest_length is not None:
         head["newest_length"] = checkpoint.newest_length
-    if checkpoint.memory_floor is not None:
-        head["memory_floor"] = checkpoint.memory_floor
+    if checkpoint.forgotten is not None:
+        head["forgotten"] = list(checkpoint.forgotten)
     return head
 
 

@@ -19,7 +19,14 @@ class BatchMemory:
     ``None`` without one: the length of the newest round applied).
     The oldest start still accepted, :attr:`floor`, never moves back while the service
     runs; a restart with a longer horizon (a larger ``retention_rounds``, or a longer
-    announced round length) widens it, as a longer retention always did."""
+    announced round length) widens it, as a longer retention always did, but never over
+    the **forgotten** starts: ``[first, high)``, from the floor set by the first batch ever
+    applied (:attr:`first`) to the highest floor ever (:attr:`high`). Every batch ever
+    applied started at or after ``first``, and the ids of those that started before
+    ``high`` were forgotten: a batch of that span may have been applied, and is stale for
+    good (a batch kept as ``stale_round`` and replayed at a start would otherwise be
+    applied twice). A batch that started before ``first`` was never applied, and is
+    accepted once the horizon reaches it (a shard whose outage outlived the horizon)."""
 
     def __init__(self, retention_rounds: int, unit: int | None = 1) -> None:
         self.retention_rounds = retention_rounds
@@ -29,6 +36,10 @@ class BatchMemory:
         self.newest_start: int | None = None
         self.floor: int | None = None
         """The oldest start still accepted; ``None`` before the first batch."""
+        self.first: int | None = None
+        """The floor the first batch ever applied set (kept across restarts)."""
+        self.high: int | None = None
+        """The highest floor ever (kept across restarts): ids before it were forgotten."""
         self._seen: dict[bytes, int] = {}
         self._rounds: dict[int, list[bytes]] = {}
 
@@ -59,8 +70,11 @@ class BatchMemory:
         return None if self.floor is None else -(-self.floor // self.unit)
 
     def stale(self, start: int) -> bool:
-        """Whether a round starting at ``start`` is below the horizon."""
-        return self.floor is not None and start < self.floor
+        """Whether a round starting at ``start`` is below the horizon, or among the
+        forgotten starts (class docs)."""
+        if self.floor is not None and start < self.floor:
+            return True
+        return self.first is not None and self.high is not None and self.first <= start < self.high
 
     def remember(self, batch_id: bytes, start: int, length: int = 1) -> None:
         """Batch ``batch_id`` of the round of ``length`` seconds that starts at ``start``
@@ -73,6 +87,10 @@ class BatchMemory:
             floor = max(0, start - self.horizon + self.unit)
             if self.floor is None or floor > self.floor:
                 self.floor = floor
+            if self.first is None:
+                self.first = self.floor
+            if self.high is None or self.floor > self.high:
+                self.high = self.floor
             self._evict()
 
     def _evict(self) -> None:
@@ -89,23 +107,30 @@ class BatchMemory:
         return {s: tuple(ids) for s, ids in self._rounds.items()}
 
     def restore(
-        self, rounds: dict[int, list[bytes]], newest_length: int = 1, floor: int | None = None
+        self,
+        rounds: dict[int, list[bytes]],
+        newest_length: int = 1,
+        forgotten: tuple[int, int] | None = None,
     ) -> None:
         """The ids of :meth:`by_round`, the newest of a round of ``newest_length`` seconds
-        (:attr:`newest_length`, kept with them); the :attr:`floor` is the one they imply, or
-        ``floor`` (the one saved with them) where that is higher: a restart under a longer
-        unit or retention never lets an id forgotten before it count as new again."""
+        (:attr:`newest_length`, kept with them); the :attr:`floor` is the one they imply, and
+        ``forgotten`` (:attr:`first`, :attr:`high`, saved with them) the starts whose ids
+        were forgotten: a restart under a longer unit or retention never lets those count
+        as new again (class docs)."""
         self._seen.clear()
         self._rounds.clear()
         self.newest_start = None
         self.floor = None
+        self.first = None
+        self.high = None
         self.newest_length = 1
         for start, ids in sorted(rounds.items()):
             for batch_id in ids:
                 self.remember(batch_id, start, newest_length)
-        if floor is not None and (self.floor is None or floor > self.floor):
-            self.floor = floor
-            self._evict()
+        if forgotten is not None:
+            first, high = forgotten
+            self.first = first  # the first floor ever, not one the longer horizon implies
+            self.high = high if self.high is None else max(high, self.high)
 
 
 @dataclass

@@ -593,7 +593,9 @@ class AggregatorCore:
             state=self.state.copy(),
             batch_rounds={r: list(ids) for r, ids in self.memory.by_round().items()},
             newest_length=None if self.memory.newest_start is None else self.memory.newest_length,
-            memory_floor=self.memory.floor,
+            forgotten=None
+            if self.memory.first is None or self.memory.high is None
+            else (self.memory.first, self.memory.high),
             retention_rounds=self.rules.retention_rounds,
             counters=self.counters.copy(),
             smallest_batch=self.smallest_batch,
@@ -619,7 +621,7 @@ class AggregatorCore:
             # now, as check_resumable made sure of
             checkpoint = migrate_rounds(checkpoint, unit)
         self.memory.restore(
-            checkpoint.batch_rounds, checkpoint.newest_length or unit, checkpoint.memory_floor
+            checkpoint.batch_rounds, checkpoint.newest_length or unit, checkpoint.forgotten
         )
         self.counters = checkpoint.counters.copy()
         self.smallest_batch = checkpoint.smallest_batch
