@@ -381,7 +381,8 @@ class Aggregator:
         if loaded is not None:  # what the devices spent, kept apart from the estimates
             self.core.ledger = loaded.ledger
             loaded.ledger.round_seconds = self.config.round_seconds  # dates its releases
-            if loaded.ledger.numbered:  # written when rounds were numbers
+            if loaded.ledger.numbered and self.config.round_seconds is not None:
+                # written when rounds were numbers; without a round length it stays so
                 loaded.ledger.renumber(self.core.rules.unit)
                 logger.info(
                     "privacy ledger %s kept round numbers: read under round_seconds %d",
