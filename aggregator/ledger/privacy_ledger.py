@@ -421,18 +421,22 @@ class PrivacyLedger:
 
     def _end_of(self, key: _Key) -> int | None:
         """When participation ``key``'s round ended (Unix seconds), if known: a source
-        round's, from its number and its length as the signed manifest lists them. A
-        participation of a release or batch record (a batch no manifest covers, a manifest
-        without sources) is undated, counted in every period: its record keeps its round's
-        start but not its length, and a length guessed from the configuration dated such
-        records too early (a longer round) or decades off (a start renumbered under the
-        wrong length), out of the periods they belong to."""
-        if key[0] != "s":
-            return None
-        round_, length = int(str(key[1])), int(str(key[2]))
-        if not 1 <= length <= MAX_ROUND_SECONDS:
-            return None  # the unknown round (length 0), or a length no round has
-        return (round_ + 1) * length
+        round's from its number and its length as the signed manifest lists them (undated
+        for a length outside ``[1, 86400]``: the unknown round); a release or batch record's
+        from its round's start and the configured round length (undated without one, or in
+        a ledger still numbered)."""
+        kind, ident = key[0], key[1]
+        if kind == "s":
+            round_, length = int(str(ident)), int(str(key[2]))
+            if not 1 <= length <= MAX_ROUND_SECONDS:
+                return None
+            return (round_ + 1) * length
+        record: _Manifest | _Batch | None = None
+        if isinstance(ident, bytes):
+            record = self._manifests.get(ident) if kind == "r" else self._batches.get(ident)
+        if record is None or self.round_seconds is None or self.numbered:
+            return None  # undated (numbered: not renumbered yet): counted in every period
+        return record.round + self.round_seconds
 
     def period_rounds(self, start: float, end: float) -> dict[int, int]:
         """:meth:`rounds` of a device present in every round that ended in ``(start, end]``:

@@ -112,8 +112,6 @@ def test_unknown_times_count_in_every_period() -> None:
     ledger.record_extra(size=33)
     for start, end in [(0, 1), (10**6, 10**6 + 1)]:
         assert ledger.period_rounds(start, end) == {33: 1, 77: 1}
-    # a batch record keeps its round's start, not its length: still undated with a round
-    # length configured (a length from the configuration dated a longer round too early)
-    ledger.round_seconds = R
-    assert ledger.period_rounds(0, 1) == {33: 1, 77: 1}
+    ledger.round_seconds = R  # now the batch is dated by its round's start: [50, 60)
+    assert ledger.period_rounds(0, 1) == {33: 1}
     assert ledger.period_rounds(55, 60) == {33: 1, 77: 1}
