@@ -62,7 +62,7 @@ def test_the_pipeline_step_on_the_embedded_broker_accounts_for_every_report() ->
         + doc["reports_dropped"]
         + doc["reports_buffered"]
     )
-    assert accounted == doc["reports_sent"]
+    assert accounted == doc["reports_sent"], doc  # the whole document: a rare 2x was seen
     assert doc["reports_unaccounted"] == 0
     assert doc["reports_rejected"] == 0, doc["reports_rejected_by_reason"]
     assert doc["batches"] >= 1
