@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from broker.service.lease import Lease, LeaseLostError, LeaseRefusedError
 from broker.service.prepare import PrepareSettings, ShardRunningError, prepare_shard
-from broker.service.shuffler import Shuffler
+from broker.service.shuffler import Shuffler, ShufflerConfig
 from edge.announce import encode_announcement
 from edge.announcement_reader import NotAnnouncedError, fetch_announcement
 from edge.errors import CocoError
@@ -65,6 +65,17 @@ async def owned(broker: Broker) -> Lease:
     async with aiomqtt.Client("127.0.0.1", broker.port) as client:
         await client.publish(shard_lease_topic(DEP, "g0s0"), holder.encode(), qos=1, retain=True)
     return holder
+
+
+def two_nodes(
+    second: Broker, first: Broker, tmp_path: Path, *, announced: bool = False
+) -> ShufflerConfig:
+    """Shard g0s0's shuffler (lease ttl 3 s) with ``--broker first,second``."""
+    keys = signers(["g0s0"])
+    cfg: ShufflerConfig = config(
+        second, "g0s0", plan_of(keys), keys["g0s0"], state_dir=tmp_path / "state", lease_ttl=3
+    )
+    return dataclasses.replace(cfg, broker=f"{first.url},{second.url}", announced=announced)
 
 
 @pytest.fixture
@@ -159,11 +170,7 @@ def test_a_node_that_keeps_no_claim_gives_way_to_the_next(
     acl.write_text(f"topic readwrite #\ntopic deny {shard_lease_topic(DEP, 'g0s0')}\n")
     forgetful = Broker(workdir, free_port(), extra_config=f"acl_file {acl}\n")
     forgetful.start()
-    keys = signers(["g0s0"])
-    cfg = config(
-        mosquitto, "g0s0", plan_of(keys), keys["g0s0"], state_dir=tmp_path / "state", lease_ttl=3
-    )
-    cfg = dataclasses.replace(cfg, broker=f"{forgetful.url},{mosquitto.url}")
+    cfg = two_nodes(mosquitto, forgetful, tmp_path)
 
     async def scenario() -> None:
         async with running(cfg, CollectorRegistry()) as shuffler:
@@ -312,11 +319,7 @@ def test_a_read_back_of_an_older_lease_gives_way_to_the_next_node(
         workdir, free_port(), extra_config=f"password_file {passwords}\nacl_file {acl}\n"
     )
     behind.start()
-    keys = signers(["g0s0"])
-    cfg = config(
-        mosquitto, "g0s0", plan_of(keys), keys["g0s0"], state_dir=tmp_path / "state", lease_ttl=3
-    )
-    cfg = dataclasses.replace(cfg, broker=f"{behind.url},{mosquitto.url}")
+    cfg = two_nodes(mosquitto, behind, tmp_path)
 
     async def scenario() -> None:
         async with Shuffler(cfg, registry=CollectorRegistry()) as shuffler:
