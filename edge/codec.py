@@ -64,8 +64,9 @@ fewer than 2 bytes (``"bad_length"``), version (``"bad_version"``), kind (``"bad
 the length (``"bad_length"``: a report that is not 16 bytes, a batch shorter than its
 header) and, for a batch, that the length is exactly ``30 + 6 count`` (version 1) or
 ``34 + 6 count`` (version 2) (``"bad_count"``; for a manifest ``30 + 20 nbatches + 4 + 12
-nsources``, plus 4 in version 2, with sources adding up to the batches), then a version-2
-``round_seconds`` outside ``[1, 86400]`` (``"bad_field"``).
+nsources``, plus 4 in version 2), then a version-2 ``round_seconds`` outside ``[1, 86400]``
+(``"bad_field"``), then, for a manifest, that its sources' counts add up to its batches'
+(``"bad_count"``).
 Version and kind come first so that a message of another version or kind is counted as
 such whatever its length. The codec does not know ``t``: checking ``z < t`` and the
 fingerprint against the current spec is the receiver's job.

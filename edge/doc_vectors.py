@@ -15,11 +15,10 @@ from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from edge import codec
 from edge.announce import encode_announcement
 from edge.batch_auth import BatchSigner, public_key_hex
 from edge.spec import MechanismSpec
-from edge.wire_vectors import BATCH_CASES
+from edge.wire_vectors import BATCH_CASES, batch_bytes
 
 DEPLOYMENT = "lab"
 # 32-byte Ed25519 private key (the RFC 8032 seed) of the examples: SHA-256 of a fixed label.
@@ -61,7 +60,7 @@ class SealedBatch:
 
 def sealed_batch() -> SealedBatch:
     """Wire vector batch 1 (docs/wire-vectors-v1.json) sealed for :data:`DEPLOYMENT`."""
-    batch = codec.encode_batch(*BATCH_CASES[1])
+    batch = batch_bytes(BATCH_CASES[1])
     message = BatchSigner(signing_key(), DEPLOYMENT).seal(batch)
     signature = message[len(batch) :]
     return SealedBatch(

@@ -1,4 +1,7 @@
-"""Test vectors for the binary wire format, version 1 (:mod:`edge.codec`).
+"""Test vectors for the binary wire format (:mod:`edge.codec`): reports of version 1, batches
+and manifests of both versions (version 2 ends with the round's ``round_seconds``; shufflers
+write it, receivers still decode version 1). The file keeps its name, ``-v1``: the name is
+that of the published set, whose every vector carries its own ``version``.
 
 ``python -m edge.wire_vectors > docs/wire-vectors-v1.json`` regenerates the published file;
 the test suite checks that the file, this generator, hand-built ``struct.pack`` bytes, the
@@ -32,30 +35,42 @@ REPORT_CASES: list[tuple[int, int, int, int]] = [
     (_MAX_T_SPEC.fingerprint_int, 7, 1, _MAX_T_SPEC.t - 1),
 ]
 
-# (fingerprint, round, batch_id, seeds, zs)
-BATCH_CASES: list[tuple[int, int, bytes, list[int], list[int]]] = [
-    (_COCO.fingerprint_int, 0, bytes(range(16)), [], []),
+# (fingerprint, round, batch_id, seeds, zs, round_seconds): round_seconds 0 is version 1
+BATCH_CASES: list[tuple[int, int, bytes, list[int], list[int], int]] = [
+    (_COCO.fingerprint_int, 0, bytes(range(16)), [], [], 0),
     (
         _COLLISION.fingerprint_int,
         0xFFFFFFFF,
         hashlib.sha256(b"coco-fleet/wire-vectors/v1").digest()[:16],
         [0, codec.U32_MAX, 0xC0FFEE],
         [codec.U16_MAX, 0, 3],
+        0,
     ),
+    (
+        _COCO.fingerprint_int,
+        29401920,  # 2025-11-26T00:00:00Z in 60-s rounds
+        hashlib.sha256(b"coco-fleet/wire-vectors/v2").digest()[:16],
+        [0x01020304, 7],
+        [5, 0],
+        60,
+    ),
+    (_COLLISION.fingerprint_int, 20420, bytes(range(16, 32)), [], [], codec.MAX_ROUND_SECONDS),
 ]
 
 
-# (fingerprint, round, release_id, [(batch_id, count), ...], [(round, round_seconds, count)])
+# (fingerprint, round, release_id, [(batch_id, count), ...], [(round, round_seconds,
+# count)], round_seconds): round_seconds 0 is version 1
 MANIFEST_CASES: list[
-    tuple[int, int, bytes, list[tuple[bytes, int]], list[tuple[int, int, int]]]
+    tuple[int, int, bytes, list[tuple[bytes, int]], list[tuple[int, int, int]], int]
 ] = [
-    (_COCO.fingerprint_int, 0, bytes(16), [], []),
+    (_COCO.fingerprint_int, 0, bytes(16), [], [], 0),
     (
         _COLLISION.fingerprint_int,
         29401920,
         hashlib.sha256(b"coco-fleet/wire-vectors/v1/release").digest()[:16],
         [(bytes(range(16)), 1000), (bytes(range(16, 32)), 1001)],
         [(29401919, 60, 7), (29401920, 60, 1994)],  # 7 carried in from the round before
+        0,
     ),
     (
         _COCO.fingerprint_int,
@@ -63,6 +78,17 @@ MANIFEST_CASES: list[
         bytes(range(100, 116)),
         [(bytes(range(32, 48)), codec.U32_MAX)],
         [(codec.U32_MAX, 0, 5), (7, 1, codec.U32_MAX - 5)],  # 5 of an unknown round
+        0,
+    ),
+    (
+        # the first 10-s round after a change from 60 s: 7 reports carried in from the last
+        # 60-s round, which is the 10-s rounds' 176411514..176411519
+        _COLLISION.fingerprint_int,
+        176411520,
+        hashlib.sha256(b"coco-fleet/wire-vectors/v2/release").digest()[:16],
+        [(bytes(range(48, 64)), 1000)],
+        [(29401919, 60, 7), (176411520, 10, 993)],
+        10,
     ),
 ]
 
@@ -81,23 +107,34 @@ SHARD_CASES: list[tuple[str, int, int, int]] = [
 ]
 
 
+def batch_bytes(case: tuple[int, int, bytes, list[int], list[int], int]) -> bytes:
+    return codec.encode_batch(*case[:5], round_seconds=case[5])
+
+
+def manifest_bytes(
+    case: tuple[int, int, bytes, list[tuple[bytes, int]], list[tuple[int, int, int]], int],
+) -> bytes:
+    return codec.encode_manifest(*case[:5], round_seconds=case[5])
+
+
 def manifest_vectors() -> list[dict[str, Any]]:
     out = []
-    for fingerprint, round_, release_id, entries, sources in MANIFEST_CASES:
+    for fingerprint, round_, release_id, entries, sources, length in MANIFEST_CASES:
         out.append(
             {
-                "hex": codec.encode_manifest(
-                    fingerprint, round_, release_id, entries, sources
+                "hex": manifest_bytes(
+                    (fingerprint, round_, release_id, entries, sources, length)
                 ).hex(),
-                "version": codec.VERSION,
+                "version": codec.BATCH_VERSION if length else codec.VERSION,
                 "kind": codec.KIND_MANIFEST,
                 "fingerprint": fingerprint,
                 "round": round_,
                 "release_id": release_id.hex(),
                 "batches": [{"batch_id": b.hex(), "count": c} for b, c in entries],
                 "sources": [
-                    {"round": r, "round_seconds": length, "count": c} for r, length, c in sources
+                    {"round": r, "round_seconds": seconds, "count": c} for r, seconds, c in sources
                 ],
+                "round_seconds": length,
             }
         )
     return out
@@ -127,8 +164,14 @@ def shard_vectors() -> list[dict[str, Any]]:
 def malformed_vectors() -> list[dict[str, str]]:
     """Messages each decoder must reject, with the reason (checked in the documented order)."""
     report = codec.encode_report(*REPORT_CASES[3])
-    batch = codec.encode_batch(*BATCH_CASES[1])
-    manifest = codec.encode_manifest(*MANIFEST_CASES[1])
+    batch, manifest, batch2, manifest2 = (
+        batch_bytes(BATCH_CASES[1]),
+        manifest_bytes(MANIFEST_CASES[1]),
+        batch_bytes(BATCH_CASES[2]),
+        manifest_bytes(MANIFEST_CASES[3]),
+    )
+    zero = (0).to_bytes(4, "big")
+    too_long = (codec.MAX_ROUND_SECONDS + 1).to_bytes(4, "big")
     cases = [
         ("report", b"", "bad_length"),
         ("report", b"\x01", "bad_length"),
@@ -156,6 +199,17 @@ def malformed_vectors() -> list[dict[str, str]]:
         ("manifest", manifest[:70], "bad_count"),  # cut before its sources
         ("manifest", manifest[:-4] + (1995).to_bytes(4, "big"), "bad_count"),  # 2002 != 2001
         ("batch", manifest, "bad_kind"),
+        # version 2: the trailer's length, and round_seconds in [1, 86400]
+        ("batch", batch2[:-4], "bad_count"),  # version 2 without its round_seconds
+        ("batch", b"\x01" + batch2[1:], "bad_count"),  # version 1 with 4 bytes too many
+        ("batch", batch2[:-4] + zero, "bad_field"),
+        ("batch", batch2[:-4] + too_long, "bad_field"),
+        ("batch", b"\x03" + batch2[1:], "bad_version"),
+        ("manifest", manifest2[:-4], "bad_count"),
+        ("manifest", manifest2[:-4] + zero, "bad_field"),
+        # round_seconds is checked before the sources' sum: both wrong is bad_field
+        ("manifest", manifest2[:-8] + (994).to_bytes(4, "big") + too_long, "bad_field"),
+        ("manifest", manifest2[:-8] + (994).to_bytes(4, "big") + manifest2[-4:], "bad_count"),
     ]
     return [
         {"message": kind, "hex": payload.hex(), "reason": reason} for kind, payload, reason in cases
@@ -181,11 +235,11 @@ def report_vectors() -> list[dict[str, Any]]:
 
 def batch_vectors() -> list[dict[str, Any]]:
     out = []
-    for fingerprint, round_, batch_id, seeds, zs in BATCH_CASES:
+    for fingerprint, round_, batch_id, seeds, zs, length in BATCH_CASES:
         out.append(
             {
-                "hex": codec.encode_batch(fingerprint, round_, batch_id, seeds, zs).hex(),
-                "version": codec.VERSION,
+                "hex": batch_bytes((fingerprint, round_, batch_id, seeds, zs, length)).hex(),
+                "version": codec.BATCH_VERSION if length else codec.VERSION,
                 "kind": codec.KIND_BATCH,
                 "fingerprint": fingerprint,
                 "round": round_,
@@ -193,6 +247,7 @@ def batch_vectors() -> list[dict[str, Any]]:
                 "count": len(seeds),
                 "seeds": seeds,
                 "zs": zs,
+                "round_seconds": length,
             }
         )
     return out
@@ -201,6 +256,8 @@ def batch_vectors() -> list[dict[str, Any]]:
 def all_vectors() -> dict[str, Any]:
     return {
         "wire_version": codec.VERSION,
+        "batch_version": codec.BATCH_VERSION,
+        "trailer_size": codec.TRAILER_SIZE,
         "report_size": codec.REPORT_SIZE,
         "batch_header_size": codec.BATCH_HEADER_SIZE,
         "record_size": codec.RECORD_SIZE,

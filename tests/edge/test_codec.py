@@ -42,11 +42,20 @@ def packed_report(fingerprint: int, round_: int, seed: int, z: int) -> bytes:
 
 
 def packed_batch(
-    fingerprint: int, round_: int, batch_id: bytes, seeds: list[int], zs: list[int]
+    fingerprint: int,
+    round_: int,
+    batch_id: bytes,
+    seeds: list[int],
+    zs: list[int],
+    *,
+    round_seconds: int = 0,
 ) -> bytes:
-    """Independent construction of a batch with the struct module."""
-    header = struct.pack(">BBII16sI", 1, 2, fingerprint, round_, batch_id, len(seeds))
-    return header + b"".join(struct.pack(">IH", s, z) for s, z in zip(seeds, zs, strict=True))
+    """Independent construction of a batch with the struct module (version 2, ending with
+    its ``round_seconds``, unless that is 0)."""
+    version = 2 if round_seconds else 1
+    header = struct.pack(">BBII16sI", version, 2, fingerprint, round_, batch_id, len(seeds))
+    records = b"".join(struct.pack(">IH", s, z) for s, z in zip(seeds, zs, strict=True))
+    return header + records + (struct.pack(">I", round_seconds) if round_seconds else b"")
 
 
 def packed_manifest(
@@ -55,12 +64,17 @@ def packed_manifest(
     release_id: bytes,
     entries: list[tuple[bytes, int]],
     sources: list[tuple[int, int, int]],
+    *,
+    round_seconds: int = 0,
 ) -> bytes:
-    """Independent construction of a manifest with the struct module."""
-    header = struct.pack(">BBII16sI", 1, 3, fingerprint, round_, release_id, len(entries))
+    """Independent construction of a manifest with the struct module (version 2 unless
+    ``round_seconds`` is 0)."""
+    version = 2 if round_seconds else 1
+    header = struct.pack(">BBII16sI", version, 3, fingerprint, round_, release_id, len(entries))
     batches = b"".join(struct.pack(">16sI", b, c) for b, c in entries)
     rounds = b"".join(struct.pack(">III", r, length, c) for r, length, c in sources)
-    return header + batches + struct.pack(">I", len(sources)) + rounds
+    trailer = struct.pack(">I", round_seconds) if round_seconds else b""
+    return header + batches + struct.pack(">I", len(sources)) + rounds + trailer
 
 
 def reason_of(decode: Decoder, payload: bytes) -> str | None:
@@ -95,8 +109,15 @@ def test_published_vectors_cover_the_boundaries() -> None:
     for field, maximum in [("fingerprint", 2**32 - 1), ("round", 2**32 - 1), ("z", 2**16 - 1)]:
         assert {0, maximum} <= {r[field] for r in reports}, field
     assert {0, 2**32 - 1} <= {r["seed"] for r in reports}
-    assert [b["count"] for b in VECTORS["batches"]] == [0, 3]
-    assert {m["reason"] for m in VECTORS["malformed"]} == set(codec.REASONS) - {"bad_field"}
+    assert [(b["count"], b["version"]) for b in VECTORS["batches"]] == [
+        (0, 1),
+        (3, 1),
+        (2, 2),
+        (0, 2),
+    ]
+    assert {b["round_seconds"] for b in VECTORS["batches"]} == {0, 60, codec.MAX_ROUND_SECONDS}
+    assert {m["version"] for m in VECTORS["manifests"]} == {1, 2}
+    assert {m["reason"] for m in VECTORS["malformed"]} == set(codec.REASONS)
 
 
 @pytest.mark.parametrize("vector", VECTORS["reports"], ids=lambda v: v["hex"])
@@ -109,18 +130,23 @@ def test_report_vectors(vector: dict[str, Any]) -> None:
     assert (vector["version"], vector["kind"]) == (1, 1)
 
 
-@pytest.mark.parametrize("vector", VECTORS["batches"], ids=lambda v: f"count={v['count']}")
+@pytest.mark.parametrize(
+    "vector", VECTORS["batches"], ids=lambda v: f"v{v['version']}-count={v['count']}"
+)
 def test_batch_vectors(vector: dict[str, Any]) -> None:
     payload = bytes.fromhex(vector["hex"])
     batch_id = bytes.fromhex(vector["batch_id"])
     fields = (vector["fingerprint"], vector["round"], batch_id, vector["seeds"], vector["zs"])
-    assert len(payload) == 30 + 6 * vector["count"]
-    assert payload == packed_batch(*fields)
-    assert codec.encode_batch(*fields) == payload
+    length = vector["round_seconds"]
+    assert len(payload) == 30 + 6 * vector["count"] + (4 if length else 0)
+    assert payload[0] == vector["version"] == (2 if length else 1)
+    assert payload == packed_batch(*fields, round_seconds=length)
+    assert codec.encode_batch(*fields, round_seconds=length) == payload
     assert codec.decode_batch(payload) == fields
+    assert codec.round_seconds_of(payload) == length
     seeds = np.array(vector["seeds"], dtype=np.uint32)
     zs = np.array(vector["zs"], dtype=np.uint16)
-    assert batch_codec.encode_batch_arrays(*fields[:3], seeds, zs) == payload
+    assert batch_codec.encode_batch_arrays(*fields[:3], seeds, zs, round_seconds=length) == payload
     fingerprint, round_, got_id, got_seeds, got_zs = batch_codec.decode_batch_arrays(payload)
     assert (fingerprint, round_, got_id) == fields[:3]
     np.testing.assert_array_equal(got_seeds, seeds)
@@ -134,9 +160,12 @@ def test_manifest_vectors(vector: dict[str, Any]) -> None:
     sources = [(s["round"], s["round_seconds"], s["count"]) for s in vector["sources"]]
     release_id = bytes.fromhex(vector["release_id"])
     fields = (vector["fingerprint"], vector["round"], release_id, entries, sources)
-    assert payload == packed_manifest(*fields)
-    assert codec.encode_manifest(*fields) == payload
+    length = vector["round_seconds"]
+    assert payload[0] == vector["version"] == (2 if length else 1)
+    assert payload == packed_manifest(*fields, round_seconds=length)
+    assert codec.encode_manifest(*fields, round_seconds=length) == payload
     assert codec.decode_manifest(payload) == fields
+    assert codec.round_seconds_of(payload) == length
 
 
 @given(

@@ -47,7 +47,7 @@ for v in VECTORS["batches"]:
     print(repr([fp, rnd, batch_id.hex(), seeds, zs]))
     print(codec.decode_batch(bytearray.fromhex(v["hex"]))[3] == seeds)
     print(codec.encode_batch(v["fingerprint"], v["round"], bytes.fromhex(v["batch_id"]),
-                             v["seeds"], v["zs"]).hex())
+                             v["seeds"], v["zs"], round_seconds=v["round_seconds"]).hex())
 for v in VECTORS["manifests"]:
     fp, rnd, release_id, entries, sources = codec.decode_manifest(bytes.fromhex(v["hex"]))
     print(repr([fp, rnd, release_id.hex(), [[b.hex(), c] for b, c in entries],
@@ -56,7 +56,8 @@ for v in VECTORS["manifests"]:
                                 [(bytes.fromhex(b["batch_id"]), b["count"])
                                  for b in v["batches"]],
                                 [(s["round"], s["round_seconds"], s["count"])
-                                 for s in v["sources"]]).hex())
+                                 for s in v["sources"]],
+                                round_seconds=v["round_seconds"]).hex())
 DECODE = {"report": codec.decode_report, "batch": codec.decode_batch,
           "manifest": codec.decode_manifest}
 for v in VECTORS["malformed"]:

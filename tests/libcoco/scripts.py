@@ -78,7 +78,12 @@ def published_vectors() -> Script:
         fields = (report["fingerprint"], report["round"], report["seed"], report["z"])
         script.add(f"report {' '.join(map(str, fields))}", report["hex"])
         script.add(f"decrep {report['hex']}", " ".join(map(str, fields)))
+    # libcoco encodes and decodes version-1 batches (docs/protocol.md section 10): a
+    # version-2 batch, the shufflers' since rounds carry their length, is bad_version to it
     for batch in WIRE["batches"]:
+        if batch["version"] != 1:
+            script.add(f"decbatch {batch['hex']}", err("bad_version"))
+            continue
         records = " ".join(f"{s} {z}" for s, z in zip(batch["seeds"], batch["zs"], strict=True))
         head = f"{batch['fingerprint']} {batch['round']} {batch['batch_id']} {batch['count']}"
         script.add(f"batch {head} {records}".rstrip(), batch["hex"])
@@ -87,7 +92,9 @@ def published_vectors() -> Script:
         if bad["message"] == "manifest":
             continue  # shuffler -> aggregator only: a device never decodes a manifest
         command = "decrep" if bad["message"] == "report" else "decbatch"
-        script.add(f"{command} {bad['hex'] or '-'}", err(bad["reason"]))
+        version_2 = bad["message"] == "batch" and bad["hex"].startswith("02")
+        reason = "bad_version" if version_2 else bad["reason"]
+        script.add(f"{command} {bad['hex'] or '-'}", err(reason))
     for case in WIRE["shards"]:  # docs/protocol.md section 13.2
         device_id = bytes.fromhex(case["device_id_utf8_hex"])
         script.add(f"shard {case['seed']} {case['count']} {device_id.hex()}", str(case["index"]))
