@@ -281,8 +281,11 @@ class Publisher:
             },
             "retention": {
                 "rounds": core.rules.retention_rounds,
+                "round_seconds": core.memory.unit,
                 "newest_round": core.memory.newest_round,
                 "oldest_round": core.memory.oldest_round,
+                "newest_start": core.memory.newest_start,
+                "oldest_start": core.memory.floor,
                 "batch_ids": len(core.memory),
             },
             **self.status(),

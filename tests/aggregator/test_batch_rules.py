@@ -130,8 +130,11 @@ def test_retained_horizon_rejects_every_replay_and_forgets_old_ids() -> None:
     assert agg.counters.rejected_reports == {"stale_round": 2 * MIN_BATCH}
     assert agg.snapshot()["retention"] == {
         "rounds": RETENTION,
+        "round_seconds": 1,  # no length announced or on the wire: rounds are their starts
         "newest_round": 13,
         "oldest_round": 11,
+        "newest_start": 13,
+        "oldest_start": 11,
         "batch_ids": 3,
     }
     value = agg.registry.get_sample_value

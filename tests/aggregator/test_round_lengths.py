@@ -219,6 +219,12 @@ def test_a_batch_of_an_old_round_is_stale_by_its_time_not_its_number() -> None:
     for release in plan.releases:
         for sealed in release.batches:
             assert short.handle(sealed, now=release.at) == "applied"
+    # the retention's numbers count rounds of the unit (the announced 60 s), its starts are
+    # times: the newest is a 10-s round's start, not a multiple of 60 in general
+    newest = max(release.round * release.length for release in plan.releases)
+    assert short.memory.unit == 60
+    assert short.memory.newest_start == newest
+    assert short.memory.newest_round == newest // 60
 
 
 def test_a_version_1_batch_is_read_under_the_announced_length() -> None:
