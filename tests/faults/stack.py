@@ -263,12 +263,12 @@ class Stack:
         self.aggregator.start()
         wait_until(self.aggregator_ready, 60, what="the aggregator")
 
-    def fleet(self, acked_log: Path, seed: int) -> Process:
+    def fleet(self, acked_log: Path, seed: int, *, rounds: int = ROUNDS) -> Process:
         args = processes.fleet_args(
             DEP,
             self.broker.url,
             devices=DEVICES,
-            rounds=ROUNDS,
+            rounds=rounds,
             seed=seed,
             # Reports spread over most of each round, so that a fault always meets some in
             # flight.
@@ -309,7 +309,11 @@ def shipped_broker_with_accounts(workdir: Path, extra_config: str = "") -> Broke
 
 @contextlib.contextmanager
 def running_stack(
-    workdir: Path, *, shipped: bool = False, broker_config: str = ""
+    workdir: Path,
+    *,
+    shipped: bool = False,
+    broker_config: str = "",
+    round_seconds: int = ROUND_SECONDS,
 ) -> Iterator[Stack]:
     if not Path(MOSQUITTO).exists():
         pytest.skip("mosquitto is not installed (apt-get install mosquitto)")
@@ -321,7 +325,7 @@ def running_stack(
     broker.start()
     stack = Stack(workdir, broker, shipped)
     try:
-        stack.announce()
+        stack.announce(round_seconds=round_seconds)
         stack.start_recorder()
         stack.start_shuffler()
         stack.start_aggregator()

@@ -1,18 +1,28 @@
-"""A change of ``round_seconds``, 2 s -> 3 s -> 2 s, done as docs/operations.md says while
-a fleet reports: nothing acknowledged is lost, nothing counted twice, nothing refused.
+"""A change of ``round_seconds``, 2 s -> 3 s -> 2 s and 60 s -> 10 s -> 60 s, done as
+docs/operations.md says while a fleet reports: nothing acknowledged is lost, nothing counted
+twice, nothing refused.
 
 The stack of tests/faults/stack.py (real Mosquitto, ``coco shuffler --state-dir``, ``coco
 aggregator run --checkpoint``, the independent recorder). Three fleets, one per length
 (``coco fleet`` reads the round length from the announcement when it starts, as a device
-does), each of :data:`~tests.faults.stack.ROUNDS` rounds. Between them, the procedure of
-docs/operations.md ("Changing the deployment's parameters"): announce the new
-``round_seconds``, restart the shuffler on its state directory; the aggregator is left
-running, or restarted on its checkpoint (then it reads the new length too). Then:
-acknowledged == aggregated + held + dropped by the round policy, exactly; the checkpoint's
-sums equal the recorder's batches, each once; no batch or manifest refused (in particular
-none ``stale_round``, as every batch after the change was before rounds were times);
-batches of both lengths were released, each length on the wire; the per-round series holds
-one row per release round, ``[round L, (round + 1) L)`` with the batch's own ``L``.
+does). Between them, the procedure of docs/operations.md ("Changing the deployment's
+parameters"): announce the new ``round_seconds``, restart the shuffler on its state
+directory; the aggregator is left running, or restarted on its checkpoint (then it reads
+the new length too). Then: acknowledged == aggregated + held + dropped by the round policy,
+exactly; the checkpoint's sums equal the recorder's batches, each once; no batch or
+manifest refused (in particular none ``stale_round``, as every batch after the change was
+before rounds were times); batches of both lengths were released, each length on the wire;
+the per-round series holds one row per release round, ``[round L, (round + 1) L)`` with the
+batch's own ``L``.
+
+The schedule of 2 s and 3 s rounds changes the length by half; the one of 60 s (the default)
+and 10 s by six times, in both directions, so that a round number of one length is far
+from any round of the other (six times larger after 60 -> 10, six times smaller after
+10 -> 60, while the aggregator's horizon and retention count rounds of the newest length).
+Its rounds are real minutes: one round at 60 s, three at 10 s, one at 60 s, about four
+minutes a case, mostly waiting. It is marked ``unhurried`` (scripts/test runs it at nice 10
+beside the computations): its deadlines are tens of seconds wide, which a niced fleet and
+services meet with room to spare.
 """
 
 from __future__ import annotations
@@ -30,11 +40,16 @@ from aggregator.service.checkpoint_files import load_checkpoint
 from aggregator.service.series_file import load_series
 from sim.fleet.cli import EXIT_NOT_SENT
 from tests import processes
-from tests.faults.stack import SPEC, Stack, running_stack, settle
+from tests.faults.stack import ROUNDS, SPEC, Stack, running_stack, settle
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration]
 
-LENGTHS = (2, 3, 2)
+SCHEDULES = {
+    "2-3-2": ((2, ROUNDS), (3, ROUNDS), (2, ROUNDS)),
+    "60-10-60": ((60, 1), (10, 3), (60, 1)),
+}
+"""Per case, the phases: a round length and how many rounds a fleet reports at it."""
+MINUTES = (pytest.mark.unhurried, pytest.mark.timeout(900))
 
 
 def change_length(stack: Stack, length: int, *, restart_aggregator: bool) -> None:
@@ -50,11 +65,13 @@ def change_length(stack: Stack, length: int, *, restart_aggregator: bool) -> Non
         stack.start_aggregator()
 
 
-def run_fleet(stack: Stack, phase: int, length: int) -> tuple[Counter[tuple[int, int]], int]:
-    """One fleet's rounds at ``length``: the ``(seed, z)`` acknowledged, and when its last
-    round ended."""
+def run_fleet(
+    stack: Stack, phase: int, length: int, rounds: int
+) -> tuple[Counter[tuple[int, int]], int]:
+    """One fleet's ``rounds`` rounds at ``length``: the ``(seed, z)`` acknowledged, and when
+    its last round ends (the fleet exits once it has published in it)."""
     acked_log = stack.workdir / f"acked-{phase}.log"
-    fleet = stack.fleet(acked_log, seed=1000 + phase)
+    fleet = stack.fleet(acked_log, seed=1000 + phase, rounds=rounds)
     fleet.start()
     assert fleet.proc is not None
     stdout, _ = fleet.proc.communicate(timeout=120)
@@ -77,23 +94,34 @@ def wait_for(when: float) -> None:
 
 
 @pytest.mark.parametrize("restart_aggregator", [False, True], ids=["running", "restarted"])
-def test_round_seconds_2_3_2(tmp_path: Path, restart_aggregator: bool) -> None:
-    with running_stack(tmp_path) as stack:
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        pytest.param(SCHEDULES["2-3-2"], id="2-3-2", marks=pytest.mark.timeout(300)),
+        pytest.param(SCHEDULES["60-10-60"], id="60-10-60", marks=MINUTES),
+    ],
+)
+def test_round_seconds_change(
+    tmp_path: Path, schedule: tuple[tuple[int, int], ...], restart_aggregator: bool
+) -> None:
+    lengths = [length for length, _ in schedule]
+    with running_stack(tmp_path, round_seconds=lengths[0]) as stack:
         assert stack.recorder is not None
         recorder = stack.recorder
         acked: Counter[tuple[int, int]] = Counter()
         ended = 0
-        for phase, length in enumerate(LENGTHS):
+        for phase, (length, rounds) in enumerate(schedule):
             if phase:
                 change_length(stack, length, restart_aggregator=restart_aggregator)
                 wait_for(math.ceil(ended / length) * length)
-            phase_acked, ended = run_fleet(stack, phase, length)
+            phase_acked, ended = run_fleet(stack, phase, length, rounds)
             acked += phase_acked
+        wait_for(ended)  # the last round closed: its pool is due for release
         settled = settle(stack, [(stack.shuffler, stack.shuffler_port)], acked)
         assert stack.aggregator.stop() == 0, stack.aggregator.output()[-2000:]
 
         assert not recorder.problems, recorder.problems[:3]
-        assert set(recorder.lengths.values()) == {2, 3}  # both lengths on the wire (version 2)
+        assert set(recorder.lengths.values()) == set(lengths)  # both on the wire (version 2)
         released = recorder.released
         missing = acked - released
         assert not released - acked  # nothing released that no device was told
