@@ -21,6 +21,8 @@ CLOCK_FLOOR = 1_735_689_600
 MIN_ROUND_SECONDS = 1
 MAX_ROUND_SECONDS = 86_400
 U32_MAX = 0xFFFFFFFF
+MAX_START = U32_MAX * MAX_ROUND_SECONDS
+"""The latest start a round can have (Unix seconds): a u32 round of the longest length."""
 
 
 class ClockError(ValueError):

@@ -47,9 +47,9 @@ from typing import Any, Final
 
 from aggregator.durable import write_atomically
 from aggregator.ledger.privacy_ledger import ID_BYTES, MAX_ROUND, PrivacyLedger
-from aggregator.ledger.records import MAX_START
 from aggregator.ledger.timeline import Timeline
 from edge.errors import CocoError
+from edge.rounds import MAX_START
 from edge.spec import MechanismSpec
 
 __all__ = [

@@ -8,11 +8,11 @@ import hashlib
 from dataclasses import dataclass
 from typing import Final
 
+from edge.rounds import MAX_START
+
 ID_BYTES: Final = 16
 """Length of a release id and of a batch id (docs/protocol.md)."""
 MAX_ROUND: Final = 0xFFFFFFFF
-MAX_START: Final = MAX_ROUND * 86_400
-"""The latest start of a release round: a u32 round of the longest length."""
 
 Key = tuple[object, ...]
 """A participation: ``("s", round, round_seconds)`` (a source round), ``("r", release_id)``

@@ -60,6 +60,7 @@ from aggregator.series.core import Delta
 from aggregator.service.core.keys import is_anchor
 from aggregator.service.core.manifests import Reconciler
 from edge.errors import CocoError
+from edge.rounds import MAX_START
 
 CHECKPOINT_VERSION = 4
 """Version 4 keys rounds by their start time. Version 3 adds ``generation``, ``trusted``,
@@ -251,10 +252,6 @@ class _Fields:
         if not isinstance(value, dict):
             raise self.error(name, f"must be an object of counts, got {_short(value)}")
         return {str(k): self.count(f"{name}.{k}", v) for k, v in value.items()}
-
-
-MAX_START = 0xFFFFFFFF * 86_400
-"""The latest round start a batch can bear (a u32 round of the longest length)."""
 
 
 def _parse_batch_rounds(fields: _Fields, version: int) -> dict[int, list[bytes]]:
