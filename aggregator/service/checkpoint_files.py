@@ -71,14 +71,8 @@ from aggregator.ledger.ledger_file import (
 )
 from aggregator.ledger.ledger_file import previous_path as ledger_previous_path
 from aggregator.service.core.binding import LedgerFile
-from aggregator.service.core.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    LedgerRecord,
-    decode_checkpoint,
-    encode_checkpoint,
-    one_line,
-)
+from aggregator.service.core.checkpoint import Checkpoint, CheckpointError, LedgerRecord, one_line
+from aggregator.service.core.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from aggregator.service.series_file import SeriesFile, SeriesWrite
 from edge.errors import CocoError
 

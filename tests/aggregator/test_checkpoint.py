@@ -10,13 +10,8 @@ import numpy as np
 import pytest
 
 from aggregator.estimation.estimators import AggregateState
-from aggregator.service.core.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    Counters,
-    decode_checkpoint,
-    encode_checkpoint,
-)
+from aggregator.service.core.checkpoint import Checkpoint, CheckpointError, Counters
+from aggregator.service.core.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from aggregator.service.core.manifests import Reconciler
 from edge import MechanismSpec
 

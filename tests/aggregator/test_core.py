@@ -25,7 +25,8 @@ from aggregator.estimation.estimators import AggregateState
 from aggregator.service.checkpoint_files import previous_path, recover_checkpoint, write_checkpoint
 from aggregator.service.core.acks import AckGenerations
 from aggregator.service.core.batch_codec import encode_batch_arrays
-from aggregator.service.core.checkpoint import CheckpointError, decode_checkpoint, encode_checkpoint
+from aggregator.service.core.checkpoint import CheckpointError
+from aggregator.service.core.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from aggregator.service.core.rules import AggregatorCore, CoreRules
 from edge import MechanismSpec
 from edge.batch_auth import BatchSigner

@@ -31,11 +31,8 @@ from aggregator.ledger.ledger_file import decode_ledger, encode_ledger, encode_l
 from aggregator.ledger.privacy_ledger import PrivacyLedger
 from aggregator.series.core import Delta
 from aggregator.service.core.batch_codec import encode_batch_arrays
-from aggregator.service.core.checkpoint import (
-    Checkpoint,
-    decode_checkpoint,
-    encode_checkpoint,
-)
+from aggregator.service.core.checkpoint import Checkpoint
+from aggregator.service.core.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from aggregator.service.core.memory import BatchMemory
 from aggregator.service.core.rules import AggregatorCore, CoreRules, check_resumable
 from edge import MechanismSpec, codec

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregator.service.core.batch_codec import encode_batch_arrays
-from aggregator.service.core.checkpoint import decode_checkpoint, encode_checkpoint
+from aggregator.service.core.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from aggregator.service.core.keys import anchor_of, describe_anchor, is_anchor
 from aggregator.service.core.rules import AggregatorCore, CoreRules
 from edge import MechanismSpec

@@ -9,7 +9,11 @@
 * :mod:`~aggregator.service.core.manifests`: releases reconciled against their batches;
 * :mod:`~aggregator.service.core.acks`: PUBACKs held until two checkpoint generations are
   durable;
-* :mod:`~aggregator.service.core.checkpoint`: what a checkpoint holds, and its text;
+* :mod:`~aggregator.service.core.checkpoint`: what a checkpoint holds;
+* :mod:`~aggregator.service.core.checkpoint_codec`: its text, written, read (versions 1 to 4)
+  and checked;
+* :mod:`~aggregator.service.core.checkpoint_migration`: a checkpoint of version 3 or older
+  (rounds by number) made one of round starts;
 * :mod:`~aggregator.service.core.binding`: whether a checkpoint and a privacy ledger file
   belong together (refused at start when not).
 

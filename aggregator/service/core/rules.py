@@ -91,13 +91,8 @@ from aggregator.service.core.accounting import (
     charge_unplaced,
 )
 from aggregator.service.core.batch_codec import decode_batch_arrays
-from aggregator.service.core.checkpoint import (
-    CHECKPOINT_VERSION,
-    Checkpoint,
-    Counters,
-    migrate_rounds,
-    numbered_rounds_problem,
-)
+from aggregator.service.core.checkpoint import CHECKPOINT_VERSION, Checkpoint, Counters
+from aggregator.service.core.checkpoint_migration import migrate_rounds, numbered_rounds_problem
 from aggregator.service.core.keys import TrustedKeys
 from aggregator.service.core.manifests import Loss, Reconciler
 from aggregator.service.core.memory import BatchMemory, ShardStats
