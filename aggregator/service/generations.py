@@ -54,7 +54,7 @@ from aggregator.service.checkpoint_files import (
 from aggregator.service.config import AggregatorConfig
 from aggregator.service.core.acks import AckGenerations
 from aggregator.service.core.checkpoint import Checkpoint
-from aggregator.service.core.rules import AggregatorCore
+from aggregator.service.core.machine import AggregatorCore
 from aggregator.service.metrics import AggregatorMetrics
 from aggregator.service.quarantine_file import encode_quarantine, write_quarantine
 from aggregator.service.series_file import SeriesFile, SeriesWrite

@@ -2,7 +2,7 @@
 through the core, counted, logged and acknowledged.
 
 :class:`Intake` routes a message by its topic (:func:`~aggregator.service.session.route`), has the
-core verify and apply a batch (:meth:`~aggregator.service.core.rules.AggregatorCore.check`,
+core verify and apply a batch (:meth:`~aggregator.service.core.machine.AggregatorCore.check`,
 ``partial``, ``apply``) or reconcile a manifest, syncs the metrics and tells the publisher; it
 counts what is refused or left unacknowledged, and logs it only the 1st, 2nd, 4th, 8th... time of
 each kind per run, so a flood cannot flood the log. The PUBACK of a delivery goes out through the
@@ -22,7 +22,8 @@ import paho.mqtt.client as paho
 
 from aggregator.service.config import AggregatorConfig
 from aggregator.service.core.checkpoint import Counters
-from aggregator.service.core.rules import AggregatorCore, RejectedError
+from aggregator.service.core.machine import AggregatorCore
+from aggregator.service.core.rules import RejectedError
 from aggregator.service.generations import Generations
 from aggregator.service.metrics import UNACKED_REASONS, AggregatorMetrics
 from aggregator.service.publishing import Publisher

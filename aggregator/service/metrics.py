@@ -35,7 +35,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Info
 
 from aggregator.estimation.estimators import Estimates
-from aggregator.service.core.rules import AggregatorCore
+from aggregator.service.core.machine import AggregatorCore
 from edge.spec import MechanismSpec
 
 logger = logging.getLogger(__name__)

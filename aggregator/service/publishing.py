@@ -41,7 +41,7 @@ from aggregator.service.checkpoint_files import ledger_seen, recover_checkpoint
 from aggregator.service.config import AggregatorConfig
 from aggregator.service.core.binding import check_binding
 from aggregator.service.core.checkpoint import Counters
-from aggregator.service.core.rules import AggregatorCore
+from aggregator.service.core.machine import AggregatorCore
 from aggregator.service.metrics import AggregatorMetrics, epsilon_curve_grid
 from aggregator.service.series_view import SeriesView
 from edge.errors import CocoError

@@ -33,9 +33,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from aggregator.service.config import AggregatorConfig
+from aggregator.service.core.machine import AggregatorCore
 from aggregator.service.core.quarantine import KEPT_REASONS
 from aggregator.service.core.replay import replay
-from aggregator.service.core.rules import AggregatorCore
 from aggregator.service.generations import Generations
 from aggregator.service.publishing import Publisher
 from aggregator.service.quarantine_file import (

@@ -1,6 +1,6 @@
 """The aggregator service: signed, shuffled batches in, streaming estimates and metrics out.
 
-A thin shell around :class:`~aggregator.service.core.rules.AggregatorCore` (the rules: what is
+A thin shell around :class:`~aggregator.service.core.machine.AggregatorCore` (the rules: what is
 applied, refused, remembered): it wires the MQTT session (:mod:`aggregator.service.session`), what
 is done with each message (:mod:`aggregator.service.intake`), the checkpoint files
 (:mod:`aggregator.service.checkpoint_files`, :mod:`aggregator.service.generations`), the pinned key
@@ -81,7 +81,8 @@ from aggregator.service.core.checkpoint import (
     Counters,
 )
 from aggregator.service.core.keys import describe_anchor
-from aggregator.service.core.rules import AggregatorCore, CoreRules, check_resumable
+from aggregator.service.core.machine import AggregatorCore, check_resumable
+from aggregator.service.core.rules import CoreRules
 from aggregator.service.generations import Generations
 from aggregator.service.http import MetricsServer, Source
 from aggregator.service.intake import Intake

@@ -49,7 +49,7 @@ from prometheus_client import Counter
 
 from aggregator.durable import write_atomically
 from aggregator.service.core.keys import anchor_of, describe_anchor, is_anchor
-from aggregator.service.core.rules import AggregatorCore
+from aggregator.service.core.machine import AggregatorCore
 from edge.announce import decode_announcement, shard_plan
 from edge.errors import CocoError, SpecError
 

@@ -27,7 +27,8 @@ from aggregator.service.core.acks import AckGenerations
 from aggregator.service.core.batch_codec import encode_batch_arrays
 from aggregator.service.core.checkpoint import CheckpointError
 from aggregator.service.core.checkpoint_codec import decode_checkpoint, encode_checkpoint
-from aggregator.service.core.rules import AggregatorCore, CoreRules
+from aggregator.service.core.machine import AggregatorCore
+from aggregator.service.core.rules import CoreRules
 from edge import MechanismSpec
 from edge.batch_auth import BatchSigner
 

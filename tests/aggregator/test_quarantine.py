@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 from aggregator.service.checkpoint_files import recover_checkpoint, write_checkpoint
 from aggregator.service.core.acks import AckGenerations
 from aggregator.service.core.batch_codec import encode_batch_arrays
+from aggregator.service.core.machine import AggregatorCore
 from aggregator.service.core.quarantine import Entry, Quarantine
 from aggregator.service.core.replay import replay
-from aggregator.service.core.rules import AggregatorCore, CoreRules
+from aggregator.service.core.rules import CoreRules
 from aggregator.service.quarantine_file import (
     QuarantineFileError,
     encode_quarantine,

@@ -33,8 +33,9 @@ from aggregator.series.core import Delta
 from aggregator.service.core.batch_codec import encode_batch_arrays
 from aggregator.service.core.checkpoint import Checkpoint
 from aggregator.service.core.checkpoint_codec import decode_checkpoint, encode_checkpoint
+from aggregator.service.core.machine import AggregatorCore, check_resumable
 from aggregator.service.core.memory import BatchMemory
-from aggregator.service.core.rules import AggregatorCore, CoreRules, check_resumable
+from aggregator.service.core.rules import CoreRules
 from edge import MechanismSpec, codec
 from edge.batch_auth import BatchSigner
 from edge.codec import CodecError

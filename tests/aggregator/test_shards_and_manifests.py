@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from aggregator.service.core.batch_codec import encode_batch_arrays
 from aggregator.service.core.checkpoint_codec import decode_checkpoint, encode_checkpoint
 from aggregator.service.core.keys import anchor_of, describe_anchor, is_anchor
-from aggregator.service.core.rules import AggregatorCore, CoreRules
+from aggregator.service.core.machine import AggregatorCore
+from aggregator.service.core.rules import CoreRules
 from edge import MechanismSpec
 from edge.batch_auth import BatchSigner
 from edge.codec import encode_manifest

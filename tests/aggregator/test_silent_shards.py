@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from aggregator.service.core.batch_codec import encode_batch_arrays
 from aggregator.service.core.keys import anchor_of
-from aggregator.service.core.rules import AggregatorCore, CoreRules
+from aggregator.service.core.machine import AggregatorCore
+from aggregator.service.core.rules import CoreRules
 from aggregator.service.core.silence import TRACKED_ROUNDS, SilenceChange, SilenceWatch
 from aggregator.service.intake import log_silence
 from aggregator.service.metrics import AggregatorMetrics

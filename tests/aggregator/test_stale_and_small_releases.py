@@ -14,7 +14,8 @@ import pytest
 from aggregator.accountant import amplify_spec
 from aggregator.accountant.history import epsilon_total_rounds
 from aggregator.ledger import ledger_file, privacy_ledger
-from aggregator.service.core.rules import ACCOUNTED_REFUSALS, AggregatorCore
+from aggregator.service.core.machine import AggregatorCore
+from aggregator.service.core.rules import ACCOUNTED_REFUSALS
 from edge.batch_auth import BatchSigner
 from tests.aggregator.test_shards_and_manifests import (
     DEP,

@@ -1,7 +1,9 @@
 """The service's rules, with no I/O: what is applied, what is refused, what is remembered.
 
-* :mod:`~aggregator.service.core.rules`: :class:`AggregatorCore`, every decision about a
+* :mod:`~aggregator.service.core.machine`: :class:`AggregatorCore`, every decision about a
   batch or a manifest, driven by explicit inputs (the sealed payload, the time);
+* :mod:`~aggregator.service.core.rules`: its terms: what a batch must satisfy
+  (:class:`CoreRules`), what a check concludes, and how rounds are keyed;
 * :mod:`~aggregator.service.core.memory`: the applied batch ids by round, and the batches
   per shard;
 * :mod:`~aggregator.service.core.batch_codec`: the batches' wire format as numpy arrays;

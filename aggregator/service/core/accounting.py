@@ -1,5 +1,5 @@
 """What the privacy ledger is charged for a verified batch or release, applied or not (no
-I/O): the accounting rules of :class:`~aggregator.service.core.rules.AggregatorCore`."""
+I/O): the accounting rules of :class:`~aggregator.service.core.machine.AggregatorCore`."""
 
 from __future__ import annotations
 

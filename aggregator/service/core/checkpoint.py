@@ -1,6 +1,6 @@
 """What the aggregator's checkpoint holds: the data model, with no I/O.
 
-:class:`Checkpoint` is what :meth:`aggregator.service.core.rules.AggregatorCore.content` takes of
+:class:`Checkpoint` is what :meth:`aggregator.service.core.machine.AggregatorCore.content` takes of
 the core's state, and what a checked checkpoint file gives back. Its text, written, read and
 checked, is :mod:`aggregator.service.core.checkpoint_codec`'s; the reading of files of version 3
 or older (rounds by number) under the announced round length is
@@ -107,8 +107,9 @@ class LedgerRecord:
 
 @dataclass(frozen=True, kw_only=True)
 class Checkpoint:
-    """What a checkpoint holds (:meth:`aggregator.service.core.rules.AggregatorCore.content`), or a
-    checked checkpoint file (:func:`~aggregator.service.checkpoint_files.load_checkpoint`, with its
+    """What a checkpoint holds
+    (:meth:`aggregator.service.core.machine.AggregatorCore.content`), or a checked checkpoint file
+    (:func:`~aggregator.service.checkpoint_files.load_checkpoint`, with its
     ``path``)."""
 
     version: int = CHECKPOINT_VERSION

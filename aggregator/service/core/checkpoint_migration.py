@@ -7,8 +7,8 @@ was written under (:func:`numbered_rounds_problem`). Apart from the data model
 (:mod:`aggregator.service.core.checkpoint`) and the text
 (:mod:`aggregator.service.core.checkpoint_codec`) because it is a one-way step taken once, at
 start, on a checkpoint already read: the core resuming from one
-(:meth:`aggregator.service.core.rules.AggregatorCore.restore`,
-:func:`aggregator.service.core.rules.check_resumable`) is its only user.
+(:meth:`aggregator.service.core.machine.AggregatorCore.restore`,
+:func:`aggregator.service.core.machine.check_resumable`) is its only user.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ nothing; a batch that disagrees with an accepted manifest withdraws that manifes
 way (the batch itself, verified, is applied).
 
 A re-sent manifest (the shuffler re-publishes after a restart) is a duplicate: the release
-ids of the retained rounds are remembered, as batch ids are (:class:`~aggregator.service.core.rules.
-BatchMemory`). Everything here is bounded by the grace period and the retained rounds. The
+ids of the retained rounds are remembered, as batch ids are
+(:class:`~aggregator.service.core.memory.BatchMemory`). Everything here is bounded by the grace
+period and the retained rounds. The
 checkpoint holds it (:meth:`Reconciler.to_json`) but for the batches applied in the last
 ``grace`` seconds, which only memory holds: after a restart a manifest's batches applied
 before it count as received (their ids are remembered), their counts unchecked.

@@ -1,6 +1,7 @@
 """What the core remembers of the batches it applied: their ids by round start, for the retained
 horizon (:class:`BatchMemory`), and their sizes per shard (:class:`ShardStats`). Pure code
-(:mod:`aggregator.service.core.rules` uses them; its module docs say why)."""
+(:mod:`aggregator.service.core.machine` uses them; :mod:`aggregator.service.core.rules`
+says why)."""
 
 from __future__ import annotations
 

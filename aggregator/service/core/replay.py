@@ -2,9 +2,10 @@
 
 After the trusted anchor changed (``coco aggregator trust``), after a restart (another
 configuration) or on an operator's request (``coco aggregator rejected replay``), each entry of
-:attr:`AggregatorCore.quarantine <aggregator.service.core.rules.AggregatorCore.quarantine>`, oldest
-first, takes the path a delivery takes (:meth:`~aggregator.service.core.rules.AggregatorCore.check`,
-``partial``, ``apply``; :meth:`~aggregator.service.core.rules.AggregatorCore.manifest`'s checks), so
+:attr:`AggregatorCore.quarantine <aggregator.service.core.machine.AggregatorCore.quarantine>`,
+oldest first, takes the path a delivery takes
+(:meth:`~aggregator.service.core.machine.AggregatorCore.check`, ``partial``, ``apply``;
+:meth:`~aggregator.service.core.machine.AggregatorCore.manifest`'s checks), so
 the batch ids, the ledger, the series and the manifests apply it exactly once:
 
 * applied, or found applied already (``duplicate``): *retired* (kept in the file until two
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 from aggregator.service.core.rules import RejectedError
 
 if TYPE_CHECKING:
-    from aggregator.service.core.rules import AggregatorCore
+    from aggregator.service.core.machine import AggregatorCore
 
 __all__ = ["replay"]
 
