@@ -2,7 +2,8 @@
 
 A thin shell around :class:`~aggregator.service.core.machine.AggregatorCore` (the rules: what is
 applied, refused, remembered): it wires the MQTT session (:mod:`aggregator.service.session`), what
-is done with each message (:mod:`aggregator.service.intake`), the checkpoint files
+is done with each message (:mod:`aggregator.service.intake`), the recovery of its files at start
+(:mod:`aggregator.service.recovery`), the checkpoint files
 (:mod:`aggregator.service.checkpoint_files`, :mod:`aggregator.service.generations`), the pinned key
 (:mod:`aggregator.service.trust`), the HTTP endpoint and gauges (:mod:`aggregator.service.metrics`,
 :mod:`aggregator.service.publishing`) and the timers, and runs their lifecycle. Nothing unverified
@@ -52,9 +53,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import time
 from collections.abc import Callable
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
@@ -62,34 +61,22 @@ import aiomqtt
 import paho.mqtt.client as paho
 from prometheus_client import CollectorRegistry
 
-from aggregator.ledger.ledger_file import (
-    LedgerFileError,
-    LoadedLedger,
-    ledger_path_for,
-    read_ledger,
-)
 from aggregator.ledger.levels import PrivacyLevel
 from aggregator.ledger.privacy_ledger import PrivacyLedger
-from aggregator.service.checkpoint_files import ledger_seen, lock_checkpoint, recover_checkpoint
+from aggregator.service.checkpoint_files import lock_checkpoint
 from aggregator.service.config import AggregatorConfig
 from aggregator.service.core.acks import AckGenerations
-from aggregator.service.core.binding import check_binding
-from aggregator.service.core.checkpoint import (
-    CHECKPOINT_VERSION,
-    Checkpoint,
-    CheckpointError,
-    Counters,
-)
+from aggregator.service.core.checkpoint import Counters
 from aggregator.service.core.keys import describe_anchor
-from aggregator.service.core.machine import AggregatorCore, check_resumable
+from aggregator.service.core.machine import AggregatorCore
 from aggregator.service.core.rules import CoreRules
 from aggregator.service.generations import Generations
 from aggregator.service.http import MetricsServer, Source
 from aggregator.service.intake import Intake
 from aggregator.service.metrics import AggregatorMetrics
 from aggregator.service.publishing import Publisher, RefreshOnCollect, log_shutdown
+from aggregator.service.recovery import Recovery
 from aggregator.service.rejected import Rejected
-from aggregator.service.series_file import recover_series
 from aggregator.service.session import Ack, BatchSession
 from aggregator.service.trust import KeyGuard
 from aggregator.service.truth_file import truth_answer
@@ -176,6 +163,14 @@ class Aggregator:
             config, self.core, self.registry, self.generations, publisher=self.publisher
         )
         self.keys.on_trusted = lambda: self.rejected.replay("the trusted key changed")
+        self.recovery = Recovery(
+            config,
+            self.core,
+            metrics=self.metrics,
+            generations=self.generations,
+            keys=self.keys,
+            rejected=self.rejected,
+        )
         self.recovered = False
         """Whether the checkpoint (if any) has been recovered: readiness needs it."""
         self._shown_ready = False
@@ -335,7 +330,7 @@ class Aggregator:
                 )
                 self._http.start()
             if path is not None:
-                await self._recover(path)
+                await self.recovery.recover(path)
             elif self.config.key_source == "announced":
                 logger.warning(
                     "no --checkpoint: the announced batch key is trusted at every start, "
@@ -353,123 +348,6 @@ class Aggregator:
             self._entered = self.publisher.entered = False
             raise
         return self
-
-    async def _recover(self, path: Path) -> None:
-        """Resume from the newest good checkpoint generation and settle the key in force."""
-        recovery = await asyncio.to_thread(recover_checkpoint, path)
-        if recovery.fallback is not None:
-            logger.warning("%s; the broker redelivers what it lacks", recovery.fallback)
-        checkpoint = recovery.checkpoint
-        if checkpoint is not None:
-            problem = check_resumable(self.core, checkpoint)
-            if problem is not None:
-                raise CheckpointError(f"checkpoint {checkpoint.path} {problem}")
-        ledger_path = ledger_path_for(path)
-        loaded = await asyncio.to_thread(
-            read_ledger, ledger_path, spec=self.spec, delta=self.config.delta
-        )
-        self._check_binding(checkpoint, recovery.fallback is not None, ledger_path, loaded)
-        self.generations.vouch(loaded)
-        self.keys.settle(
-            configured=self.config.key_source == "configured",
-            checkpoint_key=None if checkpoint is None else checkpoint.trusted,
-        )
-        if checkpoint is not None:
-            self._restore(checkpoint)
-            if checkpoint.ledger is None:  # written before the binding: bind it now
-                self.core.dirty = True
-        await self._recover_series(path, checkpoint)
-        if loaded is not None:  # what the devices spent, kept apart from the estimates
-            self.core.ledger = loaded.ledger
-            loaded.ledger.round_seconds = self.config.round_seconds  # dates its releases
-            if loaded.ledger.numbered and self.config.round_seconds is not None:
-                # written when rounds were numbers; without a round length it stays so
-                loaded.ledger.renumber(self.core.rules.unit)
-                logger.info(
-                    "privacy ledger %s kept round numbers: read under round_seconds %d",
-                    loaded.path,
-                    self.core.rules.unit,
-                )
-            logger.info(
-                "privacy ledger %s: generation %d, %d participations",
-                loaded.path,
-                loaded.ledger.generation,
-                sum(loaded.ledger.rounds().values()),
-            )
-        self.rejected.recover()  # and replayed, once the rest is recovered
-
-    async def _recover_series(self, path: Path, checkpoint: Checkpoint | None) -> None:
-        """The series file's committed records replayed, the rest cut off
-        (:func:`~aggregator.service.series_file.recover_series`); nothing without a round
-        length."""
-        series = self.core.rules.new_series()
-        self.core.series = series
-        if series is None:
-            logger.info("no round length: no per-round series is kept")
-            return
-        recovered = await asyncio.to_thread(
-            recover_series,
-            path,
-            checkpoint,
-            series,
-            deployment=self.config.deployment,
-            anew=self.config.new_series,
-        )
-        for line in recovered.notes:
-            logger.warning("%s", line)
-        series.expire(time.time())
-        self.generations.series_file = recovered.file
-        logger.info("series %s: %d rows, sequence %d", recovered.file.path, len(series), series.seq)
-
-    def _check_binding(
-        self,
-        checkpoint: Checkpoint | None,
-        fell_back: bool,
-        ledger_path: Path,
-        loaded: LoadedLedger | None,
-    ) -> None:
-        """Refuse a ledger or checkpoint that does not belong with the other
-        (:mod:`aggregator.service.core.binding`): :class:`LedgerFileError`, one line."""
-        binding = check_binding(
-            deployment=self.config.deployment,
-            checkpoint=checkpoint,
-            fell_back=fell_back,
-            ledger_path=ledger_path,
-            ledger=None if loaded is None else ledger_seen(loaded),
-        )
-        for line in binding.warnings:
-            logger.warning("%s", line)
-        for line in binding.notes:
-            logger.info("%s", line)
-        if binding.refusal is not None:
-            raise LedgerFileError(binding.refusal)
-
-    def _restore(self, checkpoint: Any) -> None:
-        self.core.restore(checkpoint)
-        self.generations.generation = checkpoint.generation
-        restored = self.core.counters
-        self.metrics.sync(self.core)
-        self.metrics.checkpoint_generation.set(self.generation)
-        if checkpoint.version < CHECKPOINT_VERSION:
-            logger.info(
-                "checkpoint %s is version %d: its round numbers read under round_seconds %d "
-                "and rewritten as version %d (rounds keyed by their start time)%s",
-                checkpoint.path,
-                checkpoint.version,
-                self.core.rules.unit,
-                CHECKPOINT_VERSION,
-                "; its unsigned batch ids are dropped" if checkpoint.version == 1 else "",
-            )
-        logger.info(
-            "resumed from %s (generation %d): n=%d, %d batches, %d batch ids of rounds %s..%s",
-            checkpoint.path,
-            self.generation,
-            self.state.n,
-            restored.batches,
-            self.retained_batch_ids,
-            self.oldest_retained_round,
-            self.newest_round,
-        )
 
     async def __aexit__(
         self,
