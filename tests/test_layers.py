@@ -73,6 +73,7 @@ CORES: dict[str, tuple[str, ...]] = {
     "aggregator.accountant": ("aggregator.service",),
     "aggregator.series": ("aggregator.service",),
     "aggregator.ledger.privacy_ledger": ("aggregator.service", *LEDGER_SHELL),
+    "aggregator.ledger.participations": ("aggregator.service", *LEDGER_SHELL),
     "aggregator.ledger.levels": ("aggregator.service", *LEDGER_SHELL),
     "aggregator.ledger.records": ("aggregator.service", *LEDGER_SHELL),
     "aggregator.ledger.timeline": ("aggregator.service", *LEDGER_SHELL),

@@ -2,8 +2,10 @@
 recorded, kept, computed and planned.
 
 * :mod:`~aggregator.ledger.privacy_ledger`: :class:`PrivacyLedger`, the record of every
-  release, plain data with no I/O (its docstring holds the argument for one participation
-  per source round);
+  release and the central privacy it amounts to, per period and in all, plain data with no
+  I/O (its docstring holds the argument for one participation per source round);
+* :mod:`~aggregator.ledger.participations`: the records it is built on, recorded
+  idempotently, compacted, renumbered and dated;
 * :mod:`~aggregator.ledger.records`: what it records (release and batch records, the
   participations they charge, their digest) and the checks on every field;
 * :mod:`~aggregator.ledger.levels`: the values that cross from it, immutable: the snapshot
@@ -26,6 +28,7 @@ levels; the ledger knows nothing of the service.
 
 May import: :mod:`aggregator.accountant`, :mod:`aggregator.durable`, ``edge``, typer (the
 command line), numpy and scipy (the accountant's own: the curve file pins their versions)
-and the standard library; nothing of :mod:`aggregator.service`. Its pure
-modules (``privacy_ledger``, ``records``, ``levels``) do no I/O: the service's core uses them.
+and the standard library; nothing of :mod:`aggregator.service`. Its pure modules
+(``privacy_ledger``, ``participations``, ``records``, ``levels``) do no I/O: the service's core
+uses them.
 """

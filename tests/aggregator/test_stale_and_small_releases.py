@@ -13,7 +13,8 @@ import pytest
 
 from aggregator.accountant import amplify_spec
 from aggregator.accountant.history import epsilon_total_rounds
-from aggregator.ledger import ledger_file, privacy_ledger
+from aggregator.ledger import ledger_file
+from aggregator.ledger import participations as ledger_participations
 from aggregator.service.core.machine import AggregatorCore
 from aggregator.service.core.rules import ACCOUNTED_REFUSALS
 from edge.batch_auth import BatchSigner
@@ -123,7 +124,7 @@ def test_a_stale_replay_is_charged_again_once_its_id_is_forgotten(
 ) -> None:
     """The memory is bounded: past FORGOTTEN_KEPT ids the oldest is forgotten, and its
     replay is charged again (an overstatement of loss, never of privacy)."""
-    monkeypatch.setattr(privacy_ledger, "FORGOTTEN_KEPT", 2)
+    monkeypatch.setattr(ledger_participations, "FORGOTTEN_KEPT", 2)
     agg = core()
     before = participations(agg)
     for batch in (2, 3, 4):

@@ -63,7 +63,7 @@ ACCOUNTED_REFUSALS = frozenset({"future_round", "stale_round", "wrong_shard"})
 shuffler (whoever listens on the batches topic has them): the privacy ledger accounts them
 all the same. A stale round's detail is usually compacted in the ledger: the record is then
 charged as an extra participation, and its id remembered in the ledger's bounded memory
-(:data:`~aggregator.ledger.privacy_ledger.FORGOTTEN_KEPT` ids, saved in its file), so a
+(:data:`~aggregator.ledger.participations.FORGOTTEN_KEPT` ids, saved in its file), so a
 replay is not charged again until that id is forgotten; after that it is, pessimistically.
 A verified batch below ``min_batch`` is accounted too, at its real size
 (:meth:`~aggregator.service.core.machine.AggregatorCore.check`)."""
