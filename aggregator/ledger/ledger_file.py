@@ -49,7 +49,7 @@ from aggregator.durable import write_atomically
 from aggregator.ledger.privacy_ledger import ID_BYTES, MAX_ROUND, PrivacyLedger
 from aggregator.ledger.timeline import Timeline
 from edge.errors import CocoError
-from edge.rounds import MAX_START
+from edge.rounds import MAX_ROUND_SECONDS, MAX_START
 from edge.spec import MechanismSpec
 
 __all__ = [
@@ -282,13 +282,19 @@ def _parse(spec: MechanismSpec, delta: float, data: Mapping[str, Any]) -> Privac
             raise _FieldError(name, str(exc)) from None
         if outcome != "recorded":
             raise _FieldError(name, f"contradicts an earlier entry ({outcome})")
-    for i, row in enumerate(read.rows("batches", "[round, shard, batch_id, size]")):
+    shape = "[round, shard, batch_id, size] or [..., size, round_seconds]"
+    for i, row in enumerate(read.rows("batches", shape, (4, 5))):
         name = f"batches[{i}]"
         round_ = read.integer(f"{name}.round", row[0], high=MAX_START)
         batch_id = read.hex_id(name, row[2])
         size = read.integer(f"{name}.size", row[3], low=1)
+        seconds = 0
+        if len(row) == 5:  # the length the batch carried (written only when it carried one)
+            seconds = read.integer(f"{name}.round_seconds", row[4], low=1, high=MAX_ROUND_SECONDS)
         try:
-            outcome = ledger.record_batch(round=round_, shard=row[1], batch_id=batch_id, size=size)
+            outcome = ledger.record_batch(
+                round=round_, shard=row[1], batch_id=batch_id, size=size, seconds=seconds
+            )
         except ValueError as exc:
             raise _FieldError(name, str(exc)) from None
         if outcome not in ("recorded", "covered"):

@@ -53,6 +53,7 @@ from aggregator.ledger.records import BatchRecord as _Batch
 from aggregator.ledger.records import Key as _Key
 from aggregator.ledger.records import ManifestRecord as _Manifest
 from aggregator.ledger.records import check_id as _check_id
+from aggregator.ledger.records import check_seconds as _check_seconds
 from aggregator.ledger.records import check_shard as _check_shard
 from aggregator.ledger.records import check_size as _check_size
 from aggregator.ledger.records import check_source as _check_source
@@ -185,13 +186,16 @@ class Participations:
         shard: str,
         batch_id: bytes,
         size: int,
+        seconds: int = 0,
     ) -> Outcome:
-        """An applied batch of ``size`` reports of ``round`` in ``shard``."""
+        """An applied batch of ``size`` reports of ``round`` in ``shard``, of a round of
+        ``seconds`` (as the batch carries it; 0: it carries none)."""
         round = _check_round(round)
         shard = _check_shard(shard)
         batch_id = _check_id("batch_id", batch_id)
         size = _check_size("size", size)
-        batch = _Batch(round=round, shard=shard, size=size)
+        seconds = _check_seconds(seconds)
+        batch = _Batch(round=round, shard=shard, size=size, seconds=seconds)
         known = self._batches.get(batch_id)
         if known is not None:
             return "duplicate" if known == batch else "mismatch"
@@ -287,7 +291,7 @@ class Participations:
             for k, m in self._manifests.items()
         }
         self._batches = {
-            k: _Batch(round=b.round * unit, shard=b.shard, size=b.size)
+            k: _Batch(round=b.round * unit, shard=b.shard, size=b.size, seconds=b.seconds)
             for k, b in self._batches.items()
         }
         self._rounds = {r * unit: ids for r, ids in self._rounds.items()}
@@ -333,9 +337,12 @@ class Participations:
     def _end_of(self, key: _Key) -> int | None:
         """When participation ``key``'s round ended (Unix seconds), if known: a source
         round's from its number and its length as the signed manifest lists them (undated
-        for a length outside ``[1, 86400]``: the unknown round); a release or batch record's
-        from its round's start and the configured round length (undated without one, or in
-        a ledger still numbered)."""
+        for a length outside ``[1, 86400]``: the unknown round); a batch record's from its
+        round's start and the length the batch carries (version 2: a batch of the old length
+        that arrives after a change of ``round_seconds`` is dated by its own); a release
+        record's, or a version-1 batch's, from its round's start and the configured round
+        length, the one its start was computed with (undated without one, or in a ledger
+        still numbered)."""
         kind, ident = key[0], key[1]
         if kind == "s":
             round_, length = int(str(ident)), int(str(key[2]))
@@ -345,8 +352,12 @@ class Participations:
         record: _Manifest | _Batch | None = None
         if isinstance(ident, bytes):
             record = self._manifests.get(ident) if kind == "r" else self._batches.get(ident)
-        if record is None or self.round_seconds is None or self.numbered:
+        if record is None or self.numbered:
             return None  # undated (numbered: not renumbered yet): counted in every period
+        if isinstance(record, _Batch) and record.seconds:
+            return record.round + record.seconds
+        if self.round_seconds is None:
+            return None
         return record.round + self.round_seconds
 
     # -- the old per-batch API --------------------------------------------------------------
@@ -385,7 +396,7 @@ class Participations:
                 for rid, m in sorted(self._manifests.items(), key=lambda kv: (kv[1].round, kv[0]))
             ],
             "batches": [
-                [b.round, b.shard, bid.hex(), b.size]
+                [b.round, b.shard, bid.hex(), b.size, *([b.seconds] if b.seconds else [])]
                 for bid, b in sorted(self._batches.items(), key=lambda kv: (kv[1].round, kv[0]))
             ],
             "compacted": _counts(history.compacted),

@@ -5,10 +5,10 @@ field a record takes (ids, rounds, sizes, sources, shard labels). Pure: no I/O."
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
-from edge.rounds import MAX_START
+from edge.rounds import MAX_ROUND_SECONDS, MAX_START
 
 ID_BYTES: Final = 16
 """Length of a release id and of a batch id (docs/protocol.md)."""
@@ -48,6 +48,11 @@ class BatchRecord:
     round: int
     shard: str
     size: int
+    seconds: int = field(default=0, compare=False, repr=False)
+    """The length of its round as the batch carries it (wire version 2), 0 if it carries
+    none (version 1: read under the announced length). It dates the batch's participation
+    while no manifest lists it; a replay of the same bytes carries the same length, so it is
+    left out of equality and of the :func:`digest` (which files already hold)."""
 
 
 def check_id(name: str, value: bytes) -> bytes:
@@ -88,6 +93,13 @@ def check_source(value: tuple[int, int]) -> tuple[int, int]:
     if length == 0 and round_ != MAX_ROUND:
         raise ValueError("round_seconds 0 stands only for an unknown round (2^32 - 1)")
     return round_, length
+
+
+def check_seconds(value: int) -> int:
+    """A batch's round length: in ``[1, 86400]`` as the wire allows, or 0 (not carried)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ROUND_SECONDS:
+        raise ValueError(f"round_seconds must be an integer in [0, 86400], got {value!r}")
+    return value
 
 
 def check_shard(value: str) -> str:

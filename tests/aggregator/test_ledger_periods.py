@@ -115,3 +115,23 @@ def test_unknown_times_count_in_every_period() -> None:
     ledger.round_seconds = R  # now the batch is dated by its round's start: [50, 60)
     assert ledger.period_rounds(0, 1) == {33: 1}
     assert ledger.period_rounds(55, 60) == {33: 1, 77: 1}
+
+
+def test_a_batch_without_manifest_is_dated_by_the_length_it_carries() -> None:
+    """After a change of ``round_seconds`` from 60 s to 10 s, a batch of the last 60-s round
+    (wire version 2: it carries 60) with no manifest yet ended 60 s after its start, not 10:
+    dated by the configured length it would leave a period 50 s early. A batch that carries
+    no length (version 1) is dated by the configured one, the one its start was computed
+    with; both datings survive the ledger's file."""
+    start = 1_764_115_200
+    ledger = PrivacyLedger(SPEC, delta=DELTA, round_seconds=10)
+    ledger.record_batch(round=start, shard="", batch_id=os.urandom(16), size=70, seconds=60)
+    ledger.record_batch(round=start, shard="", batch_id=os.urandom(16), size=90)  # version 1
+    again = decode_ledger(encode_ledger(ledger, None), path=PATH, spec=SPEC, delta=DELTA)
+    again.round_seconds = 10
+    for one in (ledger, again):
+        assert one.period_rounds(start, start + 10) == {90: 1}
+        assert one.period_rounds(start + 10, start + 60) == {70: 1}
+        assert one.period_rounds(start + 60, start + 10**5) == {}
+    with pytest.raises(ValueError, match="round_seconds"):
+        ledger.record_batch(round=start, shard="", batch_id=os.urandom(16), size=5, seconds=86_401)

@@ -241,6 +241,31 @@ def test_a_version_1_batch_is_read_under_the_announced_length() -> None:
     assert core.handle(SIGNER.seal(again), now=T0 + 61) == "duplicate"
 
 
+def test_a_batch_without_manifest_is_charged_for_the_time_its_round_ended() -> None:
+    """Announced 10 s; a version-2 batch of a 60-s round (sent before the change) with no
+    manifest yet: the ledger dates its participation at the end of its own 60-s round,
+    whether applied or refused and charged (below min_batch); a version-1 batch at the end
+    of its round under the announced length."""
+    core = AggregatorCore(rules(10), delta=DELTA)
+    round_ = T0 // 60
+    start = round_ * 60
+    for batch_id, size in ((b"\x07" * 16, 5), (b"\x08" * 16, MIN_BATCH - 1)):
+        raw = encode_batch_arrays(
+            SPEC.fingerprint_int, round_, batch_id, np.arange(size, dtype=np.uint32),
+            np.zeros(size, dtype=np.uint16), round_seconds=60,
+        )  # fmt: skip
+        expected = "applied" if size >= MIN_BATCH else "below_min_batch"
+        assert core.handle(SIGNER.seal(raw), now=start + 61) == expected
+    v1 = encode_batch_arrays(
+        SPEC.fingerprint_int, start // 10 + 6, b"\x09" * 16, np.arange(4, dtype=np.uint32),
+        np.zeros(4, dtype=np.uint16),
+    )  # fmt: skip
+    assert core.handle(SIGNER.seal(v1), now=start + 71) == "applied"
+    assert core.ledger.period_rounds(start, start + 59) == {}
+    assert core.ledger.period_rounds(start + 59, start + 60) == {MIN_BATCH - 1: 1, 5: 1}
+    assert core.ledger.period_rounds(start + 60, start + 70) == {4: 1}
+
+
 def test_without_a_round_length_the_horizon_counts_rounds_of_the_newest_length() -> None:
     """A spec file without ``round_seconds``: version-2 batches still carry theirs, and
     the horizon counts ``retention_rounds`` of the newest round's length."""

@@ -61,10 +61,14 @@ def account_batch(
     shard: str | None,
     batch_id: bytes,
     size: int,
+    seconds: int = 0,
 ) -> None:
-    """A verified batch goes into the privacy ledger; one that contradicts a record is
-    charged as an extra participation at its own (real) size, and counted."""
-    outcome = ledger.record_batch(round=round_, shard=shard or "", batch_id=batch_id, size=size)
+    """A verified batch (of a round of ``seconds``, 0 if not known) goes into the privacy
+    ledger; one that contradicts a record is charged as an extra participation at its own
+    (real) size, and counted."""
+    outcome = ledger.record_batch(
+        round=round_, shard=shard or "", batch_id=batch_id, size=size, seconds=seconds
+    )
     if outcome == "mismatch":
         ledger.record_extra(size=size)
         count_conflict(counters)

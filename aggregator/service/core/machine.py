@@ -165,6 +165,12 @@ class AggregatorCore:
         (:mod:`aggregator.service.core.rules`, *Rounds are times*)."""
         return round_seconds_of(message) or self.rules.unit
 
+    def dating(self, message: memoryview) -> int:
+        """The round length that dates a decoded batch in the privacy ledger while no
+        manifest lists it: the one it carries (version 2), else the announced one (its
+        start was computed with it), else 0: undated, counted in every period."""
+        return round_seconds_of(message) or (self.rules.round_seconds or 0)
+
     def _check_round(
         self, shard: str | None, round_: int, length: int, size: int, now: float | None
     ) -> None:
@@ -197,21 +203,22 @@ class AggregatorCore:
             raise RejectedError("fingerprint_mismatch", size)
         if size == 0:
             raise RejectedError("empty")
+        dating = self.dating(inner)
         if size < self.rules.min_batch:
             # released all the same (signed): accounted at its real size, like any batch
-            self._account_batch(round_ * length, shard, batch_id, size)
+            self._account_batch(round_ * length, shard, batch_id, size, dating)
             self._touch()
             raise RejectedError("below_min_batch", size)
         try:
             self._check_round(shard, round_, length, size, now)
         except RejectedError as rejected:
             if rejected.reason in ACCOUNTED_REFUSALS:  # released all the same: accounted
-                self._account_batch(round_ * length, shard, batch_id, size)
+                self._account_batch(round_ * length, shard, batch_id, size, dating)
                 self._touch()
             raise
         if batch_id in self.memory:
             return None
-        return Verified(batch_id, round_, seeds, z, shard, length)
+        return Verified(batch_id, round_, seeds, z, shard, length, dating)
 
     def _future(self, start: int, length: int, now: float | None) -> bool:
         """Whether a round of ``length`` starting at ``start`` begins more than the horizon
@@ -245,7 +252,7 @@ class AggregatorCore:
             return False
         start = batch.start
         if self.memory.stale(start):  # released all the same: accounted
-            self._account_batch(start, batch.shard, batch.batch_id, batch.size)
+            self._account_batch(start, batch.shard, batch.batch_id, batch.size, batch.dating)
             self._touch()
             raise RejectedError("stale_round", batch.size, keep=True)
         self.state.merge(partial)
@@ -265,7 +272,7 @@ class AggregatorCore:
         )
         self.latest_batch = size
         self.last_batch_timestamp = now
-        self._account_batch(start, batch.shard, batch.batch_id, size)
+        self._account_batch(start, batch.shard, batch.batch_id, size, batch.dating)
         if batch.shard is not None:
             self.shards.setdefault(batch.shard, ShardStats()).add(size)
             self.silence.released(batch.shard, start)
@@ -336,11 +343,20 @@ class AggregatorCore:
             self.silence.released(shard, start)
         return outcome
 
-    def _account_batch(self, start: int, shard: str | None, batch_id: bytes, size: int) -> None:
+    def _account_batch(
+        self, start: int, shard: str | None, batch_id: bytes, size: int, dating: int
+    ) -> None:
         """The ledger keys a release by its round's start
-        (:mod:`aggregator.service.core.rules`, *Rounds are times*)."""
+        (:mod:`aggregator.service.core.rules`, *Rounds are times*), and dates a batch no
+        manifest lists by ``dating`` (:meth:`dating`)."""
         account_batch(
-            self.ledger, self.counters, round_=start, shard=shard, batch_id=batch_id, size=size
+            self.ledger,
+            self.counters,
+            round_=start,
+            shard=shard,
+            batch_id=batch_id,
+            size=size,
+            seconds=dating,
         )
 
     def _account_release(

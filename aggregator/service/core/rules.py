@@ -165,6 +165,10 @@ class Verified:
     shard: str | None = None
     round_seconds: int = 1
     """The length of ``round`` (the batch's, or the announced one for wire version 1)."""
+    dating: int = 0
+    """The round length that dates the batch in the privacy ledger: the one it carries, or
+    the announced one, 0 with neither
+    (:meth:`~aggregator.service.core.machine.AggregatorCore.dating`)."""
 
     @property
     def size(self) -> int:
