@@ -63,7 +63,7 @@ from typer.testing import CliRunner
 from aggregator.accountant import amplify_spec
 from aggregator.ledger import accountant_process
 from aggregator.service.config import AggregatorConfig
-from aggregator.service.metrics import REJECT_REASONS as BATCH_REJECT_REASONS
+from aggregator.service.metric_labels import REJECT_REASONS as BATCH_REJECT_REASONS
 from aggregator.service.service import Aggregator
 from broker.service.metrics import DROP_REASONS, REJECT_REASONS
 from broker.service.shuffler import Shuffler, ShufflerConfig

@@ -25,7 +25,8 @@ from aggregator.service.core.checkpoint import Counters
 from aggregator.service.core.machine import AggregatorCore
 from aggregator.service.core.rules import RejectedError
 from aggregator.service.generations import Generations
-from aggregator.service.metrics import UNACKED_REASONS, AggregatorMetrics
+from aggregator.service.metric_labels import UNACKED_REASONS
+from aggregator.service.metrics import AggregatorMetrics
 from aggregator.service.publishing import Publisher
 from aggregator.service.session import route
 
@@ -81,6 +82,8 @@ class Intake:
         self.generations = generations
         self.run_start = Counters()
         """The counters when this run began: what the log and the shutdown line count from."""
+        self.other_lengths = 0
+        """Batches applied this run of another round length than the service's."""
 
     async def on_message(self, paho_client: paho.Client, message: aiomqtt.Message) -> None:
         payload = message.payload
@@ -113,6 +116,8 @@ class Intake:
                     self.metrics.sync(core)
                     log_silence(self.core)
                     self.publisher.applied()
+                    if batch.round_seconds != (core.rules.round_seconds or batch.round_seconds):
+                        self._other_length(batch.round_seconds, core.rules.unit)
                     return "applied"
         except RejectedError as rejected:
             self._reject(rejected, payload, shard)
@@ -129,6 +134,22 @@ class Intake:
                 this_run,
             )
         return "duplicate"
+
+    def _other_length(self, length: int, unit: int) -> None:
+        """A batch applied of a round length other than the service's (counted; logged at
+        powers of two): expected for the rounds before a change of ``round_seconds``."""
+        self.metrics.batches_other_length.inc()
+        self.other_lengths += 1
+        if _is_power_of_two(self.other_lengths):
+            logger.info(
+                "applied a batch of %d-s rounds while this aggregator runs with %d-s rounds "
+                "(%d so far this run; coco_aggregator_batches_other_length_total): the rounds "
+                "before a change of round_seconds; if it goes on, a shuffler runs on another "
+                "length, or this aggregator was not restarted (docs/operations.md)",
+                length,
+                unit,
+                self.other_lengths,
+            )
 
     def handle_manifest(self, payload: bytes, shard: str | None = None) -> str:
         """Check and reconcile one sealed release manifest
@@ -180,7 +201,7 @@ class Intake:
 
     def count_unacknowledged(self, reason: str, count: int) -> None:
         """``count`` deliveries left without a PUBACK for ``reason``
-        (:data:`~aggregator.service.metrics.UNACKED_REASONS`); the broker redelivers them."""
+        (:data:`~aggregator.service.metric_labels.UNACKED_REASONS`); the broker redelivers them."""
         assert reason in UNACKED_REASONS
         if count <= 0:
             return

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from aggregator.accountant import amplify_spec
 from aggregator.service.checkpoint_files import load_checkpoint
 from aggregator.service.config import AggregatorConfig, resolve_batch_public_key
+from aggregator.service.core.batch_codec import encode_batch_arrays
 from aggregator.service.core.checkpoint import CHECKPOINT_VERSION, CheckpointError
 from aggregator.service.service import Aggregator
 from edge.batch_auth import BatchSigner
@@ -323,3 +325,32 @@ def test_the_privacy_ledger_survives_a_checkpoint_reset(tmp_path: Path) -> None:
         (tmp_path / name).unlink(missing_ok=True)
     # the estimates start from zero; the privacy loss of rounds 10 and 11 stays
     assert asyncio.run(run([(3, 12)])) == (MIN_BATCH, 3)
+
+
+def test_a_batch_of_another_round_length_is_applied_and_counted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An aggregator running with 60-s rounds applies a batch of a 10-s round (wire version
+    2, after a change of round_seconds it was not restarted for) and counts it, with one
+    INFO line; a batch of its own length, or of version 1 (read under its length), is not
+    counted."""
+    rep = reports(MIN_BATCH, 9)
+    now = int(time.time())
+    agg = Aggregator(agg_config(round_seconds=60))
+
+    def sealed(batch_id: int, round_: int, length: int) -> bytes:
+        raw = encode_batch_arrays(
+            SPEC.fingerprint_int, round_, batch_id.to_bytes(16, "big"), rep[0], rep[1],
+            round_seconds=length,
+        )  # fmt: skip
+        return SIGNER.seal(raw)
+
+    own, v1 = sealed(1, now // 60 - 1, 60), sealed(2, now // 60 - 1, 0)
+    shorter = [sealed(3 + k, now // 10 - 1 - k, 10) for k in range(3)]
+    with caplog.at_level("INFO", logger="aggregator"):
+        assert outcomes(agg, own, v1, *shorter) == ["applied"] * 5
+    value = agg.registry.get_sample_value("coco_aggregator_batches_other_length_total")
+    assert value == 3
+    lines = [r.getMessage() for r in caplog.records if "10-s rounds" in r.getMessage()]
+    assert len(lines) == 2  # the 1st and the 2nd: powers of two
+    assert "runs with 60-s rounds" in lines[0]

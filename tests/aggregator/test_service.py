@@ -33,7 +33,7 @@ from aggregator.ledger.ledger_file import ledger_path_for, load_ledger
 from aggregator.service.config import AggregatorConfig
 from aggregator.service.core.batch_codec import encode_batch_arrays
 from aggregator.service.core.checkpoint import CheckpointError
-from aggregator.service.metrics import REJECT_REASONS
+from aggregator.service.metric_labels import REJECT_REASONS
 from aggregator.service.service import Aggregator
 from edge import LocalMechanism, MechanismSpec
 from edge.batch_auth import BatchSigner

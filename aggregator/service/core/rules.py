@@ -71,7 +71,7 @@ A verified batch below ``min_batch`` is accounted too, at its real size
 Outcome = Literal["applied", "duplicate"] | str
 """What :meth:`~aggregator.service.core.machine.AggregatorCore.handle` did: ``"applied"``,
 ``"duplicate"`` or the reason a batch was rejected
-(:data:`aggregator.service.metrics.REJECT_REASONS`)."""
+(:data:`aggregator.service.metric_labels.REJECT_REASONS`)."""
 
 
 class RejectedError(Exception):
