@@ -4,7 +4,7 @@ What it holds
 -------------
 ``epsilon_total`` composes one privacy loss distribution per accounting size, each built
 from the certified blanket curve of that size evaluated at a few points
-(:mod:`aggregator.accountant.composition`, "One batch"). Those evaluations are almost the
+(:mod:`aggregator.accountant.batch_pld`). Those evaluations are almost the
 whole cost of a first composition (about 0.4 s per size at 10^6 reports: 13 s of the 16 s
 of a ledger of 33 sizes), and they depend on nothing the ledger records: only on the size,
 ``eps0``, ``s``, ``t``, the engine's window tail, the schedule of points and the code that
@@ -14,7 +14,7 @@ restarted service composes the same ledger with the points read back instead of 
 
     {"format": "coco-curve-cache", "version": 1,
      "pins": {"spec": "<fingerprint>", "exp_epsilon0": p, "s": s, "t": t, "delta": delta,
-              "curve": {tail, plateau, schedule, min_step_fraction},
+              "curve": {tail, plateau, schedule, sparse, min_step_fraction},
               "engine": "<SHA-256 of the accountant's source>", "numpy": "<version>",
               "scipy": "<version>", "long_double_eps": u, "machine": "<arch>"},
      "curves": [{"n": n, "step": h, "indices": [...], "deltas": [...],
@@ -79,8 +79,7 @@ import scipy
 
 import aggregator.accountant
 import edge.spec
-from aggregator.accountant.blanket import BlanketPair, blanket_pair_for_spec
-from aggregator.accountant.composition import (
+from aggregator.accountant.batch_pld import (
     CURVE_PINS,
     CurvePoints,
     check_curve_points,
@@ -88,6 +87,7 @@ from aggregator.accountant.composition import (
     recompute_curve_point,
     seed_curve_points,
 )
+from aggregator.accountant.blanket import BlanketPair, blanket_pair_for_spec
 from aggregator.durable import write_atomically
 from aggregator.ledger.ledger_file import canonical_json
 from edge.spec import MechanismSpec

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from aggregator.accountant import composition
+from aggregator.accountant.batch_pld import curve_points, recompute_curve_point
 from aggregator.accountant.blanket import blanket_pair_for_spec
-from aggregator.accountant.composition import curve_points, recompute_curve_point
 from aggregator.accountant.history import accounting_size, epsilon_total_rounds
 from aggregator.ledger import accountant_process
 from aggregator.ledger.curve_file import CurveFile, curves_path_for, decode_curves
