@@ -54,6 +54,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
+from aggregator.accountant._accumulate import cumulative_product
+
 __all__ = ["CAP", "PMF_SPAN", "chained_lower_cdf", "lower_cdf", "shifted_cdf"]
 
 FloatArray = NDArray[np.float64]
@@ -198,7 +200,7 @@ def _chained_pmf(  # noqa: PLR0917 (private helper)
     factors[anchors] = stats.binom.pmf(xs[anchors], ms[anchors], q)
     grid = np.ones((starts.size, int(pos.max()) + 1))
     grid[seg, pos] = factors
-    pmf: FloatArray = np.cumprod(grid, axis=1, dtype=np.float64)[seg, pos]
+    pmf: FloatArray = cumulative_product(grid)[seg, pos]
     return pmf
 
 
