@@ -23,6 +23,7 @@ from aggregator.accountant.history import accounting_size, epsilon_total_rounds
 from aggregator.ledger import accountant_process
 from aggregator.ledger.curve_file import CurveFile, curves_path_for, decode_curves
 from aggregator.ledger.ledger_file import canonical_json, ledger_path_for
+from aggregator.ledger.levels import LedgerSnapshot
 from aggregator.ledger.privacy_ledger import PrivacyLedger
 from edge.spec import MechanismSpec
 from tests import waiting
@@ -266,13 +267,18 @@ def test_the_service_keeps_the_file_beside_the_ledger(tmp_path: Path) -> None:
     assert agg_config().curves_path is None
 
 
-def test_the_accountants_process_writes_the_file_and_a_new_one_reads_it(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.curves"
+def snapshot_of(history: dict[int, int]) -> LedgerSnapshot:
+    """A ledger's snapshot after ``count`` rounds of each ``size`` of ``history``."""
     ledger = PrivacyLedger(SPEC, delta=DELTA)
-    for size, count in HISTORY.items():
+    for size, count in history.items():
         for _ in range(count):
             ledger.record(size)
-    snapshot = ledger.snapshot()
+    return ledger.snapshot()
+
+
+def test_the_accountants_process_writes_the_file_and_a_new_one_reads_it(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.curves"
+    snapshot = snapshot_of(HISTORY)
     accountant_process.shutdown()
     try:
         first = asyncio.run(accountant_process.compute_level(SPEC, DELTA, snapshot, curves=path))
@@ -298,11 +304,7 @@ def test_a_first_start_killed_halfway_keeps_the_sizes_it_finished(tmp_path: Path
     of the sizes, each point the engine's bit for bit; the call is retried in a new process,
     which reads them and computes the rest, and the result is the uncached one exactly."""
     path = tmp_path / "ledger.curves"
-    ledger = PrivacyLedger(SPEC, delta=DELTA)
-    for size, count in KILLED.items():
-        for _ in range(count):
-            ledger.record(size)
-    snapshot = ledger.snapshot()
+    snapshot = snapshot_of(KILLED)
     accountant_process.shutdown()
     try:
         call = accountant_process.submit_level(SPEC, DELTA, snapshot, curves=path)
