@@ -34,7 +34,7 @@ pair. Then:
 
 Where the points are, and what they cost
 ----------------------------------------
-Evaluations of the certified curve are the whole cost of a PLD: 5-60 ms each between 5e5
+Evaluations of the certified curve are the whole cost of a PLD: 1-50 ms each between 5e5
 and 2e6 reports, growing with eps (the engine sums the neutral count in runs of constant
 threshold, and there are more runs further out: :mod:`aggregator.accountant.blanket`),
 15-17 per size. They are cached per pair and extended when a lower floor needs more points,
@@ -51,8 +51,8 @@ rounds of 150 reports move by 2e-4 with steps of ``2 sd`` from ``4 sd`` on). Onc
 curve is below ``1e-10`` it carries almost no weight in any composition while each point
 there costs the most (the engine's runs grow with eps), so the steps double there: for the
 ledger of 33 sizes between 5e5 and 2e6 reports at ``delta = 1e-8`` over 1,000 rounds that
-is one evaluation fewer per size (of 16-17, the most expensive one), a sixth of a first
-composition, and ``epsilon_total`` moved by ``-3.5e-6`` relative
+is 547 evaluations instead of 574 (one fewer for most sizes, each among the most expensive:
+about a tenth of a first composition), and ``epsilon_total`` moved by ``-3.5e-6`` relative
 (``bench/bench_composition.py``); the reference tables did not move (below ``1e-8``).
 
 Kept across a restart
