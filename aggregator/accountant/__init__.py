@@ -5,7 +5,9 @@
 * :mod:`~aggregator.accountant.blanket`: the certified mechanism-specific privacy-blanket
   bound for CoCo and Collision (``epsilon_central``);
 * :mod:`~aggregator.accountant.composition`: a device's central epsilon over many batches
-  (``epsilon_total``);
+  (``epsilon_total``), from each batch's privacy loss distribution
+  (:mod:`~aggregator.accountant.batch_pld`) composed in extended precision
+  (:mod:`~aggregator.accountant.convolution`);
 * :mod:`~aggregator.accountant.history`: how a deployment's history is accounted (one
   participation per round, accounting sizes), shared by the ledger, the CLI and calibration;
 * :mod:`~aggregator.accountant.calibration`: the local budget that meets a central target
@@ -16,6 +18,7 @@
 No I/O, asyncio or logging here.
 """
 
+from aggregator.accountant.batch_pld import blanket_pld
 from aggregator.accountant.blanket import (
     BlanketPair,
     blanket_delta,
@@ -32,7 +35,6 @@ from aggregator.accountant.clone import (
 )
 from aggregator.accountant.closed_forms import efmrtt19, fmt21
 from aggregator.accountant.composition import (
-    blanket_pld,
     epsilon_total,
     epsilon_total_batches,
     epsilon_total_counts,

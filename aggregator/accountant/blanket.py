@@ -54,10 +54,10 @@ Numerical certificate (every item is *added* to the result)
   window of ``Bin(n - K, q0)`` are summed. On the rest, ``(P - E Q)_+ <= P <= p Mult``, so
   ``p`` times the skipped multinomial mass (exact, from binomial cdf/sf values) is added.
   ``K = 0`` contributes exactly 0 and is skipped for free. Inside these windows, runs are
-  summed only over an inner window (all but ``1e-14`` of the mass on each side); each
+  summed only over an inner window (all but ``1e-12`` of the mass on each side); each
   band between the two is bounded by one value, ``Pr[N0 in band]`` times a Chernoff bound
   on ``f`` at the band's lowest ``N0`` (``f`` falls as ``N0`` grows), its rounding
-  covered (:mod:`aggregator.accountant.bands`); where the bands add more than ``1e-12``
+  covered (:mod:`aggregator.accountant.bands`); where the bands add more than ``1e-10``
   of the total the outer window is summed by runs instead.
 * Special functions: scipy's Boost binomial pmf/cdf/sf, each given a relative error budget
   ``1e-10`` (measured below ``1e-11``; the test-suite re-checks against exact arithmetic).
@@ -365,13 +365,14 @@ class _Engine:
         tau0 = ks * (((p - 1.0) + p * math.expm1(epsilon)) / coef)
         if self.q0 == 0.0 or tau1 == 0.0:
             # One run per K: N0 does not move the threshold (or is always 0).
+            # (the threshold's values chained across rows, as for the runs below)
             kk = np.clip(np.floor(tau0) + 1.0, 0.0, ks + 1.0)
-            head = 0.25 * ks * np.asarray(stats.binom.pmf(kk - 1.0, ks - 1.0, 0.5))
-            s_k = np.asarray(stats.binom.sf(kk - 1.0, ks, 0.5))
+            rows = np.arange(ks.size)
+            head, s_k, rel = _threshold_tails(kk, ks, kk, np.ones_like(rows), rows, self.rel)
             lin = (0.5 * ks - tau0) * s_k
             value = np.maximum(head + lin, 0.0)
-            err = 3.0 * self.rel * (head + np.abs(lin))
-            err += 2.0 * self.eta * _slope_before(kk, ks, head, s_k, self.rel)
+            err = 3.0 * rel * (head + np.abs(lin))
+            err += 2.0 * self.eta * _slope_before(kk, ks, head, s_k, rel)
             inside = _dot(self.pk, value + err)
         else:
             inside = self._banded(tau0, tau1)
@@ -402,12 +403,17 @@ class _Engine:
         counts = (k_last - k_first).astype(np.int64) + 1
         offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
         which = np.repeat(np.arange(ks.size), counts)
-        k = k_first[which] + (np.arange(which.size) - offsets[which])
-        kk, t0, m, lo, hi = ks[which], tau0[which], m0[which], lo0[which], hi0[which]
+
+        def per_run(values: FloatArray) -> FloatArray:
+            """``values[which]`` (a row's value at each of its runs), by a repeat."""
+            return np.repeat(values, counts)
+
+        k = per_run(k_first) + (np.arange(which.size) - per_run(offsets))
+        kk, t0, m, lo, hi = per_run(ks), per_run(tau0), per_run(m0), per_run(lo0), per_run(hi0)
         # Run of k: N0 in [previous end + 1, end], end = ceil((k - tau0)/tau1) - 1 (the last run
         # ends at hi0, the first starts at lo0). Adjacent runs share their boundary, so each
         # cdf value is computed once.
-        end = np.where(k == k_last[which], hi, np.ceil((k - t0) / tau1) - 1.0)
+        end = np.where(k == per_run(k_last), hi, np.ceil((k - t0) / tau1) - 1.0)
         end = np.clip(end, lo - 1.0, hi)
         prev = np.empty_like(end)
         prev[1:] = end[:-1]
@@ -419,7 +425,7 @@ class _Engine:
         c_end, pmf_end = np.empty_like(end), np.empty_like(end)
         inner = np.ones(end.shape, dtype=bool)
         for side, bound in enumerate(window.ends):
-            at = end == bound[which]
+            at = end == per_run(bound)
             c_end[at] = window.c_ends[side][which[at]]
             pmf_end[at] = window.pmf_ends[side][which[at]]
             inner &= ~at
@@ -448,9 +454,9 @@ class _Engine:
         # on it: |prob| plus its own error budget)
         run_prob = np.abs(prob) + 3.0 * rel * prob_mag
         err += np.where(
-            empty, 0.0, 2.0 * window.eta[which] * _slope_before(k, kk, head, s_k, rel) * run_prob
+            empty, 0.0, 2.0 * per_run(window.eta) * _slope_before(k, kk, head, s_k, rel) * run_prob
         )
-        return _dot(window.pk[which], value + err)
+        return _dot(per_run(window.pk), value + err)
 
 
 def _band_prob(  # noqa: PLR0917 (private helper)

@@ -54,6 +54,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
+from aggregator.accountant._accumulate import cumulative_product
+
 __all__ = ["CAP", "PMF_SPAN", "chained_lower_cdf", "lower_cdf", "shifted_cdf"]
 
 FloatArray = NDArray[np.float64]
@@ -100,7 +102,17 @@ def shifted_cdf(
     cdf value at ``m = 10^6``, which is why the engine shifts its cdf values rather than
     computing the second set."""
     direct = (m < 1.0) | ((x >= m * q) & (x - 1.0 < (m - 1.0) * q))
-    if not np.any(direct):  # (the usual case: the same arithmetic without the masks)
+    where = np.flatnonzero(direct)
+    if pmf is not None and where.size < x.size and not np.any(m[where] < 1.0):
+        # (the engine's case, a few values next to the mean: the shifted formula everywhere,
+        # the same arithmetic as below without the masks, then those few overwritten)
+        t = pmf * ((m - x) / m)
+        out, mag = c - t, (np.abs(c) + t) * (1.0 + 1e-5)
+        if where.size:
+            out[where] = lower_cdf(x[where] - 1.0, m[where] - 1.0, q)
+            mag[where] = np.abs(out[where])
+        return out, mag
+    if not where.size:  # (the usual case: the same arithmetic without the masks)
         b = np.asarray(stats.binom.pmf(x, m, q)) if pmf is None else pmf
         t = b * ((m - x) / m)
         return c - t, (np.abs(c) + t) * (1.0 + 1e-5)
@@ -132,12 +144,21 @@ def _link_factors(
     step = x - x_next
     ratio = np.ones_like(x)  # b(y) / b(x_next) for y = x_next + j
     total = np.zeros_like(x)
+    steps = step.astype(np.int64)
+    by_gap = np.asarray((0.0, weights[0], weights[1], 1.0))
+    shortest = int(step.min())
     for j in range(1, int(step.max()) + 1):
         y = x_next + j
-        ratio = np.where(step >= j, ratio * ((m_next - y + 1.0) / y) * rho, ratio)
-        gap = step - j  # x - y
-        weight = np.where(gap >= 2.0, 1.0, np.where(gap == 1.0, weights[1], weights[0]))
-        total += np.where(gap >= 0.0, ratio * weight, 0.0)
+        factor = (m_next - y + 1.0) / y
+        if j <= shortest:  # (every link: the same values without the masks)
+            ratio = ratio * factor * rho
+        else:
+            ratio = np.where(step >= j, ratio * factor * rho, ratio)
+        if j <= shortest - 2:  # x - y >= 2 for every link: weight 1
+            total += ratio
+            continue
+        # the weight of x - y (0 below 0, then (1 - q)^2, 1 - q^2, 1 from 2 on)
+        total += ratio * by_gap[np.clip(steps - j, -1, 2) + 1]
     # b_(m + 2)(x) = b_m(x) (m + 2)(m + 1) (1 - q)^2 / ((m + 2 - x)(m + 1 - x)), m = m_next
     two = ((m_next + 2.0) / (m_next + 2.0 - x)) * ((m_next + 1.0) / (m_next + 1.0 - x))
     return total, ratio * (two * weights[0])
@@ -179,7 +200,7 @@ def _chained_pmf(  # noqa: PLR0917 (private helper)
     factors[anchors] = stats.binom.pmf(xs[anchors], ms[anchors], q)
     grid = np.ones((starts.size, int(pos.max()) + 1))
     grid[seg, pos] = factors
-    pmf: FloatArray = np.cumprod(grid, axis=1, dtype=np.float64)[seg, pos]
+    pmf: FloatArray = cumulative_product(grid)[seg, pos]
     return pmf
 
 
@@ -205,11 +226,11 @@ def chained_lower_cdf(
     if x.size == 0:
         return np.empty_like(x), np.empty_like(x), 0.0
     order = _diagonal_order(diagonal, big_k)
-    xs, ms = x[order], m[order]
+    xs, ms, ds, ks = x[order], m[order], diagonal[order], big_k[order]
     below = xs < ms * q
     link = (
-        (diagonal[order][1:] == diagonal[order][:-1])
-        & (big_k[order][1:] == big_k[order][:-1] + 2.0)
+        (ds[1:] == ds[:-1])
+        & (ks[1:] == ks[:-1] + 2.0)
         & (ms[1:] == ms[:-1] - 2.0)
         & (below[1:] == below[:-1])
         & (xs[:-1] - xs[1:] >= 2.0)

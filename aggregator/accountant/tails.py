@@ -40,6 +40,8 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy import stats
 
+from aggregator.accountant._accumulate import cumulative_product, cumulative_sum
+
 __all__ = ["BLOCK", "TINY", "WASTE", "threshold_tails"]
 
 FloatArray = NDArray[np.float64]
@@ -141,11 +143,11 @@ def threshold_tails(  # noqa: PLR0917 (the engine's helper)
     used = (col[None, :] >= 1.0) & (col[None, :] < spans[:, None]) & ~direct_row[:, None]
     ratio = np.ones_like(kk)
     np.divide(kk, ks[:, None] - kk + 1.0, out=ratio, where=used)
-    beta = beta_top[:, None] * np.cumprod(ratio, axis=1)
+    beta = beta_top[:, None] * cumulative_product(ratio)
     s = np.empty_like(beta)
     s[:, 0] = s_top
     if width > 1:
-        s[:, 1:] = s_top[:, None] + np.cumsum(beta[:, :-1], axis=1)
+        s[:, 1:] = s_top[:, None] + cumulative_sum(beta[:, :-1])
     position = (k_top[which] - k).astype(np.int64)  # column of each run
     beta_run = beta[which, position]
     s_run = s[which, position]

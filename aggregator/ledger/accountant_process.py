@@ -34,7 +34,8 @@ of the service leaves nothing behind. What runs there is the same pure code as i
 identical. A worker that dies is replaced and the call retried once. A level call may
 name the ledger's curve file (:mod:`aggregator.ledger.curve_file`): the worker reads it at
 the first call naming it, so a restarted service does not compute the certified curve's
-points again, and writes it after each computation that added points (only then).
+points again, and writes it after each size whose points a computation added (only then:
+a first start killed halfway keeps the sizes it finished).
 
 Calls, time limits and cancellation
 -----------------------------------
@@ -167,9 +168,11 @@ def _functions() -> dict[str, Callable[..., object]]:
                 file = CurveFile(curves, spec, delta)
                 file.load()
                 curve_files[(curves, spec, delta)] = file
-        result = ledger.compute(snapshot)
-        if file is not None:
-            file.save()
+        if file is None:
+            return ledger.compute(snapshot)
+        with file.saving_as_computed():  # each size's points as soon as it has them
+            result = ledger.compute(snapshot)
+        file.save()
         return result
 
     def curve(spec: MechanismSpec, delta: float, grid: tuple[int, ...]) -> dict[int, float]:

@@ -25,9 +25,9 @@ from numpy.typing import NDArray
 from scipy import stats
 
 from aggregator.accountant import blanket, chains, tails
+from aggregator.accountant.batch_pld import grid_spacing
 from aggregator.accountant.blanket import BlanketPair, _Engine
 from aggregator.accountant.chains import lower_cdf as _lower_cdf
-from aggregator.accountant.composition import grid_spacing
 from edge.spec import MechanismSpec
 
 FloatArray = NDArray[np.float64]

@@ -25,7 +25,8 @@ from aggregator.accountant import (
     epsilon_total_batches,
     epsilon_total_counts,
 )
-from aggregator.accountant.composition import ComposedPLD, _curve, compose
+from aggregator.accountant.batch_pld import _curve
+from aggregator.accountant.convolution import ComposedPLD, compose
 from tests.aggregator.reference import reference_rows
 
 

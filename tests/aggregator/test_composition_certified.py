@@ -24,7 +24,7 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution
 
 from aggregator.accountant import BlanketPair, blanket_pld, epsilon_total_batches
-from aggregator.accountant.composition import _fft_size, compose
+from aggregator.accountant.convolution import compose, fft_size
 from edge.spec import MechanismSpec, log_upper
 
 Law = dict[Fraction, tuple[Fraction, Fraction]]  # likelihood ratio -> (P mass, Q mass)
@@ -177,7 +177,7 @@ def test_epsilon_total_is_above_dp_accounting_optimistic_pld(n: int, rounds: int
 
 def test_fft_sizes_are_powers_of_two() -> None:
     for n in [1, 2, 3, 5, 17, 1000, 1025, 3 * 2**12, 2**19 + 1]:
-        size = _fft_size(n)
+        size = fft_size(n)
         assert size >= n
         assert size & (size - 1) == 0
         assert size < 2 * n or size == 1

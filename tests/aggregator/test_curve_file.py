@@ -8,6 +8,8 @@ import hashlib
 import json
 import logging
 import math
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,14 +17,16 @@ from typing import Any
 import pytest
 
 from aggregator.accountant import composition
+from aggregator.accountant.batch_pld import curve_points, recompute_curve_point
 from aggregator.accountant.blanket import blanket_pair_for_spec
-from aggregator.accountant.composition import curve_points, recompute_curve_point
 from aggregator.accountant.history import accounting_size, epsilon_total_rounds
 from aggregator.ledger import accountant_process
 from aggregator.ledger.curve_file import CurveFile, curves_path_for, decode_curves
 from aggregator.ledger.ledger_file import canonical_json, ledger_path_for
+from aggregator.ledger.levels import LedgerSnapshot
 from aggregator.ledger.privacy_ledger import PrivacyLedger
 from edge.spec import MechanismSpec
+from tests import waiting
 from tests.aggregator.test_batch_rules import agg_config
 
 SPEC = MechanismSpec(mechanism="coco", d=128, s=8, epsilon=1.0)
@@ -263,13 +267,18 @@ def test_the_service_keeps_the_file_beside_the_ledger(tmp_path: Path) -> None:
     assert agg_config().curves_path is None
 
 
-def test_the_accountants_process_writes_the_file_and_a_new_one_reads_it(tmp_path: Path) -> None:
-    path = tmp_path / "ledger.curves"
+def snapshot_of(history: dict[int, int]) -> LedgerSnapshot:
+    """A ledger's snapshot after ``count`` rounds of each ``size`` of ``history``."""
     ledger = PrivacyLedger(SPEC, delta=DELTA)
-    for size, count in HISTORY.items():
+    for size, count in history.items():
         for _ in range(count):
             ledger.record(size)
-    snapshot = ledger.snapshot()
+    return ledger.snapshot()
+
+
+def test_the_accountants_process_writes_the_file_and_a_new_one_reads_it(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.curves"
+    snapshot = snapshot_of(HISTORY)
     accountant_process.shutdown()
     try:
         first = asyncio.run(accountant_process.compute_level(SPEC, DELTA, snapshot, curves=path))
@@ -282,3 +291,38 @@ def test_the_accountants_process_writes_the_file_and_a_new_one_reads_it(tmp_path
     assert second == first
     assert first.epsilon_total == uncached(HISTORY)
     assert decode_curves(path.read_text(encoding="utf-8"), spec=SPEC, delta=DELTA) == held
+
+
+KILLED = dict.fromkeys((327_680, 393_216, 458_752, 524_288, 655_360, 786_432, 917_504), 2)
+"""Seven accounting sizes of 0.05-0.2 s of points each: a first start takes long enough to be
+killed in the middle."""
+
+
+def test_a_first_start_killed_halfway_keeps_the_sizes_it_finished(tmp_path: Path) -> None:
+    """The accountant's process writes the file after each size it finished (not only after
+    the whole composition): killed with SIGKILL once the file appeared, the file holds some
+    of the sizes, each point the engine's bit for bit; the call is retried in a new process,
+    which reads them and computes the rest, and the result is the uncached one exactly."""
+    path = tmp_path / "ledger.curves"
+    snapshot = snapshot_of(KILLED)
+    accountant_process.shutdown()
+    try:
+        call = accountant_process.submit_level(SPEC, DELTA, snapshot, curves=path)
+        waiting.wait_until(
+            path.exists, progress=lambda: waiting.cpu_seconds(accountant_process.worker_pid())
+        )
+        pid = accountant_process.worker_pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        kept = decode_curves(path.read_text(encoding="utf-8"), spec=SPEC, delta=DELTA)
+        level = call.result()
+        final = decode_curves(path.read_text(encoding="utf-8"), spec=SPEC, delta=DELTA)
+    finally:
+        accountant_process.shutdown()
+    assert 1 <= len(kept) < len(KILLED)
+    for record in kept:
+        last = len(record.deltas) - 1
+        assert recompute_curve_point(record, last) == (record.deltas[last], record.finished)
+        assert record in final
+    assert sorted(r.pair.n for r in final) == sorted(KILLED)
+    assert level.epsilon_total == uncached(KILLED)
