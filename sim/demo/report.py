@@ -27,6 +27,7 @@ __all__ = [
     "interval_in_range",
     "metric_value",
     "mse_range",
+    "outbox_accounting",
     "result_document",
 ]
 
@@ -76,6 +77,19 @@ def metric_value(registry: CollectorRegistry, name: str, **labels: str) -> float
     return 0.0 if sample is None else sample
 
 
+def outbox_accounting(outbox: int, applied_unacked: int, counted: int) -> tuple[int, int]:
+    """Where the reports of the shuffler's outbox at the end go, each once: ``(dropped
+    unpublished at shutdown, still buffered)``. A batch the aggregator applied before the
+    broker's PUBACK reached the stopping shuffler is still in its outbox (``applied_unacked``
+    reports: the aggregator's ``n`` minus the shuffler's acknowledged): it counts as
+    aggregated only. The rest was never applied: a shuffler without a state directory that
+    stopped counted its whole outbox as dropped (``counted``), so those are dropped, and
+    what it did not count (it has not stopped) is buffered."""
+    never_applied = max(0, outbox - max(0, applied_unacked))
+    dropped = min(counted, never_applied)
+    return dropped, never_applied - dropped
+
+
 def result_document(
     *,
     config: DemoConfig,
@@ -100,14 +114,12 @@ def result_document(
     }
     state = aggregator.state
     n = state.n
-    # A batch the aggregator applied before the broker's PUBACK reached the stopping
-    # shuffler is still in its outbox: count it once, as aggregated (the acknowledged
-    # batches' reports are in coco_shuffler_reports_released_total).
     acknowledged = int(metric_value(registry, "coco_shuffler_reports_released_total"))
     outbox = int(metric_value(registry, "coco_shuffler_outbox_reports"))
-    buffered = int(metric_value(registry, "coco_shuffler_buffer_reports")) + max(
-        0, outbox - max(0, n - acknowledged)
+    dropped["unpublished_at_shutdown"], in_outbox = outbox_accounting(
+        outbox, n - acknowledged, dropped["unpublished_at_shutdown"]
     )
+    buffered = int(metric_value(registry, "coco_shuffler_buffer_reports")) + in_outbox
     agg_rejected_batches = sum(aggregator.counters.rejected.values())
     accounted = n + sum(rejected.values()) + sum(dropped.values()) + buffered
     est = state.estimate()

@@ -715,3 +715,35 @@ def test_a_failed_log_write_acknowledges_nothing_and_the_next_run_gets_it_all(
         assert duplicates == 0
 
     run(scenario(), 60)
+
+
+def test_a_message_on_the_publishing_connection_does_not_stop_publishing(
+    mosquitto: Broker,
+) -> None:
+    """The publishing connection subscribes to nothing, but the embedded amqtt broker of
+    ``coco demo`` once delivered another client's retained message on it (1 demo run in
+    about 15), and the shuffler took that message for the end of the connection: it never
+    published again (3,000 reports released, none published). Here a real broker delivers
+    messages on it (the test subscribes it to a topic, as that broker did unasked): the
+    rounds that follow are still published, every report once."""
+    registry = CollectorRegistry()
+    stray = f"coco/v1/{DEP}/aggregator/lease"
+
+    async def scenario() -> None:
+        async with batches(mosquitto) as sink, running(config(mosquitto), registry) as shuffler:
+            await wait_until(lambda: shuffler._client is not None, what="the publisher")
+            client = shuffler._client
+            assert client is not None
+            await client.subscribe(stray, qos=1)
+            async with aiomqtt.Client("127.0.0.1", mosquitto.port) as other:
+                for k in range(3):
+                    await other.publish(stray, f"stray {k}".encode(), qos=1, retain=k == 0)
+                r = await round_start()
+                await publish(mosquitto, [(f"dev-{i}", report(r, i)) for i in range(8)])
+            await wait_until(lambda: sink.count() == 8, progress=sink.count, what="the batch")
+            assert shuffler._client is client  # the same connection, still up
+        async with aiomqtt.Client("127.0.0.1", mosquitto.port) as cleaner:
+            await cleaner.publish(stray, b"", qos=1, retain=True)
+
+    run(scenario())
+    assert value(registry, "coco_shuffler_reports_released_total") == 8
