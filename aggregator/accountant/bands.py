@@ -39,7 +39,9 @@ FloatArray = NDArray[np.float64]
 INNER_TAIL: Final = 1e-12
 """Mass of each side of the inner windows, summed only as bands. (It was ``1e-14``: the
 runs of the last two of those orders of magnitude cost 15% of a curve's points and moved
-it by less than ``1e-11`` relative, in both directions, each value certified.)"""
+it up by at most ``6.2e-11`` relative, never down, on 50 points of 5 pairs compared with
+the engine before the change: the bands bound what the runs summed, so a value can only
+grow, each value certified.)"""
 BAND_SLACK: Final = 1e-10
 """The bands are used where their whole value is at most this fraction of the sum over the
 inner window; elsewhere the outer window is summed run by run. (The bands hold about the

@@ -26,7 +26,9 @@ from aggregator.accountant import (
     epsilon_total_counts,
 )
 from aggregator.accountant.batch_pld import _curve
+from aggregator.accountant.blanket import blanket_delta_curve_and_floor, blanket_pair_for_spec
 from aggregator.accountant.convolution import ComposedPLD, compose
+from edge.spec import MechanismSpec
 from tests.aggregator.reference import reference_rows
 
 
@@ -305,3 +307,27 @@ def test_composition_finishes_for_any_delta_with_few_evaluations(delta: float) -
     assert len(_curve(pair).deltas) <= 40
     looser = epsilon_total(pair, rounds=1_000, delta=delta * 100)
     assert looser <= total
+
+
+@pytest.mark.parametrize("n", [500_000, 622_592, 1_000_000, 2_000_000])
+def test_the_pld_of_a_large_batch_passes_through_fresh_evaluations_of_its_points(n: int) -> None:
+    """At every point of a live ledger's schedule, the tail's sparse points (past a delta of
+    1e-10) included, the per-batch PLD is at or above a fresh evaluation of the certified
+    curve (with the floor of 1,000 rounds at delta 1e-8). The exact enumerations above cannot
+    reach sizes whose schedule has a sparse tail; this catches a cached, stored or scheduled
+    point that is not the engine's value (a deliberately halved tail passed every other
+    test of the bound). On these sizes the engine's values are convex, so the hull keeps
+    every point and the PLD passes through each, up to its error budget."""
+    pair = blanket_pair_for_spec(MechanismSpec(mechanism="coco", d=128, s=8, epsilon=1.0), n=n)
+    floor = 1e-3 * 1e-8 / 1024
+    curve = _curve(pair)
+    indices, deltas = curve.points(floor)
+    assert any(d <= 1e-10 for d in deltas[:-1])  # the sparse tail is reached
+    pld = blanket_pld(pair, delta_floor=floor)
+    fresh = blanket_delta_curve_and_floor(pair, tail=1e-20)
+    for k in indices:
+        eps = k * curve.step
+        if eps >= pair.epsilon0:
+            continue
+        value, _ = fresh(eps)
+        assert pld.delta_for_epsilon(eps) >= value * (1 - 1e-12), (n, k, eps)
