@@ -79,28 +79,6 @@ print(json.dumps({"value": value, "cold": cold, "steps": steps, "last": last,
                   "loaded": loaded if mode == "read" else None}))
 """
 CHILD = """
-import json, random, sys, time
-from collections import Counter
-from aggregator.accountant.history import accounting_size, epsilon_total_rounds
-from edge.spec import MechanismSpec
-seed, rounds, increments = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-spec = MechanismSpec(mechanism="coco", d=128, s=8, epsilon=1.0)
-rng = random.Random(seed)
-history = Counter(rng.randint(500_000, 2_000_000) for _ in range(rounds))
-distinct = len({accounting_size(n) for n in history})
-start = time.process_time()
-value = epsilon_total_rounds(spec, history, delta=1e-8)
-cold = time.process_time() - start
-steps = []
-for _ in range(increments):
-    history[rng.randint(500_000, 2_000_000)] += 1
-    start = time.process_time()
-    last = epsilon_total_rounds(spec, history, delta=1e-8)
-    steps.append(time.process_time() - start)
-print(json.dumps({"value": value, "cold": cold, "steps": steps, "last": last,
-                  "distinct": distinct}))
-"""
-CHILD = """
 import json, sys, time
 from aggregator.accountant import blanket_pair_for_spec, epsilon_total
 from edge.spec import MechanismSpec

@@ -116,8 +116,9 @@ class Intake:
                     self.metrics.sync(core)
                     log_silence(self.core)
                     self.publisher.applied()
-                    if batch.round_seconds != (core.rules.round_seconds or batch.round_seconds):
-                        self._other_length(batch.round_seconds, core.rules.unit)
+                    announced = core.rules.round_seconds
+                    if announced is not None and batch.round_seconds != announced:
+                        self._other_length(batch.round_seconds, announced)
                     return "applied"
         except RejectedError as rejected:
             self._reject(rejected, payload, shard)
@@ -135,7 +136,7 @@ class Intake:
             )
         return "duplicate"
 
-    def _other_length(self, length: int, unit: int) -> None:
+    def _other_length(self, length: int, announced: int) -> None:
         """A batch applied of a round length other than the service's (counted; logged at
         powers of two): expected for the rounds before a change of ``round_seconds``."""
         self.metrics.batches_other_length.inc()
@@ -147,7 +148,7 @@ class Intake:
                 "before a change of round_seconds; if it goes on, a shuffler runs on another "
                 "length, or this aggregator was not restarted (docs/operations.md)",
                 length,
-                unit,
+                announced,
                 self.other_lengths,
             )
 

@@ -160,16 +160,14 @@ class AggregatorCore:
                 )
         raise RejectedError(reason)
 
-    def _length(self, message: memoryview) -> int:
+    def _lengths(self, message: memoryview) -> tuple[int, int]:
         """The round length of a decoded batch or manifest
-        (:mod:`aggregator.service.core.rules`, *Rounds are times*)."""
-        return round_seconds_of(message) or self.rules.unit
-
-    def dating(self, message: memoryview) -> int:
-        """The round length that dates a decoded batch in the privacy ledger while no
-        manifest lists it: the one it carries (version 2), else the announced one (its
-        start was computed with it), else 0: undated, counted in every period."""
-        return round_seconds_of(message) or (self.rules.round_seconds or 0)
+        (:mod:`aggregator.service.core.rules`, *Rounds are times*), and the one that dates
+        a batch in the privacy ledger while no manifest lists it: the length it carries
+        (version 2), else the announced one (its start was computed with it), else 0:
+        undated, counted in every period."""
+        carried = round_seconds_of(message)
+        return carried or self.rules.unit, carried or (self.rules.round_seconds or 0)
 
     def _check_round(
         self, shard: str | None, round_: int, length: int, size: int, now: float | None
@@ -197,13 +195,12 @@ class AggregatorCore:
             fingerprint, round_, batch_id, seeds, z = decode_batch_arrays(inner)
         except CodecError as exc:
             raise RejectedError(exc.reason) from None
-        length = self._length(inner)
+        length, dating = self._lengths(inner)
         size = int(seeds.size)
         if fingerprint != self.spec.fingerprint_int:
             raise RejectedError("fingerprint_mismatch", size)
         if size == 0:
             raise RejectedError("empty")
-        dating = self.dating(inner)
         if size < self.rules.min_batch:
             # released all the same (signed): accounted at its real size, like any batch
             self._account_batch(round_ * length, shard, batch_id, size, dating)
@@ -318,7 +315,7 @@ class AggregatorCore:
             raise RejectedError(exc.reason) from None
         if fingerprint != self.spec.fingerprint_int:
             raise RejectedError("fingerprint_mismatch")
-        length = self._length(inner)
+        length, _ = self._lengths(inner)
         start = round_ * length
         try:
             self._check_round(shard, round_, length, 0, now)
@@ -348,7 +345,7 @@ class AggregatorCore:
     ) -> None:
         """The ledger keys a release by its round's start
         (:mod:`aggregator.service.core.rules`, *Rounds are times*), and dates a batch no
-        manifest lists by ``dating`` (:meth:`dating`)."""
+        manifest lists by ``dating`` (:meth:`_lengths`)."""
         account_batch(
             self.ledger,
             self.counters,

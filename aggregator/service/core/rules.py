@@ -166,9 +166,8 @@ class Verified:
     round_seconds: int = 1
     """The length of ``round`` (the batch's, or the announced one for wire version 1)."""
     dating: int = 0
-    """The round length that dates the batch in the privacy ledger: the one it carries, or
-    the announced one, 0 with neither
-    (:meth:`~aggregator.service.core.machine.AggregatorCore.dating`)."""
+    """The round length that dates the batch in the privacy ledger while no manifest lists
+    it: the one it carries, or the announced one, 0 with neither."""
 
     @property
     def size(self) -> int:
